@@ -1,0 +1,127 @@
+"""``sandbox-controller``: serve | worker | dev | simulator | check-config.
+
+Settings come from ``CONTROLLER_*`` variables (see ``config.py``), parsed once here; a bad
+configuration prints every problem and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from controller import __version__, logs
+from controller.config import Settings
+from controller.errors import ConfigError
+
+
+def _settings(role: str | None = None) -> Settings:
+    settings = Settings.from_env(os.environ)
+    if role is not None:
+        settings.require(role)
+    from controller.wiring import redact_secrets
+
+    redact_secrets(settings)
+    logs.setup(settings.log_level)
+    return settings
+
+
+def cmd_check_config(args: argparse.Namespace) -> int:
+    settings = Settings.from_env(os.environ)
+    print(json.dumps(settings.describe(), indent=2))
+    return 0
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from controller import wiring
+
+    settings = _settings("serve")
+    app = wiring.receiver_app(settings)
+    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, lifespan="off")
+    return 0
+
+
+def cmd_worker(args: argparse.Namespace) -> int:
+    from controller.worker import QUEUE, make_app
+
+    settings = _settings("worker")
+    app = make_app(settings)
+    app.worker_main(
+        [
+            "--quiet",  # no banner: stdout carries JSON lines only
+            "worker",
+            f"--concurrency={args.concurrency}",
+            f"--queues={QUEUE}",
+            f"--hostname={args.hostname}",
+            "--without-gossip",
+            "--without-mingle",
+            "--without-heartbeat",
+            "--loglevel=INFO",
+        ]
+    )
+    return 0
+
+
+def cmd_dev(args: argparse.Namespace) -> int:
+    from controller import dev
+
+    return dev.main(args)
+
+
+def cmd_simulator(args: argparse.Namespace) -> int:
+    from controller.simulator import cli as simulator_cli
+
+    return simulator_cli.main(args.simulator_args)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sandbox-controller", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=__version__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    serve = sub.add_parser("serve", help="run the webhook receiver")
+    serve.add_argument("--host", default="0.0.0.0")
+    serve.add_argument("--port", type=int, default=8080)
+    serve.set_defaults(func=cmd_serve)
+
+    worker = sub.add_parser("worker", help="run a Celery worker")
+    worker.add_argument("--concurrency", type=int, default=2)
+    worker.add_argument("--hostname", default="worker@%h")
+    worker.set_defaults(func=cmd_worker)
+
+    dev = sub.add_parser("dev", help="run receiver and worker locally on embedded defaults")
+    dev.add_argument("--simulate", action="store_true", help="also run the simulator and a short scenario")
+    dev.add_argument("--port", type=int, default=8080, help="receiver port (127.0.0.1)")
+    dev.add_argument("--simulator-port", type=int, default=8090)
+    dev.add_argument("--sessions", type=int, default=3, help="sessions in the scripted scenario")
+    dev.add_argument("--state-directory", default=None, help="where sandboxes and embedded Redis keep state")
+    dev.add_argument("--exit-after-scenario", action="store_true", help="stop once the scenario is over")
+    dev.set_defaults(func=cmd_dev)
+
+    sim = sub.add_parser("simulator", help="run the Agents API simulator", add_help=False)
+    sim.add_argument("simulator_args", nargs=argparse.REMAINDER)
+    sim.set_defaults(func=cmd_simulator)
+
+    check = sub.add_parser("check-config", help="print the effective configuration, secrets masked")
+    check.set_defaults(func=cmd_check_config)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.func(args)
+    except ConfigError as exc:
+        print(f"sandbox-controller: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,81 @@
+"""The controller's exceptions, grouped by what the caller should do.
+
+    ControllerError
+    ├── ConfigError          bad settings: report all problems at start-up, exit 2
+    ├── RejectDelivery       the webhook delivery is bad: answer 4xx, change nothing
+    │   ├── SignatureError   401: missing, garbled, stale or unmatched signature
+    │   └── BadPayload       400: not JSON, not an event envelope
+    ├── Transient            try again later (503 to a sender, Celery retry in a task)
+    │   ├── StoreUnavailable Redis cannot be reached
+    │   ├── QueueUnavailable the broker refused the job
+    │   └── ApiUnavailable   the Agents API timed out, throttled or failed (5xx)
+    ├── Permanent            give up on this job, log it; retrying will not help
+    │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
+    │   └── RunnerRejected   the runner backend refused the spec (bad config)
+    └── Fenced               a stale decision: another worker holds the session; drop quietly
+
+Third-party exceptions are translated once, in the adapter that sees them, with
+``raise ... from exc``. Messages carry ids, never secrets.
+"""
+
+from __future__ import annotations
+
+
+class ControllerError(Exception):
+    """Base of every error the controller raises on purpose."""
+
+
+class ConfigError(ControllerError):
+    """Settings are invalid; ``problems`` lists every one found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = list(problems)
+        super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class RejectDelivery(ControllerError):
+    status_code = 400
+
+
+class SignatureError(RejectDelivery):
+    status_code = 401
+
+
+class BadPayload(RejectDelivery):
+    status_code = 400
+
+
+class Transient(ControllerError):
+    """Worth retrying; ``retry_after`` (seconds) is a hint when the other side gave one."""
+
+    def __init__(self, message: str, retry_after: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
+
+
+class StoreUnavailable(Transient):
+    pass
+
+
+class QueueUnavailable(Transient):
+    pass
+
+
+class ApiUnavailable(Transient):
+    pass
+
+
+class Permanent(ControllerError):
+    pass
+
+
+class ApiRejected(Permanent):
+    pass
+
+
+class RunnerRejected(Permanent):
+    pass
+
+
+class Fenced(ControllerError):
+    """The caller no longer holds the session's lease; its decision is stale."""

@@ -1,0 +1,37 @@
+"""The receiver's side of the queue: de-duplicate on ``webhook-id``, enqueue, confirm.
+
+``Inbox.submit`` returns only once the job is durably queued (L5) or known to be a
+duplicate of one that was; it raises ``Transient`` (``StoreUnavailable`` /
+``QueueUnavailable``) when that cannot be confirmed, so the receiver answers 503 and the
+sender retries. An id is remembered only after its enqueue succeeded, so a retry of a
+delivery whose enqueue failed is processed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+from typing import Protocol
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the worker needs: ids only. The worker re-reads the session (L7)."""
+
+    session_id: str
+    webhook_id: str
+    event_type: str
+    event_id: str = ""
+
+
+class Outcome(str, Enum):
+    ENQUEUED = "enqueued"
+    DUPLICATE = "duplicate"
+
+
+class Inbox(Protocol):
+    def submit(self, job: Job) -> Outcome: ...
+
+    def ready(self) -> bool:
+        """True when the store and broker answer (for /readyz)."""
+        ...

@@ -1,0 +1,194 @@
+"""Decisions about one session's sandbox, and the loop that carries them out.
+
+``decide`` is a plain function of what was observed (session, stored record, sandbox
+health, executor link) and the time; it returns a ``Decision``. ``work`` runs the
+coalesced loop for one session under its lease: observe → decide → act, fenced, until no
+more work is wanted. Everything with side effects sits behind the protocols passed in
+``Deps`` (sessions API, store, runner, clock), so tests use fakes and a fake clock.
+
+Rules: L1 (one sandbox per session), L6 (routing), L7 (look before acting), L8 (the
+executor dials out with the session's environment id), L9/L10 (only an
+environment_connection action starts compute), L14 (reconnect, don't duplicate).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from controller import logs
+from controller.clock import Clock
+from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
+from controller.runners.base import Runner
+from controller.sessions import Sessions
+from controller.store.base import Busy, Lease, SessionStore
+
+log = logs.get(__name__)
+
+
+class Verdict(str, Enum):
+    START = "start"  # no sandbox yet: start one
+    REPLACE = "replace"  # sandbox gone, failed, terminating or never connected: exactly one new one
+    KEEP = "keep"  # healthy sandbox: its executor reconnects by itself (L14)
+    RELEASE = "release"  # failed or deleted session: free its compute
+    IGNORE = "ignore"  # nothing to do (deleted without compute, action resolved, not ours)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+
+
+@dataclass(frozen=True)
+class Routing:
+    """Which sessions this controller serves (L6)."""
+
+    workspace_directory: str = "/workspace"
+    agent_ids: tuple[str, ...] = ()
+    metadata_key: str | None = None
+    metadata_value: str | None = None
+
+
+def not_ours(session: Session, routing: Routing) -> str | None:
+    """Why a session is not this controller's business, or None when it is (L6)."""
+    env = session.environment
+    if not env.self_hosted:
+        return f"environment type {env.type!r} is not self_hosted"
+    if env.workspace_directory != routing.workspace_directory:
+        return "workspace directory does not match"
+    if routing.agent_ids and session.agent_id not in routing.agent_ids:
+        return "agent is not one of the configured agent ids"
+    if routing.metadata_key is not None and session.metadata.get(routing.metadata_key) != routing.metadata_value:
+        return "metadata route does not match"
+    return None
+
+
+def decide(
+    session: Session | None,
+    record: Record | None,
+    health: Health | None,
+    connected: bool | None,
+    now: float,
+    grace_seconds: float,
+    routing: Routing,
+) -> Decision:
+    """What to do about one session, from what was observed (pure)."""
+    if session is None:
+        if record is not None:
+            return Decision(Verdict.RELEASE, "session was deleted")
+        return Decision(Verdict.IGNORE, "session was deleted")
+    reason = not_ours(session, routing)
+    if reason is not None:
+        return Decision(Verdict.IGNORE, f"not ours: {reason}")
+    if session.status is SessionStatus.FAILED:
+        if record is not None:
+            return Decision(Verdict.RELEASE, "session failed")
+        return Decision(Verdict.IGNORE, "session failed; no compute to release")
+    if not session.wants_connection:
+        return Decision(Verdict.IGNORE, "no environment_connection action pending")
+    if session.environment.id is None or not session.environment.remote_url:
+        return Decision(Verdict.IGNORE, "session lists no environment id or remote url")
+    if record is None:
+        return Decision(Verdict.START, "connection requested; no sandbox")
+    if record.environment_id != session.environment.id:
+        return Decision(Verdict.REPLACE, "sandbox serves another environment id")
+    if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
+        return Decision(Verdict.REPLACE, f"sandbox is {health.value if health else 'unknown'}")
+    if connected:
+        return Decision(Verdict.KEEP, "executor is connected")
+    if now - record.started_at <= grace_seconds:
+        return Decision(Verdict.KEEP, "sandbox is up; executor reconnects by itself")
+    return Decision(Verdict.REPLACE, "executor not connected past the grace period")
+
+
+def spec_for(session: Session) -> SandboxSpec:
+    env = session.environment
+    assert env.id is not None and env.remote_url is not None
+    return SandboxSpec(
+        session_id=session.id,
+        environment_id=env.id,
+        remote_url=env.remote_url,
+        workspace_directory=env.workspace_directory,
+    )
+
+
+@dataclass
+class Deps:
+    sessions: Sessions
+    store: SessionStore
+    runner: Runner
+    clock: Clock
+    routing: Routing = field(default_factory=Routing)
+    grace_seconds: float = 60.0
+    on_decision: Callable[[str, Decision], None] = lambda session_id, decision: None
+
+
+def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
+    """Work one session until nothing more is wanted. Busy: another worker holds it."""
+    taken = deps.store.acquire(session_id)
+    if taken is None or isinstance(taken, Busy):
+        return [] if taken is None else taken
+    lease: Lease | None = taken
+    decisions = []
+    try:
+        while lease is not None:
+            decisions.append(act(lease, deps))
+            lease = deps.store.complete(lease)
+    except BaseException:
+        if lease is not None:
+            deps.store.abandon(lease)
+        raise
+    return decisions
+
+
+def act(lease: Lease, deps: Deps) -> Decision:
+    """One round: observe, decide, then act under the lease (fenced)."""
+    sid = lease.session_id
+    session = deps.sessions.get(sid)
+    record = deps.store.record(sid)
+    health = deps.runner.status(record.handle) if record else None
+    connected = None
+    if record and session and session.wants_connection and health in (Health.RUNNING, Health.STARTING):
+        connected = deps.sessions.environment_connected(record.environment_id)
+    decision = decide(session, record, health, connected, deps.clock.now(), deps.grace_seconds, deps.routing)
+    with logs.bind(session_id=sid, environment_id=(session.environment.id if session else None)):
+        log.info(
+            "session looked up",
+            extra={
+                "status": session.status.value if session else "deleted",
+                "verdict": decision.verdict.value,
+                "reason": decision.reason,
+            },
+        )
+        deps.on_decision(sid, decision)
+        if decision.verdict in (Verdict.START, Verdict.REPLACE):
+            assert session is not None
+            _start(lease, session, record, deps)
+        elif decision.verdict is Verdict.RELEASE:
+            assert record is not None
+            deps.store.check(lease)
+            deps.runner.release(record.handle)
+            deps.store.forget(lease)
+            log.info("sandbox released", extra={"sandbox": record.handle.name})
+    return decision
+
+
+def _start(lease: Lease, session: Session, record: Record | None, deps: Deps) -> Handle:
+    generation = record.handle.generation + 1 if record else 1
+    deps.store.check(lease)  # fenced: a worker that lost its lease must not act
+    if record is not None:
+        deps.runner.release(record.handle)  # never two live sandboxes: the old one goes first
+    handle = deps.runner.ensure(spec_for(session), generation)
+    deps.store.save(
+        lease,
+        Record(
+            session_id=session.id,
+            environment_id=spec_for(session).environment_id,
+            handle=handle,
+            started_at=deps.clock.now(),
+        ),
+    )
+    log.info("sandbox started", extra={"sandbox": handle.name, "generation": handle.generation})
+    return handle

@@ -1,0 +1,91 @@
+"""One JSON object per line on stdout, with context bound at each boundary.
+
+``bind(session_id=..., webhook_id=...)`` adds fields to every log line written inside the
+``with`` block (context variables, so it works across threads and asyncio tasks).
+Secrets never reach here: settings hold them as ``config.Secret`` whose ``str`` is masked,
+and the formatter additionally redacts every secret value registered with ``redact()``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import json
+import logging
+import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context", default={})
+_redacted: set[str] = set()
+_MIN_REDACT_LENGTH = 6
+
+_NOISY = ("httpx", "httpcore", "urllib3", "kubernetes", "celery", "kombu", "amqp", "uvicorn.access")
+_STANDARD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+
+
+def redact(*values: str) -> None:
+    """Register secret values that must never appear in a log line."""
+    for value in values:
+        if value and len(value) >= _MIN_REDACT_LENGTH:
+            _redacted.add(value)
+
+
+def _scrub(text: str) -> str:
+    for value in _redacted:
+        if value in text:
+            text = text.replace(value, "[REDACTED]")
+    return text
+
+
+@contextlib.contextmanager
+def bind(**fields: Any) -> Iterator[None]:
+    """Add fields (None values skipped) to every log line inside the block."""
+    current = _context.get()
+    token = _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
+    try:
+        yield
+    finally:
+        _context.reset(token)
+
+
+def bound() -> dict[str, Any]:
+    return dict(_context.get())
+
+
+class JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, Any] = {
+            "time": round(record.created, 3),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "event": record.getMessage(),
+        }
+        line.update(_context.get())
+        for key, value in record.__dict__.items():
+            if key not in _STANDARD_ATTRS and not key.startswith("_"):
+                line[key] = value
+        if record.exc_info and record.exc_info[0] is not None:
+            line["error_type"] = record.exc_info[0].__name__
+            line["traceback"] = self.formatException(record.exc_info)
+        return _scrub(json.dumps(line, default=str, ensure_ascii=False))
+
+
+def setup(level: str = "INFO", stream: Any = None) -> None:
+    """Route every logger to one JSON stream; quiet chatty libraries."""
+    handler = logging.StreamHandler(stream or sys.stdout)
+    handler.setFormatter(JsonFormatter())
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
+    for name in _NOISY:
+        logging.getLogger(name).setLevel(max(logging.WARNING, root.level))
+
+
+def get(name: str) -> logging.Logger:
+    return logging.getLogger(name)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)

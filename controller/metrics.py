@@ -1,0 +1,70 @@
+"""A handful of named Prometheus metrics, behind a tiny ``inc(name, **labels)`` interface.
+
+Callers count through the ``Counters`` protocol, so tests can pass any object with ``inc``.
+``Metrics`` is the real one: it owns its own ``CollectorRegistry`` (two apps in one test
+process never collide; the standard process/platform/gc collectors are added) and renders
+it for ``GET /metrics``. One registry per process: with several uvicorn workers, scrape
+each worker or switch to prometheus_client's multiprocess mode.
+
+    controller_webhooks_total{outcome, reason}
+        outcome: enqueued | duplicate | ignored | rejected | unavailable | error
+        reason:  a fixed word (``events.Disposition.reason``, ``signature``, ``payload``,
+                 ``too_large``, ``inbox``, ``bug``); never a header or body value
+
+Labels are low-cardinality by construction: never ids, never values from a request.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    GC_COLLECTOR,
+    PLATFORM_COLLECTOR,
+    PROCESS_COLLECTOR,
+    CollectorRegistry,
+    Counter,
+    generate_latest,
+)
+
+WEBHOOKS_TOTAL = "controller_webhooks_total"
+
+
+class Counters(Protocol):
+    def inc(self, name: str, **labels: str) -> None: ...
+
+
+class Metrics:
+    """The controller's Prometheus metrics in one registry."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        if registry is None:
+            registry = CollectorRegistry(auto_describe=True)
+            for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
+                registry.register(standard)  # process_*, python_info, python_gc_*
+        self.registry = registry
+        self._counters: dict[str, Counter] = {
+            WEBHOOKS_TOTAL: Counter(
+                WEBHOOKS_TOTAL,
+                "Webhook deliveries by outcome and reason.",
+                ("outcome", "reason"),
+                registry=self.registry,
+            ),
+        }
+
+    def inc(self, name: str, **labels: str) -> None:
+        """Add one to a named counter; an unknown name or label set is a bug (ValueError/KeyError)."""
+        counter = self._counters[name]
+        counter.labels(**labels).inc()
+
+    def value(self, name: str, **labels: str) -> float:
+        """The current count (0 when never incremented), for tests and checks."""
+        sample = name if name.endswith("_total") else name + "_total"
+        return self.registry.get_sample_value(sample, labels) or 0.0
+
+    def render(self) -> bytes:
+        """The registry in the Prometheus text format."""
+        return generate_latest(self.registry)

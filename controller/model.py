@@ -1,0 +1,111 @@
+"""Plain data the rest of the controller speaks: sessions, sandbox specs, handles, records.
+
+No I/O here. Adapters build these from the wire (``sessions.py``) or from storage
+(``store/``); decisions (``lifecycle.py``) read them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+ENVIRONMENT_CONNECTION = "environment_connection"
+DEFAULT_WORKSPACE = "/workspace"
+
+
+class SessionStatus(str, Enum):
+    IDLE = "idle"
+    IN_PROGRESS = "in_progress"
+    REQUIRES_ACTION = "requires_action"
+    FAILED = "failed"
+    UNKNOWN = "unknown"
+
+    @classmethod
+    def parse(cls, value: object) -> SessionStatus:
+        try:
+            return cls(str(value))
+        except ValueError:
+            return cls.UNKNOWN
+
+
+@dataclass(frozen=True)
+class RequiredAction:
+    type: str
+    environment_id: str | None = None
+
+
+@dataclass(frozen=True)
+class Environment:
+    type: str  # "none" | "openai_hosted" | "self_hosted"
+    id: str | None = None
+    remote_url: str | None = None
+    workspace_directory: str = DEFAULT_WORKSPACE
+
+    @property
+    def self_hosted(self) -> bool:
+        return self.type == "self_hosted"
+
+
+@dataclass(frozen=True)
+class Session:
+    """The fields of an Agents API session the controller uses."""
+
+    id: str
+    status: SessionStatus
+    environment: Environment
+    required_actions: tuple[RequiredAction, ...] = ()
+    agent_id: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    created_at: int = 0
+    last_active_at: int | None = None
+    error: Any = None
+
+    @property
+    def wants_connection(self) -> bool:
+        """A self-hosted session that still lists an environment_connection action (L7)."""
+        return self.environment.self_hosted and any(
+            a.type == ENVIRONMENT_CONNECTION for a in self.required_actions
+        )
+
+
+@dataclass(frozen=True)
+class SandboxSpec:
+    """What a runner needs to start one session's executor (L8)."""
+
+    session_id: str
+    environment_id: str
+    remote_url: str
+    workspace_directory: str = DEFAULT_WORKSPACE
+    template: str | None = None
+
+
+class Health(str, Enum):
+    """How a runner sees one sandbox."""
+
+    STARTING = "starting"  # created, executor not up yet
+    RUNNING = "running"  # process/pod alive
+    TERMINATING = "terminating"  # being deleted; never reuse
+    FAILED = "failed"  # exited or failed
+    GONE = "gone"  # nothing there
+
+
+@dataclass(frozen=True)
+class Handle:
+    """A runner's name for one sandbox: stable, storable, enough to find it again."""
+
+    session_id: str
+    name: str
+    generation: int
+    uid: str = ""  # pod UID or process id: distinguishes two sandboxes of one name
+
+
+@dataclass(frozen=True)
+class Record:
+    """The stored session→sandbox mapping (L1)."""
+
+    session_id: str
+    environment_id: str
+    handle: Handle
+    started_at: float

@@ -1,0 +1,1 @@
+"""Runners start, inspect and release sandboxes. ``base.Runner`` is the protocol."""

@@ -1,0 +1,29 @@
+"""The runner protocol: one sandbox per session, idempotent by construction.
+
+A runner never decides *whether* to start or stop; ``lifecycle.py`` does. A runner only
+makes it so, safely under repetition:
+
+- ``ensure(spec, generation)`` returns the handle of a live sandbox of that generation for
+  the session, starting one only when none of that generation is alive. Calling it twice,
+  or from two processes at once, yields one sandbox.
+- ``status(handle)`` reports ``Health`` without changing anything.
+- ``release(handle)`` stops and removes that sandbox (and only that one: the handle's uid
+  guards against deleting a newer sandbox of the same name). Releasing what is gone is fine.
+- ``list_managed()`` lists every sandbox this runner manages (for reconciliation and clean-up).
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+from controller.model import Handle, Health, SandboxSpec
+
+
+class Runner(Protocol):
+    def ensure(self, spec: SandboxSpec, generation: int) -> Handle: ...
+
+    def status(self, handle: Handle) -> Health: ...
+
+    def release(self, handle: Handle) -> None: ...
+
+    def list_managed(self) -> list[Handle]: ...

@@ -1,0 +1,107 @@
+"""Standard Webhooks signatures over raw bytes.
+
+Signed content is ``f"{webhook_id}.{timestamp}.".encode() + raw_body``, HMAC-SHA256,
+standard base64. A secret ``whsec_<base64>`` is decoded after the prefix; any other
+secret is used as its UTF-8 bytes. Several secrets may be valid at once (rotation), and
+a ``webhook-signature`` header may carry several space-separated ``v1,<sig>`` entries:
+a delivery is genuine when any entry matches any secret.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+import hmac
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from controller.errors import SignatureError
+
+DEFAULT_TOLERANCE_SECONDS = 300
+_PREFIX = "whsec_"
+_MAX_HEADER_CHARS = 4096
+
+
+def secret_key(secret: str) -> bytes:
+    """The HMAC key a secret stands for; raises ValueError for a garbled ``whsec_`` secret."""
+    if secret.startswith(_PREFIX):
+        try:
+            return base64.b64decode(secret[len(_PREFIX) :], validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError("a whsec_ secret must be base64 after its prefix") from exc
+    return secret.encode("utf-8")
+
+
+def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
+    """The ``v1,<base64>`` entry for one key."""
+    content = f"{webhook_id}.{timestamp}.".encode() + body
+    digest = hmac.new(key, content, hashlib.sha256).digest()
+    return "v1," + base64.b64encode(digest).decode("ascii")
+
+
+def sign_headers(secret: str, webhook_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three headers a sender attaches (used by the simulator and tests)."""
+    return {
+        "webhook-id": webhook_id,
+        "webhook-timestamp": str(timestamp),
+        "webhook-signature": sign(secret_key(secret), webhook_id, timestamp, body),
+    }
+
+
+@dataclass(frozen=True)
+class Verified:
+    webhook_id: str
+    timestamp: int
+
+
+class Verifier:
+    """Checks deliveries against a list of secrets within a replay window."""
+
+    def __init__(self, secrets: Iterable[str], tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS) -> None:
+        self._keys = tuple(secret_key(s) for s in secrets)
+        if not self._keys:
+            raise ValueError("at least one webhook secret is needed")
+        self._tolerance = tolerance_seconds
+
+    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
+        """Return the delivery's id and timestamp, or raise SignatureError (never echoing secrets)."""
+        webhook_id = _header(headers, "webhook-id")
+        raw_timestamp = _header(headers, "webhook-timestamp")
+        raw_signatures = _header(headers, "webhook-signature")
+        if not raw_timestamp.isascii() or not raw_timestamp.isdigit():
+            raise SignatureError("webhook-timestamp is not a Unix timestamp")
+        timestamp = int(raw_timestamp)
+        if timestamp < now - self._tolerance:
+            raise SignatureError("webhook-timestamp is too old")
+        if timestamp > now + self._tolerance:
+            raise SignatureError("webhook-timestamp is too far in the future")
+        offered = [entry.encode("ascii") for entry in _v1_entries(raw_signatures)]
+        if not offered:
+            raise SignatureError("webhook-signature has no v1 entry")
+        for key in self._keys:
+            expected = sign(key, webhook_id, timestamp, body).encode("ascii")
+            # Compare against every entry so timing does not depend on which one matched.
+            if any(hmac.compare_digest(expected, entry) for entry in offered):
+                return Verified(webhook_id=webhook_id, timestamp=timestamp)
+        raise SignatureError("no webhook-signature entry matches")
+
+
+def _header(headers: Mapping[str, str], name: str) -> str:
+    value = headers.get(name)
+    if value is None or not value.strip():
+        raise SignatureError(f"missing {name} header")
+    if len(value) > _MAX_HEADER_CHARS:
+        raise SignatureError(f"{name} header is too long")
+    if not value.isascii() or not value.isprintable():
+        raise SignatureError(f"{name} header has characters outside printable ASCII")
+    return value.strip()
+
+
+def _v1_entries(header: str) -> list[str]:
+    entries = []
+    for entry in header.split():
+        version, _, signature = entry.partition(",")
+        if version == "v1" and signature:
+            entries.append(entry)
+    return entries

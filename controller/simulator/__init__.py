@@ -1,0 +1,51 @@
+"""A local simulator of OpenAI's Agents API: sessions, signed webhooks, executor registration.
+
+Users run the whole loop on one machine with it, and every test tier uses it as the
+Agents API. Production modules never import it. One port serves everything::
+
+    python -m controller.simulator --port 8100 --environment-key KEY \\
+        --webhook-url http://127.0.0.1:8000/webhooks --webhook-secret whsec_...
+
+In-process: ``create_app(SimulatorConfig(...))`` and serve it with uvicorn;
+``app.state.simulator`` is the engine.
+
+Public API (``Authorization: Bearer <non-empty>``, or exactly ``--api-key``)
+    POST   /v1/agents/sessions                  create (``environment`` required)
+    GET    /v1/agents/sessions                  cursor list (after, limit, order, agent_id, metadata[k])
+    GET    /v1/agents/sessions/{id}             retrieve
+    DELETE /v1/agents/sessions/{id}             delete (no webhook; closes the executor's WebSockets)
+    POST   /v1/agents/sessions/{id}/events      input → 202 (honours Idempotency-Key)
+    GET    /v1/agents/environments/{id}         ``agent.environment`` with ``status``
+
+Executor side (what ``codex exec-server --remote <remote_url>`` calls)
+    POST   /cloud/environment/{id}/register     Bearer <environment key>; 401 / 404 / 200
+    POST   /cloud/environment/{id}/validate     200 {"valid": true}
+    WS     /cloud/environment/{id}/connect?token=…   held open, silent; ``connected`` while open
+
+Admin (no auth; loopback only)
+    GET    /healthz
+    GET    /admin/registrations[?environment_id=]   every register call: id, environment_id,
+                                                    received_at, key_matched, environment_known,
+                                                    status_code, security_profile,
+                                                    executor_public_key_present (never the key)
+    GET    /admin/deliveries[?event_id=&type=]       each (event, URL) delivery with its attempts
+    GET    /admin/events                             every event envelope sent
+    POST   /admin/webhooks/resend/{event_id}         deliver an event again (same webhook-id) → 202
+    GET    /admin/faults                             armed faults
+    POST   /admin/faults  {"target", "status", "count", "retry_after"}
+               the next ``count`` calls of ``target`` answer ``status`` (429/5xx with Retry-After
+               when given). Targets: create_session, retrieve_session, list_sessions,
+               delete_session, create_events, retrieve_environment, register, validate
+    DELETE /admin/faults                             disarm all
+    POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)
+    GET    /admin/environments                       every environment with its status
+    POST   /admin/environments/{id}/disconnect       close the executor's WebSockets
+
+Every list answer is ``{"object": "list", "data": [...]}``. See ``engine.py`` for the
+session state machine and ``webhooks.py`` for delivery and retry behaviour.
+"""
+
+from controller.simulator.app import create_app
+from controller.simulator.config import SimulatorConfig
+
+__all__ = ["SimulatorConfig", "create_app"]

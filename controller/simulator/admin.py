@@ -1,0 +1,105 @@
+"""``/admin/...``: what a test or a developer needs to look inside and break things.
+
+Unauthenticated on purpose: the simulator is meant for loopback. See the package
+docstring for the list of endpoints.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from controller.simulator.engine import Simulator
+from controller.simulator.errors import ApiError, bad_request, not_found
+from controller.simulator.http import json_body
+from controller.simulator.state import environment_info_json
+
+
+def routes(sim: Simulator) -> list[Route]:
+    async def registrations(request: Request) -> Response:
+        wanted = request.query_params.get("environment_id")
+        return _listing(r.to_json() for r in sim.registrations if not wanted or r.environment_id == wanted)
+
+    async def deliveries(request: Request) -> Response:
+        event_id = request.query_params.get("event_id")
+        event_type = request.query_params.get("type")
+        return _listing(
+            d.to_json()
+            for d in sim.webhooks.deliveries
+            if (not event_id or d.event_id == event_id) and (not event_type or d.event_type == event_type)
+        )
+
+    async def events(request: Request) -> Response:
+        return _listing(e.to_json() for e in sim.webhooks.events.values())
+
+    async def resend(request: Request) -> Response:
+        event_id = request.path_params["event_id"]
+        started = sim.webhooks.resend(event_id)
+        if started is None:
+            raise not_found("event", event_id)
+        return JSONResponse(
+            {"event_id": event_id, "deliveries": [d.to_json() for d in started]}, status_code=202
+        )
+
+    async def faults(request: Request) -> Response:
+        if request.method == "DELETE":
+            sim.faults.clear()
+        elif request.method == "POST":
+            body = await json_body(request)
+            try:
+                sim.faults.arm(
+                    target=str(body.get("target", "")),
+                    status=int(body.get("status", 500)),
+                    count=int(body.get("count", 1)),
+                    retry_after=_optional_float(body.get("retry_after")),
+                )
+            except (TypeError, ValueError, AttributeError) as exc:
+                raise bad_request(str(exc)) from exc
+        return _listing(sim.faults.to_json())
+
+    async def fail(request: Request) -> Response:
+        body = await json_body(request, optional=True)
+        error = body.get("error") if isinstance(body, dict) else None
+        session = sim.fail_session(
+            request.path_params["session_id"], str(error or "Failed by the simulator's admin API.")
+        )
+        return JSONResponse(sim.view(session))
+
+    async def environments(request: Request) -> Response:
+        return _listing(
+            {**environment_info_json(e), "session_id": e.session_id, "deleted": e.deleted}
+            for e in sim.environments.values()
+        )
+
+    async def disconnect(request: Request) -> Response:
+        environment = sim.environment(request.path_params["environment_id"])
+        return JSONResponse(
+            {"environment_id": environment.id, "closed": await sim.disconnect_environment(environment.id)}
+        )
+
+    return [
+        Route("/admin/registrations", registrations, methods=["GET"]),
+        Route("/admin/deliveries", deliveries, methods=["GET"]),
+        Route("/admin/events", events, methods=["GET"]),
+        Route("/admin/webhooks/resend/{event_id}", resend, methods=["POST"]),
+        Route("/admin/faults", faults, methods=["GET", "POST", "DELETE"]),
+        Route("/admin/sessions/{session_id}/fail", fail, methods=["POST"]),
+        Route("/admin/environments", environments, methods=["GET"]),
+        Route("/admin/environments/{environment_id}/disconnect", disconnect, methods=["POST"]),
+    ]
+
+
+def _listing(items: Any) -> JSONResponse:
+    return JSONResponse({"object": "list", "data": list(items)})
+
+
+def _optional_float(value: Any) -> float | None:
+    if value is None:
+        return None
+    number = float(value)
+    if number < 0:
+        raise ApiError(400, "'retry_after' must not be negative.")
+    return number

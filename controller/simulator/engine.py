@@ -1,0 +1,378 @@
+"""The simulator's state machine: sessions, environments, executors and their events.
+
+Rules (mirroring the real API as the contract describes it):
+
+* Input on a self-hosted session whose environment has no executor connected puts the
+  session in ``requires_action`` with an ``environment_connection`` action, sends
+  ``agent.session.action_required``, and starts the connection deadline.
+* An executor connecting (its WebSocket open) clears the action and runs the turn:
+  ``in_progress`` → (``turn_seconds``) → ``idle``, each with its webhook.
+* No executor by the deadline → ``failed`` with an ``error`` and ``agent.session.failed``.
+* An executor dropping mid-turn makes the session ask for a connection again; dropping while
+  idle only marks the environment ``disconnected``.
+* Input during a turn is folded into one more turn; ``agent.session.input.cancel`` ends it.
+* A failed session is final; deleting a session sends no webhook, closes its executor's
+  WebSockets and forgets the environment (so a reconnecting executor re-registers, gets 404
+  and exits).
+
+Everything runs on one asyncio loop, so no locks are needed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from controller.clock import Clock, SystemClock
+from controller.simulator import parse
+from controller.simulator.config import SimulatorConfig
+from controller.simulator.errors import ApiError, injected, not_found, unauthorized
+from controller.simulator.faults import Faults
+from controller.simulator.state import (
+    EnvironmentStatus,
+    Registration,
+    SessionStatus,
+    SimEnvironment,
+    SimSession,
+    make_agent,
+    new_id,
+    session_json,
+)
+from controller.simulator.webhooks import RetryPolicy, WebhookSender
+
+log = logging.getLogger("controller.simulator")
+SECURITY_PROFILE = "noise_hybrid_ik_v1"
+CLOSE_WAIT_SECONDS = 5.0
+CloseConnection = Callable[[], Awaitable[None]]
+
+
+class Simulator:
+    def __init__(self, config: SimulatorConfig, clock: Clock | None = None) -> None:
+        self.config = config
+        self.clock = clock or SystemClock()
+        self.faults = Faults()
+        self.sessions: dict[str, SimSession] = {}
+        self.environments: dict[str, SimEnvironment] = {}
+        self.registrations: list[Registration] = []
+        policy = RetryPolicy(
+            initial_seconds=config.webhook_retry_initial_seconds,
+            max_seconds=config.webhook_retry_max_seconds,
+            horizon_seconds=config.webhook_retry_horizon_seconds,
+            max_attempts=config.webhook_max_attempts,
+            timeout_seconds=config.webhook_timeout_seconds,
+        )
+        self.webhooks = WebhookSender(config.webhook_urls, config.webhook_secret, policy, self.clock)
+        self._connections: dict[str, dict[int, CloseConnection]] = {}
+        self._turns: dict[str, asyncio.Task[None]] = {}
+        self._deadlines: dict[str, asyncio.Task[None]] = {}
+        self._next_connection = 0
+        self._closing = False
+
+    async def start(self) -> None:
+        await self.webhooks.start()
+
+    async def close(self) -> None:
+        self._closing = True  # executors dropping now are part of the shutdown, not events
+        for task in [*self._turns.values(), *self._deadlines.values()]:
+            task.cancel()
+        for environment_id in list(self._connections):
+            await self.disconnect_environment(environment_id)
+        await self.webhooks.close()
+
+    # --- sessions ---------------------------------------------------------------------
+
+    def view(self, session: SimSession) -> dict[str, Any]:
+        environment = self.environments.get(session.environment_id or "")
+        return session_json(session, environment, self.config.base_url)
+
+    def get(self, session_id: str) -> SimSession:
+        session = self.sessions.get(session_id)
+        if session is None:
+            raise not_found("session", session_id)
+        return session
+
+    def create_session(self, body: Any) -> SimSession:
+        request = parse.new_session(body)
+        now = self._now()
+        environment_id = None
+        if request.environment_type != "none":
+            environment_id = new_id("env")
+            status = (
+                EnvironmentStatus.PENDING
+                if request.environment_type == "self_hosted"
+                else EnvironmentStatus.READY
+            )
+            self.environments[environment_id] = SimEnvironment(
+                id=environment_id,
+                type=request.environment_type,
+                status=status,
+                workspace_directory=request.workspace_directory,
+                capability_directories=request.capability_directories,
+            )
+        session = SimSession(
+            id=new_id("sess"),
+            agent=make_agent(request.agent, request.agent_id),
+            environment_type=request.environment_type,
+            environment_id=environment_id,
+            metadata=request.metadata,
+            created_at=now,
+            last_active_at=now,
+            vault_ids=request.vault_ids,
+            review=request.review,
+        )
+        self.sessions[session.id] = session
+        if environment_id is not None:
+            self.environments[environment_id].session_id = session.id
+        created: dict[str, Any] = {"id": session.id, "environment_type": session.environment_type}
+        if environment_id is not None:
+            created["environment_id"] = environment_id
+        if session.self_hosted:
+            created["connect"] = {"remote_url": self.config.base_url}
+        self.webhooks.publish("agent.session.created", created)
+        if request.has_input:
+            self._request_turn(session)
+        return session
+
+    def submit_events(self, session_id: str, body: Any, idempotency_key: str | None) -> None:
+        session = self.get(session_id)
+        events = parse.input_events(body)
+        if idempotency_key:
+            if idempotency_key in session.idempotency_keys:
+                return
+            session.idempotency_keys.add(idempotency_key)
+        if session.status is SessionStatus.FAILED:
+            raise ApiError(
+                409, f"Session '{session_id}' has failed and accepts no input.", code="session_failed"
+            )
+        for event in events:
+            if event["type"] == "agent.session.input.cancel":
+                self._cancel(session)
+            else:
+                self._request_turn(session)
+
+    async def delete_session(self, session_id: str) -> None:
+        session = self.get(session_id)
+        self._stop_tasks(session.id)
+        del self.sessions[session.id]
+        environment = self.environments.get(session.environment_id or "")
+        if environment is not None:
+            environment.deleted = True
+            environment.tokens.clear()
+            await self.disconnect_environment(environment.id)
+
+    def fail_session(self, session_id: str, error: str) -> SimSession:
+        session = self.get(session_id)
+        if session.status is not SessionStatus.FAILED:
+            self._fail(session, error)
+        return session
+
+    # --- environments and executors -------------------------------------------------------
+
+    def environment(self, environment_id: str) -> SimEnvironment:
+        environment = self.environments.get(environment_id)
+        if environment is None or environment.deleted:
+            raise not_found("environment", environment_id)
+        return environment
+
+    def register(self, environment_id: str, bearer: str | None, body: Any) -> dict[str, Any]:
+        """Answer an executor's registration, recording it (without the key)."""
+        key_matched = bearer is not None and hmac.compare_digest(
+            bearer.encode(), self.config.environment_key.encode()
+        )
+        environment = self.environments.get(environment_id)
+        known = environment is not None and not environment.deleted and environment.type == "self_hosted"
+        fault = self.faults.take("register")
+        error: ApiError | None = None
+        if fault is not None:
+            error = injected(fault.status, fault.retry_after)
+        elif not key_matched:
+            error = unauthorized()
+        elif not known:
+            error = not_found("environment", environment_id)
+        profile = body.get("security_profile") if isinstance(body, dict) else None
+        registration = Registration(
+            id=new_id("exreg"),
+            environment_id=environment_id,
+            received_at=self.clock.now(),
+            key_matched=key_matched,
+            environment_known=known,
+            status_code=error.status if error else 200,
+            security_profile=profile if isinstance(profile, str) else None,
+            executor_public_key_present=isinstance(body, dict) and bool(body.get("executor_public_key")),
+        )
+        self.registrations.append(registration)
+        log.info(
+            "registration",
+            extra={
+                "environment_id": environment_id,
+                "key_matched": key_matched,
+                "status_code": registration.status_code,
+            },
+        )
+        if error is not None:
+            raise error
+        assert environment is not None
+        token = new_id("wstok")
+        environment.tokens.add(token)
+        url = f"{self.config.websocket_base_url}/cloud/environment/{environment_id}/connect?token={token}"
+        return {
+            "environment_id": environment_id,
+            "url": url,
+            "security_profile": SECURITY_PROFILE,
+            "executor_registration_id": registration.id,
+        }
+
+    def token_valid(self, environment_id: str, token: str) -> bool:
+        environment = self.environments.get(environment_id)
+        if environment is None or environment.deleted or not token:
+            return False
+        return any(hmac.compare_digest(token.encode(), t.encode()) for t in environment.tokens)
+
+    def executor_connected(self, environment_id: str, close: CloseConnection) -> int:
+        environment = self.environment(environment_id)
+        self._next_connection += 1
+        self._connections.setdefault(environment_id, {})[self._next_connection] = close
+        environment.status = EnvironmentStatus.CONNECTED
+        log.info("executor connected", extra={"environment_id": environment_id})
+        session = self.sessions.get(environment.session_id or "")
+        if (
+            session is not None
+            and session.wants_connection
+            and session.status is SessionStatus.REQUIRES_ACTION
+        ):
+            session.wants_connection = False
+            self._cancel_deadline(session.id)
+            if session.pending_inputs:
+                self._start_turns(session)
+            else:
+                session.status = SessionStatus.IDLE
+        return self._next_connection
+
+    def executor_disconnected(self, environment_id: str, connection: int) -> None:
+        open_connections = self._connections.get(environment_id, {})
+        open_connections.pop(connection, None)
+        if open_connections:
+            return
+        self._connections.pop(environment_id, None)
+        environment = self.environments.get(environment_id)
+        if environment is None or environment.deleted or self._closing:
+            return
+        environment.status = EnvironmentStatus.DISCONNECTED
+        log.info("executor disconnected", extra={"environment_id": environment_id})
+        session = self.sessions.get(environment.session_id or "")
+        if session is not None and session.status is SessionStatus.IN_PROGRESS:
+            self._stop_turn(session.id)
+            session.pending_inputs += 1
+            self._ask_for_connection(session)
+
+    async def disconnect_environment(self, environment_id: str) -> int:
+        """Close every executor WebSocket of one environment; returns how many."""
+        closers = list(self._connections.get(environment_id, {}).values())
+        if closers:
+            await asyncio.wait(
+                [asyncio.ensure_future(close()) for close in closers], timeout=CLOSE_WAIT_SECONDS
+            )
+        return len(closers)
+
+    # --- the state machine ----------------------------------------------------------------
+
+    def _request_turn(self, session: SimSession) -> None:
+        session.pending_inputs += 1
+        session.last_active_at = self._now()
+        if session.status is not SessionStatus.IDLE:
+            return  # a running turn or a pending action picks the input up
+        environment = self.environments.get(session.environment_id or "")
+        if session.self_hosted and (
+            environment is None or environment.status is not EnvironmentStatus.CONNECTED
+        ):
+            self._ask_for_connection(session)
+        else:
+            self._start_turns(session)
+
+    def _ask_for_connection(self, session: SimSession) -> None:
+        session.status = SessionStatus.REQUIRES_ACTION
+        session.wants_connection = True
+        self.webhooks.publish(
+            "agent.session.action_required",
+            {"id": session.id, "required_action": {"type": "environment_connection"}},
+        )
+        self._cancel_deadline(session.id)
+        self._deadlines[session.id] = asyncio.get_running_loop().create_task(self._deadline(session.id))
+
+    def _start_turns(self, session: SimSession) -> None:
+        session.status = SessionStatus.IN_PROGRESS
+        self.webhooks.publish("agent.session.in_progress", self._status_data(session))
+        self._turns[session.id] = asyncio.get_running_loop().create_task(self._run_turns(session.id))
+
+    async def _run_turns(self, session_id: str) -> None:
+        while True:
+            session = self.sessions.get(session_id)
+            if session is None:
+                return
+            session.pending_inputs = 0
+            await asyncio.sleep(self.config.turn_seconds)
+            session = self.sessions.get(session_id)
+            if session is None or session.status is not SessionStatus.IN_PROGRESS:
+                return
+            session.last_active_at = self._now()
+            if session.pending_inputs:
+                continue
+            self._turns.pop(session_id, None)
+            session.status = SessionStatus.IDLE
+            self.webhooks.publish("agent.session.idle", self._status_data(session))
+            return
+
+    async def _deadline(self, session_id: str) -> None:
+        await asyncio.sleep(self.config.connect_timeout_seconds)
+        self._deadlines.pop(session_id, None)
+        session = self.sessions.get(session_id)
+        if session is not None and session.wants_connection:
+            seconds = self.config.connect_timeout_seconds
+            self._fail(
+                session,
+                f"No executor connected to environment '{session.environment_id}' "
+                f"within {seconds:g} seconds.",
+            )
+
+    def _cancel(self, session: SimSession) -> None:
+        session.pending_inputs = 0
+        if session.status is SessionStatus.IN_PROGRESS or session.wants_connection:
+            self._stop_tasks(session.id)
+            session.wants_connection = False
+            session.status = SessionStatus.IDLE
+            session.last_active_at = self._now()
+            self.webhooks.publish("agent.session.idle", self._status_data(session))
+
+    def _fail(self, session: SimSession, error: str) -> None:
+        self._stop_tasks(session.id)
+        session.status = SessionStatus.FAILED
+        session.wants_connection = False
+        session.pending_inputs = 0
+        session.error = error
+        self.webhooks.publish("agent.session.failed", self._status_data(session))
+
+    def _status_data(self, session: SimSession) -> dict[str, Any]:
+        data: dict[str, Any] = {"id": session.id, "environment_type": session.environment_type}
+        if session.environment_id is not None:
+            data["environment_id"] = session.environment_id
+        return data
+
+    def _stop_tasks(self, session_id: str) -> None:
+        self._stop_turn(session_id)
+        self._cancel_deadline(session_id)
+
+    def _stop_turn(self, session_id: str) -> None:
+        task = self._turns.pop(session_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _cancel_deadline(self, session_id: str) -> None:
+        task = self._deadlines.pop(session_id, None)
+        if task is not None and task is not asyncio.current_task():
+            task.cancel()
+
+    def _now(self) -> int:
+        return int(self.clock.now())

@@ -1,0 +1,69 @@
+"""The store protocol: leases with fencing, coalesced work, the session→sandbox mapping.
+
+Work on one session is coalesced with two counters: every delivery bumps ``wanted``; a
+worker holding the session's lease works, then ``complete``s up to the ``wanted`` value it
+started from. If more was wanted meanwhile, ``complete`` keeps the lease and hands back a
+fresh ``Lease`` to go round again; nothing that arrives while a session is being worked is
+lost, and two workers never act on one session at once.
+
+A lease carries a fencing ``token`` (strictly increasing per session). Every write checks
+that the token still holds the lease; a worker whose lease expired gets ``Fenced``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+from controller.model import Record
+
+
+@dataclass(frozen=True)
+class Lease:
+    session_id: str
+    token: int
+    wanted: int
+    """The work generation this round covers."""
+
+
+@dataclass(frozen=True)
+class Busy:
+    """Another worker holds the session; try again after ``retry_after`` seconds."""
+
+    retry_after: float
+
+
+class SessionStore(Protocol):
+    def want(self, session_id: str) -> int:
+        """Ask for (more) work on a session; returns the new work generation."""
+        ...
+
+    def acquire(self, session_id: str) -> Lease | Busy | None:
+        """Take the session's lease. None: nothing is wanted beyond what was done."""
+        ...
+
+    def complete(self, lease: Lease) -> Lease | None:
+        """Mark ``lease.wanted`` done. Returns a new round's lease if more is wanted, else releases."""
+        ...
+
+    def abandon(self, lease: Lease) -> None:
+        """Release without marking done (the work failed and will be retried)."""
+        ...
+
+    def check(self, lease: Lease) -> None:
+        """Raise Fenced unless the lease is still held; extends it."""
+        ...
+
+    def record(self, session_id: str) -> Record | None: ...
+
+    def save(self, lease: Lease, record: Record) -> None:
+        """Fenced write of the mapping."""
+        ...
+
+    def forget(self, lease: Lease) -> None:
+        """Fenced delete of the mapping."""
+        ...
+
+    def session_ids(self) -> list[str]:
+        """Every session with a mapping (for reconciliation)."""
+        ...

@@ -1,0 +1,276 @@
+"""Redis implementations of the session store and of the receiver's inbox.
+
+Keys (all under ``sc:``; ``{sid}`` is the session id):
+
+    sc:want:{sid}    work generation asked for (INCR per delivery)
+    sc:done:{sid}    work generation completed
+    sc:fence:{sid}   fencing counter (INCR per lease)
+    sc:lease:{sid}   holder's fencing token, with a TTL
+    sc:rec:{sid}     the session→sandbox mapping (hash)
+    sc:sessions      ids with a mapping
+    sc:seen:{wid}    de-duplication: "pending" while enqueueing, "done" after
+
+Multi-key checks run as small Lua scripts so that "is the lease still mine?" and the write
+it guards happen atomically. redis-py errors are translated here, once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from controller import logs
+from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller.inbox import Job, Outcome
+from controller.model import Handle, Record
+from controller.store.base import Busy, Lease
+
+log = logs.get(__name__)
+
+_ACQUIRE = """
+local want = tonumber(redis.call('GET', KEYS[3]) or '0')
+local done = tonumber(redis.call('GET', KEYS[4]) or '0')
+if want <= done then return {-1, 0} end
+if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
+local token = redis.call('INCR', KEYS[2])
+redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+return {token, want}
+"""
+
+_COMPLETE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+local done = tonumber(redis.call('GET', KEYS[3]) or '0')
+if tonumber(ARGV[2]) > done then redis.call('SET', KEYS[3], ARGV[2]) end
+local want = tonumber(redis.call('GET', KEYS[2]) or '0')
+if want > tonumber(ARGV[2]) then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return want
+end
+redis.call('DEL', KEYS[1])
+return 0
+"""
+
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+_CHECK = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('PEXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
+_SAVE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('HSET', KEYS[2], unpack(ARGV, 3))
+redis.call('SADD', KEYS[3], ARGV[2])
+return 1
+"""
+
+_FORGET = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+return 1
+"""
+
+SESSIONS_KEY = "sc:sessions"
+
+
+def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
+    """A client with short timeouts, so an unreachable Redis becomes a quick 503, not a hang."""
+    return redis.Redis.from_url(
+        url,
+        socket_timeout=timeout_seconds,
+        socket_connect_timeout=timeout_seconds,
+        health_check_interval=15,
+        decode_responses=True,
+    )
+
+
+@contextmanager
+def _translated(what: str) -> Iterator[None]:
+    try:
+        yield
+    except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
+        raise StoreUnavailable(f"redis unavailable during {what}", retry_after=2) from exc
+    except redis.ResponseError as exc:
+        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN")):
+            raise StoreUnavailable(f"redis not ready during {what}", retry_after=2) from exc
+        raise
+
+
+class RedisSessionStore:
+    def __init__(self, client: redis.Redis, lease_ttl_seconds: float) -> None:
+        self._r = client
+        self._ttl_ms = int(lease_ttl_seconds * 1000)
+        self._acquire = client.register_script(_ACQUIRE)
+        self._complete = client.register_script(_COMPLETE)
+        self._release = client.register_script(_RELEASE)
+        self._check = client.register_script(_CHECK)
+        self._save = client.register_script(_SAVE)
+        self._forget = client.register_script(_FORGET)
+
+    def want(self, session_id: str) -> int:
+        with _translated("want"):
+            return int(self._r.incr(f"sc:want:{session_id}"))
+
+    def acquire(self, session_id: str) -> Lease | Busy | None:
+        keys = [f"sc:lease:{session_id}", f"sc:fence:{session_id}", f"sc:want:{session_id}", f"sc:done:{session_id}"]
+        with _translated("acquire"):
+            first, second = self._acquire(keys=keys, args=[self._ttl_ms])
+        if first == -1:
+            return None
+        if first == 0:
+            return Busy(retry_after=max(int(second), 100) / 1000)
+        return Lease(session_id=session_id, token=int(first), wanted=int(second))
+
+    def complete(self, lease: Lease) -> Lease | None:
+        sid = lease.session_id
+        keys = [f"sc:lease:{sid}", f"sc:want:{sid}", f"sc:done:{sid}"]
+        with _translated("complete"):
+            result = int(self._complete(keys=keys, args=[lease.token, lease.wanted, self._ttl_ms]))
+        if result == -1:
+            raise Fenced(f"lease of session {sid} was lost before completing")
+        if result == 0:
+            return None
+        return Lease(session_id=sid, token=lease.token, wanted=result)
+
+    def abandon(self, lease: Lease) -> None:
+        with _translated("abandon"):
+            self._release(keys=[f"sc:lease:{lease.session_id}"], args=[lease.token])
+
+    def check(self, lease: Lease) -> None:
+        with _translated("check"):
+            held = self._check(keys=[f"sc:lease:{lease.session_id}"], args=[lease.token, self._ttl_ms])
+        if not held:
+            raise Fenced(f"lease of session {lease.session_id} is no longer held")
+
+    def record(self, session_id: str) -> Record | None:
+        with _translated("read record"):
+            data = self._r.hgetall(f"sc:rec:{session_id}")
+        return _record_from(session_id, data) if data else None
+
+    def save(self, lease: Lease, record: Record) -> None:
+        sid = lease.session_id
+        fields = _record_fields(record)
+        flat: list[Any] = [lease.token, sid]
+        for key, value in fields.items():
+            flat += [key, value]
+        with _translated("save record"):
+            ok = self._save(keys=[f"sc:lease:{sid}", f"sc:rec:{sid}", SESSIONS_KEY], args=flat)
+        if not ok:
+            raise Fenced(f"lease of session {sid} lost; record not saved")
+
+    def forget(self, lease: Lease) -> None:
+        sid = lease.session_id
+        with _translated("forget record"):
+            ok = self._forget(keys=[f"sc:lease:{sid}", f"sc:rec:{sid}", SESSIONS_KEY], args=[lease.token, sid])
+        if not ok:
+            raise Fenced(f"lease of session {sid} lost; record not removed")
+
+    def session_ids(self) -> list[str]:
+        with _translated("list sessions"):
+            return sorted(self._r.smembers(SESSIONS_KEY))
+
+
+def _record_fields(record: Record) -> dict[str, str]:
+    return {
+        "environment_id": record.environment_id,
+        "name": record.handle.name,
+        "generation": str(record.handle.generation),
+        "uid": record.handle.uid,
+        "started_at": repr(record.started_at),
+    }
+
+
+def _record_from(session_id: str, data: dict[str, str]) -> Record:
+    return Record(
+        session_id=session_id,
+        environment_id=data.get("environment_id", ""),
+        handle=Handle(
+            session_id=session_id,
+            name=data.get("name", ""),
+            generation=int(data.get("generation", "0")),
+            uid=data.get("uid", ""),
+        ),
+        started_at=float(data.get("started_at", "0")),
+    )
+
+
+class RedisInbox:
+    """De-duplicates on webhook-id and enqueues through ``publish`` (L5).
+
+    The id is claimed as "pending" (short TTL) before publishing and marked "done" (for the
+    de-duplication horizon) only after the publish succeeded; a failed publish drops the
+    claim, so the sender's retry is processed. A concurrent copy that finds the claim
+    pending waits briefly for the outcome rather than answering 2xx for a job that might
+    still fail to enqueue.
+    """
+
+    PENDING_TTL_MS = 30_000
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        store: RedisSessionStore,
+        publish: Callable[[Job], None],
+        dedup_ttl_seconds: int,
+        wait_seconds: float = 3.0,
+    ) -> None:
+        self._r = client
+        self._store = store
+        self._publish = publish
+        self._dedup_ttl = dedup_ttl_seconds
+        self._wait = wait_seconds
+
+    def submit(self, job: Job) -> Outcome:
+        key = f"sc:seen:{job.webhook_id}"
+        deadline = time.monotonic() + self._wait
+        while True:
+            with _translated("de-duplication"):
+                claimed = self._r.set(key, "pending", nx=True, px=self.PENDING_TTL_MS)
+                state = None if claimed else self._r.get(key)
+            if claimed:
+                return self._enqueue(key, job)
+            if state == "done":
+                return Outcome.DUPLICATE
+            if time.monotonic() >= deadline:
+                raise QueueUnavailable(f"delivery {job.webhook_id} is being enqueued elsewhere", retry_after=2)
+            time.sleep(0.05)  # "pending" elsewhere, or just released after a failure: look again
+
+    def _enqueue(self, key: str, job: Job) -> Outcome:
+        try:
+            self._store.want(job.session_id)
+            self._publish(job)
+        except Exception as exc:
+            self._drop_claim(key)
+            if isinstance(exc, Transient):
+                raise
+            raise QueueUnavailable(f"could not enqueue delivery {job.webhook_id}", retry_after=2) from exc
+        try:
+            with _translated("de-duplication"):
+                self._r.set(key, "done", ex=self._dedup_ttl)
+        except StoreUnavailable:
+            # The job is queued; the claim expires on its own and a retry would only
+            # enqueue a duplicate job, which coalescing absorbs. Still a success.
+            log.warning("dedup mark failed after enqueue", extra={"webhook_id": job.webhook_id})
+        return Outcome.ENQUEUED
+
+    def _drop_claim(self, key: str) -> None:
+        try:
+            self._r.delete(key)
+        except redis.RedisError:
+            pass  # expires on its own after PENDING_TTL_MS
+
+    def ready(self) -> bool:
+        try:
+            return bool(self._r.ping())
+        except redis.RedisError:
+            return False

@@ -1,0 +1,104 @@
+"""Real processes for system tests: started on loopback, logged to files, always stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:
+    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    last_error: BaseException | None = None
+    while time.monotonic() < deadline:
+        try:
+            value = condition()
+            if value:
+                return value
+        except Exception as exc:  # the thing is not up yet
+            last_error = exc
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})")
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Managed:
+    """One child process in its own process group, output to ``log_path``."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, cwd: Path | None = None):
+        self.name = name
+        self.argv = list(argv)
+        self.env = dict(env)
+        self.log_path = log_path
+        self.cwd = cwd
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Managed:
+        log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen(
+            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+            start_new_session=True, cwd=self.cwd,
+        )
+        log.close()
+        return self
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill(self, sig: int = signal.SIGKILL) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, sig)
+            self.proc.wait(timeout=10)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait(timeout=5)
+        except ProcessLookupError:
+            pass
+
+    def log_lines(self) -> list[dict[str, object]]:
+        """The JSON lines this process wrote (other lines skipped)."""
+        lines = []
+        for raw in self.log_path.read_text(errors="replace").splitlines():
+            if raw.startswith("{"):
+                try:
+                    lines.append(json.loads(raw))
+                except ValueError:
+                    pass
+        return lines
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+
+def python_module(module: str, *args: str) -> list[str]:
+    return [sys.executable, "-m", module, *args]

@@ -1,0 +1,196 @@
+"""The whole loop from real parts on loopback: redis-server, the simulator, uvicorn
+receivers, Celery worker processes and the local runner with the real codex binary."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from collections import Counter
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from controller.runners.local import LocalRunner
+from controller.signing import sign_headers
+from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
+from tests.support.redis_server import RedisServer
+
+WEBHOOK_SECRET = "whsec_" + "c2FuZGJveC1jb250cm9sbGVyLXRlc3Qtc2VjcmV0IQ=="
+API_KEY = "sk-controller-test-api-key-1234"
+EXECUTOR_KEY = "ek-environment-test-key-5678"
+SECRETS = (WEBHOOK_SECRET, API_KEY, EXECUTOR_KEY)
+
+
+class Loop:
+    def __init__(self, directory: Path, codex: str, receivers: int = 2, workers: int = 2) -> None:
+        self.directory = directory
+        self.codex = codex
+        self.redis = RedisServer(directory / "redis")
+        self.simulator_port = free_port()
+        self.simulator_url = f"http://127.0.0.1:{self.simulator_port}"
+        self.receiver_ports = [free_port() for _ in range(receivers)]
+        self.state_directory = directory / "sandboxes"
+        self.worker_count = workers
+        self.simulator: Managed | None = None
+        self.receivers: list[Managed] = []
+        self.workers: list[Managed] = []
+
+    # -- processes ------------------------------------------------------------------------
+
+    def controller_env(self) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+        env.update(
+            CONTROLLER_REDIS_URL=self.redis.url,
+            CONTROLLER_WEBHOOK_SECRETS=WEBHOOK_SECRET,
+            CONTROLLER_API_KEY=API_KEY,
+            CONTROLLER_API_BASE_URL=self.simulator_url,
+            CONTROLLER_EXECUTOR_KEY=EXECUTOR_KEY,
+            CONTROLLER_EXECUTOR_COMMAND=self.codex,
+            CONTROLLER_RUNNER="local",
+            CONTROLLER_LOCAL_STATE_DIRECTORY=str(self.state_directory),
+            CONTROLLER_LEASE_TTL_SECONDS="5",
+            CONTROLLER_QUEUE_VISIBILITY_TIMEOUT_SECONDS="20",
+            CONTROLLER_EXECUTOR_GRACE_SECONDS="30",
+            CONTROLLER_API_MAX_ATTEMPTS="3",
+        )
+        return env
+
+    def start(self) -> Loop:
+        self.redis.start()
+        self.start_simulator()
+        for index, port in enumerate(self.receiver_ports):
+            self.receivers.append(
+                Managed(
+                    f"receiver{index}",
+                    python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
+                    self.controller_env(),
+                    self.directory / f"receiver{index}.log",
+                ).start()
+            )
+        for index in range(self.worker_count):
+            self.start_worker(index)
+        for port in self.receiver_ports:
+            wait_for(lambda port=port: port_open(port), 30, f"receiver on port {port}")
+        wait_for(self.workers_ready, 60, "celery workers to be ready")
+        return self
+
+    def start_simulator(self) -> None:
+        argv = python_module(
+            "controller.simulator",
+            "--port", str(self.simulator_port),
+            "--webhook-url", f"http://127.0.0.1:{self.receiver_ports[0]}/webhooks",
+            "--webhook-secret", WEBHOOK_SECRET,
+            "--environment-key", EXECUTOR_KEY,
+            "--api-key", API_KEY,
+            "--connect-timeout-seconds", "120",
+            "--turn-seconds", "0.5",
+            "--webhook-retry-initial-seconds", "0.5",
+            "--webhook-retry-max-seconds", "2",
+        )
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+        self.simulator = Managed("simulator", argv, env, self.directory / "simulator.log").start()
+        wait_for(lambda: port_open(self.simulator_port), 30, "simulator")
+
+    def start_worker(self, index: int) -> Managed:
+        worker = Managed(
+            f"worker{index}",
+            python_module("controller", "worker", "--concurrency", "2", "--hostname", f"w{index}-{uuid.uuid4().hex[:6]}@test"),
+            self.controller_env(),
+            self.directory / f"worker{index}.log",
+        ).start()
+        self.workers.append(worker)
+        return worker
+
+    def workers_ready(self) -> bool:
+        return all(w.alive() and "worker ready" in w.output() for w in self.workers)
+
+    def stop(self) -> None:
+        for process in [*self.receivers, *self.workers]:
+            process.stop()
+        LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY).stop_all()
+        if self.simulator is not None:
+            self.simulator.stop()
+        self.redis.stop()
+
+    def all_output(self) -> str:
+        parts = []
+        for process in [*self.receivers, *self.workers, self.simulator]:
+            if process is not None:
+                parts.append(process.output())
+        for log in self.state_directory.glob("sessions/*/executor.log"):
+            parts.append(log.read_text(errors="replace"))
+        return "\n".join(parts)
+
+    # -- the Agents API side --------------------------------------------------------------
+
+    def api(self) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.simulator_url,
+            headers={"Authorization": f"Bearer {API_KEY}", "OpenAI-Beta": "agents=v1"},
+            timeout=10,
+        )
+
+    def create_session(self, client: httpx.Client, *, input_text: str | None = "hello", **extra: Any) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "agent": {"model": "gpt-test"},
+            "environment": {"type": "self_hosted", "workspace_directory": "/workspace"},
+            **extra,
+        }
+        if input_text is not None:
+            body["input"] = input_text
+        response = client.post("/v1/agents/sessions", json=body)
+        response.raise_for_status()
+        return dict(response.json())
+
+    def registrations(self) -> list[dict[str, Any]]:
+        response = httpx.get(f"{self.simulator_url}/admin/registrations", timeout=10)
+        response.raise_for_status()
+        return list(response.json()["data"])
+
+    def environment_status(self, environment_id: str) -> str:
+        with self.api() as client:
+            response = client.get(f"/v1/agents/environments/{environment_id}")
+        response.raise_for_status()
+        return str(response.json()["status"])
+
+    def live_executors(self) -> Counter[str]:
+        runner = LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY)
+        return Counter(h.session_id for h in runner.live())
+
+    def started_log_lines(self) -> list[dict[str, Any]]:
+        return [line for w in self.workers for line in w.log_lines() if line.get("event") == "executor process started"]
+
+    # -- deliveries -----------------------------------------------------------------------
+
+    def delivery(self, session_id: str, event_type: str = "agent.session.action_required",
+                 required: str | None = "environment_connection", webhook_id: str | None = None,
+                 timestamp: int | None = None) -> tuple[dict[str, str], bytes]:
+        data: dict[str, Any] = {"id": session_id}
+        if event_type == "agent.session.action_required":
+            data["required_action"] = {"type": required}
+        else:
+            data.update(environment_type="self_hosted", environment_id=None)
+        body = json.dumps(
+            {"id": f"evt_{uuid.uuid4().hex}", "object": "event", "created_at": int(time.time()),
+             "type": event_type, "data": data}
+        ).encode()
+        headers = sign_headers(WEBHOOK_SECRET, webhook_id or f"wh_{uuid.uuid4().hex}", timestamp or int(time.time()), body)
+        headers["content-type"] = "application/json"
+        return headers, body
+
+    def post(self, port: int, headers: dict[str, str], body: bytes) -> httpx.Response:
+        return httpx.post(f"http://127.0.0.1:{port}/webhooks", headers=headers, content=body, timeout=30)
+
+
+def assert_no_secret(text: str, secrets: Iterable[str] = SECRETS) -> None:
+    for secret in secrets:
+        assert secret not in text, "a secret appeared in the output"
+
+
+def python() -> str:
+    return sys.executable

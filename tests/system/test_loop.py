@@ -1,0 +1,161 @@
+"""The whole loop on loopback with real parts: signed webhooks → 2 uvicorn receivers →
+Redis → 2 Celery worker processes → local runner → the real ``codex exec-server``
+registering with the simulator. Tests run in file order and share one world."""
+
+from __future__ import annotations
+
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import httpx
+import pytest
+
+from tests.support.processes import wait_for
+from tests.system.loop import EXECUTOR_KEY, Loop, assert_no_secret
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
+
+
+def _registered(loop: Loop, environment_id: str) -> list[dict[str, object]]:
+    return [r for r in loop.registrations() if r["environment_id"] == environment_id and r["status_code"] == 200]
+
+
+def _status(loop: Loop, session_id: str) -> str:
+    with loop.api() as client:
+        return str(client.get(f"/v1/agents/sessions/{session_id}").json()["status"])
+
+
+def test_executor_registers_with_the_sessions_environment(loop: Loop) -> None:
+    """L8: a signed action-required webhook leads to the real executor dialling out with the
+    session's environment id and the environment key; the turn then runs to idle."""
+    with loop.api() as client:
+        started = time.monotonic()
+        session = loop.create_session(client)
+    environment_id = session["environment"]["id"]
+    registrations = wait_for(lambda: _registered(loop, environment_id), 60, "the executor to register")
+    elapsed = time.monotonic() - started
+    assert registrations[0]["key_matched"] is True
+    assert registrations[0]["environment_known"] is True
+    wait_for(lambda: loop.environment_status(environment_id) == "connected", 30, "the environment to connect")
+    wait_for(lambda: _status(loop, session["id"]) == "idle", 30, "the turn to finish")
+    assert loop.live_executors()[session["id"]] == 1
+    print(f"\nFIGURE webhook-to-registration (session create → executor registered): {elapsed:.2f}s")
+
+
+def test_concurrent_duplicate_deliveries_give_one_executor_per_session(loop: Loop) -> None:
+    """L1, L5: 50 sessions × 5 copies of each delivery, sent concurrently to 2 receivers and
+    worked by 2 workers → exactly one live executor (and one registration) per session."""
+    with loop.api() as client:
+        sessions = [loop.create_session(client) for _ in range(50)]
+    deliveries = []
+    for session in sessions:
+        headers, body = loop.delivery(session["id"])
+        deliveries += [(port, headers, body) for port in loop.receiver_ports for _ in range(3)][:5]
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=32) as pool:
+        answers = list(pool.map(lambda d: loop.post(*d).status_code, deliveries))
+    assert set(answers) <= {200}, answers
+    environment_ids = {s["id"]: s["environment"]["id"] for s in sessions}
+
+    def all_registered() -> bool:
+        envs = {r["environment_id"] for r in loop.registrations() if r["status_code"] == 200}
+        return set(environment_ids.values()) <= envs
+
+    wait_for(all_registered, 240, "all 50 executors to register", interval=0.5)
+    elapsed = time.monotonic() - started
+    time.sleep(3)  # give any duplicate a chance to show itself
+    live = loop.live_executors()
+    assert all(live[sid] == 1 for sid in environment_ids), {sid: live[sid] for sid in environment_ids if live[sid] != 1}
+    per_environment = [len(_registered(loop, env)) for env in environment_ids.values()]
+    assert per_environment == [1] * 50
+    started_lines = [line for line in loop.started_log_lines() if line["session_id"] in environment_ids]
+    assert len(started_lines) == 50, "an executor was started more than once for some session"
+    print(f"\nFIGURE 50 sessions x 5 copies: all executors registered {elapsed:.1f}s after the first delivery")
+
+
+def test_deleted_sessions_and_resolved_actions_are_ignored(loop: Loop) -> None:
+    """L7: the worker looks before acting: a deleted session (404) and a session whose
+    environment_connection action is no longer pending start nothing."""
+    with loop.api() as client:
+        deleted = loop.create_session(client)
+        resolved = loop.create_session(client, input_text=None)  # idle: nothing required
+        client.delete(f"/v1/agents/sessions/{deleted['id']}").raise_for_status()
+    for session in (deleted, resolved):
+        headers, body = loop.delivery(session["id"])
+        assert loop.post(loop.receiver_ports[1], headers, body).status_code == 200
+    wait_for(
+        lambda: sum(
+            1 for w in loop.workers for line in w.log_lines()
+            if line.get("event") == "session looked up" and line.get("session_id") in (deleted["id"], resolved["id"])
+        ) >= 2,
+        60, "both sessions to be looked up",
+    )
+    live = loop.live_executors()
+    assert live[deleted["id"]] == 0 and live[resolved["id"]] == 0
+    assert not _registered(loop, resolved["environment"]["id"])
+
+
+def test_failed_session_releases_its_executor(loop: Loop) -> None:
+    """L7: a failed session's compute is released when its failed webhook is worked."""
+    with loop.api() as client:
+        session = loop.create_session(client)
+    wait_for(lambda: loop.live_executors()[session["id"]] == 1, 60, "the executor to start")
+    httpx.post(f"{loop.simulator_url}/admin/sessions/{session['id']}/fail", timeout=10).raise_for_status()
+    wait_for(lambda: loop.live_executors()[session["id"]] == 0, 60, "the executor to be released")
+    assert loop.redis.client().hgetall(f"sc:rec:{session['id']}") == {}
+
+
+def test_worker_killed_mid_task_still_starts_exactly_one_executor(loop: Loop) -> None:
+    """L1: a worker process killed with SIGKILL in the middle of a task: the job comes back
+    (acks_late + reject on worker loss), and the session gets its executor, once."""
+    # The Agents API answers 503 for a while, so the task is mid-flight (retrying) when killed.
+    httpx.post(
+        f"{loop.simulator_url}/admin/faults",
+        json={"target": "retrieve_session", "status": 503, "count": 4},
+        timeout=10,
+    ).raise_for_status()
+    with loop.api() as client:
+        session = loop.create_session(client)
+
+    def task_pid() -> int | None:
+        for worker in loop.workers:
+            for line in worker.log_lines():
+                if line.get("event") == "task started" and line.get("session_id") == session["id"]:
+                    return int(line["pid"])
+        return None
+
+    pid = wait_for(task_pid, 60, "a worker to start the task")
+    import os
+
+    os.kill(int(pid), signal.SIGKILL)  # the pool process working the task, mid-task
+    wait_for(lambda: _registered(loop, session["environment"]["id"]), 120, "the executor to register after the kill")
+    time.sleep(3)
+    assert loop.live_executors()[session["id"]] == 1
+    assert len(_registered(loop, session["environment"]["id"])) == 1
+
+
+def test_redis_down_answers_503_and_the_senders_retry_is_processed(loop: Loop) -> None:
+    """L5: with Redis down the receiver answers 503 with Retry-After (never a 2xx for a job
+    it could not queue); once Redis is back, the sender's retry is processed."""
+    loop.redis.stop()
+    headers, body = loop.delivery("sess_while_redis_down")
+    answer = loop.post(loop.receiver_ports[0], headers, body)
+    assert answer.status_code == 503
+    assert int(answer.headers["retry-after"]) >= 1
+    assert httpx.get(f"http://127.0.0.1:{loop.receiver_ports[0]}/readyz", timeout=10).status_code == 503
+    with loop.api() as client:
+        session = loop.create_session(client)  # the simulator's webhook now fails and is retried
+    time.sleep(2)
+    loop.redis.start()
+    wait_for(lambda: _registered(loop, session["environment"]["id"]), 120, "the retried delivery to be processed")
+    assert loop.live_executors()[session["id"]] == 1
+
+
+def test_no_secret_appears_in_any_output(loop: Loop) -> None:
+    """L2: neither the webhook secret, the API key nor the environment key appears in any
+    log of receivers, workers, simulator or executors."""
+    output = loop.all_output()
+    assert "session looked up" in output
+    assert_no_secret(output)
+    assert EXECUTOR_KEY not in output

@@ -1,0 +1,383 @@
+"""The webhook receiver app, driven through Starlette's TestClient (controller/receiver.py)."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import anyio
+import pytest
+from starlette.testclient import TestClient
+
+from controller import logs
+from controller.clock import FakeClock
+from controller.config import Secret, WebhookSettings
+from controller.inbox import Job
+from controller.metrics import WEBHOOKS_TOTAL, Metrics
+from controller.receiver import ReceiverServices, create_app, retry_after_seconds
+from controller.signing import Verifier
+from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox, signed
+
+NOW = 1_700_000_000
+LIMIT = 4096
+
+
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock(NOW)
+
+
+@pytest.fixture
+def inbox() -> FakeInbox:
+    return FakeInbox()
+
+
+@pytest.fixture
+def metrics() -> Metrics:
+    return Metrics()
+
+
+@pytest.fixture
+def client(inbox: FakeInbox, clock: FakeClock, metrics: Metrics) -> Iterator[TestClient]:
+    services = ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics)
+    with TestClient(create_app(services)) as test_client:
+        yield test_client
+
+
+@pytest.fixture
+def log_output() -> Iterator[io.StringIO]:
+    """Everything the receiver logs during the test, as JSON lines (the production formatter)."""
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(logs.JsonFormatter())
+    logger = logging.getLogger("controller.receiver")
+    logger.addHandler(handler)
+    previous = logger.level
+    logger.setLevel(logging.INFO)
+    try:
+        yield stream
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(previous)
+
+
+def lines_of(stream: io.StringIO) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+def post(client: TestClient, name: str, webhook_id: str = "msg_1", timestamp: int = NOW) -> Any:
+    headers, body = signed(SAMPLE_ENVELOPES[name], webhook_id=webhook_id, timestamp=timestamp)
+    return client.post("/webhooks", content=body, headers=headers)
+
+
+def test_environment_connection_is_enqueued(client: TestClient, inbox: FakeInbox, metrics: Metrics) -> None:
+    """L4, L5: a verified connection request is queued, then acknowledged with 200."""
+    response = post(client, "environment_connection", webhook_id="msg_conn")
+    assert (response.status_code, response.json()) == (200, {"status": "enqueued"})
+    assert inbox.jobs == [Job("sess_1", "msg_conn", "agent.session.action_required", "evt_test")]
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="enqueued", reason="environment_connection") == 1
+
+
+def test_failed_session_is_enqueued(client: TestClient, inbox: FakeInbox) -> None:
+    """L4: a failed session is queued so its compute is released."""
+    response = post(client, "failed", webhook_id="msg_failed")
+    assert response.json() == {"status": "enqueued"}
+    assert inbox.jobs == [Job("sess_1", "msg_failed", "agent.session.failed", "evt_test")]
+
+
+def test_duplicate_delivery_is_acknowledged_once(
+    client: TestClient, inbox: FakeInbox, clock: FakeClock
+) -> None:
+    """L5: a retried delivery (same webhook-id, re-signed later) is acknowledged, not queued twice."""
+    assert post(client, "environment_connection", webhook_id="msg_dup").json() == {"status": "enqueued"}
+    clock.advance(60)
+    again = post(client, "environment_connection", webhook_id="msg_dup", timestamp=NOW + 60)
+    assert (again.status_code, again.json()) == (200, {"status": "duplicate"})
+    assert len(inbox.jobs) == 1
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("function_call", "other_required_action"),
+        ("mcp_approval_request", "other_required_action"),
+        ("created", "session_created"),
+        ("in_progress", "late_signal"),
+        ("idle", "session_idle"),
+        ("environment.connected", "environment_report"),
+        ("environment.ready", "environment_report"),
+        ("response.completed", "unknown_type"),
+    ],
+)
+def test_other_events_are_ignored(client: TestClient, inbox: FakeInbox, name: str, reason: str) -> None:
+    """L4, L9, L10: verified events that ask for no work are acknowledged (200) and dropped."""
+    response = post(client, name)
+    assert (response.status_code, response.json()) == (200, {"status": "ignored", "reason": reason})
+    assert inbox.attempts == 0
+
+
+@pytest.mark.parametrize(
+    "tamper",
+    [
+        pytest.param(lambda h, b: ({}, b), id="no-headers"),
+        pytest.param(lambda h, b: ({**h, "webhook-signature": "v1,AAAA"}, b), id="wrong-signature"),
+        pytest.param(lambda h, b: (h, b.replace(b"sess_1", b"sess_2")), id="tampered-body"),
+        pytest.param(lambda h, b: ({**h, "webhook-timestamp": str(NOW - 301)}, b), id="stale"),
+        pytest.param(lambda h, b: ({**h, "webhook-timestamp": "yesterday"}, b), id="garbled-timestamp"),
+        pytest.param(lambda h, b: ({**h, "webhook-id": "msg_\xe9".encode("latin-1")}, b), id="non-ascii"),
+        pytest.param(lambda h, b: ({**h, "webhook-signature": "v1," + "A" * 5000}, b), id="huge"),
+        pytest.param(
+            lambda h, b: ({**h, "webhook-signature": signed(b, secret="other")[0]["webhook-signature"]}, b),
+            id="other-secret",
+        ),
+    ],
+)
+def test_unverified_deliveries_are_rejected_unparsed(
+    client: TestClient, inbox: FakeInbox, tamper: Any
+) -> None:
+    """L3: a delivery that fails verification gets 401 and nothing is parsed or stored."""
+    headers, body = tamper(*signed(SAMPLE_ENVELOPES["environment_connection"]))
+    response = client.post("/webhooks", content=body, headers=headers)
+    assert response.status_code == 401
+    assert response.json()["reason"] == "signature"
+    assert inbox.attempts == 0
+
+
+def test_unsigned_garbage_is_401_not_400(client: TestClient) -> None:
+    """L3: verification comes first, so an unsigned non-JSON body is a signature problem."""
+    assert client.post("/webhooks", content=b"\xff not json").status_code == 401
+
+
+@pytest.mark.parametrize(
+    "body", [b"not json", b"[]", b'{"type": "agent.session.failed", "data": {}}', b"\xff"]
+)
+def test_verified_malformed_body_is_400(client: TestClient, inbox: FakeInbox, body: bytes) -> None:
+    """L3: a genuine delivery whose body is not a usable envelope gets 400 and changes nothing."""
+    headers, raw = signed(body)
+    response = client.post("/webhooks", content=raw, headers=headers)
+    assert (response.status_code, response.json()["reason"]) == (400, "payload")
+    assert inbox.attempts == 0
+
+
+@pytest.mark.parametrize("method", ["GET", "PUT", "DELETE", "PATCH"])
+def test_wrong_method_is_405(client: TestClient, method: str) -> None:
+    """L3: only POST delivers."""
+    assert client.request(method, "/webhooks").status_code == 405
+
+
+def test_body_over_the_cap_is_413(client: TestClient, inbox: FakeInbox) -> None:
+    """L3: a (signed) body above max_body_bytes is refused before verification."""
+    headers, body = signed({**SAMPLE_ENVELOPES["failed"], "pad": "x" * LIMIT})
+    response = client.post("/webhooks", content=body, headers=headers)
+    assert (response.status_code, response.json()["reason"]) == (413, "too_large")
+    assert inbox.attempts == 0
+
+
+def test_body_at_the_cap_is_read(client: TestClient) -> None:
+    """L3: exactly max_body_bytes is still read (and then verified)."""
+    body = b" " * (LIMIT - 2) + b"{}"
+    headers, raw = signed(body)
+    assert client.post("/webhooks", content=raw, headers=headers).status_code == 400  # verified, not an event
+
+
+def test_declared_length_over_the_cap_is_refused_up_front(client: TestClient) -> None:
+    """L3: an over-cap Content-Length is refused without reading the body."""
+    pulled: list[int] = []
+
+    def body() -> Iterator[bytes]:
+        for i in range(3):
+            pulled.append(i)
+            yield b"x" * 10
+
+    response = client.post("/webhooks", content=body(), headers={"content-length": str(10 * LIMIT)})
+    assert response.status_code == 413
+    assert pulled == []
+
+
+def test_chunked_body_without_length_is_413(client: TestClient, inbox: FakeInbox) -> None:
+    """L3: a chunked body with no Content-Length is refused once it passes the cap."""
+
+    def body() -> Iterator[bytes]:
+        for _ in range(LIMIT // 1024 + 1):
+            yield b"x" * 1024
+
+    response = client.post("/webhooks", content=body())
+    assert response.request.headers.get("transfer-encoding") == "chunked"
+    assert "content-length" not in response.request.headers
+    assert response.status_code == 413
+    assert inbox.attempts == 0
+
+
+def test_streamed_body_is_cut_off_while_arriving(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L3: reading stops as soon as more than max_body_bytes arrived (raw ASGI: TestClient buffers)."""
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT))
+    pulled = 0
+    sent: list[dict[str, Any]] = []
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": pulled < 10_000}
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    scope = {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/webhooks",
+        "raw_path": b"/webhooks",
+        "query_string": b"",
+        "root_path": "",
+        "headers": [(b"transfer-encoding", b"chunked")],
+        "client": ("127.0.0.1", 1234),
+        "server": ("testserver", 80),
+    }
+    anyio.run(app, scope, receive, send)
+    assert sent[0]["status"] == 413
+    assert pulled == LIMIT // 1024 + 1
+    assert inbox.attempts == 0
+
+
+@pytest.mark.parametrize("length", ["abc", "-1", "1e3", "٣"])
+def test_garbled_content_length_is_400(client: TestClient, length: str) -> None:
+    """L3: a Content-Length that is not a number is malformed (400)."""
+    response = client.post("/webhooks", content=b"{}", headers={"content-length": length.encode()})
+    assert response.status_code == 400
+
+
+def test_inbox_down_is_503_with_retry_after(client: TestClient, inbox: FakeInbox, metrics: Metrics) -> None:
+    """L5: when the job cannot be confirmed queued, answer 503 + Retry-After so the sender retries."""
+    inbox.unavailable = True
+    inbox.retry_after = 2.2
+    response = post(client, "environment_connection")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "3"
+    assert response.json() == {"status": "unavailable"}
+    assert inbox.jobs == []
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="inbox") == 1
+
+
+def test_failed_submit_is_processed_on_retry(client: TestClient, inbox: FakeInbox, clock: FakeClock) -> None:
+    """L5: a delivery whose enqueue failed is queued when the sender retries it."""
+    inbox.unavailable = True
+    assert post(client, "environment_connection", webhook_id="msg_retry").status_code == 503
+    inbox.unavailable = False
+    clock.advance(30)
+    retry = post(client, "environment_connection", webhook_id="msg_retry", timestamp=NOW + 30)
+    assert (retry.status_code, retry.json()) == (200, {"status": "enqueued"})
+    assert [job.webhook_id for job in inbox.jobs] == ["msg_retry"]
+
+
+def test_ignored_events_are_acknowledged_even_when_inbox_is_down(
+    client: TestClient, inbox: FakeInbox
+) -> None:
+    """L4, L5: dropping needs no queue, so it never turns into a 503."""
+    inbox.unavailable = True
+    assert post(client, "idle").status_code == 200
+
+
+class BrokenInbox(FakeInbox):
+    def submit(self, job: Job) -> Any:
+        raise RuntimeError("a bug in our code")
+
+
+def test_a_bug_answers_503_and_is_logged(clock: FakeClock, log_output: io.StringIO) -> None:
+    """L5: an unexpected error must not lose the event: 503 (the sender retries), logged with a traceback."""
+    metrics = Metrics()
+    app = create_app(ReceiverServices(Verifier([SECRET]), BrokenInbox(), clock, LIMIT, metrics))
+    with TestClient(app) as client:
+        response = post(client, "environment_connection", webhook_id="msg_bug")
+    assert response.status_code == 503
+    assert response.json() == {"status": "error"}
+    assert response.headers["retry-after"] == "5"
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="error", reason="bug") == 1
+    (line,) = [line for line in lines_of(log_output) if line["event"] == "webhook.error"]
+    assert "RuntimeError: a bug in our code" in line["traceback"]
+    assert (line["webhook_id"], line["session_id"], line["level"]) == ("msg_bug", "sess_1", "error")
+
+
+def test_readyz_follows_the_inbox(client: TestClient, inbox: FakeInbox) -> None:
+    """L5: not ready while the queue is unavailable; alive all the same."""
+    assert client.get("/readyz").status_code == 200
+    inbox.unavailable = True
+    assert client.get("/readyz").status_code == 503
+    assert client.get("/healthz").status_code == 200
+
+
+class UnreachableInbox(FakeInbox):
+    def ready(self) -> bool:
+        raise ConnectionError("store unreachable")
+
+
+def test_readyz_is_503_when_the_check_itself_fails(clock: FakeClock) -> None:
+    """L5: a readiness check that raises means not ready (503), never a 500."""
+    app = create_app(ReceiverServices(Verifier([SECRET]), UnreachableInbox(), clock, LIMIT))
+    with TestClient(app) as client:
+        assert client.get("/readyz").status_code == 503
+
+
+def test_one_log_line_per_outcome_with_bound_ids(client: TestClient, log_output: io.StringIO) -> None:
+    """L2, L3: one line per delivery with the bound ids; no secret or signature value in the output."""
+    headers, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_a")
+    client.post("/webhooks", content=body, headers=headers)
+    client.post("/webhooks", content=body, headers=headers)
+    post(client, "idle", webhook_id="msg_b")
+    client.post("/webhooks", content=body, headers={**headers, "webhook-signature": "v1,Zm9yZ2Vk"})
+    client.get("/healthz")
+
+    lines = lines_of(log_output)
+    assert [(line["event"], line["outcome"]) for line in lines] == [
+        ("webhook.enqueued", "enqueued"),
+        ("webhook.duplicate", "duplicate"),
+        ("webhook.ignored", "ignored"),
+        ("webhook.rejected", "rejected"),
+    ]
+    assert (lines[0]["webhook_id"], lines[0]["event_id"], lines[0]["session_id"]) == (
+        "msg_a",
+        "evt_test",
+        "sess_1",
+    )
+    assert (lines[2]["webhook_id"], lines[2]["reason"]) == ("msg_b", "session_idle")
+    assert "webhook_id" not in lines[3]  # unverified header values are not logged
+    output = log_output.getvalue()
+    for needle in (
+        SECRET,
+        SECRET.removeprefix("whsec_"),
+        headers["webhook-signature"].partition(",")[2],
+        "Zm9yZ2Vk",
+    ):
+        assert needle not in output
+
+
+def test_metrics_endpoint(client: TestClient) -> None:
+    """L5: outcomes are counted and exposed for Prometheus."""
+    post(client, "environment_connection")
+    post(client, "idle", webhook_id="msg_idle")
+    text = client.get("/metrics").text
+    assert 'controller_webhooks_total{outcome="enqueued",reason="environment_connection"} 1.0' in text
+    assert 'controller_webhooks_total{outcome="ignored",reason="session_idle"} 1.0' in text
+
+
+def test_services_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L3: settings' secrets (several, during rotation) build the verifier."""
+    settings = WebhookSettings(secrets=(Secret("whsec_b2xk"), Secret(SECRET)), max_body_bytes=1024)
+    services = ReceiverServices.from_settings(settings, inbox, clock)
+    assert services.max_body_bytes == 1024
+    with TestClient(create_app(services)) as client:
+        assert post(client, "failed").json() == {"status": "enqueued"}
+
+
+@pytest.mark.parametrize(
+    ("hint", "seconds"),
+    [(None, 5), (0, 1), (0.1, 1), (2.0, 2), (2.5, 3), (float("inf"), 5), (float("nan"), 5), (1e9, 600)],
+)
+def test_retry_after_is_whole_seconds(hint: float | None, seconds: int) -> None:
+    """L5: Retry-After is a whole number of seconds within sane bounds."""
+    assert retry_after_seconds(hint) == seconds

@@ -1,0 +1,211 @@
+"""Standard Webhooks verification over raw bytes (controller/signing.py)."""
+
+from __future__ import annotations
+
+import base64
+
+import pytest
+
+from controller.clock import FakeClock
+from controller.errors import SignatureError
+from controller.signing import Verifier, secret_key, sign, sign_headers
+
+# Standard Webhooks specification test vector.
+SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+SPEC_ID = "msg_p5jXN8AQM9LWM0D4loKWxJek"
+SPEC_TIMESTAMP = 1614265330
+SPEC_BODY = b'{"test": 2432232314}'
+SPEC_SIGNATURE = "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="
+
+# The official openai Python SDK's webhook test vector.
+OPENAI_SECRET = "whsec_RdvaYFYUXuIFuEbvZHwMfYFhUf7aMYjYcmM24+Aj40c="
+OPENAI_ID = "wh_685c059ae39c8190af8c71ed1022a24d"
+OPENAI_TIMESTAMP = 1750861210
+OPENAI_BODY = (
+    b'{"id": "evt_685c059ae3a481909bdc86819b066fb6", "object": "event", "created_at": 1750861210, '
+    b'"type": "response.completed", "data": {"id": "resp_123"}}'
+)
+OPENAI_SIGNATURE = "v1,gUAg4R2hWouRZqRQG4uJypNS8YK885G838+EHb4nKBY="
+
+OLD_SECRET = "whsec_" + base64.b64encode(b"the old signing secret, 32 bytes").decode()
+NEW_SECRET = "whsec_" + base64.b64encode(b"the new signing secret, 32 bytes").decode()
+
+
+def headers(webhook_id: str, timestamp: int | str, signature: str) -> dict[str, str]:
+    return {"webhook-id": webhook_id, "webhook-timestamp": str(timestamp), "webhook-signature": signature}
+
+
+def spec_headers(**overrides: str) -> dict[str, str]:
+    return {**headers(SPEC_ID, SPEC_TIMESTAMP, SPEC_SIGNATURE), **overrides}
+
+
+def test_standard_webhooks_vector() -> None:
+    """L3: the Standard Webhooks specification's vector verifies."""
+    verified = Verifier([SPEC_SECRET]).verify(spec_headers(), SPEC_BODY, now=SPEC_TIMESTAMP)
+    assert (verified.webhook_id, verified.timestamp) == (SPEC_ID, SPEC_TIMESTAMP)
+    assert sign(secret_key(SPEC_SECRET), SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY) == SPEC_SIGNATURE
+
+
+def test_openai_sdk_vector() -> None:
+    """L3: the official openai SDK's vector verifies."""
+    delivery = headers(OPENAI_ID, OPENAI_TIMESTAMP, OPENAI_SIGNATURE)
+    verified = Verifier([OPENAI_SECRET]).verify(delivery, OPENAI_BODY, now=OPENAI_TIMESTAMP)
+    assert (verified.webhook_id, verified.timestamp) == (OPENAI_ID, OPENAI_TIMESTAMP)
+    assert sign_headers(OPENAI_SECRET, OPENAI_ID, OPENAI_TIMESTAMP, OPENAI_BODY) == delivery
+
+
+@pytest.mark.parametrize("signer", [OLD_SECRET, NEW_SECRET])
+def test_rotation_accepts_old_and_new_secret(signer: str) -> None:
+    """L3: during rotation a delivery signed with either configured secret verifies."""
+    delivery = sign_headers(signer, "msg_rot", 1_700_000_000, b"{}")
+    Verifier([OLD_SECRET, NEW_SECRET]).verify(delivery, b"{}", now=1_700_000_000)
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [
+        ["old", "new"],
+        ["bogus", "new"],
+        ["v2,abc", "bogus", "", "old"],
+        ["new", "v1a,zzz"],
+    ],
+)
+def test_rotation_header_with_several_entries(entries: list[str]) -> None:
+    """L3: any matching entry of a space-separated signature list is enough."""
+    body, ts = b'{"a": 1}', 1_700_000_000
+    known = {
+        "old": sign(secret_key(OLD_SECRET), "msg_multi", ts, body),
+        "new": sign(secret_key(NEW_SECRET), "msg_multi", ts, body),
+        "bogus": "v1," + base64.b64encode(b"x" * 32).decode(),
+    }
+    header = " ".join(known.get(entry, entry) for entry in entries)
+    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+
+
+def test_header_of_only_wrong_entries_rejected() -> None:
+    """L3: several entries, none of them matching, is still a rejection."""
+    body, ts = b'{"a": 1}', 1_700_000_000
+    header = " ".join(sign(key, "msg_multi", ts, body) for key in (b"k1", b"k2", b"k3"))
+    with pytest.raises(SignatureError):
+        Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+
+
+def test_retired_secret_is_rejected() -> None:
+    """L3: once the old secret is removed, its signatures no longer verify."""
+    delivery = sign_headers(OLD_SECRET, "msg_old", 1_700_000_000, b"{}")
+    with pytest.raises(SignatureError):
+        Verifier([NEW_SECRET]).verify(delivery, b"{}", now=1_700_000_000)
+
+
+@pytest.mark.parametrize("age", [-300, -1, 0, 1, 300])
+def test_window_edges_accepted(age: int) -> None:
+    """L3: timestamps up to exactly 300 s old or 300 s ahead are accepted."""
+    clock = FakeClock(SPEC_TIMESTAMP)
+    clock.advance(age)
+    Verifier([SPEC_SECRET], tolerance_seconds=300).verify(spec_headers(), SPEC_BODY, now=clock.now())
+
+
+@pytest.mark.parametrize("age", [-301, 301, -86_400, 86_400])
+def test_window_edges_rejected(age: int) -> None:
+    """L3: a timestamp 301 s or more away from now is stale (or from the future) and rejected."""
+    clock = FakeClock(SPEC_TIMESTAMP)
+    clock.advance(age)
+    with pytest.raises(SignatureError, match=r"too old|future"):
+        Verifier([SPEC_SECRET], tolerance_seconds=300).verify(spec_headers(), SPEC_BODY, now=clock.now())
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b'{"test": 2432232315}', b'{"test":2432232314}', SPEC_BODY + b" ", SPEC_BODY + b"\n", b""],
+)
+def test_tampered_body_rejected(body: bytes) -> None:
+    """L3: the raw bytes are verified; any change (even whitespace) fails."""
+    with pytest.raises(SignatureError):
+        Verifier([SPEC_SECRET]).verify(spec_headers(), body, now=SPEC_TIMESTAMP)
+
+
+def test_tampered_id_or_timestamp_rejected() -> None:
+    """L3: id and timestamp are part of the signed content."""
+    verifier = Verifier([SPEC_SECRET])
+    with pytest.raises(SignatureError):
+        verifier.verify(spec_headers(**{"webhook-id": SPEC_ID + "x"}), SPEC_BODY, now=SPEC_TIMESTAMP)
+    with pytest.raises(SignatureError):
+        verifier.verify(
+            spec_headers(**{"webhook-timestamp": str(SPEC_TIMESTAMP + 1)}), SPEC_BODY, now=SPEC_TIMESTAMP
+        )
+
+
+def test_plain_secret_used_as_utf8_bytes() -> None:
+    """L3: a secret without the whsec_ prefix is its UTF-8 bytes."""
+    secret = "a plain shared secret ✓"
+    assert secret_key(secret) == secret.encode("utf-8")
+    delivery = sign_headers(secret, "msg_plain", 1_700_000_000, b"{}")
+    assert delivery["webhook-signature"] == sign(secret.encode("utf-8"), "msg_plain", 1_700_000_000, b"{}")
+    Verifier([secret]).verify(delivery, b"{}", now=1_700_000_000)
+    # The same key bytes written as a whsec_ secret verify the same delivery.
+    Verifier(["whsec_" + base64.b64encode(secret.encode()).decode()]).verify(
+        delivery, b"{}", now=1_700_000_000
+    )
+
+
+def test_plain_secret_is_not_base64_decoded() -> None:
+    """L3: without the whsec_ prefix, even base64-looking text is used verbatim."""
+    plain = SPEC_SECRET.removeprefix("whsec_")
+    with pytest.raises(SignatureError):
+        Verifier([plain]).verify(spec_headers(), SPEC_BODY, now=SPEC_TIMESTAMP)
+
+
+def test_whsec_secret_is_base64_decoded_not_used_verbatim() -> None:
+    """L3: a whsec_ secret is never used as its literal text."""
+    delivery = headers(
+        SPEC_ID, SPEC_TIMESTAMP, sign(SPEC_SECRET.encode(), SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY)
+    )
+    with pytest.raises(SignatureError):
+        Verifier([SPEC_SECRET]).verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"webhook-id": None},
+        {"webhook-timestamp": None},
+        {"webhook-signature": None},
+        {"webhook-id": ""},
+        {"webhook-id": "   "},
+        {"webhook-timestamp": ""},
+        {"webhook-timestamp": "soon"},
+        {"webhook-timestamp": "-1614265330"},
+        {"webhook-timestamp": "1614265330.0"},
+        {"webhook-timestamp": "0x603a4f72"},
+        {"webhook-timestamp": "١٦١٤٢٦٥٣٣٠"},  # Arabic-Indic digits: isdigit() but not ASCII
+        {"webhook-timestamp": "9" * 5000},
+        {"webhook-signature": ""},
+        {"webhook-signature": "v1,"},
+        {"webhook-signature": "v1"},
+        {"webhook-signature": "g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="},
+        {"webhook-signature": "v2,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="},
+        {"webhook-signature": "v1,not base64 at all"},
+        {"webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE"},
+        {"webhook-signature": SPEC_SIGNATURE + "é"},
+        {"webhook-signature": SPEC_SIGNATURE.replace(",", ",\x00")},
+        {"webhook-signature": (SPEC_SIGNATURE + " ") * 200},
+        {"webhook-id": SPEC_ID + "\n"},
+        {"webhook-id": "msg_é"},
+    ],
+)
+def test_garbled_headers_rejected(broken: dict[str, str | None]) -> None:
+    """L3: missing, empty, non-numeric, non-ASCII, oversized or malformed headers are rejected (401)."""
+    delivery: dict[str, str] = {k: v for k, v in {**spec_headers(), **broken}.items() if v is not None}
+    with pytest.raises(SignatureError) as caught:
+        Verifier([SPEC_SECRET]).verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
+    assert caught.value.status_code == 401
+    assert SPEC_SECRET not in str(caught.value)
+    assert SPEC_SIGNATURE.partition(",")[2] not in str(caught.value)
+
+
+def test_verifier_needs_a_valid_secret() -> None:
+    """L3: no secret, or a whsec_ secret that is not base64, is a configuration error."""
+    with pytest.raises(ValueError):
+        Verifier([])
+    with pytest.raises(ValueError):
+        Verifier(["whsec_not*base64"])
