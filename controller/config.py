@@ -124,7 +124,7 @@ class Settings:
 
     def describe(self) -> dict[str, Any]:
         """The effective settings as plain data, secrets masked."""
-        return _describe(self)
+        return _describe_fields(self)
 
     def require(self, role: str) -> None:
         """Check what a given process role needs; raise ConfigError listing every gap."""
@@ -328,9 +328,7 @@ class _Parser:
         """L2: the executor's key must not be the controller's own API key."""
         api_key, executor_key = settings.api.api_key, settings.runner.executor_key
         if api_key is not None and executor_key is not None and api_key == executor_key:
-            self.problems.append(
-                f"{PREFIX}EXECUTOR_KEY must be a separate, restricted key, not {PREFIX}API_KEY (L2)"
-            )
+            self.problems.append(f"{PREFIX}EXECUTOR_KEY must be a separate, restricted key, not {PREFIX}API_KEY (L2)")
 
 
 def _describe(value: Any) -> Any:
@@ -346,7 +344,8 @@ def _describe(value: Any) -> Any:
 
 
 def _describe_fields(value: Any) -> dict[str, Any]:
-    return {f.name: _describe(getattr(value, f.name)) for f in fields(value)}
+    described: dict[str, Any] = {f.name: _describe(getattr(value, f.name)) for f in fields(value)}
+    return described
 
 
 def mask_url(url: str) -> str:

@@ -28,9 +28,7 @@ SESSION_IN_PROGRESS = "agent.session.in_progress"
 SESSION_IDLE = "agent.session.idle"
 SESSION_FAILED = "agent.session.failed"
 
-SESSION_TYPES = frozenset(
-    {SESSION_CREATED, SESSION_ACTION_REQUIRED, SESSION_IN_PROGRESS, SESSION_IDLE, SESSION_FAILED}
-)
+SESSION_TYPES = frozenset({SESSION_CREATED, SESSION_ACTION_REQUIRED, SESSION_IN_PROGRESS, SESSION_IDLE, SESSION_FAILED})
 """Known event types whose ``data.id`` is a session id (required)."""
 
 _ENVIRONMENT_PREFIXES = ("agent.environment.", "environment.")

@@ -10,7 +10,7 @@ delivery whose enqueue failed is processed.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from enum import Enum
+from enum import StrEnum
 from typing import Protocol
 
 
@@ -24,7 +24,7 @@ class Job:
     event_id: str = ""
 
 
-class Outcome(str, Enum):
+class Outcome(StrEnum):
     ENQUEUED = "enqueued"
     DUPLICATE = "duplicate"
 

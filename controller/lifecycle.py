@@ -15,19 +15,31 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
+from typing import Protocol
 
 from controller import logs
 from controller.clock import Clock
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.runners.base import Runner
-from controller.sessions import Sessions
 from controller.store.base import Busy, Lease, SessionStore
 
 log = logs.get(__name__)
 
 
-class Verdict(str, Enum):
+class Sessions(Protocol):
+    """The Agents API as decisions need it (adapter: ``sessions.HttpSessions``)."""
+
+    def get(self, session_id: str) -> Session | None:
+        """The session, or None when it was deleted (404)."""
+        ...
+
+    def environment_connected(self, environment_id: str) -> bool | None:
+        """Whether an executor holds the environment's link; None when unknown."""
+        ...
+
+
+class Verdict(StrEnum):
     START = "start"  # no sandbox yet: start one
     REPLACE = "replace"  # sandbox gone, failed, terminating or never connected: exactly one new one
     KEEP = "keep"  # healthy sandbox: its executor reconnects by itself (L14)

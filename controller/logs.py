@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from typing import Any
 
-_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context", default={})
+_context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context")
 _redacted: set[str] = set()
 _MIN_REDACT_LENGTH = 6
 
@@ -42,7 +42,7 @@ def _scrub(text: str) -> str:
 @contextlib.contextmanager
 def bind(**fields: Any) -> Iterator[None]:
     """Add fields (None values skipped) to every log line inside the block."""
-    current = _context.get()
+    current = _context.get({})
     token = _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
     try:
         yield
@@ -51,7 +51,7 @@ def bind(**fields: Any) -> Iterator[None]:
 
 
 def bound() -> dict[str, Any]:
-    return dict(_context.get())
+    return dict(_context.get({}))
 
 
 class JsonFormatter(logging.Formatter):
@@ -62,7 +62,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
-        line.update(_context.get())
+        line.update(_context.get({}))
         for key, value in record.__dict__.items():
             if key not in _STANDARD_ATTRS and not key.startswith("_"):
                 line[key] = value

@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
+from enum import StrEnum
 from typing import Any
 
 ENVIRONMENT_CONNECTION = "environment_connection"
 DEFAULT_WORKSPACE = "/workspace"
 
 
-class SessionStatus(str, Enum):
+class SessionStatus(StrEnum):
     IDLE = "idle"
     IN_PROGRESS = "in_progress"
     REQUIRES_ACTION = "requires_action"
@@ -65,9 +65,7 @@ class Session:
     @property
     def wants_connection(self) -> bool:
         """A self-hosted session that still lists an environment_connection action (L7)."""
-        return self.environment.self_hosted and any(
-            a.type == ENVIRONMENT_CONNECTION for a in self.required_actions
-        )
+        return self.environment.self_hosted and any(a.type == ENVIRONMENT_CONNECTION for a in self.required_actions)
 
 
 @dataclass(frozen=True)
@@ -81,7 +79,7 @@ class SandboxSpec:
     template: str | None = None
 
 
-class Health(str, Enum):
+class Health(StrEnum):
     """How a runner sees one sandbox."""
 
     STARTING = "starting"  # created, executor not up yet

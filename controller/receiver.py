@@ -66,9 +66,7 @@ class ReceiverServices:
         cls, webhook: WebhookSettings, inbox: Inbox, clock: Clock, counters: Counters | None = None
     ) -> ReceiverServices:
         verifier = Verifier([s.reveal() for s in webhook.secrets], webhook.tolerance_seconds)
-        return cls(
-            verifier, inbox, clock, webhook.max_body_bytes, counters if counters is not None else Metrics()
-        )
+        return cls(verifier, inbox, clock, webhook.max_body_bytes, counters if counters is not None else Metrics())
 
 
 def create_app(services: ReceiverServices) -> Starlette:
@@ -91,9 +89,7 @@ def create_app(services: ReceiverServices) -> Starlette:
         except Exception:
             log.exception("readyz.error")
             ready = False
-        return JSONResponse(
-            {"status": "ready" if ready else "unavailable"}, status_code=200 if ready else 503
-        )
+        return JSONResponse({"status": "ready" if ready else "unavailable"}, status_code=200 if ready else 503)
 
     routes = [
         Route("/webhooks", webhooks, methods=["POST"]),
@@ -191,9 +187,7 @@ def _rejected(services: ReceiverServices, exc: RejectDelivery) -> Response:
         extra={"outcome": "rejected", "reason": reason, "detail": str(exc), "status_code": exc.status_code},
     )
     services.counters.inc(WEBHOOKS_TOTAL, outcome="rejected", reason=reason)
-    return JSONResponse(
-        {"status": "rejected", "reason": reason, "detail": str(exc)}, status_code=exc.status_code
-    )
+    return JSONResponse({"status": "rejected", "reason": reason, "detail": str(exc)}, status_code=exc.status_code)
 
 
 def _answer(

@@ -1,6 +1,6 @@
 """The Agents API as the controller reads it: sessions and environment status.
 
-``HttpSessions`` is the adapter (httpx at the edge, a few quick tenacity retries on
+``HttpSessions`` is the adapter behind ``lifecycle.Sessions`` (httpx at the edge, a few quick tenacity retries on
 timeouts, 429 and 5xx honouring ``Retry-After``); Celery retries for longer at the task.
 ``parse_session`` turns the wire JSON into ``model.Session`` (pure, tested directly).
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import Any
 
 import httpx
 import tenacity
@@ -22,16 +22,6 @@ log = logs.get(__name__)
 
 BETA_HEADER = {"OpenAI-Beta": "agents=v1"}
 _RETRY_AFTER_CAP_SECONDS = 30.0
-
-
-class Sessions(Protocol):
-    def get(self, session_id: str) -> Session | None:
-        """The session, or None when it was deleted (404)."""
-        ...
-
-    def environment_connected(self, environment_id: str) -> bool | None:
-        """Whether an executor holds the environment's link; None when unknown."""
-        ...
 
 
 def parse_session(data: Mapping[str, Any]) -> Session:

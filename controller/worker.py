@@ -60,7 +60,7 @@ def make_app(settings: Settings) -> Celery:
     return app
 
 
-@signals.worker_ready.connect
+@signals.worker_ready.connect  # type: ignore[untyped-decorator]
 def _announce_ready(**_: Any) -> None:
     log.info("worker ready", extra={"pid": os.getpid()})
 
@@ -88,10 +88,14 @@ def backoff_seconds(retries: int, hint: float | None) -> float:
 def _register(app: Celery, settings: Settings) -> None:
     max_retries = settings.queue.task_max_retries
 
-    @app.task(name=TASK_SYNC_SESSION, bind=True, max_retries=max_retries)
+    @app.task(  # type: ignore[untyped-decorator]
+        name=TASK_SYNC_SESSION, bind=True, max_retries=max_retries
+    )
     def sync_session(self: Task, session_id: str, webhook_id: str | None = None, event_type: str | None = None) -> None:
         with logs.bind(session_id=session_id, webhook_id=webhook_id, task_id=self.request.id):
-            log.info("task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": self.request.retries})
+            log.info(
+                "task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": self.request.retries}
+            )
             try:
                 result = lifecycle.work(session_id, _worker_deps(settings))
             except Fenced as exc:

@@ -28,7 +28,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from controller import logs
@@ -216,10 +216,8 @@ class LocalRunner:
             if not self._alive(handle):
                 return
             time.sleep(0.05)
-        try:
+        with suppress(ProcessLookupError):
             os.killpg(pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
         self._reap()
 
     def _reap(self) -> None:

@@ -40,9 +40,7 @@ def routes(sim: Simulator) -> list[Route]:
         started = sim.webhooks.resend(event_id)
         if started is None:
             raise not_found("event", event_id)
-        return JSONResponse(
-            {"event_id": event_id, "deliveries": [d.to_json() for d in started]}, status_code=202
-        )
+        return JSONResponse({"event_id": event_id, "deliveries": [d.to_json() for d in started]}, status_code=202)
 
     async def faults(request: Request) -> Response:
         if request.method == "DELETE":

@@ -47,15 +47,9 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         metavar="URL",
         help="where to POST events; repeat for several; omit to send none",
     )
-    parser.add_argument(
-        "--webhook-secret", help=f"signing secret, whsec_... or plain (or ${ENV_PREFIX}WEBHOOK_SECRET)"
-    )
-    parser.add_argument(
-        "--environment-key", help=f"key executors must present (or ${ENV_PREFIX}ENVIRONMENT_KEY)"
-    )
-    parser.add_argument(
-        "--api-key", help=f"exact bearer token /v1 calls need; default any (or ${ENV_PREFIX}API_KEY)"
-    )
+    parser.add_argument("--webhook-secret", help=f"signing secret, whsec_... or plain (or ${ENV_PREFIX}WEBHOOK_SECRET)")
+    parser.add_argument("--environment-key", help=f"key executors must present (or ${ENV_PREFIX}ENVIRONMENT_KEY)")
+    parser.add_argument("--api-key", help=f"exact bearer token /v1 calls need; default any (or ${ENV_PREFIX}API_KEY)")
     parser.add_argument(
         "--connect-timeout-seconds",
         type=float,

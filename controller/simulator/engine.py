@@ -100,11 +100,7 @@ class Simulator:
         environment_id = None
         if request.environment_type != "none":
             environment_id = new_id("env")
-            status = (
-                EnvironmentStatus.PENDING
-                if request.environment_type == "self_hosted"
-                else EnvironmentStatus.READY
-            )
+            status = EnvironmentStatus.PENDING if request.environment_type == "self_hosted" else EnvironmentStatus.READY
             self.environments[environment_id] = SimEnvironment(
                 id=environment_id,
                 type=request.environment_type,
@@ -144,9 +140,7 @@ class Simulator:
                 return
             session.idempotency_keys.add(idempotency_key)
         if session.status is SessionStatus.FAILED:
-            raise ApiError(
-                409, f"Session '{session_id}' has failed and accepts no input.", code="session_failed"
-            )
+            raise ApiError(409, f"Session '{session_id}' has failed and accepts no input.", code="session_failed")
         for event in events:
             if event["type"] == "agent.session.input.cancel":
                 self._cancel(session)
@@ -179,9 +173,7 @@ class Simulator:
 
     def register(self, environment_id: str, bearer: str | None, body: Any) -> dict[str, Any]:
         """Answer an executor's registration, recording it (without the key)."""
-        key_matched = bearer is not None and hmac.compare_digest(
-            bearer.encode(), self.config.environment_key.encode()
-        )
+        key_matched = bearer is not None and hmac.compare_digest(bearer.encode(), self.config.environment_key.encode())
         environment = self.environments.get(environment_id)
         known = environment is not None and not environment.deleted and environment.type == "self_hosted"
         fault = self.faults.take("register")
@@ -238,11 +230,7 @@ class Simulator:
         environment.status = EnvironmentStatus.CONNECTED
         log.info("executor connected", extra={"environment_id": environment_id})
         session = self.sessions.get(environment.session_id or "")
-        if (
-            session is not None
-            and session.wants_connection
-            and session.status is SessionStatus.REQUIRES_ACTION
-        ):
+        if session is not None and session.wants_connection and session.status is SessionStatus.REQUIRES_ACTION:
             session.wants_connection = False
             self._cancel_deadline(session.id)
             if session.pending_inputs:
@@ -251,14 +239,15 @@ class Simulator:
                 session.status = SessionStatus.IDLE
         return self._next_connection
 
-    def executor_disconnected(self, environment_id: str, connection: int) -> None:
+    def executor_disconnected(self, environment_id: str, connection: int, server_stopping: bool = False) -> None:
+        """One WebSocket closed; ``server_stopping`` ones change nothing (the simulator is going away)."""
         open_connections = self._connections.get(environment_id, {})
         open_connections.pop(connection, None)
         if open_connections:
             return
         self._connections.pop(environment_id, None)
         environment = self.environments.get(environment_id)
-        if environment is None or environment.deleted or self._closing:
+        if environment is None or environment.deleted or self._closing or server_stopping:
             return
         environment.status = EnvironmentStatus.DISCONNECTED
         log.info("executor disconnected", extra={"environment_id": environment_id})
@@ -272,9 +261,7 @@ class Simulator:
         """Close every executor WebSocket of one environment; returns how many."""
         closers = list(self._connections.get(environment_id, {}).values())
         if closers:
-            await asyncio.wait(
-                [asyncio.ensure_future(close()) for close in closers], timeout=CLOSE_WAIT_SECONDS
-            )
+            await asyncio.wait([asyncio.ensure_future(close()) for close in closers], timeout=CLOSE_WAIT_SECONDS)
         return len(closers)
 
     # --- the state machine ----------------------------------------------------------------
@@ -285,9 +272,7 @@ class Simulator:
         if session.status is not SessionStatus.IDLE:
             return  # a running turn or a pending action picks the input up
         environment = self.environments.get(session.environment_id or "")
-        if session.self_hosted and (
-            environment is None or environment.status is not EnvironmentStatus.CONNECTED
-        ):
+        if session.self_hosted and (environment is None or environment.status is not EnvironmentStatus.CONNECTED):
             self._ask_for_connection(session)
         else:
             self._start_turns(session)
@@ -333,8 +318,7 @@ class Simulator:
             seconds = self.config.connect_timeout_seconds
             self._fail(
                 session,
-                f"No executor connected to environment '{session.environment_id}' "
-                f"within {seconds:g} seconds.",
+                f"No executor connected to environment '{session.environment_id}' within {seconds:g} seconds.",
             )
 
     def _cancel(self, session: SimSession) -> None:

@@ -21,6 +21,7 @@ from controller.simulator.http import bearer_token, json_body
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008
+CLOSE_SERVICE_RESTART = 1012  # uvicorn closes open WebSockets with it on shutdown
 
 
 def routes(sim: Simulator) -> list[BaseRoute]:
@@ -49,15 +50,17 @@ def routes(sim: Simulator) -> list[BaseRoute]:
                 await websocket.close(CLOSE_GOING_AWAY)
 
         connection = sim.executor_connected(environment_id, close)
+        server_stopping = False
         try:
             while True:
                 message = await websocket.receive()
                 if message["type"] == "websocket.disconnect":
+                    server_stopping = message.get("code") == CLOSE_SERVICE_RESTART
                     break
         except (WebSocketDisconnect, RuntimeError):
             pass
         finally:
-            sim.executor_disconnected(environment_id, connection)
+            sim.executor_disconnected(environment_id, connection, server_stopping=server_stopping)
 
     return [
         Route("/cloud/environment/{environment_id}/register", register, methods=["POST"]),

@@ -38,14 +38,10 @@ def new_session(body: Any) -> NewSession:
         )
     workspace = environment.get("workspace_directory") or DEFAULT_WORKSPACE
     if not isinstance(workspace, str) or not workspace.startswith("/"):
-        raise bad_request(
-            "'workspace_directory' must be an absolute path.", "environment.workspace_directory"
-        )
+        raise bad_request("'workspace_directory' must be an absolute path.", "environment.workspace_directory")
     capability_directories = environment.get("capability_directories") or []
     if not _strings(capability_directories):
-        raise bad_request(
-            "'capability_directories' must be a list of strings.", "environment.capability_directories"
-        )
+        raise bad_request("'capability_directories' must be a list of strings.", "environment.capability_directories")
     agent = body.get("agent")
     agent_id = body.get("agent_id")
     if agent is not None and agent_id is not None:
@@ -86,9 +82,7 @@ def has_input(value: Any) -> bool:
 def metadata(value: Any) -> dict[str, str]:
     if value is None:
         return {}
-    if not isinstance(value, dict) or not all(
-        isinstance(k, str) and isinstance(v, str) for k, v in value.items()
-    ):
+    if not isinstance(value, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in value.items()):
         raise bad_request("'metadata' must map strings to strings.", "metadata")
     if len(value) > MAX_METADATA_PAIRS:
         raise bad_request(f"'metadata' may hold at most {MAX_METADATA_PAIRS} pairs.", "metadata")

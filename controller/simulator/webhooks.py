@@ -132,9 +132,7 @@ class WebhookSender:
             "type": event_type,
             "data": data,
         }
-        event = StoredEvent(
-            event_id, event_type, created_at, json.dumps(envelope, separators=(",", ":")).encode()
-        )
+        event = StoredEvent(event_id, event_type, created_at, json.dumps(envelope, separators=(",", ":")).encode())
         self.events[event_id] = event
         log.info("event", extra={"event_id": event_id, "type": event_type, "session_id": data.get("id")})
         self._deliver_everywhere(event, resend=False)

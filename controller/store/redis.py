@@ -154,7 +154,7 @@ class RedisSessionStore:
 
     def record(self, session_id: str) -> Record | None:
         with _translated("read record"):
-            data = self._r.hgetall(f"sc:rec:{session_id}")
+            data: dict[str, str] = self._r.hgetall(f"sc:rec:{session_id}")  # type: ignore[assignment]
         return _record_from(session_id, data) if data else None
 
     def save(self, lease: Lease, record: Record) -> None:
@@ -177,7 +177,8 @@ class RedisSessionStore:
 
     def session_ids(self) -> list[str]:
         with _translated("list sessions"):
-            return sorted(self._r.smembers(SESSIONS_KEY))
+            members: set[str] = self._r.smembers(SESSIONS_KEY)  # type: ignore[assignment]
+            return sorted(members)
 
 
 def _record_fields(record: Record) -> dict[str, str]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -52,12 +53,16 @@ class Managed:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> Managed:
-        log = open(self.log_path, "ab")
-        self.proc = subprocess.Popen(
-            self.argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-            start_new_session=True, cwd=self.cwd,
-        )
-        log.close()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                self.argv,
+                env=self.env,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                start_new_session=True,
+                cwd=self.cwd,
+            )
         return self
 
     @property
@@ -90,10 +95,8 @@ class Managed:
         lines = []
         for raw in self.log_path.read_text(errors="replace").splitlines():
             if raw.startswith("{"):
-                try:
+                with contextlib.suppress(ValueError):
                     lines.append(json.loads(raw))
-                except ValueError:
-                    pass
         return lines
 
     def output(self) -> str:

@@ -36,8 +36,21 @@ class RedisServer:
     def start(self) -> RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         argv = [
-            redis_server_binary(), "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.directory),
-            "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "yes",
+            redis_server_binary(),
+            "--port",
+            str(self.port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(self.directory),
+            "--appendonly",
+            "yes",
+            "--appendfsync",
+            "always",
+            "--save",
+            "",
+            "--protected-mode",
+            "yes",
         ]
         self.process = Managed("redis", argv, {}, self.directory / "redis.log").start()
         wait_for(lambda: redis.Redis(port=self.port, socket_timeout=0.5).ping(), 15, "redis-server to answer")

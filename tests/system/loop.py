@@ -82,15 +82,24 @@ class Loop:
     def start_simulator(self) -> None:
         argv = python_module(
             "controller.simulator",
-            "--port", str(self.simulator_port),
-            "--webhook-url", f"http://127.0.0.1:{self.receiver_ports[0]}/webhooks",
-            "--webhook-secret", WEBHOOK_SECRET,
-            "--environment-key", EXECUTOR_KEY,
-            "--api-key", API_KEY,
-            "--connect-timeout-seconds", "120",
-            "--turn-seconds", "0.5",
-            "--webhook-retry-initial-seconds", "0.5",
-            "--webhook-retry-max-seconds", "2",
+            "--port",
+            str(self.simulator_port),
+            "--webhook-url",
+            f"http://127.0.0.1:{self.receiver_ports[0]}/webhooks",
+            "--webhook-secret",
+            WEBHOOK_SECRET,
+            "--environment-key",
+            EXECUTOR_KEY,
+            "--api-key",
+            API_KEY,
+            "--connect-timeout-seconds",
+            "120",
+            "--turn-seconds",
+            "0.5",
+            "--webhook-retry-initial-seconds",
+            "0.5",
+            "--webhook-retry-max-seconds",
+            "2",
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
         self.simulator = Managed("simulator", argv, env, self.directory / "simulator.log").start()
@@ -99,7 +108,9 @@ class Loop:
     def start_worker(self, index: int) -> Managed:
         worker = Managed(
             f"worker{index}",
-            python_module("controller", "worker", "--concurrency", "2", "--hostname", f"w{index}-{uuid.uuid4().hex[:6]}@test"),
+            python_module(
+                "controller", "worker", "--concurrency", "2", "--hostname", f"w{index}-{uuid.uuid4().hex[:6]}@test"
+            ),
             self.controller_env(),
             self.directory / f"worker{index}.log",
         ).start()
@@ -167,19 +178,31 @@ class Loop:
 
     # -- deliveries -----------------------------------------------------------------------
 
-    def delivery(self, session_id: str, event_type: str = "agent.session.action_required",
-                 required: str | None = "environment_connection", webhook_id: str | None = None,
-                 timestamp: int | None = None) -> tuple[dict[str, str], bytes]:
+    def delivery(
+        self,
+        session_id: str,
+        event_type: str = "agent.session.action_required",
+        required: str | None = "environment_connection",
+        webhook_id: str | None = None,
+        timestamp: int | None = None,
+    ) -> tuple[dict[str, str], bytes]:
         data: dict[str, Any] = {"id": session_id}
         if event_type == "agent.session.action_required":
             data["required_action"] = {"type": required}
         else:
             data.update(environment_type="self_hosted", environment_id=None)
         body = json.dumps(
-            {"id": f"evt_{uuid.uuid4().hex}", "object": "event", "created_at": int(time.time()),
-             "type": event_type, "data": data}
+            {
+                "id": f"evt_{uuid.uuid4().hex}",
+                "object": "event",
+                "created_at": int(time.time()),
+                "type": event_type,
+                "data": data,
+            }
         ).encode()
-        headers = sign_headers(WEBHOOK_SECRET, webhook_id or f"wh_{uuid.uuid4().hex}", timestamp or int(time.time()), body)
+        headers = sign_headers(
+            WEBHOOK_SECRET, webhook_id or f"wh_{uuid.uuid4().hex}", timestamp or int(time.time()), body
+        )
         headers["content-type"] = "application/json"
         return headers, body
 

@@ -85,11 +85,18 @@ def test_deleted_sessions_and_resolved_actions_are_ignored(loop: Loop) -> None:
         headers, body = loop.delivery(session["id"])
         assert loop.post(loop.receiver_ports[1], headers, body).status_code == 200
     wait_for(
-        lambda: sum(
-            1 for w in loop.workers for line in w.log_lines()
-            if line.get("event") == "session looked up" and line.get("session_id") in (deleted["id"], resolved["id"])
-        ) >= 2,
-        60, "both sessions to be looked up",
+        lambda: (
+            sum(
+                1
+                for w in loop.workers
+                for line in w.log_lines()
+                if line.get("event") == "session looked up"
+                and line.get("session_id") in (deleted["id"], resolved["id"])
+            )
+            >= 2
+        ),
+        60,
+        "both sessions to be looked up",
     )
     live = loop.live_executors()
     assert live[deleted["id"]] == 0 and live[resolved["id"]] == 0

@@ -1,0 +1,101 @@
+"""The scripted scenario ``sandbox-controller dev --simulate`` plays against the simulator.
+
+A few sessions with input (each asks for an environment connection), the action-required
+webhook of one delivered again three times at once (duplicates, concurrently), and one
+session forced to fail (its sandbox must be released). It then waits until every healthy
+session's turn has run to ``idle`` and prints what it saw.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import httpx
+
+
+class Reporter(Protocol):
+    def say(self, source: str, what: str, subject: str = "", detail: str = "") -> None: ...
+
+
+def run_scenario(view: Reporter, base_url: str, api_key: str, sessions: int = 3, timeout: float = 120.0) -> bool:
+    headers = {"Authorization": f"Bearer {api_key}", "OpenAI-Beta": "agents=v1"}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=10) as api:
+        created = [_create(api, f"scenario input {n}") for n in range(sessions)]
+        for session in created:
+            view.say("scenario", "session created", session["id"], session["environment"]["id"])
+        doomed = _create(api, "this one will fail")
+        view.say("scenario", "session created", doomed["id"], "(will be failed)")
+
+        first = created[0]["id"]
+        event_id = _wait_for_event(api, first, "agent.session.action_required")
+        with ThreadPoolExecutor(max_workers=3) as pool:
+            list(pool.map(lambda _: api.post(f"/admin/webhooks/resend/{event_id}"), range(3)))
+        view.say("scenario", "resent webhook 3x at once", first, "same webhook-id: expect duplicates")
+
+        _wait(lambda: _registered(api, doomed["environment"]["id"]), timeout)
+        api.post(f"/admin/sessions/{doomed['id']}/fail").raise_for_status()
+        view.say("scenario", "forced session failure", doomed["id"])
+
+        ids = [s["id"] for s in created]
+        ok = _wait(
+            lambda: all(api.get(f"/v1/agents/sessions/{sid}").json()["status"] == "idle" for sid in ids), timeout
+        )
+        registrations = api.get("/admin/registrations").json()["data"]
+        per_env: dict[str, int] = {}
+        for registration in registrations:
+            if registration["status_code"] == 200:
+                per_env[registration["environment_id"]] = per_env.get(registration["environment_id"], 0) + 1
+        counts = [per_env.get(s["environment"]["id"], 0) for s in created]
+        verdict = "ok" if ok and all(c == 1 for c in counts) else "PROBLEM"
+        view.say(
+            "scenario",
+            f"scenario {verdict}",
+            "",
+            f"{sum(1 for s in ids if ok)}/{len(ids)} idle; registrations per session: {counts}",
+        )
+        return verdict == "ok"
+
+
+def _create(api: httpx.Client, text: str) -> dict[str, Any]:
+    response = api.post(
+        "/v1/agents/sessions",
+        json={
+            "agent": {"model": "gpt-dev"},
+            "environment": {"type": "self_hosted", "workspace_directory": "/workspace"},
+            "input": text,
+            "metadata": {"source": "sandbox-controller dev"},
+        },
+    )
+    response.raise_for_status()
+    return dict(response.json())
+
+
+def _wait_for_event(api: httpx.Client, session_id: str, event_type: str) -> str:
+    found: list[str] = []
+
+    def look() -> bool:
+        for event in api.get("/admin/events").json()["data"]:
+            if event["type"] == event_type and event["data"].get("id") == session_id:
+                found.append(event["id"])
+                return True
+        return False
+
+    if not _wait(look, 30):
+        raise RuntimeError(f"no {event_type} event for {session_id}")
+    return found[0]
+
+
+def _registered(api: httpx.Client, environment_id: str) -> bool:
+    data = api.get("/admin/registrations", params={"environment_id": environment_id}).json()["data"]
+    return any(r["status_code"] == 200 for r in data)
+
+
+def _wait(check: Any, timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+        time.sleep(0.3)
+    return False
