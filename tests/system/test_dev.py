@@ -1,0 +1,79 @@
+"""The README's run command: ``sandbox-controller dev --simulate`` runs the whole loop on
+embedded defaults and stops every child process when it ends."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.codex import codex_binary
+from tests.support.processes import free_port
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+
+def _run_dev(tmp_path: Path, env: dict[str, str]) -> str:
+    state = tmp_path / "state"
+    result = subprocess.run(
+        [sys.executable, "-m", "controller", "dev", "--simulate", "--exit-after-scenario",
+         "--port", str(free_port()), "--simulator-port", str(free_port()), "--state-directory", str(state)],
+        env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode == 0, output
+    leftovers = _processes_touching(state)
+    assert leftovers == [], f"child processes left behind: {leftovers}"
+    return output
+
+
+def _processes_touching(state: Path) -> list[str]:
+    """Processes whose command line, working directory or environment mention ``state``
+    (dev passes it to every child through CONTROLLER_LOCAL_STATE_DIRECTORY or argv; the
+    executors run inside it)."""
+    needle = str(state).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+            cwd = os.readlink(proc / "cwd").encode()
+        except OSError:
+            continue
+        if needle in cmdline or needle in environ or cwd.startswith(needle):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")[:120]
+            found.append(f"{proc.name}: {command}")
+    return found
+
+
+def _clean_env() -> dict[str, str]:
+    return {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+
+
+def test_dev_simulate_runs_the_scenario_with_the_real_executor(tmp_path: Path) -> None:
+    """L1, L8: the scripted scenario (duplicates, concurrent resends, one failure) ends with
+    every session idle and one registration per session; Ctrl-C-style shutdown leaves nothing."""
+    env = _clean_env()
+    env["CONTROLLER_EXECUTOR_COMMAND"] = codex_binary()
+    output = _run_dev(tmp_path, env)
+    assert "scenario ok" in output
+    assert "duplicate acknowledged" in output
+    assert "sandbox released" in output
+    assert "executor registered" in output
+    assert "STAND-IN" not in output
+
+
+def test_dev_without_codex_says_how_to_install_and_uses_the_stand_in(tmp_path: Path) -> None:
+    """L8: with no codex installed the loop still runs, on a clearly labelled stand-in."""
+    env = _clean_env()
+    env["SANDBOX_CONTROLLER_CACHE"] = str(tmp_path / "empty-cache")
+    env["PATH"] = os.pathsep.join(p for p in env["PATH"].split(os.pathsep) if not (Path(p) / "codex").exists())
+    output = _run_dev(tmp_path, env)
+    assert "npm install -g @openai/codex@0.171.0" in output
+    assert "STAND-IN" in output
+    assert "scenario ok" in output
