@@ -4,6 +4,7 @@ registering with the simulator. Tests run in file order and share one world."""
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -133,10 +134,59 @@ def test_worker_killed_mid_task_still_starts_exactly_one_executor(loop: Loop) ->
         return None
 
     pid = wait_for(task_pid, 60, "a worker to start the task")
-    import os
-
     os.kill(int(pid), signal.SIGKILL)  # the pool process working the task, mid-task
     wait_for(lambda: _registered(loop, session["environment"]["id"]), 120, "the executor to register after the kill")
+    time.sleep(3)
+    assert loop.live_executors()[session["id"]] == 1
+    assert len(_registered(loop, session["environment"]["id"])) == 1
+
+
+def test_a_storm_of_429s_delays_but_loses_nothing(loop: Loop) -> None:
+    """L7: while the Agents API throttles (429 with Retry-After) the workers back off and
+    retry; every session still gets exactly one executor."""
+    httpx.post(
+        f"{loop.simulator_url}/admin/faults",
+        json={"target": "retrieve_session", "status": 429, "count": 25, "retry_after": 0.2},
+        timeout=10,
+    ).raise_for_status()
+    with loop.api() as client:
+        sessions = [loop.create_session(client) for _ in range(5)]
+    for session in sessions:
+        wait_for(lambda s=session: _registered(loop, s["environment"]["id"]), 120, "executors despite the 429s")
+    faults = httpx.get(f"{loop.simulator_url}/admin/faults", timeout=10).json()["data"]
+    assert all(f["target"] != "retrieve_session" for f in faults), "the storm was not fully consumed"
+    live = loop.live_executors()
+    assert [live[s["id"]] for s in sessions] == [1] * 5
+    assert [len(_registered(loop, s["environment"]["id"])) for s in sessions] == [1] * 5
+
+
+def test_a_whole_worker_killed_mid_task_loses_nothing(loop: Loop) -> None:
+    """L1: SIGKILL to a whole worker (main process and pool) while it holds a session's lease:
+    the lease expires, the broker redelivers the unacknowledged job after its visibility
+    timeout, and another worker starts the executor, once."""
+    httpx.post(
+        f"{loop.simulator_url}/admin/faults",
+        json={"target": "retrieve_session", "status": 503, "count": 6},
+        timeout=10,
+    ).raise_for_status()
+    with loop.api() as client:
+        session = loop.create_session(client)
+
+    def holder() -> object:  # the worker whose process logged the task's start
+        for worker in loop.workers:
+            if worker.alive() and any(
+                line.get("event") == "task started" and line.get("session_id") == session["id"]
+                for line in worker.log_lines()
+            ):
+                return worker
+        return None
+
+    victim = wait_for(holder, 60, "a worker to start the task")
+    victim.kill(signal.SIGKILL)
+    loop.start_worker(len(loop.workers))  # keep two workers, as a Deployment would
+    started = time.monotonic()
+    wait_for(lambda: _registered(loop, session["environment"]["id"]), 180, "the job to be redelivered and worked")
+    print(f"\nFIGURE whole-worker SIGKILL: executor registered {time.monotonic() - started:.1f}s after the kill")
     time.sleep(3)
     assert loop.live_executors()[session["id"]] == 1
     assert len(_registered(loop, session["environment"]["id"])) == 1
