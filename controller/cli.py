@@ -1,4 +1,4 @@
-"""``sandbox-controller``: serve | worker | dev | simulator | check-config.
+"""``sandbox-controller``: serve | worker | scheduler | dev | simulator | check-config.
 
 Settings come from ``CONTROLLER_*`` variables (see ``config.py``), parsed once here; a bad
 configuration prints every problem and exits with status 2.
@@ -66,6 +66,23 @@ def cmd_worker(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_scheduler(args: argparse.Namespace) -> int:
+    from controller import scheduler, wiring
+    from controller.store.redis import connect
+    from controller.worker import make_app, publisher
+
+    settings = _settings("scheduler")
+    assert settings.queue.redis_url is not None
+    scheduler.run(
+        settings,
+        wiring.store(settings),
+        wiring.runner(settings),
+        connect(settings.queue.redis_url),
+        publisher(make_app(settings)),
+    )
+    return 0
+
+
 def cmd_dev(args: argparse.Namespace) -> int:
     from controller import dev
 
@@ -92,6 +109,9 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--concurrency", type=int, default=2)
     worker.add_argument("--hostname", default="worker@%h")
     worker.set_defaults(func=cmd_worker)
+
+    scheduler = sub.add_parser("scheduler", help="run the reconcile sweep on a timer (one active at a time)")
+    scheduler.set_defaults(func=cmd_scheduler)
 
     dev = sub.add_parser("dev", help="run receiver and worker locally on embedded defaults")
     dev.add_argument("--simulate", action="store_true", help="also run the simulator and a short scenario")

@@ -9,8 +9,9 @@ they are held as ``Secret`` whose ``repr``/``str`` is masked, so printing settin
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -79,7 +80,7 @@ class RoutingSettings:
 
 @dataclass(frozen=True)
 class QueueSettings:
-    redis_url: str | None = None
+    redis_url: str | None = field(default=None, repr=False)  # may carry a password: kept out of repr
     """Redis for the queue, de-duplication, leases and the session→sandbox mapping."""
     lease_ttl_seconds: float = 60.0
     """A worker's hold on one session; a dead worker's lease expires after this."""
@@ -103,9 +104,27 @@ class RunnerSettings:
 
 
 @dataclass(frozen=True)
+class KubernetesSettings:
+    namespace: str = "sandboxes"
+    """Namespace the sandbox pods run in (labelled to enforce Pod Security "restricted")."""
+    image: str = "sandbox-controller-runner:0.1.0"
+    """The runner image (runner_image/) of the default template."""
+    executor_key_secret: str = "sandbox-executor-key"
+    """Secret in the sandbox namespace holding the environment key under ``executor-key`` (L2)."""
+    templates_file: str | None = None
+    """JSON file of named sandbox templates (see templates.py)."""
+    runtime_class: str | None = None
+    """RuntimeClass of the default template, e.g. gvisor."""
+
+
+@dataclass(frozen=True)
 class LifecycleSettings:
     idle_timeout_seconds: float = 600.0
     """Stop a sandbox this long after its session went idle (L11)."""
+    max_lifetime_seconds: float = 0.0
+    """Release any sandbox older than this (0: no limit) (L17)."""
+    reconcile_interval_seconds: float = 300.0
+    """How often the scheduler sweeps every mapped session and managed sandbox (L17)."""
 
 
 @dataclass(frozen=True)
@@ -115,6 +134,7 @@ class Settings:
     routing: RoutingSettings = RoutingSettings()
     queue: QueueSettings = QueueSettings()
     runner: RunnerSettings = RunnerSettings()
+    kubernetes: KubernetesSettings = KubernetesSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
     log_level: str = "INFO"
 
@@ -132,6 +152,7 @@ class Settings:
         needs = {
             "serve": ["redis", "secrets"],
             "worker": ["redis", "api_key", "executor_key"],
+            "scheduler": ["redis", "executor_key"],
             "dev": ["secrets", "api_key", "executor_key"],
         }[role]
         if "redis" in needs and not self.queue.redis_url:
@@ -140,7 +161,8 @@ class Settings:
             problems.append(f"{PREFIX}WEBHOOK_SECRETS (or {PREFIX}WEBHOOK_SECRETS_FILE) is required for `{role}`")
         if "api_key" in needs and self.api.api_key is None:
             problems.append(f"{PREFIX}API_KEY (or {PREFIX}API_KEY_FILE) is required for `{role}`")
-        if "executor_key" in needs and self.runner.executor_key is None:
+        # The Kubernetes runner hands the key to pods through a Secret; the controller never holds it.
+        if "executor_key" in needs and self.runner.kind == "local" and self.runner.executor_key is None:
             problems.append(f"{PREFIX}EXECUTOR_KEY (or {PREFIX}EXECUTOR_KEY_FILE) is required for `{role}`")
         if problems:
             raise ConfigError(problems)
@@ -174,6 +196,13 @@ KEYS: frozenset[str] = frozenset(
         "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
         "TASK_MAX_RETRIES",
         "LOG_LEVEL",
+        "MAX_LIFETIME_SECONDS",
+        "RECONCILE_INTERVAL_SECONDS",
+        "KUBERNETES_NAMESPACE",
+        "KUBERNETES_IMAGE",
+        "KUBERNETES_EXECUTOR_KEY_SECRET",
+        "KUBERNETES_TEMPLATES_FILE",
+        "KUBERNETES_RUNTIME_CLASS",
     )
 )
 
@@ -245,9 +274,22 @@ class _Parser:
                 ),
                 local_state_directory=self.text("LOCAL_STATE_DIRECTORY", RunnerSettings.local_state_directory),
             ),
+            kubernetes=KubernetesSettings(
+                namespace=self.text("KUBERNETES_NAMESPACE", KubernetesSettings.namespace),
+                image=self.text("KUBERNETES_IMAGE", KubernetesSettings.image),
+                executor_key_secret=self.text("KUBERNETES_EXECUTOR_KEY_SECRET", KubernetesSettings.executor_key_secret),
+                templates_file=self.env.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
+                runtime_class=self.env.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
+            ),
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
                     "IDLE_TIMEOUT_SECONDS", LifecycleSettings.idle_timeout_seconds, float, 0.0
+                ),
+                max_lifetime_seconds=self.number(
+                    "MAX_LIFETIME_SECONDS", LifecycleSettings.max_lifetime_seconds, float, 0.0
+                ),
+                reconcile_interval_seconds=self.number(
+                    "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0
                 ),
             ),
             log_level=level,
@@ -270,6 +312,8 @@ class _Parser:
             return default
         try:
             value = cast(raw)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(raw)  # nan/inf would pass the minimum check and break at run time
         except ValueError:
             self.problems.append(f"{PREFIX}{name} must be a{'n integer' if cast is int else ' number'}, got {raw!r}")
             return default

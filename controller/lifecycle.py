@@ -85,6 +85,7 @@ def decide(
     now: float,
     grace_seconds: float,
     routing: Routing,
+    max_lifetime_seconds: float | None = None,
 ) -> Decision:
     """What to do about one session, from what was observed (pure)."""
     if session is None:
@@ -98,7 +99,11 @@ def decide(
         if record is not None:
             return Decision(Verdict.RELEASE, "session failed")
         return Decision(Verdict.IGNORE, "session failed; no compute to release")
+    if record is not None and max_lifetime_seconds and now - record.started_at > max_lifetime_seconds:
+        return Decision(Verdict.RELEASE, "sandbox is past its maximum lifetime")
     if not session.wants_connection:
+        if record is not None and health in (Health.GONE, Health.FAILED):
+            return Decision(Verdict.RELEASE, f"sandbox is {health.value}; removing the mapping")
         return Decision(Verdict.IGNORE, "no environment_connection action pending")
     if session.environment.id is None or not session.environment.remote_url:
         return Decision(Verdict.IGNORE, "session lists no environment id or remote url")
@@ -115,7 +120,7 @@ def decide(
     return Decision(Verdict.REPLACE, "executor not connected past the grace period")
 
 
-def spec_for(session: Session) -> SandboxSpec:
+def spec_for(session: Session, template: str | None = None) -> SandboxSpec:
     env = session.environment
     assert env.id is not None and env.remote_url is not None
     return SandboxSpec(
@@ -123,6 +128,7 @@ def spec_for(session: Session) -> SandboxSpec:
         environment_id=env.id,
         remote_url=env.remote_url,
         workspace_directory=env.workspace_directory,
+        template=template,
     )
 
 
@@ -134,7 +140,9 @@ class Deps:
     clock: Clock
     routing: Routing = field(default_factory=Routing)
     grace_seconds: float = 60.0
+    max_lifetime_seconds: float | None = None
     on_decision: Callable[[str, Decision], None] = lambda session_id, decision: None
+    choose_template: Callable[[Session], str | None] = lambda session: None
 
 
 def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
@@ -160,11 +168,26 @@ def act(lease: Lease, deps: Deps) -> Decision:
     sid = lease.session_id
     session = deps.sessions.get(sid)
     record = deps.store.record(sid)
+    adopted = False
+    if record is None:  # a sandbox whose start was never recorded is adopted, not duplicated
+        found = deps.runner.find(sid)
+        if found is not None:
+            record = Record(sid, found.environment_id, found, deps.clock.now())
+            adopted = True
     health = deps.runner.status(record.handle) if record else None
     connected = None
     if record and session and session.wants_connection and health in (Health.RUNNING, Health.STARTING):
         connected = deps.sessions.environment_connected(record.environment_id)
-    decision = decide(session, record, health, connected, deps.clock.now(), deps.grace_seconds, deps.routing)
+    decision = decide(
+        session,
+        record,
+        health,
+        connected,
+        deps.clock.now(),
+        deps.grace_seconds,
+        deps.routing,
+        deps.max_lifetime_seconds,
+    )
     with logs.bind(session_id=sid, environment_id=(session.environment.id if session else None)):
         log.info(
             "session looked up",
@@ -182,8 +205,13 @@ def act(lease: Lease, deps: Deps) -> Decision:
             assert record is not None
             deps.store.check(lease)
             deps.runner.release(record.handle)
+            deps.runner.discard(sid)
             deps.store.forget(lease)
             log.info("sandbox released", extra={"sandbox": record.handle.name})
+        elif decision.verdict is Verdict.KEEP and adopted:
+            assert record is not None
+            deps.store.save(lease, record)
+            log.info("sandbox adopted", extra={"sandbox": record.handle.name})
     return decision
 
 
@@ -192,12 +220,13 @@ def _start(lease: Lease, session: Session, record: Record | None, deps: Deps) ->
     deps.store.check(lease)  # fenced: a worker that lost its lease must not act
     if record is not None:
         deps.runner.release(record.handle)  # never two live sandboxes: the old one goes first
-    handle = deps.runner.ensure(spec_for(session), generation)
+    spec = spec_for(session, deps.choose_template(session))
+    handle = deps.runner.ensure(spec, generation)
     deps.store.save(
         lease,
         Record(
             session_id=session.id,
-            environment_id=spec_for(session).environment_id,
+            environment_id=spec.environment_id,
             handle=handle,
             started_at=deps.clock.now(),
         ),

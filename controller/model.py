@@ -97,6 +97,7 @@ class Handle:
     name: str
     generation: int
     uid: str = ""  # pod UID or process id: distinguishes two sandboxes of one name
+    environment_id: str = ""  # the environment its executor serves
 
 
 @dataclass(frozen=True)

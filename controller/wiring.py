@@ -11,6 +11,8 @@ from controller.lifecycle import Deps, Routing
 from controller.runners.base import Runner
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisSessionStore, connect
+from controller.templates import Templates
+from controller.templates import load as load_templates
 
 
 def redact_secrets(settings: Settings) -> None:
@@ -33,8 +35,8 @@ def routing(settings: Settings) -> Routing:
 
 
 def runner(settings: Settings) -> Runner:
-    assert settings.runner.executor_key is not None
     if settings.runner.kind == "local":
+        assert settings.runner.executor_key is not None
         from controller.runners.local import LocalRunner
 
         return LocalRunner(
@@ -42,7 +44,35 @@ def runner(settings: Settings) -> Runner:
             executor_command=shlex.split(settings.runner.executor_command),
             executor_key=settings.runner.executor_key.reveal(),
         )
-    raise NotImplementedError("the kubernetes runner is not wired yet")
+    return kubernetes_runner(settings)
+
+
+def kubernetes_runner(settings: Settings) -> Runner:
+    """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
+    import os
+
+    from kubernetes import client, config
+
+    from controller.runners.kubernetes import KubernetesRunner
+    from controller.runners.manifests import PodSettings
+
+    if os.environ.get("KUBERNETES_SERVICE_HOST"):
+        config.load_incluster_config()  # type: ignore[no-untyped-call]
+    else:
+        config.load_kube_config()  # type: ignore[no-untyped-call]
+    k = settings.kubernetes
+    return KubernetesRunner(
+        client.CoreV1Api(),
+        PodSettings(namespace=k.namespace, executor_key_secret=k.executor_key_secret),
+        sandbox_templates(settings).get,
+    )
+
+
+def sandbox_templates(settings: Settings) -> Templates:
+    from controller.runners.manifests import SandboxTemplate
+
+    k = settings.kubernetes
+    return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
 
 
 def store(settings: Settings) -> RedisSessionStore:
@@ -64,6 +94,8 @@ def worker_deps(settings: Settings) -> Deps:
         clock=SystemClock(),
         routing=routing(settings),
         grace_seconds=settings.runner.executor_grace_seconds,
+        max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
+        choose_template=sandbox_templates(settings).choose,
     )
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from typing import Any
 
 from celery import Celery, Task, signals
@@ -65,7 +66,7 @@ def _announce_ready(**_: Any) -> None:
     log.info("worker ready", extra={"pid": os.getpid()})
 
 
-def publisher(app: Celery) -> Any:
+def publisher(app: Celery) -> Callable[[Job], None]:
     """The inbox's publish function: put one job on the queue (raises if the broker refuses)."""
 
     def publish(job: Job) -> None:

@@ -9,6 +9,10 @@ makes it so, safely under repetition:
 - ``status(handle)`` reports ``Health`` without changing anything.
 - ``release(handle)`` stops and removes that sandbox (and only that one: the handle's uid
   guards against deleting a newer sandbox of the same name). Releasing what is gone is fine.
+- ``find(session_id)`` returns the session's live sandbox, if any, so that a sandbox whose
+  start was never recorded (a worker died in between) is adopted, not duplicated.
+- ``discard(session_id)`` deletes what outlives a sandbox (a workspace volume) once the
+  session is released for good (L16).
 - ``list_managed()`` lists every sandbox this runner manages (for reconciliation and clean-up).
 """
 
@@ -25,5 +29,9 @@ class Runner(Protocol):
     def status(self, handle: Handle) -> Health: ...
 
     def release(self, handle: Handle) -> None: ...
+
+    def find(self, session_id: str) -> Handle | None: ...
+
+    def discard(self, session_id: str) -> None: ...
 
     def list_managed(self) -> list[Handle]: ...

@@ -24,6 +24,7 @@ import hashlib
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import time
@@ -102,6 +103,19 @@ class LocalRunner:
             (directory / "sandbox.json").unlink(missing_ok=True)
         log.info("executor stopped", extra={"session_id": handle.session_id, "sandbox": handle.name})
 
+    def find(self, session_id: str) -> Handle | None:
+        self._reap()
+        current = self._read(self._root / session_key(session_id))
+        return current if current is not None and self._alive(current) else None
+
+    def discard(self, session_id: str) -> None:
+        """Remove the session's workspace once it is released for good (L16)."""
+        directory = self._root / session_key(session_id)
+        with self._locked(directory):
+            if self._read(directory) is None:
+                shutil.rmtree(directory / "workspace", ignore_errors=True)
+                shutil.rmtree(directory / "home", ignore_errors=True)
+
     def list_managed(self) -> list[Handle]:
         handles = []
         for directory in sorted(self._root.glob("*")):
@@ -142,6 +156,7 @@ class LocalRunner:
             name=data["name"],
             generation=int(data["generation"]),
             uid=f"{data['pid']}:{data['start_ticks']}",
+            environment_id=data.get("environment_id", ""),
         )
 
     def _alive(self, handle: Handle) -> bool:
@@ -200,7 +215,13 @@ class LocalRunner:
             "executor process started",
             extra={"session_id": spec.session_id, "pid": child.pid, "generation": generation},
         )
-        return Handle(session_id=spec.session_id, name=name, generation=generation, uid=f"{child.pid}:{ticks}")
+        return Handle(
+            session_id=spec.session_id,
+            name=name,
+            generation=generation,
+            uid=f"{child.pid}:{ticks}",
+            environment_id=spec.environment_id,
+        )
 
     def _stop(self, handle: Handle) -> None:
         pid = int(handle.uid.partition(":")[0])

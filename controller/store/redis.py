@@ -187,6 +187,7 @@ def _record_fields(record: Record) -> dict[str, str]:
         "name": record.handle.name,
         "generation": str(record.handle.generation),
         "uid": record.handle.uid,
+        "handle_environment_id": record.handle.environment_id,
         "started_at": repr(record.started_at),
     }
 
@@ -200,6 +201,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
             name=data.get("name", ""),
             generation=int(data.get("generation", "0")),
             uid=data.get("uid", ""),
+            environment_id=data.get("handle_environment_id", ""),
         ),
         started_at=float(data.get("started_at", "0")),
     )

@@ -39,6 +39,7 @@ class Loop:
         self.simulator: Managed | None = None
         self.receivers: list[Managed] = []
         self.workers: list[Managed] = []
+        self.scheduler: Managed | None = None
 
     # -- processes ------------------------------------------------------------------------
 
@@ -74,6 +75,12 @@ class Loop:
             )
         for index in range(self.worker_count):
             self.start_worker(index)
+        self.scheduler = Managed(
+            "scheduler",
+            python_module("controller", "scheduler"),
+            {**self.controller_env(), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3"},
+            self.directory / "scheduler.log",
+        ).start()
         for port in self.receiver_ports:
             wait_for(lambda port=port: port_open(port), 30, f"receiver on port {port}")
         wait_for(self.workers_ready, 60, "celery workers to be ready")
@@ -121,8 +128,9 @@ class Loop:
         return all(w.alive() and "worker ready" in w.output() for w in self.workers)
 
     def stop(self) -> None:
-        for process in [*self.receivers, *self.workers]:
-            process.stop()
+        for process in [*self.receivers, *self.workers, self.scheduler]:
+            if process is not None:
+                process.stop()
         LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY).stop_all()
         if self.simulator is not None:
             self.simulator.stop()
@@ -130,7 +138,7 @@ class Loop:
 
     def all_output(self) -> str:
         parts = []
-        for process in [*self.receivers, *self.workers, self.simulator]:
+        for process in [*self.receivers, *self.workers, self.simulator, self.scheduler]:
             if process is not None:
                 parts.append(process.output())
         for log in self.state_directory.glob("sessions/*/executor.log"):
@@ -169,9 +177,11 @@ class Loop:
         response.raise_for_status()
         return str(response.json()["status"])
 
+    def runner(self) -> LocalRunner:
+        return LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY)
+
     def live_executors(self) -> Counter[str]:
-        runner = LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY)
-        return Counter(h.session_id for h in runner.live())
+        return Counter(h.session_id for h in self.runner().live())
 
     def started_log_lines(self) -> list[dict[str, Any]]:
         return [line for w in self.workers for line in w.log_lines() if line.get("event") == "executor process started"]

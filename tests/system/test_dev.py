@@ -19,9 +19,25 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 def _run_dev(tmp_path: Path, env: dict[str, str]) -> str:
     state = tmp_path / "state"
     result = subprocess.run(
-        [sys.executable, "-m", "controller", "dev", "--simulate", "--exit-after-scenario",
-         "--port", str(free_port()), "--simulator-port", str(free_port()), "--state-directory", str(state)],
-        env=env, capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "dev",
+            "--simulate",
+            "--exit-after-scenario",
+            "--port",
+            str(free_port()),
+            "--simulator-port",
+            str(free_port()),
+            "--state-directory",
+            str(state),
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=240,
+        stdin=subprocess.DEVNULL,
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output

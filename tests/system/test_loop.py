@@ -192,6 +192,30 @@ def test_a_whole_worker_killed_mid_task_loses_nothing(loop: Loop) -> None:
     assert len(_registered(loop, session["environment"]["id"])) == 1
 
 
+def test_deleting_a_session_releases_its_executor_on_the_next_sweep(loop: Loop) -> None:
+    """L17: deleting a session stops nothing by itself (the simulator sends no webhook for
+    it); the scheduler's sweep finds the mapping, the worker sees 404 and releases the
+    executor and the mapping."""
+    with loop.api() as client:
+        session = loop.create_session(client)
+        wait_for(lambda: loop.live_executors()[session["id"]] == 1, 60, "the executor to start")
+        client.delete(f"/v1/agents/sessions/{session['id']}").raise_for_status()
+    wait_for(lambda: loop.live_executors()[session["id"]] == 0, 60, "the sweep to release the executor")
+    wait_for(lambda: not loop.redis.client().exists(f"sc:rec:{session['id']}"), 30, "the mapping to go")
+
+
+def test_a_mapping_whose_executor_died_is_removed_on_the_next_sweep(loop: Loop) -> None:
+    """L17: every mapping without compute is removed: an executor that died while its
+    session was idle leaves a mapping that the sweep cleans up (and starts nothing)."""
+    with loop.api() as client:
+        session = loop.create_session(client)
+    wait_for(lambda: _status(loop, session["id"]) == "idle", 60, "the turn to finish")
+    handle = next(h for h in loop.runner().live() if h.session_id == session["id"])
+    os.kill(int(handle.uid.split(":")[0]), signal.SIGKILL)
+    wait_for(lambda: not loop.redis.client().exists(f"sc:rec:{session['id']}"), 60, "the sweep to drop the mapping")
+    assert loop.live_executors()[session["id"]] == 0
+
+
 def test_redis_down_answers_503_and_the_senders_retry_is_processed(loop: Loop) -> None:
     """L5: with Redis down the receiver answers 503 with Retry-After (never a 2xx for a job
     it could not queue); once Redis is back, the sender's retry is processed."""

@@ -1,0 +1,66 @@
+"""Kubernetes-safe names, labels and annotations for sandbox objects (pure).
+
+A pod is named from the session id plus a hash (ids are not DNS-safe and may be long) and a
+generation suffix, so a replacement never collides with a pod that is still terminating:
+``sbx-<slug>-<hash8>-g<generation>``, at most 63 characters (a DNS-1123 label).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+
+PREFIX = "sandbox-controller.dev"
+SESSION_HASH_LABEL = f"{PREFIX}/session-hash"
+GENERATION_LABEL = f"{PREFIX}/generation"
+SESSION_ID_ANNOTATION = f"{PREFIX}/session-id"
+ENVIRONMENT_ID_ANNOTATION = f"{PREFIX}/environment-id"
+TEMPLATE_ANNOTATION = f"{PREFIX}/template"
+MANAGED_BY = "sandbox-controller"
+COMPONENT = "sandbox"
+_MAX_LABEL = 63
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def session_hash(session_id: str) -> str:
+    """A stable 16-hex-digit label value for a session (label values cannot hold any id)."""
+    return hashlib.sha256(session_id.encode()).hexdigest()[:16]
+
+
+def slug(text: str, length: int) -> str:
+    cleaned = _INVALID.sub("-", text.lower()).strip("-")
+    return cleaned[:length].strip("-") or "x"
+
+
+def pod_name(session_id: str, generation: int) -> str:
+    suffix = f"-{session_hash(session_id)[:8]}-g{generation}"
+    return f"sbx-{slug(session_id, _MAX_LABEL - 4 - len(suffix))}{suffix}"
+
+
+def pvc_name(session_id: str) -> str:
+    suffix = f"-{session_hash(session_id)[:8]}"
+    return f"ws-{slug(session_id, _MAX_LABEL - 3 - len(suffix))}{suffix}"
+
+
+def selector_labels() -> dict[str, str]:
+    return {"app.kubernetes.io/managed-by": MANAGED_BY, "app.kubernetes.io/component": COMPONENT}
+
+
+def labels(session_id: str, generation: int | None = None) -> dict[str, str]:
+    result = {
+        **selector_labels(),
+        "app.kubernetes.io/name": "sandbox",
+        "app.kubernetes.io/part-of": "sandbox-controller",
+        SESSION_HASH_LABEL: session_hash(session_id),
+    }
+    if generation is not None:
+        result[GENERATION_LABEL] = str(generation)
+    return result
+
+
+def session_selector(session_id: str) -> str:
+    return f"{SESSION_HASH_LABEL}={session_hash(session_id)}"
+
+
+def managed_selector() -> str:
+    return ",".join(f"{k}={v}" for k, v in selector_labels().items())

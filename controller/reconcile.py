@@ -1,0 +1,41 @@
+"""The periodic sweep (L17, L18): every session with a mapping or a managed sandbox is
+worked again, through the same queue and lease as a webhook.
+
+Deleting a session sends nothing, so only a sweep finds compute whose session is gone
+(404), failed or past its maximum lifetime, a mapping whose sandbox vanished, or a sandbox
+nobody recorded. The sweep decides nothing itself: it asks for work on each such session;
+the worker, holding the session's lease, re-reads it and decides with ``lifecycle.decide``
+(release, adopt, or leave alone). A start and a cleanup of one session therefore never
+interleave (L18).
+
+Exactly one scheduler sweeps at a time: ``Leadership`` is a Redis lease renewed each round.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller import logs
+from controller.runners.base import Runner
+from controller.store.base import SessionStore
+
+log = logs.get(__name__)
+
+
+@dataclass(frozen=True)
+class Sweep:
+    mapped: int
+    managed: int
+    enqueued: int
+
+
+def sweep(store: SessionStore, runner: Runner, enqueue: Callable[[str], None]) -> Sweep:
+    mapped = set(store.session_ids())
+    managed = {handle.session_id for handle in runner.list_managed()}
+    for session_id in sorted(mapped | managed):
+        store.want(session_id)
+        enqueue(session_id)
+    result = Sweep(mapped=len(mapped), managed=len(managed), enqueued=len(mapped | managed))
+    log.info("reconcile sweep", extra={"mapped": result.mapped, "managed": result.managed, "enqueued": result.enqueued})
+    return result

@@ -1,0 +1,235 @@
+"""The Kubernetes runner: one pod per session (plus an optional workspace PVC).
+
+Idempotent by construction (L1): ``ensure`` first looks for a live pod of the session (by
+its session-hash label) and returns it; only when there is none does it create the pod of
+the requested generation. ``AlreadyExists`` counts as "already done" only when the pod of
+that name is of this generation and alive; a terminating or finished pod is never reused:
+the next generation is created instead (L14). Deletes carry a UID precondition, so a stale
+handle can never delete a newer pod of the same name.
+
+Kubernetes API errors are translated here, once: 404/409/410 are idempotency signals,
+429/5xx are retried briefly and then raised as ``Transient``, 401/403 become
+``RunnerRejected`` naming the permission that is missing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+
+import tenacity
+from kubernetes import client as k8s
+from kubernetes.client.exceptions import ApiException
+from urllib3.exceptions import HTTPError as Urllib3Error
+
+from controller import logs, names
+from controller.errors import RunnerRejected, Transient
+from controller.model import Handle, Health, SandboxSpec
+from controller.runners.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
+
+log = logs.get(__name__)
+T = TypeVar("T")
+_MAX_GENERATION_SKIPS = 5
+
+
+class KubernetesUnavailable(Transient):
+    pass
+
+
+@contextmanager
+def _translated(verb: str, resource: str) -> Iterator[None]:
+    try:
+        yield
+    except ApiException as exc:
+        if exc.status in (401, 403):
+            raise RunnerRejected(
+                f"Kubernetes refused to {verb} {resource} (HTTP {exc.status}): grant the controller's "
+                f"service account '{verb}' on '{resource}' in the sandbox namespace"
+            ) from exc
+        if exc.status == 429 or (exc.status or 0) >= 500:
+            raise KubernetesUnavailable(
+                f"Kubernetes answered {exc.status} to {verb} {resource}", retry_after=1
+            ) from exc
+        raise
+    except (Urllib3Error, OSError) as exc:
+        raise KubernetesUnavailable(f"cannot reach Kubernetes to {verb} {resource}", retry_after=2) from exc
+
+
+def _retrying(call: Callable[[], T]) -> T:
+    retry = tenacity.Retrying(
+        retry=tenacity.retry_if_exception_type(KubernetesUnavailable),
+        stop=tenacity.stop_after_attempt(3),
+        wait=tenacity.wait_random_exponential(multiplier=0.2, max=2),
+        reraise=True,
+    )
+    return retry(call)
+
+
+def _status(exc: BaseException) -> int | None:
+    return exc.status if isinstance(exc, ApiException) else None
+
+
+class KubernetesRunner:
+    def __init__(
+        self,
+        api: k8s.CoreV1Api,
+        settings: PodSettings,
+        templates: Callable[[str | None], SandboxTemplate],
+    ) -> None:
+        self._api = api
+        self._settings = settings
+        self._templates = templates
+        self._ns = settings.namespace
+
+    # -- protocol -------------------------------------------------------------------------
+
+    def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
+        live = self._live_pods(spec.session_id)
+        if live:
+            return _handle(spec.session_id, max(live, key=_generation_of))
+        template = self._templates(spec.template)
+        if template.persist_workspace:
+            self._create_quietly(make_pvc(spec, template, self._settings), "persistentvolumeclaims")
+        for attempt in range(_MAX_GENERATION_SKIPS):
+            manifest = make_pod(spec, generation + attempt, template, self._settings)
+            try:
+                pod = self._create_pod(manifest)
+            except ApiException as exc:
+                if exc.status != 409:
+                    raise RunnerRejected(
+                        f"Kubernetes refused pod {manifest['metadata']['name']}: {exc.reason}"
+                    ) from exc
+                existing = self._read_pod(manifest["metadata"]["name"])
+                if existing is not None and _alive(existing) and _generation_of(existing) == generation + attempt:
+                    return _handle(spec.session_id, existing)  # already done, by us or a twin
+                continue  # that name belongs to a terminating or finished pod: never reuse it
+            log.info(
+                "pod created",
+                extra={"session_id": spec.session_id, "pod": pod.metadata.name, "generation": generation + attempt},
+            )
+            return _handle(spec.session_id, pod)
+        raise Transient(f"pods of session {spec.session_id} are still terminating", retry_after=5)
+
+    def status(self, handle: Handle) -> Health:
+        pod = self._read_pod(handle.name)
+        if pod is None or pod.metadata.uid != handle.uid:
+            return Health.GONE
+        return health_of(pod)
+
+    def release(self, handle: Handle) -> None:
+        body = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=handle.uid), propagation_policy="Background")
+
+        def delete() -> None:
+            with _translated("delete", "pods"):
+                self._api.delete_namespaced_pod(handle.name, self._ns, body=body)
+
+        try:
+            _retrying(delete)
+        except ApiException as exc:
+            if exc.status not in (404, 409, 410):  # gone, or a newer pod of that name: not ours
+                raise
+        log.info("pod deleted", extra={"session_id": handle.session_id, "pod": handle.name})
+
+    def discard(self, session_id: str) -> None:
+        """Delete what outlives pods (the workspace PVC), once the session is released for good (L16)."""
+
+        def delete() -> None:
+            with _translated("delete", "persistentvolumeclaims"):
+                self._api.delete_namespaced_persistent_volume_claim(names.pvc_name(session_id), self._ns)
+
+        try:
+            _retrying(delete)
+        except ApiException as exc:
+            if exc.status not in (404, 410):
+                raise
+
+    def find(self, session_id: str) -> Handle | None:
+        live = self._live_pods(session_id)
+        return _handle(session_id, max(live, key=_generation_of)) if live else None
+
+    def list_managed(self) -> list[Handle]:
+        def pods() -> list[Any]:
+            with _translated("list", "pods"):
+                return list(self._api.list_namespaced_pod(self._ns, label_selector=names.managed_selector()).items)
+
+        return [
+            _handle(pod.metadata.annotations.get(names.SESSION_ID_ANNOTATION, ""), pod)
+            for pod in _retrying(pods)
+            if (pod.metadata.annotations or {}).get(names.SESSION_ID_ANNOTATION)
+        ]
+
+    # -- helpers --------------------------------------------------------------------------
+
+    def _create_pod(self, manifest: dict[str, Any]) -> Any:
+        def create() -> Any:
+            with _translated("create", "pods"):
+                return self._api.create_namespaced_pod(self._ns, manifest)  # type: ignore[arg-type]
+
+        return _retrying(create)
+
+    def _create_quietly(self, manifest: dict[str, Any], resource: str) -> None:
+        def create() -> None:
+            with _translated("create", resource):
+                self._api.create_namespaced_persistent_volume_claim(self._ns, manifest)  # type: ignore[arg-type]
+
+        try:
+            _retrying(create)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise RunnerRejected(f"Kubernetes refused {resource} {manifest['metadata']['name']}") from exc
+
+    def _read_pod(self, name: str) -> Any | None:
+        def read() -> Any:
+            with _translated("get", "pods"):
+                return self._api.read_namespaced_pod(name, self._ns)
+
+        try:
+            return _retrying(read)
+        except ApiException as exc:
+            if exc.status in (404, 410):
+                return None
+            raise
+
+    def _live_pods(self, session_id: str) -> list[Any]:
+        def pods() -> list[Any]:
+            with _translated("list", "pods"):
+                selector = f"{names.managed_selector()},{names.session_selector(session_id)}"
+                return list(self._api.list_namespaced_pod(self._ns, label_selector=selector).items)
+
+        return [pod for pod in _retrying(pods) if _alive(pod)]
+
+
+def health_of(pod: Any) -> Health:
+    if pod.metadata.deletion_timestamp is not None:
+        return Health.TERMINATING
+    phase = pod.status.phase if pod.status else None
+    if phase in ("Failed", "Succeeded"):
+        return Health.FAILED
+    if phase == "Running":
+        for state in pod.status.container_statuses or []:
+            if state.state and state.state.terminated is not None:
+                return Health.FAILED
+        return Health.RUNNING
+    return Health.STARTING
+
+
+def _alive(pod: Any) -> bool:
+    return health_of(pod) in (Health.STARTING, Health.RUNNING)
+
+
+def _generation_of(pod: Any) -> int:
+    try:
+        return int((pod.metadata.labels or {}).get(names.GENERATION_LABEL, "0"))
+    except ValueError:
+        return 0
+
+
+def _handle(session_id: str, pod: Any) -> Handle:
+    return Handle(
+        session_id=session_id,
+        name=pod.metadata.name,
+        generation=_generation_of(pod),
+        uid=pod.metadata.uid,
+        environment_id=(pod.metadata.annotations or {}).get(names.ENVIRONMENT_ID_ANNOTATION, ""),
+    )

@@ -1,0 +1,110 @@
+"""Named sandbox templates, read once from a JSON file, and the choice of one per session.
+
+The file (the Helm chart's ``sandbox.templates``, mounted at
+``CONTROLLER_KUBERNETES_TEMPLATES_FILE``) maps names to Kubernetes-style fields::
+
+    {"large": {"image": "...", "resources": {"requests": {...}, "limits": {...}},
+               "runtimeClassName": "gvisor", "nodeSelector": {...}, "tolerations": [...],
+               "imagePullSecrets": ["regcred"], "activeDeadlineSeconds": 86400,
+               "workspacePersistence": {"enabled": true, "size": "20Gi", "storageClassName": "fast"},
+               "codexSandbox": false, "agentIds": ["agent_123"]}}
+
+A session names its template with the metadata key ``sandbox_template``; otherwise the
+first template listing its agent id applies; otherwise ``default`` (which the file may
+override). Unknown names fall back to ``default`` rather than refusing to start compute.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from controller.errors import ConfigError
+from controller.model import Session
+from controller.runners.manifests import SandboxTemplate
+
+METADATA_KEY = "sandbox_template"
+_FIELDS = {
+    "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
+    "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
+}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Templates:
+    by_name: dict[str, SandboxTemplate]
+    by_agent: dict[str, str]
+
+    def choose(self, session: Session) -> str:
+        named = session.metadata.get(METADATA_KEY)
+        if named and named in self.by_name:
+            return named
+        if session.agent_id and session.agent_id in self.by_agent:
+            return self.by_agent[session.agent_id]
+        return "default"
+
+    def get(self, name: str | None) -> SandboxTemplate:
+        return self.by_name.get(name or "default", self.by_name["default"])
+
+
+def load(path: str | None, base: SandboxTemplate) -> Templates:
+    """Templates from ``path`` (or only ``base`` as ``default``); every problem reported together."""
+    if not path:
+        return Templates({"default": base}, {})
+    try:
+        raw = json.loads(Path(path).read_text(encoding="utf-8") or "{}")
+    except (OSError, ValueError) as exc:
+        raise ConfigError([f"CONTROLLER_KUBERNETES_TEMPLATES_FILE: cannot read JSON from {path}: {exc}"]) from exc
+    return parse(raw, base)
+
+
+def parse(raw: Any, base: SandboxTemplate) -> Templates:
+    problems: list[str] = []
+    if not isinstance(raw, dict):
+        raise ConfigError(["sandbox templates must be a JSON object of name → template"])
+    by_name = {"default": base}
+    by_agent: dict[str, str] = {}
+    for name, fields in raw.items():
+        if not isinstance(fields, dict):
+            problems.append(f"template {name!r} must be an object")
+            continue
+        unknown = sorted(set(fields) - _FIELDS)
+        if unknown:
+            problems.append(f"template {name!r} has unknown fields: {', '.join(unknown)}")
+        try:
+            by_name[name] = _template(name, fields, base)
+        except (TypeError, ValueError) as exc:
+            problems.append(f"template {name!r}: {exc}")
+        for agent in fields.get("agentIds") or ():
+            by_agent.setdefault(str(agent), name)
+    if problems:
+        raise ConfigError(problems)
+    return Templates(by_name, by_agent)
+
+
+def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> SandboxTemplate:
+    persistence = fields.get("workspacePersistence") or {}
+    if not isinstance(persistence, dict):
+        raise ValueError("workspacePersistence must be an object")
+    resources = fields.get("resources", base.resources)
+    if not isinstance(resources, dict):
+        raise ValueError("resources must be an object")
+    deadline = fields.get("activeDeadlineSeconds", base.active_deadline_seconds)
+    return replace(
+        base,
+        name=name,
+        image=str(fields.get("image", base.image)),
+        image_pull_policy=fields.get("imagePullPolicy", base.image_pull_policy),
+        resources={str(k): {str(r): str(v) for r, v in dict(q).items()} for k, q in resources.items()},
+        runtime_class_name=fields.get("runtimeClassName", base.runtime_class_name) or None,
+        node_selector=dict(fields.get("nodeSelector", base.node_selector)),
+        tolerations=tuple(dict(t) for t in fields.get("tolerations", base.tolerations)),
+        image_pull_secrets=tuple(str(s) for s in fields.get("imagePullSecrets", base.image_pull_secrets)),
+        active_deadline_seconds=int(deadline) if deadline else None,
+        persist_workspace=bool(persistence.get("enabled", base.persist_workspace)),
+        workspace_size=str(persistence.get("size", base.workspace_size)),
+        storage_class_name=persistence.get("storageClassName", base.storage_class_name),
+        codex_sandbox=bool(fields.get("codexSandbox", base.codex_sandbox)),
+    )

@@ -1,0 +1,251 @@
+{{/*
+Expand the name of the chart.
+*/}}
+{{- define "sandbox-controller.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create a default fully qualified app name (63 characters at most, the DNS label limit).
+If the release name contains the chart name it is used as the full name.
+*/}}
+{{- define "sandbox-controller.fullname" -}}
+{{- if .Values.fullnameOverride }}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- $name := default .Chart.Name .Values.nameOverride }}
+{{- if contains $name .Release.Name }}
+{{- .Release.Name | trunc 63 | trimSuffix "-" }}
+{{- else }}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+A component's name: fullname plus a suffix, still at most 63 characters.
+*/}}
+{{- define "sandbox-controller.componentName" -}}
+{{- $full := include "sandbox-controller.fullname" .root }}
+{{- printf "%s-%s" ($full | trunc (int (sub 62 (len .component)))) .component | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Create chart name and version as used by the chart label.
+*/}}
+{{- define "sandbox-controller.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Common labels
+*/}}
+{{- define "sandbox-controller.labels" -}}
+helm.sh/chart: {{ include "sandbox-controller.chart" . }}
+{{ include "sandbox-controller.selectorLabels" . }}
+{{- if .Chart.AppVersion }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+{{- end }}
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/part-of: sandbox-controller
+{{- with .Values.commonLabels }}
+{{ toYaml . }}
+{{- end }}
+{{- end }}
+
+{{/*
+Selector labels
+*/}}
+{{- define "sandbox-controller.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "sandbox-controller.name" . }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end }}
+
+{{/*
+Labels and selector labels of one component: (dict "root" $ "component" "worker")
+*/}}
+{{- define "sandbox-controller.componentLabels" -}}
+{{ include "sandbox-controller.labels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{- define "sandbox-controller.componentSelectorLabels" -}}
+{{ include "sandbox-controller.selectorLabels" .root }}
+app.kubernetes.io/component: {{ .component }}
+{{- end }}
+
+{{/*
+Create the name of the service account to use
+*/}}
+{{- define "sandbox-controller.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create }}
+{{- default (include "sandbox-controller.fullname" .) .Values.serviceAccount.name }}
+{{- else }}
+{{- default "default" .Values.serviceAccount.name }}
+{{- end }}
+{{- end }}
+
+{{/*
+The controller image.
+*/}}
+{{- define "sandbox-controller.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default .Chart.AppVersion .Values.image.tag) }}
+{{- end }}
+
+{{/*
+The namespace sandbox pods run in.
+*/}}
+{{- define "sandbox-controller.sandboxNamespace" -}}
+{{- .Values.sandbox.namespace.name | default (printf "%s-sandboxes" (default "default" .Release.Namespace)) | trunc 63 | trimSuffix "-" }}
+{{- end }}
+
+{{/*
+Secret names and keys: chart-made or existing.
+*/}}
+{{- define "sandbox-controller.webhookSecretName" -}}
+{{- .Values.webhook.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "webhook")) }}
+{{- end }}
+
+{{- define "sandbox-controller.apiKeySecretName" -}}
+{{- .Values.apiKey.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "api-key")) }}
+{{- end }}
+
+{{- define "sandbox-controller.redisSecretName" -}}
+{{- .Values.redis.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "redis-url")) }}
+{{- end }}
+
+{{- define "sandbox-controller.redisName" -}}
+{{- include "sandbox-controller.componentName" (dict "root" . "component" "redis") }}
+{{- end }}
+
+{{- define "sandbox-controller.executorKeySecretName" -}}
+{{- .Values.sandbox.executorKey.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "executor-key")) }}
+{{- end }}
+
+{{- define "sandbox-controller.templatesConfigMapName" -}}
+{{- include "sandbox-controller.componentName" (dict "root" . "component" "sandbox-templates") }}
+{{- end }}
+
+{{/*
+Where the mounted files live inside the controller's containers.
+*/}}
+{{- define "sandbox-controller.webhookSecretsPath" -}}/var/run/secrets/sandbox-controller/webhook/secrets{{- end }}
+{{- define "sandbox-controller.apiKeyPath" -}}/var/run/secrets/sandbox-controller/api/key{{- end }}
+{{- define "sandbox-controller.templatesPath" -}}/etc/sandbox-controller/templates/templates.json{{- end }}
+
+{{/*
+Impossible combinations fail the render with a message that says what to set.
+*/}}
+{{- define "sandbox-controller.validate" -}}
+{{- if and (not .Values.redis.enabled) (not .Values.redis.url) (not .Values.redis.existingSecret) }}
+{{- fail "redis: the bundled Redis is disabled (redis.enabled=false): set redis.url or redis.existingSecret" }}
+{{- end }}
+{{- if and .Values.redis.enabled (or .Values.redis.url .Values.redis.existingSecret) }}
+{{- fail "redis: set either redis.enabled=true (bundled) or redis.url/redis.existingSecret (external), not both" }}
+{{- end }}
+{{- if and .Values.redis.url .Values.redis.existingSecret }}
+{{- fail "redis: set redis.url or redis.existingSecret, not both" }}
+{{- end }}
+{{- if and (not .Values.webhook.signingSecrets) (not .Values.webhook.existingSecret) }}
+{{- fail "webhook: no signing secret: set webhook.signingSecrets (from `POST /v1/webhook_endpoints`) or webhook.existingSecret" }}
+{{- end }}
+{{- if and .Values.webhook.signingSecrets .Values.webhook.existingSecret }}
+{{- fail "webhook: set webhook.signingSecrets or webhook.existingSecret, not both" }}
+{{- end }}
+{{- if and (not .Values.apiKey.value) (not .Values.apiKey.existingSecret) }}
+{{- fail "apiKey: the worker reads sessions with an API key: set apiKey.value or apiKey.existingSecret" }}
+{{- end }}
+{{- if and .Values.apiKey.value .Values.apiKey.existingSecret }}
+{{- fail "apiKey: set apiKey.value or apiKey.existingSecret, not both" }}
+{{- end }}
+{{- if and (not .Values.sandbox.executorKey.value) (not .Values.sandbox.executorKey.existingSecret) }}
+{{- fail "sandbox.executorKey: set sandbox.executorKey.value or sandbox.executorKey.existingSecret (a Secret in the sandbox namespace with key executor-key)" }}
+{{- end }}
+{{- if and .Values.sandbox.executorKey.value .Values.sandbox.executorKey.existingSecret }}
+{{- fail "sandbox.executorKey: set sandbox.executorKey.value or sandbox.executorKey.existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.apiKey.value (eq .Values.apiKey.value .Values.sandbox.executorKey.value) }}
+{{- fail "sandbox.executorKey must be a separate, restricted key, not the controller's apiKey (L2)" }}
+{{- end }}
+{{- if eq (include "sandbox-controller.sandboxNamespace" .) .Release.Namespace }}
+{{- fail "sandbox.namespace.name must differ from the release namespace: sandboxes get their own namespace (Pod Security restricted, NetworkPolicy, no controller secrets)" }}
+{{- end }}
+{{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
+{{- fail "ingress.enabled=true needs at least one entry in ingress.hosts" }}
+{{- end }}
+{{- range .Values.sandbox.networkPolicy.egress.to }}
+{{- if and $.Values.sandbox.networkPolicy.egress.blockMetadata (eq .cidr "0.0.0.0/0") (not (has "169.254.169.254/32" (default list .except))) }}
+{{- fail "sandbox.networkPolicy.egress.to: an entry 0.0.0.0/0 must except 169.254.169.254/32 (cloud metadata) while blockMetadata is true" }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Pod-level and container-level security contexts of the controller's own pods.
+*/}}
+{{- define "sandbox-controller.podSecurityContext" -}}
+{{ toYaml .Values.podSecurityContext }}
+{{- end }}
+
+{{- define "sandbox-controller.containerSecurityContext" -}}
+{{ toYaml .Values.securityContext }}
+{{- end }}
+
+{{/*
+The checksum of everything the controller reads at start-up: a change rolls its pods.
+*/}}
+{{- define "sandbox-controller.configChecksum" -}}
+{{- $files := list "configmap.yaml" "secrets.yaml" "sandbox-templates.yaml" }}
+{{- $sum := "" }}
+{{- range $files }}
+{{- $sum = print $sum (include (print $.Template.BasePath "/" .) $) }}
+{{- end }}
+{{- $sum | sha256sum }}
+{{- end }}
+
+{{/*
+Environment shared by receiver, worker and scheduler: the ConfigMap plus the Redis URL Secret.
+*/}}
+{{- define "sandbox-controller.commonEnv" -}}
+- name: CONTROLLER_REDIS_URL
+  valueFrom:
+    secretKeyRef:
+      name: {{ include "sandbox-controller.redisSecretName" . }}
+      key: {{ .Values.redis.existingSecretKey }}
+{{- end }}
+
+{{/*
+Volumes and mounts: a writable /tmp (the root filesystem is read-only) and the sandbox templates.
+*/}}
+{{- define "sandbox-controller.commonVolumes" -}}
+- name: tmp
+  emptyDir:
+    sizeLimit: {{ .Values.tmpSizeLimit }}
+- name: sandbox-templates
+  configMap:
+    name: {{ include "sandbox-controller.templatesConfigMapName" . }}
+{{- end }}
+
+{{- define "sandbox-controller.commonVolumeMounts" -}}
+- name: tmp
+  mountPath: /tmp
+- name: sandbox-templates
+  mountPath: {{ include "sandbox-controller.templatesPath" . | dir }}
+  readOnly: true
+{{- end }}
+
+{{- define "sandbox-controller.apiKeyVolume" -}}
+- name: api-key
+  secret:
+    secretName: {{ include "sandbox-controller.apiKeySecretName" . }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.apiKey.existingSecretKey }}
+        path: {{ include "sandbox-controller.apiKeyPath" . | base }}
+{{- end }}
+
+{{- define "sandbox-controller.apiKeyMount" -}}
+- name: api-key
+  mountPath: {{ include "sandbox-controller.apiKeyPath" . | dir }}
+  readOnly: true
+{{- end }}

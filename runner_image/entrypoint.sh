@@ -1,0 +1,145 @@
+#!/usr/bin/env bash
+# Sandbox runner entrypoint: start the Codex executor so that it dials out to the Agents API (L8).
+#
+#   codex exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"
+#   (CODEX_API_KEY in the environment; it is never printed)
+#
+# Why a wrapper: `codex exec-server` exits 1 on ANY registration failure and does not retry.
+# Left to the kubelet, a couple of transient failures push the pod into CrashLoopBackOff, whose
+# delay grows to minutes: longer than the API's 5-minute connection window. So exit status 1 is
+# retried here, with jittered exponential backoff (RETRY_INITIAL_SECONDS doubling up to
+# RETRY_MAX_SECONDS). Other statuses end the container with that status (2 = usage error).
+#
+# SIGTERM/SIGINT: forwarded to the executor (as SIGTERM; the npm wrapper passes it on), waited
+# for, then exit 0 -- also when the signal arrives during a backoff sleep.
+#
+# Environment:
+#   REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY   required (exit 64 naming what is missing)
+#   CODEX_BIN                 executor binary (default: codex)
+#   RETRY_INITIAL_SECONDS     first backoff delay (default 1)
+#   RETRY_MAX_SECONDS         backoff cap (default 30)
+#   RETRY_MAX_ATTEMPTS        give up after this many failed runs, 0 = never (default 0)
+#   RETRY_RESET_SECONDS       a run that lasted this long resets the backoff (default 60)
+set -u
+
+readonly EX_USAGE=64
+stopping=0
+child=
+
+on_signal() {
+  stopping=1
+  if [ -n "$child" ]; then
+    kill -TERM "$child" 2>/dev/null
+  fi
+}
+trap on_signal TERM INT
+
+log() { printf 'runner-entrypoint: %s\n' "$*" >&2; }
+
+missing=()
+for name in REMOTE_URL ENVIRONMENT_ID CODEX_API_KEY; do
+  if [ -z "${!name:-}" ]; then
+    missing+=("$name")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "missing required environment variable(s): ${missing[*]}"
+  exit "$EX_USAGE"
+fi
+
+# Seconds ("1", "0.25") to whole milliseconds, in plain bash (no awk/bc in slim images).
+to_ms() {
+  local value=$1 whole frac
+  if ! [[ $value =~ ^[0-9]+([.][0-9]+)?$ ]]; then
+    return 1
+  fi
+  whole=${value%%.*}
+  frac=
+  [[ $value == *.* ]] && frac=${value#*.}
+  frac=${frac}000
+  printf '%d' "$((10#$whole * 1000 + 10#${frac:0:3}))"
+}
+
+setting_ms() {
+  local name=$1 default=$2 ms
+  if ! ms=$(to_ms "${!name:-$default}"); then
+    log "$name must be a number of seconds, got '${!name}'"
+    exit "$EX_USAGE"
+  fi
+  printf '%d' "$ms"
+}
+
+initial_ms=$(setting_ms RETRY_INITIAL_SECONDS 1) || exit "$EX_USAGE"
+max_ms=$(setting_ms RETRY_MAX_SECONDS 30) || exit "$EX_USAGE"
+reset_ms=$(setting_ms RETRY_RESET_SECONDS 60) || exit "$EX_USAGE"
+max_attempts=${RETRY_MAX_ATTEMPTS:-0}
+if ! [[ $max_attempts =~ ^[0-9]+$ ]]; then
+  log "RETRY_MAX_ATTEMPTS must be a whole number, got '$max_attempts'"
+  exit "$EX_USAGE"
+fi
+[ "$initial_ms" -ge 1 ] || initial_ms=1
+[ "$max_ms" -ge "$initial_ms" ] || max_ms=$initial_ms
+
+codex=${CODEX_BIN:-codex}
+
+now_ms() {
+  local t
+  t=$(date +%s%N)
+  printf '%d' "$((t / 1000000))"
+}
+
+# Run one process in the background and wait for it; a trapped signal interrupts `wait`, so wait
+# again until the process is really gone. Sets $status.
+run_and_wait() {
+  "$@" &
+  child=$!
+  if [ "$stopping" = 1 ]; then  # a signal that came between the fork and `child=`
+    kill -TERM "$child" 2>/dev/null
+  fi
+  while :; do
+    wait "$child"
+    status=$?
+    if ! kill -0 "$child" 2>/dev/null; then
+      break
+    fi
+  done
+  child=
+}
+
+delay_ms=$initial_ms
+failures=0
+while :; do
+  if [ "$stopping" = 1 ]; then
+    log "stopped by signal before the executor started"
+    exit 0
+  fi
+  started=$(now_ms)
+  run_and_wait "$codex" exec-server --remote "$REMOTE_URL" --environment-id "$ENVIRONMENT_ID"
+  if [ "$stopping" = 1 ]; then
+    log "stopped by signal; executor exited with status $status"
+    exit 0
+  fi
+  if [ "$status" -ne 1 ]; then
+    log "executor exited with status $status"
+    exit "$status"
+  fi
+  failures=$((failures + 1))
+  if [ "$max_attempts" -gt 0 ] && [ "$failures" -ge "$max_attempts" ]; then
+    log "executor exited with status 1 (registration failed) $failures time(s); giving up"
+    exit 1
+  fi
+  if [ $(( $(now_ms) - started )) -ge "$reset_ms" ]; then
+    delay_ms=$initial_ms  # it ran for a while: this is a new failure, not the same one again
+  fi
+  # Equal jitter: half the delay fixed, the other half random.
+  sleep_ms=$((delay_ms / 2 + (RANDOM * 32768 + RANDOM) % (delay_ms / 2 + 1)))
+  sleep_s=$(printf '%d.%03d' "$((sleep_ms / 1000))" "$((sleep_ms % 1000))")
+  log "executor exited with status 1 (registration failed); retry $failures in ${sleep_s}s"
+  run_and_wait sleep "$sleep_s"
+  if [ "$stopping" = 1 ]; then
+    log "stopped by signal during backoff"
+    exit 0
+  fi
+  delay_ms=$((delay_ms * 2))
+  [ "$delay_ms" -le "$max_ms" ] || delay_ms=$max_ms
+done

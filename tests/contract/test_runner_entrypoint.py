@@ -1,0 +1,217 @@
+"""The sandbox image's entrypoint (``runner_image/entrypoint.sh``) run directly, with the real
+npm-installed ``codex exec-server``, against the simulator on loopback.
+
+No container engine runs here, so the entrypoint is what can be proven: it retries registration
+failures itself (no crash loop), stops cleanly on SIGTERM, and refuses to start without its
+environment, never printing the key.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.support.codex import codex_binary
+from tests.support.processes import wait_for
+from tests.support.simulator import SimulatorProcess
+
+pytestmark = pytest.mark.timeout(90)
+
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "runner_image" / "entrypoint.sh"
+SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
+FAST_RETRIES = {"RETRY_INITIAL_SECONDS": "0.2", "RETRY_MAX_SECONDS": "1"}
+
+StartSimulator = Callable[..., SimulatorProcess]
+
+
+class Entrypoint:
+    """One run of the entrypoint in its own process group, output captured to a file."""
+
+    def __init__(self, env: dict[str, str], log_path: Path) -> None:
+        self.log_path = log_path
+        with open(log_path, "ab") as log:
+            self.process = subprocess.Popen(
+                ["bash", str(ENTRYPOINT)],
+                env=env,
+                stdin=subprocess.DEVNULL,  # a pod's default; the executor must not exit on it
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+
+    def output(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def kill_group(self) -> None:
+        if self.process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.process.pid, signal.SIGKILL)  # codex's native child, if left behind
+
+
+@pytest.fixture
+def start_simulator(tmp_path: Path) -> Iterator[StartSimulator]:
+    started: list[SimulatorProcess] = []
+
+    def start(**kwargs: Any) -> SimulatorProcess:
+        simulator = SimulatorProcess(tmp_path / "logs", **kwargs)
+        started.append(simulator)
+        return simulator.start()
+
+    yield start
+    for simulator in started:
+        simulator.stop()
+
+
+@pytest.fixture
+def run_entrypoint(tmp_path: Path) -> Iterator[Callable[..., Entrypoint]]:
+    """Start entrypoint runs; every one (and its process group) is gone at the end of the test."""
+    runs: list[Entrypoint] = []
+
+    def run(**env: str) -> Entrypoint:
+        home = tmp_path / "home"
+        (home / ".codex").mkdir(parents=True, exist_ok=True)
+        base = {k: v for k, v in os.environ.items() if k in ("PATH", "LANG", "SSL_CERT_FILE")}
+        base.update({"HOME": str(home), "CODEX_HOME": str(home / ".codex")})
+        entry = Entrypoint({**base, **env}, tmp_path / f"entrypoint-{len(runs)}.log")
+        runs.append(entry)
+        return entry
+
+    yield run
+    for entry in runs:
+        entry.kill_group()
+
+
+def _session(sim: SimulatorProcess) -> tuple[str, str]:
+    session = sim.openai().beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
+    return session.environment.remote_url, session.environment.id
+
+
+def test_registration_failures_are_retried_in_place(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint]
+) -> None:
+    """L8: two failed registrations (503), then success: connected within seconds, no crash loop."""
+    binary = codex_binary()
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    sim.admin("POST", "/admin/faults", {"target": "register", "status": 503, "count": 2})
+
+    started = time.monotonic()
+    entry = run_entrypoint(
+        CODEX_BIN=binary,
+        REMOTE_URL=remote_url,
+        ENVIRONMENT_ID=env_id,
+        CODEX_API_KEY=sim.environment_key,
+        **FAST_RETRIES,
+    )
+    wait_for(
+        lambda: [r["status_code"] for r in sim.registrations(env_id)] == [503, 503, 200],
+        20,
+        "two failed registrations, then one that succeeds",
+    )
+    wait_for(lambda: sim.environment_status(env_id) == "connected", 15, "the environment to be connected")
+    assert time.monotonic() - started < 20
+    assert entry.process.poll() is None, entry.output()
+
+    time.sleep(1.5)  # still one executor, connected, no further registrations
+    assert entry.process.poll() is None
+    assert [r["status_code"] for r in sim.registrations(env_id)] == [503, 503, 200]
+    assert sim.environment_status(env_id) == "connected"
+
+    output = entry.output()
+    assert output.count("registration failed") == 2
+    assert sim.environment_key not in output
+
+
+def test_sigterm_stops_the_executor_and_exits_0(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint]
+) -> None:
+    """L8: SIGTERM (pod deletion) reaches the connected executor; the entrypoint exits 0 promptly."""
+    binary = codex_binary()
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    entry = run_entrypoint(
+        CODEX_BIN=binary, REMOTE_URL=remote_url, ENVIRONMENT_ID=env_id, CODEX_API_KEY=sim.environment_key
+    )
+    wait_for(lambda: sim.environment_status(env_id) == "connected", 15, "the environment to be connected")
+
+    started = time.monotonic()
+    entry.process.send_signal(signal.SIGTERM)
+    assert entry.process.wait(timeout=10) == 0
+    assert time.monotonic() - started < 5
+    wait_for(lambda: sim.environment_status(env_id) == "disconnected", 10, "the environment to be disconnected")
+    with pytest.raises(ProcessLookupError):
+        os.killpg(entry.process.pid, 0)  # nothing of the group is left running
+    assert sim.environment_key not in entry.output()
+
+
+def test_sigterm_during_backoff_exits_0(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint]
+) -> None:
+    """L8: a SIGTERM that arrives while waiting to retry a failed registration ends it at once, status 0."""
+    binary = codex_binary()
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    sim.admin("POST", "/admin/faults", {"target": "register", "status": 503, "count": 5})
+    entry = run_entrypoint(
+        CODEX_BIN=binary,
+        REMOTE_URL=remote_url,
+        ENVIRONMENT_ID=env_id,
+        CODEX_API_KEY=sim.environment_key,
+        RETRY_INITIAL_SECONDS="30",
+        RETRY_MAX_SECONDS="30",
+    )
+    wait_for(lambda: "registration failed" in entry.output(), 20, "the first failure and its backoff")
+
+    started = time.monotonic()
+    entry.process.send_signal(signal.SIGTERM)
+    assert entry.process.wait(timeout=10) == 0
+    assert time.monotonic() - started < 5
+    assert len(sim.registrations(env_id)) == 1
+
+
+def test_usage_errors_are_not_retried(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint]
+) -> None:
+    """L8: a usage error (status 2) is not a registration failure: the entrypoint exits with it."""
+    binary = codex_binary()
+    sim = start_simulator()
+    entry = run_entrypoint(
+        CODEX_BIN=binary,
+        REMOTE_URL=sim.base_url,
+        ENVIRONMENT_ID="--not-an-id",  # taken as an unknown flag by the executor's parser
+        CODEX_API_KEY=sim.environment_key,
+        **FAST_RETRIES,
+    )
+    assert entry.process.wait(timeout=20) == 2, entry.output()
+    assert "registration failed" not in entry.output()
+
+
+@pytest.mark.parametrize("missing", ["REMOTE_URL", "ENVIRONMENT_ID", "CODEX_API_KEY"])
+def test_missing_environment_is_named_and_the_key_never_printed(
+    missing: str, run_entrypoint: Callable[..., Entrypoint]
+) -> None:
+    """L2: without its environment the entrypoint exits 64 naming the variable, never printing the key."""
+    key = "envkey-must-not-appear-0123456789"
+    env = {
+        "CODEX_BIN": "/bin/false",
+        "REMOTE_URL": "http://127.0.0.1:9",
+        "ENVIRONMENT_ID": "env_123",
+        "CODEX_API_KEY": key,
+    }
+    del env[missing]
+    entry = run_entrypoint(**env)
+    assert entry.process.wait(timeout=10) == 64
+    output = entry.output()
+    assert missing in output
+    assert key not in output
