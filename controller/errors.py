@@ -12,7 +12,7 @@
     ├── Permanent            give up on this job, log it; retrying will not help
     │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
     │   └── RunnerRejected   the runner backend refused the spec (bad config)
-    └── Fenced               a stale decision: another worker holds the session; drop quietly
+    └── Fenced               a stale decision (the lease was lost): drop it, look again later
 
 Third-party exceptions are translated once, in the adapter that sees them, with
 ``raise ... from exc``. Messages carry ids, never secrets.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import tenacity
@@ -102,12 +103,19 @@ class HttpSessions:
         self._client.close()
 
     def get(self, session_id: str) -> Session | None:
-        data = self._get_json(f"/v1/agents/sessions/{session_id}", what=f"session {session_id}")
-        return None if data is None else parse_session(data)
+        data = self._get_json(f"/v1/agents/sessions/{quote(session_id, safe='')}", what=f"session {session_id}")
+        if data is None:
+            return None
+        try:
+            return parse_session(data)
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:
+            raise ApiUnavailable(f"Agents API sent a session body the controller cannot read ({session_id})") from exc
 
     def environment_connected(self, environment_id: str) -> bool | None:
         try:
-            data = self._get_json(f"/v1/agents/environments/{environment_id}", what=f"environment {environment_id}")
+            data = self._get_json(
+                f"/v1/agents/environments/{quote(environment_id, safe='')}", what=f"environment {environment_id}"
+            )
         except (ApiUnavailable, ApiRejected):
             return None
         if data is None:

@@ -100,8 +100,11 @@ def _register(app: Celery, settings: Settings) -> None:
             try:
                 result = lifecycle.work(session_id, _worker_deps(settings))
             except Fenced as exc:
-                log.info("stale decision dropped", extra={"reason": str(exc)})
-                return
+                # Our decision is stale and was not acted on; the work itself is still owed
+                # (the lease may simply have expired). A retry finds it done, busy, or to do.
+                delay = 0.5 + random.uniform(0, 0.5)
+                log.info("stale decision dropped; looking again", extra={"reason": str(exc)})
+                raise self.retry(countdown=delay, max_retries=None) from exc
             except Permanent as exc:
                 log.error("giving up on session", extra={"reason": str(exc), "error_type": type(exc).__name__})
                 return

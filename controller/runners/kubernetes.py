@@ -14,6 +14,7 @@ Kubernetes API errors are translated here, once: 404/409/410 are idempotency sig
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
@@ -42,6 +43,8 @@ def _translated(verb: str, resource: str) -> Iterator[None]:
     try:
         yield
     except ApiException as exc:
+        if exc.status == 403 and not _is_rbac_denial(exc):
+            raise RunnerRejected(f"Kubernetes admission refused to {verb} {resource}: {_message(exc)}") from exc
         if exc.status in (401, 403):
             raise RunnerRejected(
                 f"Kubernetes refused to {verb} {resource} (HTTP {exc.status}): grant the controller's "
@@ -54,6 +57,20 @@ def _translated(verb: str, resource: str) -> Iterator[None]:
         raise
     except (Urllib3Error, OSError) as exc:
         raise KubernetesUnavailable(f"cannot reach Kubernetes to {verb} {resource}", retry_after=2) from exc
+
+
+def _message(exc: ApiException) -> str:
+    """The API server's own explanation (a Status object's message), else the reason."""
+    try:
+        body = json.loads(exc.body or "{}")
+    except (TypeError, ValueError):
+        body = {}
+    return str(body.get("message") or exc.reason or "")[:500]
+
+
+def _is_rbac_denial(exc: ApiException) -> bool:
+    """RBAC says '... is forbidden: User "…" cannot <verb> resource …'; admission says otherwise."""
+    return "cannot " in _message(exc)
 
 
 def _retrying(call: Callable[[], T]) -> T:

@@ -1,0 +1,256 @@
+"""``LocalRunner`` with a tiny stand-in executor: real child processes, real locks."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.errors import RunnerRejected
+from controller.model import Handle, Health, SandboxSpec
+from controller.runners.local import LocalRunner, session_key
+from tests.support.processes import wait_for
+
+EXECUTOR_KEY = "envkey-restricted-0123456789"
+CONTROLLER_API_KEY = "sk-controller-must-not-leak-42"
+
+# Ignores its arguments, leaves its pid in a directory (so clean-up finds every process ever
+# started), reports its environment's *names* and its cwd, then waits.
+FAKE_EXECUTOR = """
+import os, sys, time
+open(os.path.join({pids!r}, str(os.getpid())), "w").close()
+print("cwd=" + os.getcwd(), flush=True)
+print("argv=" + " ".join(sys.argv[1:]), flush=True)
+print("names=" + ",".join(sorted(os.environ)), flush=True)
+print("key_is_executor_key=" + str(os.environ.get("CODEX_API_KEY") == {key!r}), flush=True)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def script(tmp_path: Path) -> Path:
+    path = tmp_path / "fake_executor.py"
+    (tmp_path / "pids").mkdir()
+    path.write_text(FAKE_EXECUTOR.format(key=EXECUTOR_KEY, pids=str(tmp_path / "pids")))
+    return path
+
+
+def running(pid: int, script: Path) -> bool:
+    """The fake executor ``pid`` is still running (not gone, not a zombie)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX" and str(script).encode() in cmdline
+
+
+class Runners:
+    """Every LocalRunner a test makes; all their processes are stopped and reaped at the end."""
+
+    def __init__(self, state: Path, script: Path) -> None:
+        self.state, self.script = state, script
+        self.pids_dir = script.parent / "pids"
+        self.made: list[LocalRunner] = []
+
+    def started(self) -> list[int]:
+        """Every fake executor process started so far (live or not)."""
+        return sorted(int(p.name) for p in self.pids_dir.iterdir())
+
+    def new(self, command: list[str] | None = None) -> LocalRunner:
+        runner = LocalRunner(self.state, command or [sys.executable, str(self.script)], EXECUTOR_KEY)
+        self.made.append(runner)
+        return runner
+
+    def cleanup(self) -> None:
+        """Stop every executor through the runners, then kill any the runners lost track of (a leak)."""
+        try:
+            for runner in self.made:
+                runner.stop_all()
+        finally:
+            leaked = [pid for pid in self.started() if running(pid, self.script)]
+            for pid in leaked:
+                os.kill(pid, signal.SIGKILL)
+        wait_for(lambda: all(not r.live() for r in self.made), 10, "every executor to stop", interval=0.05)
+        for runner in self.made:
+            runner.live()  # reaps its children
+        assert not leaked, f"executor processes left running after stop_all: {leaked}"
+
+
+@pytest.fixture
+def runners(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Runners]:
+    monkeypatch.setenv("CONTROLLER_API_KEY", CONTROLLER_API_KEY)
+    monkeypatch.setenv("CONTROLLER_REDIS_URL", "redis://:pw@localhost/0")
+    made = Runners(tmp_path / "state", script)
+    try:
+        yield made
+    finally:
+        made.cleanup()
+
+
+def spec(session_id: str = "sess_1", environment_id: str = "env_1") -> SandboxSpec:
+    return SandboxSpec(
+        session_id=session_id, environment_id=environment_id, remote_url="https://remote.test/env"
+    )
+
+
+def pid_of(handle: Handle) -> int:
+    return int(handle.uid.partition(":")[0])
+
+
+def log_of(runners: Runners, session_id: str = "sess_1") -> str:
+    return (runners.state / "sessions" / session_key(session_id) / "executor.log").read_text()
+
+
+def wait_ready(runners: Runners, session_id: str = "sess_1") -> str:
+    wait_for(lambda: "ready" in log_of(runners, session_id), 10, "the fake executor to start", interval=0.02)
+    return log_of(runners, session_id)
+
+
+def test_ensure_twice_starts_one_process(runners: Runners) -> None:
+    """L1: ensure is idempotent: the second call returns the live sandbox."""
+    runner = runners.new()
+    first = runner.ensure(spec(), 1)
+    second = runner.ensure(spec(), 1)
+    assert first == second
+    assert runner.live() == [first]
+    assert first.generation == 1 and first.session_id == "sess_1"
+    wait_ready(runners)
+    assert log_of(runners).count("ready") == 1
+    assert runners.started() == [pid_of(first)]
+
+
+def test_concurrent_ensure_from_threads_and_runners_starts_one_process(runners: Runners) -> None:
+    """L1: two workers (threads, separate runner instances) ensuring one session start one process."""
+    shared = runners.new()
+    contenders = [shared, shared, runners.new(), runners.new(), runners.new(), runners.new()]
+    barrier = threading.Barrier(len(contenders))
+    handles: list[Handle] = []
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def ensure(runner: LocalRunner) -> None:
+        barrier.wait()
+        try:
+            handle = runner.ensure(spec(), 1)
+        except BaseException as exc:
+            errors.append(exc)
+            return
+        with lock:
+            handles.append(handle)
+
+    pool = [threading.Thread(target=ensure, args=(r,)) for r in contenders]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=30)
+    assert not errors, errors
+    assert len(handles) == len(contenders) and len(set(handles)) == 1
+    assert shared.live() == [handles[0]]
+    wait_ready(runners)
+    assert log_of(runners).count("ready") == 1
+    assert runners.started() == [pid_of(handles[0])]
+
+
+def test_executor_gets_only_its_own_key_and_no_controller_settings(runners: Runners) -> None:
+    """L2/L8: the child's environment is built from scratch: CODEX_API_KEY is the environment key;
+    no CONTROLLER_* variable and never the controller's API key reach it; it runs in the session's
+    workspace and dials out with the session's environment id."""
+    runner = runners.new()
+    handle = runner.ensure(spec(environment_id="env_42"), 1)
+    output = wait_ready(runners)
+    names = output.split("names=", 1)[1].splitlines()[0].split(",")
+    assert "CODEX_API_KEY" in names
+    assert not [n for n in names if n.startswith("CONTROLLER_")]
+    assert "key_is_executor_key=True" in output
+    assert CONTROLLER_API_KEY not in output and EXECUTOR_KEY not in output
+    assert "argv=exec-server --remote https://remote.test/env --environment-id env_42" in output
+
+    environ = Path(f"/proc/{pid_of(handle)}/environ").read_bytes().split(b"\0")
+    values = {e.partition(b"=")[0].decode(): e.partition(b"=")[2].decode() for e in environ if e}
+    assert values["CODEX_API_KEY"] == EXECUTOR_KEY
+    assert CONTROLLER_API_KEY not in values.values()
+    assert not [k for k in values if k.startswith("CONTROLLER_")]
+
+    workspace = runners.state / "sessions" / session_key("sess_1") / "workspace"
+    assert f"cwd={workspace}" in output
+    assert Path(os.readlink(f"/proc/{pid_of(handle)}/cwd")) == workspace
+
+
+def test_each_session_gets_its_own_process_and_workspace(runners: Runners) -> None:
+    """L1/L16: sessions do not share a process or a workspace."""
+    runner = runners.new()
+    a = runner.ensure(spec("sess_a"), 1)
+    b = runner.ensure(spec("sess_b/../odd id"), 1)
+    assert a.uid != b.uid
+    assert sorted(runner.live(), key=lambda h: h.session_id) == sorted([a, b], key=lambda h: h.session_id)
+    dirs = {p.name for p in (runners.state / "sessions").iterdir()}
+    assert dirs == {session_key("sess_a"), session_key("sess_b/../odd id")}
+
+
+def test_status_running_then_failed_after_kill(runners: Runners) -> None:
+    """L14: a sandbox whose process died is FAILED (to be replaced); an unknown handle is GONE."""
+    runner = runners.new()
+    handle = runner.ensure(spec(), 1)
+    assert runner.status(handle) is Health.RUNNING
+    os.killpg(pid_of(handle), signal.SIGKILL)
+    wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the killed executor to be seen as failed")
+    assert runner.live() == []
+    stranger = Handle(session_id="sess_1", name=handle.name, generation=1, uid="1:1")
+    assert runner.status(stranger) is Health.GONE
+    assert runner.status(Handle(session_id="sess_none", name="x", generation=1, uid="1:1")) is Health.GONE
+
+    replacement = runner.ensure(spec(), 2)  # a dead sandbox is replaced, not reused
+    assert replacement.uid != handle.uid and replacement.generation == 2
+    assert runner.status(replacement) is Health.RUNNING
+    assert runner.status(handle) is Health.GONE
+
+
+def test_killed_process_seen_by_another_runner(runners: Runners) -> None:
+    """L14: a second worker (another runner instance) sees the same health from the state directory."""
+    starter, observer = runners.new(), runners.new()
+    handle = starter.ensure(spec(), 1)
+    assert observer.status(handle) is Health.RUNNING
+    assert observer.list_managed() == [handle]
+    os.killpg(pid_of(handle), signal.SIGKILL)
+    starter.live()  # the parent reaps its child
+    wait_for(lambda: observer.status(handle) is Health.FAILED, 10, "the killed executor to be seen as failed")
+
+
+def test_release_stops_the_process_and_is_idempotent(runners: Runners) -> None:
+    """L17/L18: release stops the sandbox and forgets it; releasing again is fine."""
+    runner = runners.new()
+    handle = runner.ensure(spec(), 1)
+    pid = pid_of(handle)
+    runner.release(handle)
+    assert runner.live() == [] and runner.list_managed() == []
+    assert runner.status(handle) is Health.GONE
+    assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
+    runner.release(handle)
+
+
+def test_release_with_a_stale_handle_does_not_stop_the_newer_sandbox(runners: Runners) -> None:
+    """L12/L18: a release decided about an older sandbox never stops its replacement."""
+    runner = runners.new()
+    old = runner.ensure(spec(), 1)
+    runner.release(old)
+    new = runner.ensure(spec(), 2)
+    assert new.uid != old.uid
+    runner.release(old)  # stale: names the earlier process
+    assert runner.status(new) is Health.RUNNING
+    assert runner.live() == [new]
+
+
+def test_missing_executor_command_is_rejected(runners: Runners, tmp_path: Path) -> None:
+    """A runner that cannot start its executor says so (Permanent), and leaves no sandbox behind."""
+    runner = runners.new([str(tmp_path / "no-such-executor")])
+    with pytest.raises(RunnerRejected) as raised:
+        runner.ensure(spec(), 1)
+    assert EXECUTOR_KEY not in str(raised.value)
+    assert runner.list_managed() == [] and runner.live() == []

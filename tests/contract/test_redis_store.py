@@ -1,0 +1,399 @@
+"""``RedisSessionStore`` and ``RedisInbox`` against a real redis-server on loopback."""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller.inbox import Job, Outcome
+from controller.model import Handle, Record
+from controller.store.base import Busy, Lease
+from controller.store.redis import RedisInbox, RedisSessionStore, connect
+from tests.support.processes import wait_for
+from tests.support.redis_server import RedisServer
+
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    redis_server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield redis_server
+    finally:
+        redis_server.stop()
+
+
+@pytest.fixture
+def client(server: RedisServer) -> Iterator[redis.Redis]:
+    c = connect(server.url, timeout_seconds=2.0)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture
+def sid() -> str:
+    """A fresh session id per test (the server is shared by the module)."""
+    return f"sess_{next(_ids)}_{time.monotonic_ns()}"
+
+
+def store_of(client: redis.Redis, ttl: float = 30.0) -> RedisSessionStore:
+    return RedisSessionStore(client, lease_ttl_seconds=ttl)
+
+
+def a_record(session_id: str, generation: int = 1, started_at: float = 1_700_000_000.25) -> Record:
+    return Record(
+        session_id=session_id,
+        environment_id="env_1",
+        handle=Handle(
+            session_id=session_id, name=f"executor-g{generation}", generation=generation, uid="4242:99"
+        ),
+        started_at=started_at,
+    )
+
+
+def take(store: RedisSessionStore, session_id: str) -> Lease:
+    taken = store.acquire(session_id)
+    assert isinstance(taken, Lease), taken
+    return taken
+
+
+# --- leases, fencing, coalescing ---------------------------------------------------------
+
+
+def test_acquire_returns_none_when_nothing_is_wanted(client: redis.Redis, sid: str) -> None:
+    """L1: no delivery, no work: nothing to lease."""
+    store = store_of(client)
+    assert store.acquire(sid) is None
+    store.want(sid)
+    lease = take(store, sid)
+    assert store.complete(lease) is None
+    assert store.acquire(sid) is None
+
+
+def test_lease_is_exclusive_across_stores(client: redis.Redis, server: RedisServer, sid: str) -> None:
+    """L1: two workers (two stores, two connections) never hold one session at once."""
+    first, second = store_of(client), store_of(connect(server.url))
+    assert first.want(sid) == 1
+    lease = take(first, sid)
+    busy = second.acquire(sid)
+    assert isinstance(busy, Busy)
+    assert 0 < busy.retry_after <= 30.0
+    assert first.complete(lease) is None
+    second.want(sid)
+    assert isinstance(second.acquire(sid), Lease)
+
+
+def test_fencing_tokens_strictly_increase(client: redis.Redis, sid: str) -> None:
+    """L12 fencing: every new lease of a session carries a higher token."""
+    store = store_of(client)
+    tokens = []
+    for _ in range(5):
+        store.want(sid)
+        lease = take(store, sid)
+        tokens.append(lease.token)
+        store.abandon(lease) if len(tokens) % 2 else store.complete(lease)
+    assert tokens == sorted(set(tokens))
+
+
+def test_expired_lease_is_fenced_and_a_new_holder_gets_a_higher_token(client: redis.Redis, sid: str) -> None:
+    """L1/L12 fencing: a lapsed holder can no longer write; the next holder's token is higher."""
+    store = store_of(client, ttl=1)
+    store.want(sid)
+    old = take(store, sid)
+    store.save(old, a_record(sid))
+    assert isinstance(store.acquire(sid), Busy)
+
+    def acquired() -> Lease | None:
+        taken = store.acquire(sid)
+        return taken if isinstance(taken, Lease) else None
+
+    new = wait_for(acquired, timeout=5, what="the lease to expire", interval=0.05)
+    assert isinstance(new, Lease)
+    assert new.token > old.token
+
+    for write in (
+        store.check,
+        lambda lease: store.save(lease, a_record(sid, 2)),
+        store.forget,
+        store.complete,
+    ):
+        with pytest.raises(Fenced):
+            write(old)
+    store.abandon(old)  # a no-op for a stale token: must not release the new holder
+    assert isinstance(store.acquire(sid), Busy)
+    assert store.record(sid) == a_record(sid)  # the stale save and forget changed nothing
+
+    store.check(new)
+    store.save(new, a_record(sid, 2))
+    assert store.complete(new) is None
+
+
+def test_check_extends_the_lease(client: redis.Redis, sid: str) -> None:
+    """L12 fencing: a worker that keeps checking keeps its lease past the TTL."""
+    store = store_of(client, ttl=0.5)
+    store.want(sid)
+    lease = take(store, sid)
+    deadline = time.monotonic() + 1.0
+    while time.monotonic() < deadline:
+        store.check(lease)
+        time.sleep(0.1)
+    store.check(lease)
+    assert store.complete(lease) is None
+
+
+def test_work_wanted_during_a_round_gets_another_round(client: redis.Redis, sid: str) -> None:
+    """L1: deliveries during a held round are coalesced: complete hands back a new round, then None."""
+    store = store_of(client)
+    store.want(sid)
+    lease = take(store, sid)
+    assert lease.wanted == 1
+    store.want(sid)
+    store.want(sid)
+    again = store.complete(lease)
+    assert again == Lease(session_id=sid, token=lease.token, wanted=3)
+    store.check(again)  # still held
+    assert store.complete(again) is None
+    assert store.acquire(sid) is None
+    assert client.get(f"sc:done:{sid}") == "3"
+
+
+def test_abandon_leaves_the_work_owed(client: redis.Redis, sid: str) -> None:
+    """L1: a failed round releases the lease but the work is still wanted."""
+    store = store_of(client)
+    store.want(sid)
+    lease = take(store, sid)
+    store.abandon(lease)
+    retry = take(store, sid)
+    assert retry.wanted == 1 and retry.token > lease.token
+
+
+def test_records_round_trip_and_index(client: redis.Redis, server: RedisServer, sid: str) -> None:
+    """L1: the session→sandbox mapping survives a round trip and is listed for reconciliation."""
+    store = store_of(client)
+    other = f"{sid}_other"
+    assert store.record(sid) is None
+    store.want(sid)
+    lease = take(store, sid)
+    rec = a_record(sid, generation=7, started_at=1_700_000_123.456789)
+    store.save(lease, rec)
+    assert store.record(sid) == rec
+    assert store_of(connect(server.url)).record(sid) == rec  # another process sees the same
+    store.want(other)
+    other_lease = take(store, other)
+    store.save(other_lease, a_record(other))
+    assert {sid, other} <= set(store.session_ids())
+    assert store.session_ids() == sorted(store.session_ids())
+
+    store.save(lease, a_record(sid, generation=8))  # overwrite replaces every field
+    assert store.record(sid) == a_record(sid, generation=8)
+    store.forget(lease)
+    assert store.record(sid) is None
+    assert sid not in store.session_ids() and other in store.session_ids()
+    store.forget(other_lease)
+
+
+def test_concurrent_workers_never_overlap_and_every_want_is_completed(server: RedisServer, sid: str) -> None:
+    """L1: 8 workers racing for one session with deliveries interleaved: one holder at a time, nothing lost."""
+    threads, attempts = 8, 60
+    holders = 0
+    overlaps: list[int] = []
+    rounds = 0
+    lock = threading.Lock()
+    errors: list[BaseException] = []
+    start = threading.Barrier(threads)
+
+    def worker(n: int) -> None:
+        nonlocal holders, rounds
+        store = store_of(connect(server.url, timeout_seconds=5.0), ttl=30)
+        try:
+            start.wait()
+            for i in range(attempts):
+                if (i + n) % 3 == 0:
+                    store.want(sid)
+                taken = store.acquire(sid)
+                lease = taken if isinstance(taken, Lease) else None
+                bump = i % 4 == 0
+                while lease is not None:
+                    with lock:
+                        holders += 1
+                        if holders > 1:
+                            overlaps.append(holders)
+                        rounds += 1
+                    if bump:
+                        bump = False
+                        store.want(sid)  # a delivery during our own round
+                    time.sleep(0.0005)
+                    with lock:
+                        holders -= 1
+                    lease = store.complete(lease)
+        except BaseException as exc:  # reported below
+            errors.append(exc)
+
+    pool = [threading.Thread(target=worker, args=(n,)) for n in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in pool)
+    assert not errors, errors
+    assert overlaps == []
+    # No drain needed: a want that meets a busy session is picked up by the holder's complete.
+    c = connect(server.url)
+    want, done = int(c.get(f"sc:want:{sid}") or 0), int(c.get(f"sc:done:{sid}") or 0)
+    assert want > 0 and done == want
+    assert store_of(c).acquire(sid) is None
+    assert rounds > 0
+    assert c.exists(f"sc:lease:{sid}") == 0
+
+
+# --- the inbox ----------------------------------------------------------------------------------
+
+
+class Publisher:
+    def __init__(self, failures: int = 0, error: Exception | None = None) -> None:
+        self.failures = failures
+        self.error = error or QueueUnavailable("broker refused", retry_after=1)
+        self.published: list[Job] = []
+        self._lock = threading.Lock()
+
+    def __call__(self, job: Job) -> None:
+        with self._lock:
+            if self.failures > 0:
+                self.failures -= 1
+                raise self.error
+            time.sleep(0.01)  # a broker round trip, so concurrent copies overlap
+            self.published.append(job)
+
+
+def job_for(sid: str, webhook_id: str | None = None) -> Job:
+    return Job(
+        session_id=sid, webhook_id=webhook_id or f"msg_{sid}", event_type="agent.session.action_required"
+    )
+
+
+def inbox_of(client: redis.Redis, publish: Publisher, wait_seconds: float = 5.0) -> RedisInbox:
+    return RedisInbox(client, store_of(client), publish, dedup_ttl_seconds=3600, wait_seconds=wait_seconds)
+
+
+@pytest.mark.parametrize(
+    "error", [QueueUnavailable("broker refused", retry_after=1), ConnectionError("socket closed")]
+)
+def test_failed_publish_is_not_remembered_and_the_retry_enqueues(
+    client: redis.Redis, sid: str, error: Exception
+) -> None:
+    """L5: success only after enqueue; a delivery whose enqueue failed is processed on retry."""
+    publish = Publisher(failures=1, error=error)
+    inbox = inbox_of(client, publish)
+    job = job_for(sid)
+    with pytest.raises(Transient) as raised:
+        inbox.submit(job)
+    assert raised.value.retry_after is not None
+    assert client.get(f"sc:seen:{job.webhook_id}") is None
+    assert publish.published == []
+
+    assert inbox.submit(job) is Outcome.ENQUEUED
+    assert publish.published == [job]
+    assert client.get(f"sc:seen:{job.webhook_id}") == "done"
+    assert 0 < client.ttl(f"sc:seen:{job.webhook_id}") <= 3600
+    assert inbox.submit(job) is Outcome.DUPLICATE
+
+
+def test_duplicates_are_acknowledged_and_published_once(client: redis.Redis, sid: str) -> None:
+    """L5: the same webhook-id twice → one job; the session's work is wanted once."""
+    publish = Publisher()
+    inbox = inbox_of(client, publish)
+    job = job_for(sid)
+    assert inbox.submit(job) is Outcome.ENQUEUED
+    assert inbox.submit(job) is Outcome.DUPLICATE
+    assert inbox.submit(job_for(sid, webhook_id=f"msg_{sid}_other")) is Outcome.ENQUEUED
+    assert publish.published == [job, job_for(sid, webhook_id=f"msg_{sid}_other")]
+    assert client.get(f"sc:want:{sid}") == "2"
+
+
+def test_concurrent_copies_of_one_delivery_publish_once(server: RedisServer, sid: str) -> None:
+    """L5/L1: 20 replicas receiving the same webhook-id at once enqueue exactly one job."""
+    publish = Publisher()
+    job = job_for(sid)
+    outcomes: list[Outcome] = []
+    errors: list[BaseException] = []
+    barrier = threading.Barrier(20)
+    lock = threading.Lock()
+
+    def submit() -> None:
+        inbox = inbox_of(connect(server.url), publish)
+        barrier.wait()
+        try:
+            outcome = inbox.submit(job)
+        except BaseException as exc:
+            errors.append(exc)
+            return
+        with lock:
+            outcomes.append(outcome)
+
+    pool = [threading.Thread(target=submit) for _ in range(20)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join(timeout=30)
+    assert not errors, errors
+    assert len(publish.published) == 1
+    assert sorted(outcomes) == sorted([Outcome.ENQUEUED] + [Outcome.DUPLICATE] * 19)
+
+
+def test_a_copy_waiting_on_a_pending_claim_answers_transient_rather_than_2xx(
+    client: redis.Redis, sid: str
+) -> None:
+    """L5: while another replica's enqueue is still pending, a copy must not be acknowledged."""
+    job = job_for(sid)
+    client.set(f"sc:seen:{job.webhook_id}", "pending", px=30_000)  # another replica mid-publish
+    publish = Publisher()
+    with pytest.raises(QueueUnavailable):
+        inbox_of(client, publish, wait_seconds=0.2).submit(job)
+    assert publish.published == []
+
+
+def test_ready_answers_ping(client: redis.Redis) -> None:
+    assert inbox_of(client, Publisher()).ready() is True
+
+
+# Keep last: it stops the module's server (and restarts it for any test ordered after it).
+def test_redis_down_is_store_unavailable(server: RedisServer, sid: str) -> None:
+    """L5: with Redis down every store call and the inbox raise StoreUnavailable (→ 503, sender retries)."""
+    down = connect(server.url, timeout_seconds=0.5)
+    store = store_of(down)
+    publish = Publisher()
+    inbox = RedisInbox(down, store, publish, dedup_ttl_seconds=3600)
+    server.stop()
+    try:
+        lease = Lease(session_id=sid, token=1, wanted=1)
+        calls = [
+            lambda: store.want(sid),
+            lambda: store.acquire(sid),
+            lambda: store.complete(lease),
+            lambda: store.abandon(lease),
+            lambda: store.check(lease),
+            lambda: store.record(sid),
+            lambda: store.save(lease, a_record(sid)),
+            lambda: store.forget(lease),
+            store.session_ids,
+            lambda: inbox.submit(job_for(sid)),
+        ]
+        for call in calls:
+            with pytest.raises(StoreUnavailable) as raised:
+                call()
+            assert raised.value.retry_after is not None
+        assert publish.published == []
+        assert inbox.ready() is False
+    finally:
+        down.close()
+        server.process = None
+        server.start()

@@ -1,0 +1,172 @@
+"""The Kubernetes runner against a real kube-apiserver (RBAC, PodSecurity admission on),
+with the test kubelet running the runner image's entrypoint and the real codex, which
+registers with the simulator."""
+
+from __future__ import annotations
+
+import json
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+
+import pytest
+from kubernetes import client
+
+from controller.errors import RunnerRejected
+from controller.model import Health, SandboxSpec
+from controller.runners.kubernetes import KubernetesRunner
+from controller.runners.manifests import PodSettings, SandboxTemplate
+from tests.envtest.kubelet import wait_until
+from tests.kube.conftest import RUNNER_IMAGE, KubeWorld
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
+TEMPLATE = SandboxTemplate(image=RUNNER_IMAGE)
+
+
+def _runner(world: KubeWorld, namespace: str | None = None, template: SandboxTemplate = TEMPLATE) -> KubernetesRunner:
+    return KubernetesRunner(world.core, PodSettings(namespace=namespace or world.namespace), lambda name: template)
+
+
+def _session(world: KubeWorld) -> SandboxSpec:
+    with world.simulator.http() as api:
+        response = api.post(
+            "/v1/agents/sessions",
+            json={"agent": {"model": "m"}, "environment": {"type": "self_hosted"}, "input": "hi"},
+        )
+    response.raise_for_status()
+    session = response.json()
+    env = session["environment"]
+    return SandboxSpec(session["id"], env["id"], env["remote_url"], env["workspace_directory"])
+
+
+def _pods(world: KubeWorld, namespace: str, spec: SandboxSpec) -> list[client.V1Pod]:
+    from controller import names
+
+    selector = names.session_selector(spec.session_id)
+    return list(world.core.list_namespaced_pod(namespace, label_selector=selector).items)
+
+
+def test_the_pod_runs_the_executor_which_registers_with_the_sessions_environment(kube_world: KubeWorld) -> None:
+    """L8, L2: the pod passes "restricted" admission; its container gets REMOTE_URL and
+    ENVIRONMENT_ID from the session and CODEX_API_KEY only from the Secret; the real codex
+    (started by the runner image's entrypoint) registers with the right id and key."""
+    runner = _runner(kube_world)
+    spec = _session(kube_world)
+    handle = runner.ensure(spec, 1)
+    pod = kube_world.core.read_namespaced_pod(handle.name, kube_world.namespace)
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    assert env["REMOTE_URL"].value == spec.remote_url and env["ENVIRONMENT_ID"].value == spec.environment_id
+    assert env["CODEX_API_KEY"].value is None and env["CODEX_API_KEY"].value_from.secret_key_ref.name
+    assert kube_world.simulator.environment_key not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
+    assert pod.spec.automount_service_account_token is False
+    registered = wait_until(
+        lambda: [r for r in kube_world.simulator.registrations(spec.environment_id) if r["status_code"] == 200],
+        60, "the executor in the pod to register",
+    )
+    assert registered[0]["key_matched"] is True
+    wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
+    assert kube_world.simulator.environment_status(spec.environment_id) == "connected"
+    runner.release(handle)
+    wait_until(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
+
+
+def test_concurrent_ensures_create_one_pod(kube_world: KubeWorld) -> None:
+    """L1: eight concurrent ensure() calls for one session (two runner instances) → one pod."""
+    runners = [_runner(kube_world), _runner(kube_world)]
+    spec = _session(kube_world)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        handles = list(pool.map(lambda i: runners[i % 2].ensure(spec, 1), range(8)))
+    assert {h.uid for h in handles} == {handles[0].uid}
+    assert len(_pods(kube_world, kube_world.namespace, spec)) == 1
+    runners[0].release(handles[0])
+
+
+def test_a_terminating_pod_is_never_reused_and_stale_deletes_miss(kube_world: KubeWorld) -> None:
+    """L14: while generation 1 is terminating, ensuring generation 1 again creates the next
+    generation instead of adopting the dying pod; a delete with the old pod's UID never
+    removes the new one."""
+    runner = _runner(kube_world)
+    spec = _session(kube_world)
+    first = runner.ensure(spec, 1)
+    # An unbound pod is deleted at once by the API server; a bound one waits for its kubelet.
+    wait_until(lambda: runner.status(first) is Health.RUNNING, 30, "generation 1 to run")
+    kube_world.kubelet.hold_deletions(True)
+    try:
+        runner.release(first)
+        wait_until(lambda: runner.status(first) is Health.TERMINATING, 30, "generation 1 to be terminating")
+        second = runner.ensure(spec, 1)
+        assert second.name != first.name and second.generation == 2
+        runner.release(first)  # stale: must not touch generation 2
+        assert runner.status(second) in (Health.STARTING, Health.RUNNING)
+    finally:
+        kube_world.kubelet.hold_deletions(False)
+    runner.release(second)
+
+
+def test_a_failed_or_evicted_pod_reports_failed(kube_world: KubeWorld) -> None:
+    """L14: a container that exits, or an evicted pod, is seen as FAILED (so it is replaced)."""
+    runner = _runner(kube_world)
+    spec = _session(kube_world)
+    handle = runner.ensure(spec, 1)
+    wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
+    kube_world.kubelet.exit_container(handle.name, 1)
+    wait_until(lambda: runner.status(handle) is Health.FAILED, 30, "the failure to be reported")
+    assert runner.find(spec.session_id) is None
+    replacement = runner.ensure(spec, handle.generation + 1)
+    wait_until(lambda: runner.status(replacement) is Health.RUNNING, 30, "the replacement to run")
+    kube_world.kubelet.evict(replacement.name)
+    wait_until(lambda: runner.status(replacement) is Health.FAILED, 30, "the eviction to be reported")
+    for h in (handle, replacement):
+        runner.release(h)
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        TEMPLATE,
+        replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"),
+        replace(TEMPLATE, node_selector={"kubernetes.io/os": "linux"}, active_deadline_seconds=3600,
+                tolerations=({"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"},),
+                image_pull_secrets=("regcred",)),
+        replace(TEMPLATE, runtime_class_name="gvisor"),
+    ],
+    ids=["default", "persistent-workspace", "scheduling", "runtime-class"],
+)
+def test_every_template_option_is_admitted_where_restricted_is_enforced(
+    kube_world: KubeWorld, template: SandboxTemplate
+) -> None:
+    """L2, L16: every sandbox pod the runner builds passes Pod Security "restricted"."""
+    if template.runtime_class_name:
+        _ensure_runtime_class(kube_world, template.runtime_class_name)
+    runner = _runner(kube_world, template=template)
+    spec = _session(kube_world)
+    handle = runner.ensure(spec, 1)
+    assert runner.status(handle) in (Health.STARTING, Health.RUNNING)
+    runner.release(handle)
+    runner.discard(spec.session_id)
+
+
+def test_the_codex_sandbox_opt_in_is_refused_under_restricted_and_admitted_where_allowed(
+    kube_world: KubeWorld,
+) -> None:
+    """L2: Codex's own sandbox (unconfined seccomp, user namespaces) is an explicit opt-in
+    that a "restricted" namespace refuses; a namespace that allows it admits it."""
+    opt_in = replace(TEMPLATE, codex_sandbox=True)
+    spec = _session(kube_world)
+    with pytest.raises(RunnerRejected, match=r"admission refused.*violates PodSecurity \"restricted"):
+        _runner(kube_world, template=opt_in).ensure(spec, 1)
+    privileged = kube_world.new_namespace({"pod-security.kubernetes.io/enforce": "privileged"})
+    runner = _runner(kube_world, namespace=privileged, template=opt_in)
+    handle = runner.ensure(spec, 1)
+    pod = kube_world.core.read_namespaced_pod(handle.name, privileged)
+    assert pod.spec.host_users is False
+    runner.release(handle)
+
+
+def _ensure_runtime_class(world: KubeWorld, name: str) -> None:
+    api = client.NodeV1Api(world.core.api_client)
+    try:
+        api.create_runtime_class(client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=name), handler="runsc"))
+    except client.exceptions.ApiException as exc:
+        if exc.status != 409:
+            raise
+

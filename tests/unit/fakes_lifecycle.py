@@ -1,0 +1,267 @@
+"""In-memory fakes for ``lifecycle.work``: the sessions API, the session store and a runner.
+
+Each honours its protocol's semantics (``Sessions``, ``SessionStore``, ``Runner``), so the
+lifecycle loop can be driven without Redis, HTTP or processes. Hooks (``on_get``,
+``on_ensure``) let a test act in the middle of a round: bump ``want``, lose a lease.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.errors import ApiUnavailable, Fenced
+from controller.model import (
+    ENVIRONMENT_CONNECTION,
+    Environment,
+    Handle,
+    Health,
+    Record,
+    RequiredAction,
+    SandboxSpec,
+    Session,
+    SessionStatus,
+)
+from controller.store.base import Busy, Lease
+
+
+def make_session(
+    session_id: str = "sess_1",
+    *,
+    status: SessionStatus = SessionStatus.REQUIRES_ACTION,
+    env_type: str = "self_hosted",
+    env_id: str | None = "env_1",
+    remote_url: str | None = "https://api.example.test/v1/agents/env",
+    workspace: str = "/workspace",
+    actions: tuple[str, ...] = (ENVIRONMENT_CONNECTION,),
+    agent_id: str | None = "agent_1",
+    metadata: dict[str, str] | None = None,
+) -> Session:
+    """A session as ``parse_session`` would build it; by default one asking for a connection."""
+    return Session(
+        id=session_id,
+        status=status,
+        environment=Environment(
+            type=env_type, id=env_id, remote_url=remote_url, workspace_directory=workspace
+        ),
+        required_actions=tuple(RequiredAction(type=a, environment_id=env_id) for a in actions),
+        agent_id=agent_id,
+        metadata=dict(metadata or {}),
+    )
+
+
+class FakeSessions:
+    """``Sessions`` in memory: a dict of sessions (absent = deleted) and each environment's link."""
+
+    def __init__(self) -> None:
+        self.sessions: dict[str, Session] = {}
+        self.connected: dict[str, bool] = {}
+        self.unavailable = False
+        self.gets = 0
+        self.on_get: Callable[[str], None] | None = None
+
+    def put(self, session: Session) -> Session:
+        self.sessions[session.id] = session
+        return session
+
+    def get(self, session_id: str) -> Session | None:
+        self.gets += 1
+        if self.on_get is not None:
+            self.on_get(session_id)
+        if self.unavailable:
+            raise ApiUnavailable(f"fake Agents API is down reading session {session_id}")
+        return self.sessions.get(session_id)
+
+    def environment_connected(self, environment_id: str) -> bool | None:
+        if self.unavailable:
+            return None
+        return self.connected.get(environment_id)
+
+
+@dataclass
+class _State:
+    want: int = 0
+    done: int = 0
+    fence: int = 0
+    holder: int | None = None
+
+
+class FakeStore:
+    """``SessionStore`` in memory with the Redis store's semantics.
+
+    ``want``/``done`` counters coalesce work; a lease carries a strictly increasing fencing
+    token; every write by a token that no longer holds the lease raises ``Fenced``.
+    ``expire(session_id)`` drops the holder, as a lapsed TTL would.
+    """
+
+    BUSY_RETRY_SECONDS = 0.5
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[str, _State] = {}
+        self.records: dict[str, Record] = {}
+        self.abandoned: list[Lease] = []
+
+    def _s(self, session_id: str) -> _State:
+        return self._state.setdefault(session_id, _State())
+
+    def counters(self, session_id: str) -> tuple[int, int]:
+        """(want, done) for a session."""
+        with self._lock:
+            s = self._s(session_id)
+            return s.want, s.done
+
+    def holder(self, session_id: str) -> int | None:
+        with self._lock:
+            return self._s(session_id).holder
+
+    def expire(self, session_id: str) -> None:
+        with self._lock:
+            self._s(session_id).holder = None
+
+    def want(self, session_id: str) -> int:
+        with self._lock:
+            s = self._s(session_id)
+            s.want += 1
+            return s.want
+
+    def acquire(self, session_id: str) -> Lease | Busy | None:
+        with self._lock:
+            s = self._s(session_id)
+            if s.want <= s.done:
+                return None
+            if s.holder is not None:
+                return Busy(retry_after=self.BUSY_RETRY_SECONDS)
+            s.fence += 1
+            s.holder = s.fence
+            return Lease(session_id=session_id, token=s.fence, wanted=s.want)
+
+    def _held(self, lease: Lease) -> _State:
+        s = self._s(lease.session_id)
+        if s.holder != lease.token:
+            raise Fenced(f"lease of session {lease.session_id} is no longer held")
+        return s
+
+    def complete(self, lease: Lease) -> Lease | None:
+        with self._lock:
+            s = self._held(lease)
+            s.done = max(s.done, lease.wanted)
+            if s.want > lease.wanted:
+                return Lease(session_id=lease.session_id, token=lease.token, wanted=s.want)
+            s.holder = None
+            return None
+
+    def abandon(self, lease: Lease) -> None:
+        with self._lock:
+            self.abandoned.append(lease)
+            s = self._s(lease.session_id)
+            if s.holder == lease.token:
+                s.holder = None
+
+    def check(self, lease: Lease) -> None:
+        with self._lock:
+            self._held(lease)
+
+    def record(self, session_id: str) -> Record | None:
+        with self._lock:
+            return self.records.get(session_id)
+
+    def save(self, lease: Lease, record: Record) -> None:
+        with self._lock:
+            self._held(lease)
+            self.records[lease.session_id] = record
+
+    def forget(self, lease: Lease) -> None:
+        with self._lock:
+            self._held(lease)
+            self.records.pop(lease.session_id, None)
+
+    def session_ids(self) -> list[str]:
+        with self._lock:
+            return sorted(self.records)
+
+
+@dataclass
+class _Sandbox:
+    handle: Handle
+    spec: SandboxSpec
+    health: Health = Health.RUNNING
+
+
+@dataclass
+class FakeRunner:
+    """``Runner`` in memory: records every call, keeps one entry per live sandbox.
+
+    Like the real runners, ``ensure`` returns the session's live sandbox when there is one
+    and starts one otherwise; ``release`` stops only the sandbox whose uid the handle names.
+    ``max_live`` remembers the most sandboxes one session ever had at once (L1: must stay 1).
+    """
+
+    calls: list[tuple[str, str, int]] = field(default_factory=list)
+    live: dict[str, _Sandbox] = field(default_factory=dict)
+    max_live: dict[str, int] = field(default_factory=dict)
+    on_ensure: Callable[[SandboxSpec, int], None] | None = None
+    fail_ensure: Exception | None = None
+    _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _sandboxes: dict[str, _Sandbox] = field(default_factory=dict)  # by uid, released ones too
+
+    def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
+        self.calls.append(("ensure", spec.session_id, generation))
+        if self.on_ensure is not None:
+            self.on_ensure(spec, generation)
+        if self.fail_ensure is not None:
+            raise self.fail_ensure
+        current = self.live.get(spec.session_id)
+        if current is not None and current.health in (Health.RUNNING, Health.STARTING):
+            return current.handle
+        if current is not None:  # a failed or terminating one still counts as live until released
+            self.max_live[spec.session_id] = max(self.max_live.get(spec.session_id, 1), 2)
+        handle = Handle(
+            session_id=spec.session_id,
+            name=f"sandbox-{spec.session_id}-g{generation}",
+            generation=generation,
+            uid=f"uid-{next(self._uids)}",
+            environment_id=spec.environment_id,
+        )
+        sandbox = _Sandbox(handle=handle, spec=spec)
+        self.live[spec.session_id] = sandbox
+        self._sandboxes[handle.uid] = sandbox
+        self.max_live.setdefault(spec.session_id, 1)
+        return handle
+
+    def status(self, handle: Handle) -> Health:
+        current = self.live.get(handle.session_id)
+        if current is None or current.handle.uid != handle.uid:
+            return Health.GONE
+        return current.health
+
+    def release(self, handle: Handle) -> None:
+        self.calls.append(("release", handle.session_id, handle.generation))
+        current = self.live.get(handle.session_id)
+        if current is not None and current.handle.uid == handle.uid:
+            del self.live[handle.session_id]
+
+    def find(self, session_id: str) -> Handle | None:
+        current = self.live.get(session_id)
+        if current is None or current.health not in (Health.RUNNING, Health.STARTING):
+            return None
+        return current.handle
+
+    def discard(self, session_id: str) -> None:
+        self.calls.append(("discard", session_id, 0))
+
+    def list_managed(self) -> list[Handle]:
+        return [s.handle for s in self.live.values()]
+
+    # -- test helpers --------------------------------------------------------------------
+
+    def set_health(self, handle: Handle, health: Health) -> None:
+        self._sandboxes[handle.uid].health = health
+
+    def spec_of(self, session_id: str) -> SandboxSpec:
+        return self.live[session_id].spec
+
+    def runner_calls(self) -> list[tuple[str, str, int]]:
+        return list(self.calls)
