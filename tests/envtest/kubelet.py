@@ -36,6 +36,7 @@ def _now() -> str:
 class Container:
     process: subprocess.Popen[bytes]
     uid: str
+    name: str
     started: str
     reported_exit: bool = False
 
@@ -49,6 +50,7 @@ class Faults:
 
 
 class TestKubelet:
+    __test__ = False  # a helper, not a test class
     def __init__(
         self,
         api_client: client.ApiClient,
@@ -109,6 +111,12 @@ class TestKubelet:
         """Node-pressure eviction, as a kubelet does it: kill, then phase Failed, reason Evicted."""
         with self._lock:
             self.faults.pending_evictions.add(pod_name)
+
+    def kill_process(self, pod_name: str) -> None:
+        """Kill a pod's process without reporting anything (a hung node)."""
+        for container in list(self.containers.values()):
+            if container.name == pod_name:
+                self._kill(container.process, signal.SIGKILL)
 
     def hold_deletions(self, hold: bool) -> None:
         """Leave deleted pods terminating (as a slow node does) until released."""
@@ -207,7 +215,7 @@ class TestKubelet:
                 start_new_session=True,
             )
         started = _now()
-        self.containers[meta.uid] = Container(process, meta.uid, started)
+        self.containers[meta.uid] = Container(process, meta.uid, meta.name, started)
         self.started_pods.append(meta.name)
         self._patch_status(pod, {
             "phase": "Running", "startTime": started, "hostIP": "127.0.0.1", "podIP": "127.0.0.1",

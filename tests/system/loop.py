@@ -27,7 +27,15 @@ SECRETS = (WEBHOOK_SECRET, API_KEY, EXECUTOR_KEY)
 
 
 class Loop:
-    def __init__(self, directory: Path, codex: str, receivers: int = 2, workers: int = 2) -> None:
+    def __init__(
+        self,
+        directory: Path,
+        codex: str,
+        receivers: int = 2,
+        workers: int = 2,
+        extra_env: dict[str, str | None] | None = None,
+    ) -> None:
+        self.extra_env = dict(extra_env or {})
         self.directory = directory
         self.codex = codex
         self.redis = RedisServer(directory / "redis")
@@ -59,6 +67,11 @@ class Loop:
             CONTROLLER_EXECUTOR_GRACE_SECONDS="30",
             CONTROLLER_API_MAX_ATTEMPTS="3",
         )
+        for key, value in self.extra_env.items():  # None removes a setting
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         return env
 
     def start(self) -> Loop:
