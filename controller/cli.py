@@ -89,12 +89,6 @@ def cmd_dev(args: argparse.Namespace) -> int:
     return dev.main(args)
 
 
-def cmd_simulator(args: argparse.Namespace) -> int:
-    from controller.simulator import cli as simulator_cli
-
-    return simulator_cli.main(args.simulator_args)
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-controller", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
@@ -122,9 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--exit-after-scenario", action="store_true", help="stop once the scenario is over")
     dev.set_defaults(func=cmd_dev)
 
-    sim = sub.add_parser("simulator", help="run the Agents API simulator", add_help=False)
-    sim.add_argument("simulator_args", nargs=argparse.REMAINDER)
-    sim.set_defaults(func=cmd_simulator)
+    # Listed for --help only: main() hands `simulator ...` to the simulator's own parser whole
+    # (argparse.REMAINDER in a subparser would drop leading options such as --port).
+    sub.add_parser("simulator", help="run the Agents API simulator (see `simulator --help`)", add_help=False)
 
     check = sub.add_parser("check-config", help="print the effective configuration, secrets masked")
     check.set_defaults(func=cmd_check_config)
@@ -132,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["simulator"]:
+        # argparse.REMAINDER in a subparser drops leading options (`simulator --port 8090`).
+        from controller.simulator import cli as simulator_cli
+
+        return simulator_cli.main(argv[1:])
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

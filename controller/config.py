@@ -120,7 +120,8 @@ class KubernetesSettings:
 @dataclass(frozen=True)
 class LifecycleSettings:
     idle_timeout_seconds: float = 600.0
-    """Stop a sandbox this long after its session went idle (L11)."""
+    """Stop a sandbox this long after its session went idle (L11). Parsed and validated, but
+    idle shutdown is not implemented yet: sandboxes are kept warm between turns."""
     max_lifetime_seconds: float = 0.0
     """Release any sandbox older than this (0: no limit) (L17)."""
     reconcile_interval_seconds: float = 300.0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import tenacity
@@ -125,6 +126,12 @@ class KubernetesRunner:
                 "pod created",
                 extra={"session_id": spec.session_id, "pod": pod.metadata.name, "generation": generation + attempt},
             )
+            self._event(
+                pod.metadata.name,
+                pod.metadata.uid,
+                "SandboxStarted",
+                f"executor for session {spec.session_id}, environment {spec.environment_id}",
+            )
             return _handle(spec.session_id, pod)
         raise Transient(f"pods of session {spec.session_id} are still terminating", retry_after=5)
 
@@ -146,7 +153,9 @@ class KubernetesRunner:
         except ApiException as exc:
             if exc.status not in (404, 409, 410):  # gone, or a newer pod of that name: not ours
                 raise
+            return
         log.info("pod deleted", extra={"session_id": handle.session_id, "pod": handle.name})
+        self._event(handle.name, handle.uid, "SandboxReleased", f"released for session {handle.session_id}")
 
     def discard(self, session_id: str) -> None:
         """Delete what outlives pods (the workspace PVC), once the session is released for good (L16)."""
@@ -177,6 +186,27 @@ class KubernetesRunner:
         ]
 
     # -- helpers --------------------------------------------------------------------------
+
+    def _event(self, pod_name: str, uid: str, reason: str, message: str) -> None:
+        """Best effort: an Event on the pod for `kubectl describe` (ids only, never a secret)."""
+        now = datetime.now(UTC)
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(generate_name=f"{pod_name}."),
+            involved_object=k8s.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod_name, namespace=self._ns, uid=uid
+            ),
+            reason=reason,
+            message=message,
+            type="Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=k8s.V1EventSource(component="sandbox-controller"),
+        )
+        try:
+            self._api.create_namespaced_event(self._ns, event)
+        except (ApiException, Urllib3Error, OSError) as exc:
+            log.info("could not record a pod event", extra={"pod": pod_name, "reason": type(exc).__name__})
 
     def _create_pod(self, manifest: dict[str, Any]) -> Any:
         def create() -> Any:

@@ -67,6 +67,11 @@ def test_the_pod_runs_the_executor_which_registers_with_the_sessions_environment
     assert kube_world.simulator.environment_status(spec.environment_id) == "connected"
     runner.release(handle)
     wait_until(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
+    events = kube_world.core.list_namespaced_event(
+        kube_world.namespace, field_selector=f"involvedObject.name={handle.name}"
+    ).items
+    assert {e.reason for e in events} == {"SandboxStarted", "SandboxReleased"}
+    assert all(kube_world.simulator.environment_key not in (e.message or "") for e in events)
 
 
 def test_concurrent_ensures_create_one_pod(kube_world: KubeWorld) -> None:

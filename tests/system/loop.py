@@ -101,7 +101,8 @@ class Loop:
 
     def start_simulator(self) -> None:
         argv = python_module(
-            "controller.simulator",
+            "controller",
+            "simulator",  # the documented CLI path: sandbox-controller simulator ...
             "--port",
             str(self.simulator_port),
             "--webhook-url",

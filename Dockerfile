@@ -1,0 +1,34 @@
+# The controller image: `sandbox-controller serve | worker | scheduler` (and `simulator`), as the
+# Helm chart runs it (command ["sandbox-controller"], args [<role>, ...]).
+#
+#   docker build -t sandbox-controller/sandbox-controller:0.1.0 .
+#
+# Pinned base (override with --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:...
+# where your registry policy asks for digests). Runs as uid/gid 10001, matching the chart's
+# podSecurityContext; nothing is written at run time except /tmp (an emptyDir in the chart,
+# whose root filesystem is read-only).
+ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
+FROM ${PYTHON_IMAGE}
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY controller ./controller
+RUN pip install . \
+ && rm -rf /src \
+ && sandbox-controller --version
+
+RUN groupadd --gid 10001 controller \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin controller
+
+ENV HOME=/tmp
+WORKDIR /tmp
+USER 10001:10001
+EXPOSE 8080
+
+ENTRYPOINT ["sandbox-controller"]
+CMD ["serve", "--host", "0.0.0.0", "--port", "8080"]

@@ -1,0 +1,490 @@
+"""The Helm chart against the real kube-apiserver v1.37 (RBAC and PodSecurity admission on).
+
+* Every object the chart renders (default values and each ``ci/*.yaml``) is applied with a
+  server-side dry run and ``fieldValidation=Strict``: the API server itself checks each one
+  against its 1.37 schema (unknown or duplicate fields are errors, not warnings), runs
+  admission (PodSecurity, ServiceAccount, NamespaceLifecycle) and stores nothing.
+* The controller's own pods (every Deployment/StatefulSet template and the ``helm test`` pod)
+  are admitted in a namespace that *enforces* Pod Security "restricted".
+* RBAC proven live: the chart's ServiceAccount, Role and RoleBinding are created for real, and
+  the Kubernetes runner, authenticated with that ServiceAccount's token, does the controller's
+  whole job in the sandbox namespace; the same token is refused Secrets, ``pods/exec``, pods
+  outside the sandbox namespace and anything cluster-wide.
+* ``helm install`` / ``helm uninstall`` with Helm 4's own library (helm-python-sdk) against the
+  same API server.
+"""
+
+from __future__ import annotations
+
+import base64
+import copy
+import json
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client
+from kubernetes.client.exceptions import ApiException
+from kubernetes.dynamic import DynamicClient
+
+from controller import names
+from controller.errors import RunnerRejected
+from controller.model import Health, SandboxSpec
+from controller.runners.kubernetes import KubernetesRunner
+from controller.runners.manifests import PodSettings, SandboxTemplate
+from tests.chart.test_chart import CASE_IDS, CASES, CHART, CREDENTIALS, EXECUTOR_KEY, _helm, merge
+from tests.envtest.cluster import KubeAPIServer
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
+
+RELEASE = "demo"
+RESTRICTED = {
+    "pod-security.kubernetes.io/enforce": "restricted",
+    "pod-security.kubernetes.io/enforce-version": "latest",
+}
+FIELD_MANAGER = "chart-dry-run"
+# What the runner uses, and nothing else (issue 3: "pods and PVCs: create, get, list, watch,
+# delete; events: create").
+EXPECTED_GRANTS = {
+    ("", resource, verb)
+    for resource in ("pods", "persistentvolumeclaims")
+    for verb in ("create", "get", "list", "watch", "delete")
+} | {("", "events", "create")}
+
+
+@pytest.fixture(scope="module")
+def chart() -> Iterator[Any]:
+    helm = _helm()
+    with helm.Chart.load(str(CHART)) as loaded:
+        yield loaded
+
+
+@pytest.fixture(scope="module")
+def admin(kube_api: KubeAPIServer) -> Iterator[client.ApiClient]:
+    api = kube_api.api_client()
+    yield api
+    api.close()
+
+
+def _unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:6]}"
+
+
+def render(chart: Any, values: dict[str, Any], namespace: str) -> list[dict[str, Any]]:
+    """Every object the chart renders for release ``demo`` in ``namespace`` (NOTES.txt aside).
+
+    As ``tests.chart.test_chart.render``, with the release namespace as a parameter (each test
+    here needs a fresh one: without a namespace controller, namespaces are never deleted)."""
+    manifests = chart.render(values, name=RELEASE, namespace=namespace, is_install=True)
+    objects = []
+    for name, text in sorted(manifests.items()):
+        if name.endswith("NOTES.txt"):
+            continue
+        objects.extend(doc for doc in yaml.safe_load_all(text) if doc)
+    return objects
+
+
+def _dry_run_apply(dynamic: DynamicClient, obj: dict[str, Any], *, dry_run: bool = True) -> dict[str, Any]:
+    """Server-side apply with strict field validation (``dryRun=All`` unless told otherwise)."""
+    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    kwargs: dict[str, Any] = {
+        "field_manager": FIELD_MANAGER,
+        "force_conflicts": True,
+        # DynamicClient has no keyword for fieldValidation; it passes query_params through.
+        "query_params": [("fieldValidation", "Strict")],
+    }
+    if dry_run:
+        kwargs["dry_run"] = "All"
+    result = dynamic.server_side_apply(resource, body=obj, namespace=obj["metadata"].get("namespace"), **kwargs)
+    applied: dict[str, Any] = result.to_dict()
+    return applied
+
+
+def _dry_run_create(dynamic: DynamicClient, obj: dict[str, Any]) -> dict[str, Any]:
+    """A plain create (POST) with ``dryRun=All`` and strict field validation."""
+    resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    result = dynamic.create(
+        resource,
+        body=obj,
+        namespace=obj["metadata"].get("namespace"),
+        dry_run="All",
+        query_params=[("fieldValidation", "Strict")],
+    )
+    created: dict[str, Any] = result.to_dict()
+    return created
+
+
+def _case_values(case: str, values: dict[str, Any], release_ns: str) -> dict[str, Any]:
+    """The case's values; a fixed sandbox namespace name is made unique for this run."""
+    sandbox = values.get("sandbox", {}).get("namespace", {})
+    if sandbox.get("name"):
+        return merge(values, {"sandbox": {"namespace": {"name": f"{release_ns}-{sandbox['name']}"[:63]}}})
+    return values
+
+
+# -- every rendered object, server-side dry run ------------------------------------------------
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_every_rendered_object_passes_a_strict_server_side_dry_run(
+    kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any, case: str, values: dict[str, Any]
+) -> None:
+    """Every object the chart renders is valid against the Kubernetes 1.37 schemas and passes
+    admission: server-side apply (and create) with dryRun=All and fieldValidation=Strict.
+
+    Nothing is skipped: the only object applied for real is the sandbox Namespace the chart
+    creates (namespaced objects cannot even be dry-run into a namespace that does not exist;
+    NamespaceLifecycle admission refuses them). When the values say the chart does not create
+    it (``sandbox.namespace.create: false``), the test creates it as an admin would, labelled
+    for "restricted". The ``helm test`` hook Pod is dry-run like the rest: it only names the
+    receiver Service in a URL, which the API server does not resolve."""
+    release_ns = _unique("rel")
+    # The release namespace enforces "restricted" too: the helm-test Pod is enforced here.
+    kube_api.create_namespace(release_ns, RESTRICTED)
+    values = _case_values(case, values, release_ns)
+    objects = render(chart, values, release_ns)
+    dynamic = DynamicClient(admin)
+
+    namespaces = [o for o in objects if o["kind"] == "Namespace"]
+    config = next(o for o in objects if o["kind"] == "ConfigMap" and "CONTROLLER_KUBERNETES_NAMESPACE" in o["data"])
+    sandbox_ns = config["data"]["CONTROLLER_KUBERNETES_NAMESPACE"]
+    if namespaces:
+        [namespace] = namespaces
+        assert namespace["metadata"]["name"] == sandbox_ns
+        applied = _dry_run_apply(dynamic, namespace, dry_run=False)  # strict validation, for real
+        assert applied["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    else:
+        assert values["sandbox"]["namespace"]["create"] is False, case
+        kube_api.create_namespace(sandbox_ns, RESTRICTED)
+
+    kinds: dict[str, int] = {}
+    for obj in objects:
+        kinds[obj["kind"]] = kinds.get(obj["kind"], 0) + 1
+        if obj["kind"] == "Namespace":
+            continue  # applied above, for real and strictly validated
+        expected_ns = obj["metadata"]["namespace"]
+        assert expected_ns in (release_ns, sandbox_ns), (obj["kind"], obj["metadata"]["name"])
+        applied = _dry_run_apply(dynamic, copy.deepcopy(obj))
+        assert applied["metadata"]["name"] == obj["metadata"]["name"]
+        assert applied["metadata"]["namespace"] == expected_ns
+        created = _dry_run_create(dynamic, copy.deepcopy(obj))
+        assert created["metadata"]["uid"]  # the server built the whole object, then dropped it
+        # Dry run means nothing was stored.
+        resource = dynamic.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+        with pytest.raises(ApiException) as missing:
+            dynamic.get(resource, name=obj["metadata"]["name"], namespace=expected_ns)
+        assert missing.value.status == 404
+
+    # Only core kinds (no CRDs); no cluster-scoped object besides the sandbox Namespace.
+    allowed = {
+        "ConfigMap", "Deployment", "Ingress", "Namespace", "NetworkPolicy", "Pod", "PodDisruptionBudget",
+        "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet",
+    }  # fmt: skip
+    assert set(kinds) <= allowed, set(kinds) - allowed
+    assert kinds["Deployment"] >= 2 and kinds["Pod"] == 1
+
+
+def test_strict_validation_is_really_on(kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any) -> None:
+    """The dry run above would catch a typo: an unknown field is refused under Strict."""
+    release_ns = _unique("rel")
+    kube_api.create_namespace(release_ns)
+    objects = render(chart, CREDENTIALS, release_ns)
+    typo = copy.deepcopy(next(o for o in objects if o["kind"] == "Deployment"))
+    typo["spec"]["template"]["spec"]["containers"][0]["imagePullPolicyy"] = "Always"
+    dynamic = DynamicClient(admin)
+    with pytest.raises(ApiException) as refused:
+        _dry_run_create(dynamic, copy.deepcopy(typo))
+    assert refused.value.status == 400
+    message = json.loads(refused.value.body)["message"]
+    assert 'strict decoding error: unknown field "spec.template.spec.containers[0].imagePullPolicyy"' in message
+    # Server-side apply refuses it too (kube-apiserver answers 500 for a patch it cannot type).
+    with pytest.raises(ApiException) as refused:
+        _dry_run_apply(dynamic, copy.deepcopy(typo))
+    assert "imagePullPolicyy: field not declared in schema" in (refused.value.body or "")
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_controller_pods_are_admitted_where_restricted_is_enforced(
+    kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any, case: str, values: dict[str, Any]
+) -> None:
+    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, helm test)
+    pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
+    templates, so each template is dry-run as a bare Pod in a namespace that enforces it."""
+    release_ns = _unique("rel")
+    kube_api.create_namespace(release_ns, RESTRICTED)
+    values = _case_values(case, values, release_ns)
+    objects = render(chart, values, release_ns)
+    core = client.CoreV1Api(admin)
+    # The ServiceAccount admission plugin wants the pods' ServiceAccount to exist.
+    for sa in (o for o in objects if o["kind"] == "ServiceAccount"):
+        core.create_namespaced_service_account(release_ns, sa)
+    dynamic = DynamicClient(admin)
+    admitted = []
+    for obj in objects:
+        if obj["kind"] in ("Deployment", "StatefulSet"):
+            template = copy.deepcopy(obj["spec"]["template"])
+            # The StatefulSet controller adds a volume per claim template (here: Redis's data).
+            for claim in obj["spec"].get("volumeClaimTemplates", []):
+                claim_name = f"{claim['metadata']['name']}-{obj['metadata']['name']}-0"
+                volume = {"name": claim["metadata"]["name"], "persistentVolumeClaim": {"claimName": claim_name}}
+                template["spec"].setdefault("volumes", []).append(volume)
+            pod = {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": obj["metadata"]["name"], "namespace": release_ns, **template["metadata"]},
+                "spec": template["spec"],
+            }
+        elif obj["kind"] == "Pod":
+            pod = obj
+        else:
+            continue
+        _dry_run_create(dynamic, copy.deepcopy(pod))
+        admitted.append(pod["metadata"]["name"])
+    assert len(admitted) >= 4, admitted  # receiver, worker, scheduler, helm test (+ Redis)
+
+
+# -- RBAC proven live ---------------------------------------------------------------------------
+
+
+class _Rbac:
+    def __init__(self, kube_api: KubeAPIServer, chart: Any) -> None:
+        self.release_ns = _unique("rel")
+        self.sandbox_ns = _unique("sbx")
+        kube_api.create_namespace(self.release_ns)
+        kube_api.create_namespace(self.sandbox_ns, RESTRICTED)
+        values = merge(CREDENTIALS, {"sandbox": {"namespace": {"name": self.sandbox_ns, "create": False}}})
+        self.objects = render(chart, values, self.release_ns)
+        admin = kube_api.api_client()
+        dynamic = DynamicClient(admin)
+        wanted = {"ServiceAccount", "Role", "RoleBinding"}
+        for obj in self.objects:
+            is_executor_key = obj["kind"] == "Secret" and obj["metadata"]["namespace"] == self.sandbox_ns
+            if obj["kind"] in wanted or is_executor_key:  # the admin (helm) creates these
+                _dry_run_apply(dynamic, copy.deepcopy(obj), dry_run=False)
+        [sa] = [o for o in self.objects if o["kind"] == "ServiceAccount"]
+        [secret] = [o for o in self.objects if o["kind"] == "Secret" and o["metadata"]["namespace"] == self.sandbox_ns]
+        [role] = [o for o in self.objects if o["kind"] == "Role"]
+        self.sa_name: str = sa["metadata"]["name"]
+        self.secret_name: str = secret["metadata"]["name"]
+        self.role_name: str = role["metadata"]["name"]
+        self.admin = admin
+        self.token = kube_api.service_account_token(self.release_ns, self.sa_name)
+        self.api = kube_api.api_client(self.token)
+        self.core = client.CoreV1Api(self.api)
+
+    def runner(self, template: SandboxTemplate, namespace: str | None = None) -> KubernetesRunner:
+        settings = PodSettings(namespace=namespace or self.sandbox_ns, executor_key_secret=self.secret_name)
+        return KubernetesRunner(self.core, settings, lambda name: template)
+
+    def close(self) -> None:
+        self.api.close()
+        self.admin.close()
+
+
+@pytest.fixture(scope="module")
+def rbac(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
+    world = _Rbac(kube_api, chart)
+    yield world
+    world.close()
+
+
+def _spec() -> SandboxSpec:
+    session = f"sess_{uuid.uuid4().hex}"
+    return SandboxSpec(session, f"env_{uuid.uuid4().hex[:12]}", "http://127.0.0.1:1", "/workspace")
+
+
+def test_the_role_is_exactly_least_privilege(rbac: _Rbac) -> None:
+    """L2: the live Role grants exactly pods and PVCs (create/get/list/watch/delete) and events
+    (create) in the sandbox namespace: no Secrets, no pods/exec, no resourceNames tricks, and
+    nothing binds the ServiceAccount cluster-wide."""
+    rbac_api = client.RbacAuthorizationV1Api(rbac.admin)
+    role = rbac_api.read_namespaced_role(rbac.role_name, rbac.sandbox_ns)
+    grants = {
+        (group, resource, verb)
+        for rule in role.rules
+        for group in rule.api_groups
+        for resource in rule.resources
+        for verb in rule.verbs
+    }
+    assert grants == EXPECTED_GRANTS
+    assert not any(rule.resource_names or rule.non_resource_urls for rule in role.rules)
+    bindings = rbac_api.list_namespaced_role_binding(rbac.sandbox_ns).items
+    assert [(b.role_ref.kind, b.role_ref.name) for b in bindings] == [("Role", rbac.role_name)]
+    subject = (rbac.sa_name, rbac.release_ns)
+    assert [(s.name, s.namespace) for s in bindings[0].subjects] == [subject]
+    for binding in rbac_api.list_cluster_role_binding().items:
+        assert subject not in [(s.name, s.namespace) for s in binding.subjects or []], binding.metadata.name
+    # Nothing in the release namespace either: the controller reads its own secrets from files.
+    assert rbac_api.list_namespaced_role_binding(rbac.release_ns).items == []
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        SandboxTemplate(image="sandbox-runner:test"),
+        SandboxTemplate(image="sandbox-runner:test", persist_workspace=True, workspace_size="1Gi"),
+    ],
+    ids=["default", "persistent-workspace"],
+)
+def test_the_controller_does_its_whole_job_with_the_charts_service_account(
+    rbac: _Rbac, template: SandboxTemplate
+) -> None:
+    """L2: with only the chart's ServiceAccount token the runner ensures a sandbox (pod, and
+    the workspace PVC when persistence is on), reads its status, finds it, lists what it
+    manages, releases it and discards the session's leftovers; every pod it builds is
+    admitted under "restricted". (No kubelet here: pods stay Pending, i.e. STARTING.)"""
+    runner = rbac.runner(template)
+    spec = _spec()
+    handle = runner.ensure(spec, 1)
+    assert runner.ensure(spec, 1) == handle  # idempotent (L1)
+    assert runner.status(handle) is Health.STARTING
+    assert runner.find(spec.session_id) == handle
+    assert handle in runner.list_managed()
+    pod = rbac.core.read_namespaced_pod(handle.name, rbac.sandbox_ns)
+    [key_env] = [e for e in pod.spec.containers[0].env if e.name == "CODEX_API_KEY"]
+    assert key_env.value is None and key_env.value_from.secret_key_ref.name == rbac.secret_name
+    if template.persist_workspace:
+        claim = rbac.core.read_namespaced_persistent_volume_claim(names.pvc_name(spec.session_id), rbac.sandbox_ns)
+        assert claim.spec.resources.requests["storage"] == "1Gi"
+    runner.release(handle)
+    # An unbound pod is deleted at once (no kubelet to wait for).
+    assert runner.status(handle) is Health.GONE
+    assert runner.find(spec.session_id) is None
+    assert handle not in runner.list_managed()
+    runner.discard(spec.session_id)
+    runner.discard(spec.session_id)  # idempotent
+    # The PVC is deleted; the pvc-protection finalizer (no controller here to clear it) may keep
+    # it visible as terminating.
+    try:
+        claim = rbac.core.read_namespaced_persistent_volume_claim(names.pvc_name(spec.session_id), rbac.sandbox_ns)
+    except ApiException as exc:
+        assert exc.status == 404
+    else:
+        assert template.persist_workspace and claim.metadata.deletion_timestamp is not None
+
+
+def test_the_token_cannot_read_secrets(rbac: _Rbac) -> None:
+    """L2: the controller's token is refused the executor key: no get, no list of Secrets, in
+    the sandbox namespace or its own."""
+    for call in (
+        lambda: rbac.core.read_namespaced_secret(rbac.secret_name, rbac.sandbox_ns),
+        lambda: rbac.core.list_namespaced_secret(rbac.sandbox_ns),
+        lambda: rbac.core.list_namespaced_secret(rbac.release_ns),
+        lambda: rbac.core.list_secret_for_all_namespaces(),
+    ):
+        with pytest.raises(ApiException) as refused:
+            call()
+        assert refused.value.status == 403
+        assert "cannot" in (refused.value.body or "")
+
+
+def test_the_token_cannot_exec_into_sandboxes(rbac: _Rbac) -> None:
+    """L2: no ``pods/exec`` (nor attach, port-forward): a real exec request with the token is
+    refused by RBAC before any upgrade, and the API server's own access review agrees."""
+    runner = rbac.runner(SandboxTemplate(image="sandbox-runner:test"))
+    spec = _spec()
+    handle = runner.ensure(spec, 1)
+    try:
+        with pytest.raises(ApiException) as refused:
+            rbac.core.connect_post_namespaced_pod_exec(handle.name, rbac.sandbox_ns, command=["id"], stdout=True)
+        assert refused.value.status == 403
+        assert 'cannot create resource "pods/exec"' in json.loads(refused.value.body)["message"]
+    finally:
+        runner.release(handle)
+    for subresource in ("exec", "attach", "portforward"):
+        assert not _can(rbac, "create", "pods", rbac.sandbox_ns, subresource=subresource), subresource
+
+
+@pytest.mark.parametrize(
+    ("verb", "resource", "where"),
+    [
+        ("get", "secrets", "sandbox"),
+        ("list", "secrets", "sandbox"),
+        ("watch", "secrets", "sandbox"),
+        ("create", "pods", "release"),
+        ("list", "pods", "release"),
+        ("get", "secrets", "release"),
+        ("create", "pods", "other"),
+        ("list", "nodes", None),
+        ("list", "namespaces", None),
+        ("list", "pods", None),
+        ("update", "pods", "sandbox"),
+        ("patch", "pods", "sandbox"),
+        ("create", "serviceaccounts/token", "sandbox"),
+        ("create", "rolebindings", "sandbox"),
+    ],
+)
+def test_the_token_is_denied_everything_else(rbac: _Rbac, verb: str, resource: str, where: str | None) -> None:
+    """L2: outside "pods/PVCs/events in the sandbox namespace" the token gets nothing: not
+    Secrets, not pods elsewhere, nothing cluster-scoped, no way to escalate."""
+    namespace = {"sandbox": rbac.sandbox_ns, "release": rbac.release_ns, "other": "default", None: None}[where]
+    group = "rbac.authorization.k8s.io" if resource == "rolebindings" else ""
+    name, _, sub = resource.partition("/")
+    assert not _can(rbac, verb, name, namespace, subresource=sub or None, group=group)
+
+
+def test_the_token_is_allowed_what_the_role_grants(rbac: _Rbac) -> None:
+    """The access reviews are not vacuous: every granted (resource, verb) is allowed."""
+    for _, resource, verb in sorted(EXPECTED_GRANTS):
+        assert _can(rbac, verb, resource, rbac.sandbox_ns), (verb, resource)
+
+
+def test_a_missing_permission_is_reported_by_name(rbac: _Rbac) -> None:
+    """L2: pointed at a namespace where it has no Role, the runner raises RunnerRejected that
+    names the permission to grant (not a retryable error)."""
+    runner = rbac.runner(SandboxTemplate(image="sandbox-runner:test"), namespace=rbac.release_ns)
+    with pytest.raises(RunnerRejected, match=r"grant the controller's service account 'list' on 'pods'"):
+        runner.ensure(_spec(), 1)
+
+
+def _can(
+    rbac: _Rbac,
+    verb: str,
+    resource: str,
+    namespace: str | None,
+    *,
+    subresource: str | None = None,
+    group: str = "",
+) -> bool:
+    """A SelfSubjectAccessReview made with the controller's own token."""
+    review = client.V1SelfSubjectAccessReview(
+        spec=client.V1SelfSubjectAccessReviewSpec(
+            resource_attributes=client.V1ResourceAttributes(
+                verb=verb, resource=resource, subresource=subresource, namespace=namespace, group=group
+            )
+        )
+    )
+    answer = client.AuthorizationV1Api(rbac.api).create_self_subject_access_review(review)
+    return bool(answer.status.allowed)
+
+
+# -- helm install with Helm's own library --------------------------------------------------------
+
+
+def test_helm_installs_and_uninstalls_the_chart(kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any) -> None:
+    """`helm install` (Helm 4's library, server-side apply) creates every object on the 1.37 API
+    server; `helm uninstall` removes them again. No kubelet: nothing waits for pods."""
+    helm = _helm()
+    release_ns = _unique("rel")
+    kube_api.create_namespace(release_ns)
+    with helm.Config(
+        kube_apiserver=kube_api.server_url,
+        kube_token=kube_api.admin_token,
+        kube_ca_file=kube_api.ca_file,
+        namespace=release_ns,
+    ) as cfg:
+        release = cfg.install(chart, RELEASE, CREDENTIALS, namespace=release_ns, timeout=120)
+        assert release["status"] == "deployed", release
+        sandbox_ns = f"{release_ns}-sandboxes"
+        core = client.CoreV1Api(admin)
+        assert core.read_namespace(sandbox_ns).metadata.labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        apps = client.AppsV1Api(admin)
+        deployments = {d.metadata.name for d in apps.list_namespaced_deployment(release_ns).items}
+        assert deployments == {f"{RELEASE}-sandbox-controller-{c}" for c in ("receiver", "worker", "scheduler")}
+        secret = core.read_namespaced_secret(f"{RELEASE}-sandbox-controller-executor-key", sandbox_ns)
+        assert base64.b64decode(secret.data["executor-key"]).decode() == EXECUTOR_KEY
+        assert cfg.uninstall(RELEASE, timeout=120)["release"]["status"] == "uninstalled"
+        assert apps.list_namespaced_deployment(release_ns).items == []
+        assert core.list_namespaced_secret(sandbox_ns).items == []
