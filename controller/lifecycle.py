@@ -20,6 +20,7 @@ from typing import Protocol
 
 from controller import logs
 from controller.clock import Clock
+from controller.config import RoutingSettings
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.runners.base import Runner
 from controller.store.base import Busy, Lease, SessionStore
@@ -53,14 +54,8 @@ class Decision:
     reason: str
 
 
-@dataclass(frozen=True)
-class Routing:
-    """Which sessions this controller serves (L6)."""
-
-    workspace_directory: str = "/workspace"
-    agent_ids: tuple[str, ...] = ()
-    metadata_key: str | None = None
-    metadata_value: str | None = None
+Routing = RoutingSettings
+"""Which sessions this controller serves (L6): the routing settings, as parsed."""
 
 
 def not_ours(session: Session, routing: Routing) -> str | None:

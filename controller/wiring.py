@@ -7,7 +7,7 @@ import shlex
 from controller import logs
 from controller.clock import SystemClock
 from controller.config import Settings
-from controller.lifecycle import Deps, Routing
+from controller.lifecycle import Deps
 from controller.runners.base import Runner
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisSessionStore, connect
@@ -22,16 +22,6 @@ def redact_secrets(settings: Settings) -> None:
         if secret is not None:
             values.append(secret.reveal())
     logs.redact(*values)
-
-
-def routing(settings: Settings) -> Routing:
-    r = settings.routing
-    return Routing(
-        workspace_directory=r.workspace_directory,
-        agent_ids=r.agent_ids,
-        metadata_key=r.metadata_key,
-        metadata_value=r.metadata_value,
-    )
 
 
 def runner(settings: Settings) -> Runner:
@@ -92,7 +82,7 @@ def worker_deps(settings: Settings) -> Deps:
         store=store(settings),
         runner=runner(settings),
         clock=SystemClock(),
-        routing=routing(settings),
+        routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
         max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
         choose_template=sandbox_templates(settings).choose,

@@ -15,21 +15,18 @@ import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from tests.support.codex import codex_binary
 from tests.support.processes import wait_for
-from tests.support.simulator import SimulatorProcess
+from tests.support.simulator import SimulatorProcess, StartSimulator
 
 pytestmark = pytest.mark.timeout(90)
 
 ENTRYPOINT = Path(__file__).resolve().parents[2] / "runner_image" / "entrypoint.sh"
 SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
 FAST_RETRIES = {"RETRY_INITIAL_SECONDS": "0.2", "RETRY_MAX_SECONDS": "1"}
-
-StartSimulator = Callable[..., SimulatorProcess]
 
 
 class Entrypoint:
@@ -57,20 +54,6 @@ class Entrypoint:
             self.process.wait(timeout=10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.process.pid, signal.SIGKILL)  # codex's native child, if left behind
-
-
-@pytest.fixture
-def start_simulator(tmp_path: Path) -> Iterator[StartSimulator]:
-    started: list[SimulatorProcess] = []
-
-    def start(**kwargs: Any) -> SimulatorProcess:
-        simulator = SimulatorProcess(tmp_path / "logs", **kwargs)
-        started.append(simulator)
-        return simulator.start()
-
-    yield start
-    for simulator in started:
-        simulator.stop()
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from openai.types.beta.agent_session import AgentSession
 from controller.signing import Verifier
 from tests.support.codex import codex_binary
 from tests.support.processes import wait_for
-from tests.support.simulator import InProcessSimulator, SimulatorProcess, WebhookReceiver
+from tests.support.simulator import InProcessSimulator, StartSimulator, WebhookReceiver
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -31,7 +31,6 @@ MESSAGE = {
     "input": [{"role": "user", "type": "message", "content": [{"type": "input_text", "text": "hi"}]}],
 }
 
-StartSimulator = Callable[..., SimulatorProcess]
 _CODEX_PROCESSES: list[subprocess.Popen[bytes]] = []
 
 
@@ -53,21 +52,6 @@ def no_leftover_codex() -> Iterator[None]:
             process.wait(timeout=10)
         with contextlib.suppress(ProcessLookupError):
             os.killpg(process.pid, signal.SIGKILL)  # a grandchild left in the group
-
-
-@pytest.fixture
-def start_simulator(tmp_path: Path) -> Iterator[StartSimulator]:
-    """Start simulator subprocesses; every one is stopped at the end of the test."""
-    started: list[SimulatorProcess] = []
-
-    def start(**kwargs: Any) -> SimulatorProcess:
-        simulator = SimulatorProcess(tmp_path / "logs", **kwargs)
-        started.append(simulator)
-        return simulator.start()
-
-    yield start
-    for simulator in started:
-        simulator.stop()
 
 
 def test_official_client_creates_retrieves_lists_and_deletes(start_simulator: StartSimulator) -> None:
@@ -100,9 +84,7 @@ def test_official_client_creates_retrieves_lists_and_deletes(start_simulator: St
     assert listed == [other.id, created.id]
     assert [s.id for s in client.beta.agents.sessions.list(metadata={"template": "python"})] == [created.id]
 
-    assert (
-        client.beta.agents.sessions.events.create(created.id, events=[MESSAGE], idempotency_key="k1") is None
-    )
+    assert client.beta.agents.sessions.events.create(created.id, events=[MESSAGE], idempotency_key="k1") is None
 
     deleted = client.beta.agents.sessions.delete(created.id)
     assert deleted.deleted is True and deleted.id == created.id
@@ -126,9 +108,7 @@ def test_api_key_is_required_and_never_echoed(start_simulator: StartSimulator) -
     assert sim.openai().beta.agents.sessions.list().data == []
 
 
-def test_webhooks_are_signed_standard_webhooks(
-    start_simulator: StartSimulator, receiver: WebhookReceiver
-) -> None:
+def test_webhooks_are_signed_standard_webhooks(start_simulator: StartSimulator, receiver: WebhookReceiver) -> None:
     """Created and action_required deliveries carry the envelope and verify against the secret."""
     sim = start_simulator(webhook_urls=[receiver.url])
     session = sim.openai().beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
@@ -230,9 +210,7 @@ def test_injected_faults(start_simulator: StartSimulator, receiver: WebhookRecei
     """Admin faults: 429 with Retry-After on retrieve, a failing registration, a forced failure."""
     sim = start_simulator(webhook_urls=[receiver.url])
     session = sim.openai().beta.agents.sessions.create(environment=SELF_HOSTED)
-    sim.admin(
-        "POST", "/admin/faults", {"target": "retrieve_session", "status": 429, "count": 2, "retry_after": 3}
-    )
+    sim.admin("POST", "/admin/faults", {"target": "retrieve_session", "status": 429, "count": 2, "retry_after": 3})
     with sim.http() as client:
         answers = [client.get(f"/v1/agents/sessions/{session.id}") for _ in range(3)]
     assert [a.status_code for a in answers] == [429, 429, 200]
@@ -326,16 +304,12 @@ def test_real_codex_registers_connects_and_drives_the_session(
         codex.send_signal(signal.SIGTERM)
         exit_code = codex.wait(timeout=20)
     assert exit_code == 0
-    wait_for(
-        lambda: sim.environment_status(env_id) == "disconnected", 10, "the environment to be disconnected"
-    )
+    wait_for(lambda: sim.environment_status(env_id) == "disconnected", 10, "the environment to be disconnected")
 
     # The next input asks for a connection again.
     client.beta.agents.sessions.events.create(session.id, events=[MESSAGE])
     assert client.beta.agents.sessions.retrieve(session.id).status == "requires_action"
-    wait_for(
-        lambda: len(receiver.of_type("agent.session.action_required", session.id)) == 2, 10, "a second ask"
-    )
+    wait_for(lambda: len(receiver.of_type("agent.session.action_required", session.id)) == 2, 10, "a second ask")
 
     output = sim.process.output()
     assert sim.environment_key not in output and sim.webhook_secret not in output
@@ -360,9 +334,7 @@ def test_real_codex_with_a_wrong_key_exits_1(start_simulator: StartSimulator, tm
     assert sim.environment_status(session.environment.id) == "pending"
 
 
-def test_deleting_a_session_disconnects_its_codex_which_exits(
-    start_simulator: StartSimulator, tmp_path: Path
-) -> None:
+def test_deleting_a_session_disconnects_its_codex_which_exits(start_simulator: StartSimulator, tmp_path: Path) -> None:
     """After DELETE the WebSocket is closed; codex reconnects (403), re-registers (404) and exits 1."""
     binary = codex_binary()
     sim = start_simulator()
@@ -370,9 +342,7 @@ def test_deleting_a_session_disconnects_its_codex_which_exits(
     session = client.beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
     codex = _start_codex(binary, sim.base_url, session.environment.id, sim.environment_key, tmp_path)
     try:
-        wait_for(
-            lambda: sim.environment_status(session.environment.id) == "connected", 15, "codex to connect"
-        )
+        wait_for(lambda: sim.environment_status(session.environment.id) == "connected", 15, "codex to connect")
         client.beta.agents.sessions.delete(session.id)
         exit_code = codex.wait(timeout=45)
     finally:
@@ -395,12 +365,8 @@ def test_executor_dropping_mid_turn_asks_for_a_connection_again(
     try:
         receiver.wait_for_type("agent.session.in_progress", session.id, timeout=15)
         assert sim.admin("POST", f"/admin/environments/{env_id}/disconnect")["closed"] == 1
-        wait_for(
-            lambda: len(receiver.of_type("agent.session.action_required", session.id)) == 2, 10, "a re-ask"
-        )
-        wait_for(
-            lambda: len(receiver.of_type("agent.session.in_progress", session.id)) == 2, 15, "a reconnect"
-        )
+        wait_for(lambda: len(receiver.of_type("agent.session.action_required", session.id)) == 2, 10, "a re-ask")
+        wait_for(lambda: len(receiver.of_type("agent.session.in_progress", session.id)) == 2, 15, "a reconnect")
         receiver.wait_for_type("agent.session.idle", session.id, timeout=10)
         assert sim.environment_status(env_id) == "connected"
         assert len(sim.registrations(env_id)) == 1  # reconnected to the same URL, no new registration
@@ -429,9 +395,7 @@ def test_in_process_simulator_runs_turns_and_cancels() -> None:
         ]
 
 
-def _start_codex(
-    binary: str, remote_url: str, env_id: str, key: str, tmp_path: Path
-) -> subprocess.Popen[bytes]:
+def _start_codex(binary: str, remote_url: str, env_id: str, key: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     """codex exec-server with the key only in its environment; output to a file under tmp_path."""
     home = tmp_path / "codex-home"
     home.mkdir(exist_ok=True)

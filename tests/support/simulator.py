@@ -15,13 +15,14 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from controller.simulator import SimulatorConfig, create_app
 from controller.simulator.cli import ENV_PREFIX
@@ -82,9 +83,7 @@ class WebhookReceiver:
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
         self.url = f"http://127.0.0.1:{self.port}/webhooks"
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="webhook-receiver", daemon=True
-        )
+        self._thread = threading.Thread(target=self._server.serve_forever, name="webhook-receiver", daemon=True)
 
     def _status_for(self, body: bytes) -> int:
         if self._respond is not None:
@@ -122,13 +121,10 @@ class WebhookReceiver:
         return [
             r
             for r in self.snapshot()
-            if r.event["type"] == event_type
-            and (session_id is None or r.event["data"].get("id") == session_id)
+            if r.event["type"] == event_type and (session_id is None or r.event["data"].get("id") == session_id)
         ]
 
-    def wait_for_type(
-        self, event_type: str, session_id: str | None = None, timeout: float = 10.0
-    ) -> Received:
+    def wait_for_type(self, event_type: str, session_id: str | None = None, timeout: float = 10.0) -> Received:
         found = wait_for(lambda: self.of_type(event_type, session_id), timeout, f"webhook {event_type}")
         assert isinstance(found, list)
         first: Received = found[0]
@@ -306,3 +302,21 @@ class InProcessSimulator(_Endpoints):
 def _base_env() -> dict[str, str]:
     keep = ("PATH", "HOME", "LANG", "LC_ALL", "PYTHONPATH", "VIRTUAL_ENV", "TMPDIR", "SSL_CERT_FILE")
     return {k: v for k, v in os.environ.items() if k in keep}
+
+
+StartSimulator = Callable[..., SimulatorProcess]
+
+
+@pytest.fixture
+def start_simulator(tmp_path: Path) -> Iterator[StartSimulator]:
+    """Start simulator subprocesses; every one is stopped at the end of the test."""
+    started: list[SimulatorProcess] = []
+
+    def start(**kwargs: Any) -> SimulatorProcess:
+        simulator = SimulatorProcess(tmp_path / "logs", **kwargs)
+        started.append(simulator)
+        return simulator.start()
+
+    yield start
+    for simulator in started:
+        simulator.stop()

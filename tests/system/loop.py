@@ -230,6 +230,21 @@ class Loop:
         headers["content-type"] = "application/json"
         return headers, body
 
+    def copies(self, sessions: Iterable[dict[str, Any]], copies: int = 5) -> list[tuple[int, dict[str, str], bytes]]:
+        """``copies`` identical signed deliveries per session, spread over the receivers."""
+        deliveries = []
+        for session in sessions:
+            headers, body = self.delivery(session["id"])
+            deliveries += [(self.receiver_ports[n % len(self.receiver_ports)], headers, body) for n in range(copies)]
+        return deliveries
+
+    def arm_fault(self, target: str, status: int, count: int, retry_after: float | None = None) -> None:
+        """The simulator answers the next ``count`` calls to ``target`` with ``status``."""
+        fault: dict[str, Any] = {"target": target, "status": status, "count": count}
+        if retry_after is not None:
+            fault["retry_after"] = retry_after
+        httpx.post(f"{self.simulator_url}/admin/faults", json=fault, timeout=10).raise_for_status()
+
     def post(self, port: int, headers: dict[str, str], body: bytes) -> httpx.Response:
         return httpx.post(f"http://127.0.0.1:{port}/webhooks", headers=headers, content=body, timeout=30)
 

@@ -125,10 +125,7 @@ def test_fifty_sessions_with_duplicate_concurrent_deliveries_get_fifty_pods(kube
     loop = kube_loop.loop
     with loop.api() as api:
         sessions = [loop.create_session(api) for _ in range(50)]
-    deliveries = []
-    for session in sessions:
-        headers, body = loop.delivery(session["id"])
-        deliveries += [(port, headers, body) for port in loop.receiver_ports for _ in range(3)][:5]
+    deliveries = loop.copies(sessions, 5)
     sent = time.monotonic()
     with ThreadPoolExecutor(max_workers=32) as pool:
         assert set(pool.map(lambda d: loop.post(*d).status_code, deliveries)) == {200}
@@ -157,6 +154,18 @@ def test_fifty_sessions_with_duplicate_concurrent_deliveries_get_fifty_pods(kube
     )
 
 
+def _connected_session(kube_loop: KubeLoop) -> tuple[dict[str, Any], str, Any]:
+    """A new session whose executor (in its one pod) registered and holds its link."""
+    loop = kube_loop.loop
+    with loop.api() as api:
+        session = loop.create_session(api)
+    env = session["environment"]["id"]
+    wait_for(lambda: kube_loop.registered(env), 120, "the first executor")
+    wait_for(lambda: loop.environment_status(env) == "connected", 30, "connected")
+    [pod] = kube_loop.pods(session["id"])
+    return session, env, pod
+
+
 def _connect_again(loop: Loop, session_id: str) -> None:
     with loop.api() as api:
         api.post(
@@ -176,12 +185,7 @@ def test_an_evicted_pod_is_replaced_exactly_once(kube_loop: KubeLoop) -> None:
     """L14: the session's pod is evicted; the next connection request replaces it with exactly
     one new pod (the next generation), whose executor registers."""
     loop = kube_loop.loop
-    with loop.api() as api:
-        session = loop.create_session(api)
-    env = session["environment"]["id"]
-    wait_for(lambda: kube_loop.registered(env), 120, "the first executor")
-    wait_for(lambda: loop.environment_status(env) == "connected", 30, "connected")
-    [first] = kube_loop.pods(session["id"])
+    session, env, first = _connected_session(kube_loop)
     kube_loop.kubelet.evict(first.metadata.name)
     wait_for(lambda: loop.environment_status(env) == "disconnected", 30, "the eviction to drop the link")
     _connect_again(loop, session["id"])
@@ -199,12 +203,7 @@ def test_a_terminating_pod_is_never_reused(kube_loop: KubeLoop) -> None:
     terminating) and its executor is gone; the next connection request gets a new pod of the
     next generation, never the dying one."""
     loop = kube_loop.loop
-    with loop.api() as api:
-        session = loop.create_session(api)
-    env = session["environment"]["id"]
-    wait_for(lambda: kube_loop.registered(env), 120, "the first executor")
-    wait_for(lambda: loop.environment_status(env) == "connected", 30, "connected")
-    [first] = kube_loop.pods(session["id"])
+    session, env, first = _connected_session(kube_loop)
     kube_loop.kubelet.hold_deletions(True)
     try:
         kube_loop.core.delete_namespaced_pod(first.metadata.name, NAMESPACE, grace_period_seconds=60)

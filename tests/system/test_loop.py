@@ -49,10 +49,7 @@ def test_concurrent_duplicate_deliveries_give_one_executor_per_session(loop: Loo
     worked by 2 workers → exactly one live executor (and one registration) per session."""
     with loop.api() as client:
         sessions = [loop.create_session(client) for _ in range(50)]
-    deliveries = []
-    for session in sessions:
-        headers, body = loop.delivery(session["id"])
-        deliveries += [(port, headers, body) for port in loop.receiver_ports for _ in range(3)][:5]
+    deliveries = loop.copies(sessions, 5)
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=32) as pool:
         answers = list(pool.map(lambda d: loop.post(*d).status_code, deliveries))
@@ -118,11 +115,7 @@ def test_worker_killed_mid_task_still_starts_exactly_one_executor(loop: Loop) ->
     """L1: a worker process killed with SIGKILL in the middle of a task: the job comes back
     (acks_late + reject on worker loss), and the session gets its executor, once."""
     # The Agents API answers 503 for a while, so the task is mid-flight (retrying) when killed.
-    httpx.post(
-        f"{loop.simulator_url}/admin/faults",
-        json={"target": "retrieve_session", "status": 503, "count": 4},
-        timeout=10,
-    ).raise_for_status()
+    loop.arm_fault("retrieve_session", 503, 4)
     with loop.api() as client:
         session = loop.create_session(client)
 
@@ -144,11 +137,7 @@ def test_worker_killed_mid_task_still_starts_exactly_one_executor(loop: Loop) ->
 def test_a_storm_of_429s_delays_but_loses_nothing(loop: Loop) -> None:
     """L7: while the Agents API throttles (429 with Retry-After) the workers back off and
     retry; every session still gets exactly one executor."""
-    httpx.post(
-        f"{loop.simulator_url}/admin/faults",
-        json={"target": "retrieve_session", "status": 429, "count": 25, "retry_after": 0.2},
-        timeout=10,
-    ).raise_for_status()
+    loop.arm_fault("retrieve_session", 429, 25, retry_after=0.2)
     with loop.api() as client:
         sessions = [loop.create_session(client) for _ in range(5)]
     for session in sessions:
@@ -164,11 +153,7 @@ def test_a_whole_worker_killed_mid_task_loses_nothing(loop: Loop) -> None:
     """L1: SIGKILL to a whole worker (main process and pool) while it holds a session's lease:
     the lease expires, the broker redelivers the unacknowledged job after its visibility
     timeout, and another worker starts the executor, once."""
-    httpx.post(
-        f"{loop.simulator_url}/admin/faults",
-        json={"target": "retrieve_session", "status": 503, "count": 6},
-        timeout=10,
-    ).raise_for_status()
+    loop.arm_fault("retrieve_session", 503, 6)
     with loop.api() as client:
         session = loop.create_session(client)
 
