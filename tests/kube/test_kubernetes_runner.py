@@ -60,7 +60,8 @@ def test_the_pod_runs_the_executor_which_registers_with_the_sessions_environment
     assert pod.spec.automount_service_account_token is False
     registered = wait_until(
         lambda: [r for r in kube_world.simulator.registrations(spec.environment_id) if r["status_code"] == 200],
-        60, "the executor in the pod to register",
+        60,
+        "the executor in the pod to register",
     )
     assert registered[0]["key_matched"] is True
     wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
@@ -129,9 +130,13 @@ def test_a_failed_or_evicted_pod_reports_failed(kube_world: KubeWorld) -> None:
     [
         TEMPLATE,
         replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"),
-        replace(TEMPLATE, node_selector={"kubernetes.io/os": "linux"}, active_deadline_seconds=3600,
-                tolerations=({"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"},),
-                image_pull_secrets=("regcred",)),
+        replace(
+            TEMPLATE,
+            node_selector={"kubernetes.io/os": "linux"},
+            active_deadline_seconds=3600,
+            tolerations=({"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"},),
+            image_pull_secrets=("regcred",),
+        ),
         replace(TEMPLATE, runtime_class_name="gvisor"),
     ],
     ids=["default", "persistent-workspace", "scheduling", "runtime-class"],
@@ -175,3 +180,20 @@ def _ensure_runtime_class(world: KubeWorld, name: str) -> None:
         if exc.status != 409:
             raise
 
+
+def test_a_node_slow_to_start_the_pod_still_gets_one_pod(kube_world: KubeWorld) -> None:
+    """L1, L14: while the node takes its time starting the container, the pod is STARTING and
+    ensuring again (a retried delivery) returns that same pod instead of a second one."""
+    runner = _runner(kube_world)
+    spec = _session(kube_world)
+    kube_world.kubelet.slow_start(3.0)
+    try:
+        handle = runner.ensure(spec, 1)
+        assert runner.status(handle) is Health.STARTING
+        again = runner.ensure(spec, 1)
+        assert again.uid == handle.uid
+        wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the slow node to start it")
+    finally:
+        kube_world.kubelet.slow_start(0.0)
+    assert len(_pods(kube_world, kube_world.namespace, spec)) == 1
+    runner.release(handle)
