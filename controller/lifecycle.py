@@ -115,6 +115,12 @@ def decide(
     return Decision(Verdict.REPLACE, "executor not connected past the grace period")
 
 
+def released_for_good(session: Session | None) -> bool:
+    """A deleted or failed session will never need its workspace again (L16); a live one
+    whose sandbox was released (max lifetime, sandbox died) keeps it for the next sandbox."""
+    return session is None or session.status is SessionStatus.FAILED
+
+
 def spec_for(session: Session, template: str | None = None) -> SandboxSpec:
     env = session.environment
     assert env.id is not None and env.remote_url is not None
@@ -200,7 +206,8 @@ def act(lease: Lease, deps: Deps) -> Decision:
             assert record is not None
             deps.store.check(lease)
             deps.runner.release(record.handle)
-            deps.runner.discard(sid)
+            if released_for_good(session):
+                deps.runner.discard(sid)  # L16: the workspace goes with the session, not before
             deps.store.forget(lease)
             log.info("sandbox released", extra={"sandbox": record.handle.name})
         elif decision.verdict is Verdict.KEEP and adopted:

@@ -30,6 +30,17 @@ _FIELDS = {
     "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
     "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
 }  # fmt: skip
+# The JSON type each field must have (None allowed where noted); nothing is coerced, so a string
+# "false" never turns codexSandbox on and a bare string never becomes a list of characters.
+_TYPES: dict[str, tuple[type, ...]] = {
+    "image": (str,), "imagePullPolicy": (str, type(None)), "resources": (dict,),
+    "runtimeClassName": (str, type(None)), "nodeSelector": (dict,), "tolerations": (list,),
+    "imagePullSecrets": (list,), "activeDeadlineSeconds": (int, type(None)), "workspacePersistence": (dict,),
+    "codexSandbox": (bool,), "agentIds": (list,),
+}  # fmt: skip
+_PERSISTENCE_TYPES: dict[str, tuple[type, ...]] = {
+    "enabled": (bool,), "size": (str,), "storageClassName": (str, type(None)),
+}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -73,6 +84,12 @@ def parse(raw: Any, base: SandboxTemplate) -> Templates:
         unknown = sorted(set(fields) - _FIELDS)
         if unknown:
             problems.append(f"template {name!r} has unknown fields: {', '.join(unknown)}")
+        mistyped = _mistyped(fields, _TYPES, "")
+        if isinstance(fields.get("workspacePersistence"), dict):
+            mistyped += _mistyped(fields["workspacePersistence"], _PERSISTENCE_TYPES, "workspacePersistence.")
+        if mistyped:
+            problems += [f"template {name!r}: {m}" for m in mistyped]
+            continue
         try:
             by_name[name] = _template(name, fields, base)
         except (TypeError, ValueError) as exc:
@@ -82,6 +99,24 @@ def parse(raw: Any, base: SandboxTemplate) -> Templates:
     if problems:
         raise ConfigError(problems)
     return Templates(by_name, by_agent)
+
+
+_JSON_NAMES = {dict: "an object", list: "an array", str: "a string", int: "an integer", bool: "true or false",
+               float: "a number", type(None): "null"}  # fmt: skip
+
+
+def _mistyped(fields: dict[str, Any], types: dict[str, tuple[type, ...]], prefix: str) -> list[str]:
+    def fits(value: Any, allowed: tuple[type, ...]) -> bool:
+        return isinstance(value, allowed) and not (isinstance(value, bool) and bool not in allowed)
+
+    def json_name(t: type) -> str:
+        return _JSON_NAMES.get(t, t.__name__)
+
+    return [
+        f"{prefix}{key} must be {' or '.join(json_name(t) for t in allowed)}, got {json_name(type(fields[key]))}"
+        for key, allowed in types.items()
+        if key in fields and not fits(fields[key], allowed)
+    ]
 
 
 def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> SandboxTemplate:

@@ -1,0 +1,236 @@
+"""The scheduler against a real redis-server: ``Leadership`` and the ``run`` loop (L17, L18).
+
+Exactly one scheduler sweeps at a time; the sweep publishes one job per mapped or managed
+session per round. The runner is the in-memory fake; the store is the real ``RedisSessionStore``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from controller import scheduler
+from controller.config import Settings
+from controller.inbox import Job
+from controller.model import Handle, Record, SandboxSpec
+from controller.scheduler import LEADER_KEY, Leadership
+from controller.store.base import Lease
+from controller.store.redis import RedisSessionStore, connect
+from tests.support.processes import wait_for
+from tests.support.redis_server import RedisServer
+from tests.unit.fakes_lifecycle import FakeRunner
+
+INTERVAL = 1.0
+_ids = itertools.count(1)
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    redis_server = RedisServer(tmp_path_factory.mktemp("redis")).start()
+    try:
+        yield redis_server
+    finally:
+        redis_server.stop()
+
+
+@pytest.fixture
+def clients(server: RedisServer) -> Iterator[Callable[[], redis.Redis]]:
+    """New connections to a flushed server (the leader key is global), all closed afterwards."""
+    made: list[redis.Redis] = []
+
+    def new() -> redis.Redis:
+        made.append(connect(server.url, timeout_seconds=2.0))
+        return made[-1]
+
+    new().flushdb()
+    try:
+        yield new
+    finally:
+        for c in made:
+            c.close()
+
+
+# --- Leadership ----------------------------------------------------------------------------
+
+
+def test_only_one_leadership_holds_at_a_time(clients: Callable[[], redis.Redis]) -> None:
+    """L17/L18: two schedulers never sweep at once: the second cannot take the key while it is held."""
+    first, second = Leadership(clients(), ttl_seconds=5), Leadership(clients(), ttl_seconds=5)
+    assert first.hold() is True
+    for _ in range(5):
+        assert second.hold() is False
+        assert first.hold() is True
+
+
+def test_the_holder_renews(clients: Callable[[], redis.Redis]) -> None:
+    """L17: a holder that renews keeps leadership well past one TTL; each renewal resets the TTL."""
+    client = clients()
+    holder, other = Leadership(client, ttl_seconds=1.0), Leadership(clients(), ttl_seconds=1.0)
+    assert holder.hold()
+    deadline = time.monotonic() + 2.5  # 2.5 TTLs
+    while time.monotonic() < deadline:
+        time.sleep(0.2)
+        assert holder.hold() is True
+        assert 800 < int(client.pttl(LEADER_KEY)) <= 1000  # type: ignore[arg-type]
+        assert other.hold() is False
+
+
+def test_another_takes_over_after_the_holder_stops_renewing(clients: Callable[[], redis.Redis]) -> None:
+    """L17: a holder that stopped (crashed, lost Redis) is replaced once its TTL has passed, not before."""
+    holder, other = Leadership(clients(), ttl_seconds=0.6), Leadership(clients(), ttl_seconds=0.6)
+    assert holder.hold()
+    stopped = time.monotonic()
+    assert other.hold() is False
+    wait_for(other.hold, timeout=5, what="the other scheduler to take over", interval=0.05)
+    assert time.monotonic() - stopped >= 0.5
+    assert holder.hold() is False  # the old holder finds the key taken: it stands by
+    assert other.hold() is True
+
+
+def test_hold_is_false_when_redis_is_stopped(tmp_path: Path) -> None:
+    """L17/L18: with Redis away nobody can prove leadership: hold() is False, never an exception."""
+    own = RedisServer(tmp_path / "redis").start()
+    client = connect(own.url, timeout_seconds=1.0)
+    try:
+        leadership = Leadership(client, ttl_seconds=30)
+        assert leadership.hold() is True
+        own.stop()
+        started = time.monotonic()
+        assert leadership.hold() is False
+        assert leadership.hold() is False
+        assert time.monotonic() - started < 30
+    finally:
+        client.close()
+        own.stop()
+
+
+# --- run -----------------------------------------------------------------------------------
+
+
+def settings() -> Settings:
+    # Only what `run` reads; `require("scheduler")` (Redis URL, executor key) is the CLI's business.
+    return Settings.from_env({"CONTROLLER_RECONCILE_INTERVAL_SECONDS": str(int(INTERVAL))})
+
+
+def map_session(store: RedisSessionStore, session_id: str) -> None:
+    """A session with a stored mapping, as a worker leaves it (want == done, lease released)."""
+    store.want(session_id)
+    lease = store.acquire(session_id)
+    assert isinstance(lease, Lease)
+    handle = Handle(session_id=session_id, name=f"sbx-{session_id}-g1", generation=1, uid="u1")
+    store.save(lease, Record(session_id, "env_1", handle, started_at=time.time()))
+    assert store.complete(lease) is None
+
+
+class Scheduler:
+    """One ``scheduler.run`` in a thread, with its own connection, store and publish list."""
+
+    def __init__(self, client: redis.Redis, runner: FakeRunner) -> None:
+        self.client = client
+        self.store = RedisSessionStore(client, lease_ttl_seconds=30)
+        self.published: list[Job] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(
+            target=scheduler.run,
+            args=(settings(), self.store, runner, client, self.published.append, self.stop),
+            daemon=True,
+        )
+
+    def start(self) -> Scheduler:
+        self.thread.start()
+        return self
+
+    def halt(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=10)
+        assert not self.thread.is_alive()
+
+
+@pytest.fixture
+def sessions(clients: Callable[[], redis.Redis]) -> tuple[list[str], FakeRunner]:
+    """Two mapped sessions (one with its sandbox) and one unrecorded managed sandbox."""
+    n = next(_ids)
+    mapped, managed_only = [f"sess_a{n}", f"sess_b{n}"], f"sess_c{n}"
+    store = RedisSessionStore(clients(), lease_ttl_seconds=30)
+    for sid in mapped:
+        map_session(store, sid)
+    runner = FakeRunner()
+    for sid in (mapped[0], managed_only):
+        runner.ensure(SandboxSpec(sid, "env_1", "https://api.example.test/v1/agents/env"), 1)
+    runner.calls.clear()
+    return sorted([*mapped, managed_only]), runner
+
+
+def rounds(published: list[Job], per_round: int) -> list[list[str]]:
+    assert len(published) % per_round == 0, [j.session_id for j in published]
+    ids = [j.session_id for j in published]
+    return [ids[i : i + per_round] for i in range(0, len(ids), per_round)]
+
+
+def test_run_sweeps_and_publishes_every_mapped_and_managed_session(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: each round publishes one reconcile job per session with a mapping or a managed sandbox."""
+    expected, runner = sessions
+    one = Scheduler(clients(), runner).start()
+    try:
+        wait_for(lambda: len(one.published) >= 2 * len(expected), timeout=10, what="two sweeps")
+    finally:
+        one.halt()
+    assert all(r == expected for r in rounds(one.published, len(expected)))
+    assert set(one.published) == {Job(session_id=s, webhook_id="", event_type="reconcile") for s in expected}
+    # Each publish came with more work wanted: the worker re-decides under the lease (L18).
+    check = RedisSessionStore(clients(), lease_ttl_seconds=30)
+    n_rounds = len(one.published) // len(expected)
+    for sid in expected:
+        mapped = sid in check.session_ids()
+        assert int(one.client.get(f"sc:want:{sid}") or 0) == n_rounds + (1 if mapped else 0)
+    assert runner.calls == []  # the sweep itself starts and stops nothing
+
+
+def test_second_scheduler_stands_by_while_the_first_leads(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17/L18: with two schedulers running, each round is published once, by the leader only."""
+    expected, runner = sessions
+    first = Scheduler(clients(), runner).start()
+    wait_for(lambda: first.published, timeout=5, what="the first scheduler to lead")
+    second = Scheduler(clients(), runner).start()
+    try:
+        wait_for(lambda: len(first.published) >= 4 * len(expected), timeout=15, what="three more sweeps")
+        assert second.published == []
+    finally:
+        first.halt()
+        second.halt()
+    assert second.published == []
+    assert all(r == expected for r in rounds(first.published, len(expected)))
+
+
+def test_standby_scheduler_takes_over_when_the_leader_stops(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: when the leader stops, the standby sweeps after the leader's key lapses (3 intervals)."""
+    expected, runner = sessions
+    first = Scheduler(clients(), runner).start()
+    wait_for(lambda: first.published, timeout=5, what="the first scheduler to lead")
+    second = Scheduler(clients(), runner).start()
+    try:
+        time.sleep(1.5 * INTERVAL)
+        assert second.published == []
+        first.halt()
+        led = len(first.published)
+        stopped = time.monotonic()
+        wait_for(lambda: second.published, timeout=10, what="the standby to take over")
+        assert time.monotonic() - stopped < 3 * INTERVAL + 2 * INTERVAL  # TTL plus at most one wait
+        wait_for(lambda: len(second.published) >= len(expected), timeout=5, what="a full sweep")
+    finally:
+        first.halt()
+        second.halt()
+    assert len(first.published) == led
+    assert all(r == expected for r in rounds(second.published, len(expected)))

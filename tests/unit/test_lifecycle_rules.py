@@ -1,0 +1,345 @@
+"""Clean-up rules: maximum lifetime, mappings without compute, adoption, discard, and the sweep.
+
+Extends ``test_lifecycle.py`` (same fakes): ``decide`` for L17, ``work`` for L1/L16/L18, and
+``reconcile.sweep``, which only asks for work and decides nothing itself.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from controller import reconcile
+from controller.clock import FakeClock
+from controller.lifecycle import Decision, Deps, Routing, Verdict, decide, work
+from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
+from controller.store.base import Busy
+from tests.unit.fakes_lifecycle import FakeRunner, FakeSessions, FakeStore, make_session
+
+GRACE = 60.0
+LIFETIME = 3600.0
+T0 = 1_700_000_000.0
+REMOTE = "https://api.example.test/v1/agents/env"
+IDLE = make_session(status=SessionStatus.IDLE, actions=())
+WANTS = make_session()
+
+
+def record(session_id: str = "sess_1", started_at: float = T0, generation: int = 1) -> Record:
+    handle = Handle(session_id=session_id, name=f"sandbox-g{generation}", generation=generation, uid=f"u{generation}")
+    return Record(session_id=session_id, environment_id="env_1", handle=handle, started_at=started_at)
+
+
+def verdict(
+    session=WANTS,
+    rec: Record | None = None,
+    health: Health | None = None,
+    connected: bool | None = True,
+    now: float = T0,
+    max_lifetime: float | None = None,
+) -> Verdict:
+    return decide(session, rec, health, connected, now, GRACE, Routing(), max_lifetime).verdict
+
+
+# --- decide: maximum lifetime ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("session", "before"), [(WANTS, Verdict.KEEP), (IDLE, Verdict.IGNORE)], ids=["connection-pending", "idle"]
+)
+def test_max_lifetime_exactly_at_the_limit_keeps_past_it_releases(session, before: Verdict) -> None:
+    """L17: a sandbox is released once it is past its maximum lifetime, not at it."""
+    clock = FakeClock(T0)
+    rec = record(started_at=clock.now())
+    clock.advance(LIFETIME)
+    assert verdict(session, rec, Health.RUNNING, now=clock.now(), max_lifetime=LIFETIME) is before
+    clock.advance(0.001)
+    decision = decide(session, rec, Health.RUNNING, True, clock.now(), GRACE, Routing(), LIFETIME)
+    assert decision == Decision(Verdict.RELEASE, "sandbox is past its maximum lifetime")
+
+
+@pytest.mark.parametrize("no_limit", [0, 0.0, None])
+def test_max_lifetime_zero_or_none_is_no_limit(no_limit: float | None) -> None:
+    """L17: 0 (the setting's default) and None mean sandboxes live as long as they are wanted."""
+    ancient = T0 + 10 * 365 * 86400
+    assert verdict(WANTS, record(), Health.RUNNING, now=ancient, max_lifetime=no_limit) is Verdict.KEEP
+    assert verdict(IDLE, record(), Health.RUNNING, now=ancient, max_lifetime=no_limit) is Verdict.IGNORE
+
+
+def test_max_lifetime_needs_compute_to_release() -> None:
+    """L17: without a mapping there is nothing to release; a connection request still starts one."""
+    assert verdict(WANTS, None, None, now=T0 + 10 * LIFETIME, max_lifetime=LIFETIME) is Verdict.START
+    assert verdict(IDLE, None, None, now=T0 + 10 * LIFETIME, max_lifetime=LIFETIME) is Verdict.IGNORE
+
+
+def test_max_lifetime_does_not_override_routing() -> None:
+    """L6: a session of another handler is left alone, whatever its age."""
+    other = make_session(workspace="/elsewhere")
+    assert verdict(other, record(), Health.RUNNING, now=T0 + 10 * LIFETIME, max_lifetime=LIFETIME) is Verdict.IGNORE
+
+
+# --- decide: mappings without compute ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("health", [Health.GONE, Health.FAILED])
+@pytest.mark.parametrize(
+    "status", [SessionStatus.IDLE, SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION, SessionStatus.UNKNOWN]
+)
+def test_mapping_of_a_gone_or_failed_sandbox_is_released(health: Health, status: SessionStatus) -> None:
+    """L17: with no connection pending, a mapping whose sandbox is gone or failed is removed."""
+    session = make_session(status=status, actions=("function_call",) if status is SessionStatus.REQUIRES_ACTION else ())
+    decision = decide(session, record(), health, None, T0, GRACE, Routing())
+    assert decision == Decision(Verdict.RELEASE, f"sandbox is {health.value}; removing the mapping")
+
+
+@pytest.mark.parametrize("health", [Health.GONE, Health.FAILED])
+def test_gone_sandbox_with_a_connection_pending_is_replaced_not_released(health: Health) -> None:
+    """L14 vs L17: if the session asks for a connection, the dead sandbox is replaced by one new one."""
+    assert verdict(WANTS, record(), health) is Verdict.REPLACE
+
+
+@pytest.mark.parametrize("health", [Health.TERMINATING, Health.RUNNING, Health.STARTING])
+def test_terminating_or_live_sandbox_without_a_connection_pending_is_left_alone(health: Health) -> None:
+    """L13/L17: TERMINATING is on its way out by itself; a live one is kept (idle alone stops nothing)."""
+    assert verdict(IDLE, record(), health, connected=False, now=T0 + 10 * GRACE) is Verdict.IGNORE
+
+
+# --- work: adoption, release, discard -----------------------------------------------------------
+
+
+class World:
+    def __init__(self, max_lifetime: float | None = None) -> None:
+        self.clock = FakeClock(T0)
+        self.sessions = FakeSessions()
+        self.store = FakeStore()
+        self.runner = FakeRunner()
+        self.published: list[str] = []
+        self.deps = Deps(
+            sessions=self.sessions,
+            store=self.store,
+            runner=self.runner,
+            clock=self.clock,
+            grace_seconds=GRACE,
+            max_lifetime_seconds=max_lifetime,
+        )
+
+    def orphan(self, session_id: str = "sess_1", generation: int = 1) -> Handle:
+        """A live sandbox nobody recorded (its worker died between ensure and save)."""
+        handle = self.runner.ensure(SandboxSpec(session_id, "env_1", REMOTE), generation)
+        self.runner.calls.clear()
+        return handle
+
+    def mapped(self, session_id: str = "sess_1") -> Handle:
+        """A sandbox started and recorded by a worker."""
+        handle = self.runner.ensure(SandboxSpec(session_id, "env_1", REMOTE), 1)
+        self.runner.calls.clear()
+        self.store.records[session_id] = Record(session_id, "env_1", handle, self.clock.now())
+        return handle
+
+    def deliver(self, session_id: str = "sess_1") -> list[Verdict]:
+        self.store.want(session_id)
+        return verdicts(work(session_id, self.deps))
+
+    def sweep(self) -> reconcile.Sweep:
+        return reconcile.sweep(self.store, self.runner, self.published.append)
+
+    def work_published(self) -> dict[str, list[Verdict]]:
+        done = {sid: verdicts(work(sid, self.deps)) for sid in self.published}
+        self.published.clear()
+        return done
+
+    def count(self, call: str, session_id: str = "sess_1") -> int:
+        return sum(1 for c in self.runner.calls if c[0] == call and c[1] == session_id)
+
+
+def verdicts(result: list[Decision] | Busy) -> list[Verdict]:
+    assert isinstance(result, list), result
+    return [d.verdict for d in result]
+
+
+def test_unrecorded_live_sandbox_is_adopted_then_released_and_discarded_once() -> None:
+    """L1/L16: the orphan is adopted (no second ensure); on deletion it is released and its workspace discarded once."""
+    world = World()
+    orphan = world.orphan()
+    world.sessions.put(make_session())
+    assert world.deliver() == [Verdict.KEEP]
+    assert world.runner.calls == []  # no second ensure
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.handle == orphan
+    assert world.runner.max_live["sess_1"] == 1
+
+    del world.sessions.sessions["sess_1"]  # deleted: no webhook; a later round (the sweep) finds it
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.runner.calls == [("release", "sess_1", 1), ("discard", "sess_1", 0)]
+    assert world.runner.live == {}
+    assert world.store.record("sess_1") is None
+
+    assert world.deliver() == [Verdict.IGNORE]  # nothing left: no second release or discard
+    assert world.count("release") == 1 and world.count("discard") == 1
+
+
+def test_orphan_of_a_deleted_session_is_released_without_being_recorded() -> None:
+    """L17/L16: a live sandbox of a deleted session, never recorded, is released and its workspace discarded."""
+    world = World()
+    world.orphan()
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.runner.calls == [("release", "sess_1", 1), ("discard", "sess_1", 0)]
+    assert world.runner.live == {} and world.store.session_ids() == []
+
+
+def test_orphan_of_an_idle_session_is_neither_stopped_nor_duplicated() -> None:
+    """L1/L13: an adopted sandbox of an idle session is left running; nothing is started."""
+    world = World()
+    world.orphan()
+    world.sessions.put(IDLE)
+    assert world.deliver() == [Verdict.IGNORE]
+    assert world.runner.calls == []
+    assert "sess_1" in world.runner.live
+
+
+def test_max_lifetime_release_in_work() -> None:
+    """L17: the worker releases a sandbox past its maximum lifetime and removes the mapping."""
+    world = World(max_lifetime=LIFETIME)
+    world.sessions.put(make_session())
+    world.sessions.connected["env_1"] = True
+    assert world.deliver() == [Verdict.START]
+    world.clock.advance(LIFETIME)
+    assert world.deliver() == [Verdict.KEEP]
+    world.clock.advance(1)
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.runner.live == {} and world.store.record("sess_1") is None
+    assert world.count("release") == 1
+
+
+def test_mapping_of_a_vanished_sandbox_is_removed() -> None:
+    """L17: the sandbox vanished (node lost, deleted by hand); its mapping goes, nothing is started."""
+    world = World()
+    world.sessions.put(IDLE)
+    handle = world.mapped()
+    world.runner.live.clear()  # gone without the controller
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.store.record("sess_1") is None
+    assert world.count("ensure") == 0
+    assert ("release", "sess_1", handle.generation) in world.runner.calls  # releasing what is gone is fine
+
+
+def test_crashed_sandbox_of_a_live_session_keeps_its_workspace() -> None:
+    """L16: the workspace outlives the pod (crash): removing the mapping must not discard the volume."""
+    world = World()
+    world.sessions.put(IDLE)
+    handle = world.mapped()
+    world.runner.set_health(handle, Health.FAILED)
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.store.record("sess_1") is None
+    assert world.count("release") == 1
+    assert world.count("discard") == 0
+
+
+def test_max_lifetime_release_of_a_live_session_keeps_its_workspace() -> None:
+    """L16/L17: compute past its lifetime is released; the live session's workspace stays for the next sandbox."""
+    world = World(max_lifetime=LIFETIME)
+    world.sessions.put(IDLE)
+    world.mapped()
+    world.clock.advance(LIFETIME + 1)
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.runner.live == {}
+    assert world.count("discard") == 0
+
+
+@pytest.mark.parametrize("ending", ["deleted", "failed"])
+def test_workspace_is_discarded_with_the_session(ending: str) -> None:
+    """L16: a deleted or failed session is released for good: its workspace is discarded, once."""
+    world = World()
+    world.mapped()
+    if ending == "failed":
+        world.sessions.put(make_session(status=SessionStatus.FAILED, actions=()))
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.deliver() == [Verdict.IGNORE]
+    assert world.runner.calls == [("release", "sess_1", 1), ("discard", "sess_1", 0)]
+
+
+# --- reconcile.sweep -------------------------------------------------------------------------
+
+
+def test_sweep_enqueues_the_union_of_mapped_and_managed_once_each() -> None:
+    """L17: every session with a mapping or a managed sandbox is enqueued exactly once, and its want bumped."""
+    world = World()
+    world.mapped("sess_a")  # mapped and managed
+    world.store.records["sess_b"] = record("sess_b")  # mapped only (its sandbox vanished)
+    world.orphan("sess_c")  # managed only (never recorded)
+    result = world.sweep()
+    assert result == reconcile.Sweep(mapped=2, managed=2, enqueued=3)
+    assert sorted(world.published) == ["sess_a", "sess_b", "sess_c"]
+    for sid in ("sess_a", "sess_b", "sess_c"):
+        assert world.store.counters(sid) == (1, 0)
+    assert world.store.counters("sess_other") == (0, 0)
+
+
+def test_sweep_decides_nothing_itself() -> None:
+    """L17/L18: the sweep reads no session, starts and stops nothing, and leaves every mapping as it was."""
+    world = World()
+    world.mapped("sess_a")
+    world.orphan("sess_c")
+    records = dict(world.store.records)
+    world.sweep()
+    assert world.sessions.gets == 0
+    assert world.runner.calls == []
+    assert world.store.records == records
+    assert set(world.runner.live) == {"sess_a", "sess_c"}
+
+
+def test_sweep_of_nothing_enqueues_nothing() -> None:
+    world = World()
+    assert world.sweep() == reconcile.Sweep(mapped=0, managed=0, enqueued=0)
+    assert world.published == []
+
+
+def test_sweep_then_work_cleans_up_what_deleting_sessions_left_behind() -> None:
+    """L17: deleted → released; failed → released; vanished sandbox → mapping removed; live → kept."""
+    world = World()
+    world.sessions.connected["env_1"] = True
+    world.mapped("sess_deleted")
+    world.mapped("sess_failed")
+    world.sessions.put(make_session("sess_failed", status=SessionStatus.FAILED, actions=()))
+    world.store.records["sess_vanished"] = record("sess_vanished")
+    world.sessions.put(make_session("sess_vanished", status=SessionStatus.IDLE, actions=()))
+    world.mapped("sess_live")
+    world.sessions.put(make_session("sess_live"))
+    world.orphan("sess_orphan")
+
+    world.sweep()
+    assert world.work_published() == {
+        "sess_deleted": [Verdict.RELEASE],
+        "sess_failed": [Verdict.RELEASE],
+        "sess_live": [Verdict.KEEP],
+        "sess_orphan": [Verdict.RELEASE],
+        "sess_vanished": [Verdict.RELEASE],
+    }
+    assert set(world.runner.live) == {"sess_live"}
+    assert world.store.session_ids() == ["sess_live"]
+    assert all(c[0] != "ensure" for c in world.runner.calls)
+
+    world.sweep()  # the next round finds only what is left
+    assert world.published == ["sess_live"]
+
+
+def test_sweep_during_a_start_is_coordinated_by_the_lease() -> None:
+    """L18: a sweep racing a start only asks for more work; the holder goes round again and no pod is left."""
+    world = World()
+    world.sessions.put(make_session())
+    busy: list[list[Decision] | Busy] = []
+
+    def deleted_and_swept_mid_start(spec: SandboxSpec, generation: int) -> None:
+        world.runner.on_ensure = None
+        del world.sessions.sessions["sess_1"]  # deleted while its pod is being created
+        world.store.records["sess_1"] = record()  # visible to the sweep as mapped
+        world.sweep()
+        busy.extend(work(sid, world.deps) for sid in world.published)
+
+    world.runner.on_ensure = deleted_and_swept_mid_start
+    assert world.deliver() == [Verdict.START, Verdict.RELEASE]
+    assert len(busy) == 1 and isinstance(busy[0], Busy)  # the sweep's job never acted alongside
+    assert world.runner.live == {}  # no orphan after the cleanup completed
+    assert world.store.record("sess_1") is None
+    assert world.store.holder("sess_1") is None
+    want, done = world.store.counters("sess_1")
+    assert want == done == 2
+    assert world.work_published() == {"sess_1": []}  # the retried job finds nothing left to do
