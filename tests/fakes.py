@@ -44,9 +44,7 @@ class FakeInbox:
 
 # --- A fake sender: the Agents API's envelopes and signed deliveries --------------------
 
-SECRET = (
-    "whsec_" + "dGVzdCBzaWduaW5nIHNlY3JldCBmb3IgdW5pdCB0ZXN0cw=="
-)  # b64("test signing secret for unit tests")
+SECRET = "whsec_" + "dGVzdCBzaWduaW5nIHNlY3JldCBmb3IgdW5pdCB0ZXN0cw=="  # b64("test signing secret for unit tests")
 
 
 def envelope(
@@ -57,9 +55,7 @@ def envelope(
 
 
 def action_required(action_type: str, session_id: str = "sess_1") -> dict[str, Any]:
-    return envelope(
-        "agent.session.action_required", {"id": session_id, "required_action": {"type": action_type}}
-    )
+    return envelope("agent.session.action_required", {"id": session_id, "required_action": {"type": action_type}})
 
 
 def session_event(event_type: str, session_id: str = "sess_1") -> dict[str, Any]:

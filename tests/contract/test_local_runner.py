@@ -95,9 +95,7 @@ def runners(tmp_path: Path, script: Path, monkeypatch: pytest.MonkeyPatch) -> It
 
 
 def spec(session_id: str = "sess_1", environment_id: str = "env_1") -> SandboxSpec:
-    return SandboxSpec(
-        session_id=session_id, environment_id=environment_id, remote_url="https://remote.test/env"
-    )
+    return SandboxSpec(session_id=session_id, environment_id=environment_id, remote_url="https://remote.test/env")
 
 
 def pid_of(handle: Handle) -> int:

@@ -53,9 +53,7 @@ def a_record(session_id: str, generation: int = 1, started_at: float = 1_700_000
     return Record(
         session_id=session_id,
         environment_id="env_1",
-        handle=Handle(
-            session_id=session_id, name=f"executor-g{generation}", generation=generation, uid="4242:99"
-        ),
+        handle=Handle(session_id=session_id, name=f"executor-g{generation}", generation=generation, uid="4242:99"),
         started_at=started_at,
     )
 
@@ -275,18 +273,14 @@ class Publisher:
 
 
 def job_for(sid: str, webhook_id: str | None = None) -> Job:
-    return Job(
-        session_id=sid, webhook_id=webhook_id or f"msg_{sid}", event_type="agent.session.action_required"
-    )
+    return Job(session_id=sid, webhook_id=webhook_id or f"msg_{sid}", event_type="agent.session.action_required")
 
 
 def inbox_of(client: redis.Redis, publish: Publisher, wait_seconds: float = 5.0) -> RedisInbox:
     return RedisInbox(client, store_of(client), publish, dedup_ttl_seconds=3600, wait_seconds=wait_seconds)
 
 
-@pytest.mark.parametrize(
-    "error", [QueueUnavailable("broker refused", retry_after=1), ConnectionError("socket closed")]
-)
+@pytest.mark.parametrize("error", [QueueUnavailable("broker refused", retry_after=1), ConnectionError("socket closed")])
 def test_failed_publish_is_not_remembered_and_the_retry_enqueues(
     client: redis.Redis, sid: str, error: Exception
 ) -> None:
@@ -349,9 +343,7 @@ def test_concurrent_copies_of_one_delivery_publish_once(server: RedisServer, sid
     assert sorted(outcomes) == sorted([Outcome.ENQUEUED] + [Outcome.DUPLICATE] * 19)
 
 
-def test_a_copy_waiting_on_a_pending_claim_answers_transient_rather_than_2xx(
-    client: redis.Redis, sid: str
-) -> None:
+def test_a_copy_waiting_on_a_pending_claim_answers_transient_rather_than_2xx(client: redis.Redis, sid: str) -> None:
     """L5: while another replica's enqueue is still pending, a copy must not be acknowledged."""
     job = job_for(sid)
     client.set(f"sc:seen:{job.webhook_id}", "pending", px=30_000)  # another replica mid-publish

@@ -51,6 +51,7 @@ class Faults:
 
 class TestKubelet:
     __test__ = False  # a helper, not a test class
+
     def __init__(
         self,
         api_client: client.ApiClient,
@@ -167,8 +168,9 @@ class TestKubelet:
         if evict:
             self._kill(container.process)
             container.reported_exit = True
-            self._patch_status(pod, {"phase": "Failed", "reason": "Evicted",
-                                     "message": "The node was low on resource: memory."})
+            self._patch_status(
+                pod, {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
+            )
             return
         code = container.process.poll()
         if code is not None and not container.reported_exit:
@@ -211,20 +213,38 @@ class TestKubelet:
         pod_dir.mkdir(parents=True, exist_ok=True)
         with open(pod_dir / "container.log", "ab") as log:
             process = subprocess.Popen(
-                argv, env=env, cwd=cwd_path, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                argv,
+                env=env,
+                cwd=cwd_path,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
         started = _now()
         self.containers[meta.uid] = Container(process, meta.uid, meta.name, started)
         self.started_pods.append(meta.name)
-        self._patch_status(pod, {
-            "phase": "Running", "startTime": started, "hostIP": "127.0.0.1", "podIP": "127.0.0.1",
-            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}],
-            "containerStatuses": [{
-                "name": c.name, "image": c.image, "imageID": f"local://{c.image}", "ready": True,
-                "restartCount": 0, "started": True, "state": {"running": {"startedAt": started}},
-            }],
-        })
+        self._patch_status(
+            pod,
+            {
+                "phase": "Running",
+                "startTime": started,
+                "hostIP": "127.0.0.1",
+                "podIP": "127.0.0.1",
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": started}],
+                "containerStatuses": [
+                    {
+                        "name": c.name,
+                        "image": c.image,
+                        "imageID": f"local://{c.image}",
+                        "ready": True,
+                        "restartCount": 0,
+                        "started": True,
+                        "state": {"running": {"startedAt": started}},
+                    }
+                ],
+            },
+        )
 
     def _value(self, namespace: str, var: Any) -> str:
         if var.value_from is None:
@@ -245,32 +265,50 @@ class TestKubelet:
     def _remap(value: str, mounts: Mapping[str, Path]) -> str:
         for path, local in sorted(mounts.items(), key=lambda item: -len(item[0])):
             if value == path or value.startswith(path + "/"):
-                return str(local) + value[len(path):]
+                return str(local) + value[len(path) :]
         return value
 
     def _report_exit(self, pod: Any, container: Container, code: int) -> None:
         container.reported_exit = True
         c = pod.spec.containers[0]
         finished = _now()
-        self._patch_status(pod, {
-            "phase": "Succeeded" if code == 0 else "Failed",
-            "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": finished}],
-            "containerStatuses": [{
-                "name": c.name, "image": c.image, "imageID": f"local://{c.image}", "ready": False,
-                "restartCount": 0, "started": False,
-                "state": {"terminated": {"exitCode": code, "startedAt": container.started, "finishedAt": finished,
-                                         "reason": "Completed" if code == 0 else "Error"}},
-            }],
-        })
+        self._patch_status(
+            pod,
+            {
+                "phase": "Succeeded" if code == 0 else "Failed",
+                "conditions": [{"type": "Ready", "status": "False", "lastTransitionTime": finished}],
+                "containerStatuses": [
+                    {
+                        "name": c.name,
+                        "image": c.image,
+                        "imageID": f"local://{c.image}",
+                        "ready": False,
+                        "restartCount": 0,
+                        "started": False,
+                        "state": {
+                            "terminated": {
+                                "exitCode": code,
+                                "startedAt": container.started,
+                                "finishedAt": finished,
+                                "reason": "Completed" if code == 0 else "Error",
+                            }
+                        },
+                    }
+                ],
+            },
+        )
 
     def _finish_deletion(self, pod: Any, container: Container | None) -> None:
         if container is not None and container.process.poll() is None:
             self._kill(container.process)
         try:
             self.core.delete_namespaced_pod(
-                pod.metadata.name, pod.metadata.namespace, grace_period_seconds=0,
-                body=client.V1DeleteOptions(grace_period_seconds=0,
-                                            preconditions=client.V1Preconditions(uid=pod.metadata.uid)),
+                pod.metadata.name,
+                pod.metadata.namespace,
+                grace_period_seconds=0,
+                body=client.V1DeleteOptions(
+                    grace_period_seconds=0, preconditions=client.V1Preconditions(uid=pod.metadata.uid)
+                ),
             )
         except ApiException as exc:
             if exc.status not in (404, 409):

@@ -31,9 +31,7 @@ def codex_binary() -> str:
     if path.is_file() and os.access(path, os.X_OK):
         return str(path)
     source = "SANDBOX_CONTROLLER_CODEX" if override else "the cache"
-    message = (
-        f"codex {CODEX_VERSION} not found at {path} (from {source}); install it with: {install_command()}"
-    )
+    message = f"codex {CODEX_VERSION} not found at {path} (from {source}); install it with: {install_command()}"
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)

@@ -43,9 +43,7 @@ def make_session(
     return Session(
         id=session_id,
         status=status,
-        environment=Environment(
-            type=env_type, id=env_id, remote_url=remote_url, workspace_directory=workspace
-        ),
+        environment=Environment(type=env_type, id=env_id, remote_url=remote_url, workspace_directory=workspace),
         required_actions=tuple(RequiredAction(type=a, environment_id=env_id) for a in actions),
         agent_id=agent_id,
         metadata=dict(metadata or {}),

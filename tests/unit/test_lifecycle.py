@@ -19,9 +19,7 @@ ROUTING = Routing()
 
 
 def record(env_id: str = "env_1", started_at: float = T0, generation: int = 1) -> Record:
-    handle = Handle(
-        session_id="sess_1", name=f"sandbox-g{generation}", generation=generation, uid=f"u{generation}"
-    )
+    handle = Handle(session_id="sess_1", name=f"sandbox-g{generation}", generation=generation, uid=f"u{generation}")
     return Record(session_id="sess_1", environment_id=env_id, handle=handle, started_at=started_at)
 
 
@@ -63,10 +61,7 @@ def test_grace_edge_exactly_at_grace_keeps_past_grace_replaces() -> None:
 def test_unknown_connection_past_grace_replaces() -> None:
     """L14: connection unknown (API could not tell) counts as not connected once past grace."""
     assert verdict(make_session(), record(), Health.RUNNING, connected=None, now=T0 + GRACE) is Verdict.KEEP
-    assert (
-        verdict(make_session(), record(), Health.RUNNING, connected=None, now=T0 + GRACE + 1)
-        is Verdict.REPLACE
-    )
+    assert verdict(make_session(), record(), Health.RUNNING, connected=None, now=T0 + GRACE + 1) is Verdict.REPLACE
 
 
 @pytest.mark.parametrize("health", [Health.GONE, Health.FAILED, Health.TERMINATING, None])
@@ -106,9 +101,7 @@ def test_no_environment_connection_action_starts_nothing(actions: tuple[str, ...
         session = make_session(status=status, actions=actions)
         assert verdict(session, None, None) is Verdict.IGNORE
         # A running sandbox is left alone (L13: idle alone never stops anything) ...
-        assert (
-            verdict(session, record(), Health.RUNNING, connected=False, now=T0 + 10 * GRACE) is Verdict.IGNORE
-        )
+        assert verdict(session, record(), Health.RUNNING, connected=False, now=T0 + 10 * GRACE) is Verdict.IGNORE
         # ... and a dead one is never replaced without a connection request (at most its mapping goes).
         for health in (Health.GONE, Health.FAILED, Health.TERMINATING):
             assert verdict(session, record(), health) not in (Verdict.START, Verdict.REPLACE, Verdict.KEEP)
@@ -144,9 +137,7 @@ def test_sessions_of_other_handlers_are_ignored(session, routing: Routing, why: 
 
 def test_sessions_matching_every_route_are_ours() -> None:
     """L6: workspace, agent id and metadata all match → the session is served."""
-    routing = Routing(
-        workspace_directory="/srv/ws", agent_ids=("agent_1",), metadata_key="team", metadata_value="a"
-    )
+    routing = Routing(workspace_directory="/srv/ws", agent_ids=("agent_1",), metadata_key="team", metadata_value="a")
     session = make_session(workspace="/srv/ws", agent_id="agent_1", metadata={"team": "a"})
     assert not_ours(session, routing) is None
     assert verdict(session, None, None, routing=routing) is Verdict.START

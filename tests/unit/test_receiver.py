@@ -88,9 +88,7 @@ def test_failed_session_is_enqueued(client: TestClient, inbox: FakeInbox) -> Non
     assert inbox.jobs == [Job("sess_1", "msg_failed", "agent.session.failed", "evt_test")]
 
 
-def test_duplicate_delivery_is_acknowledged_once(
-    client: TestClient, inbox: FakeInbox, clock: FakeClock
-) -> None:
+def test_duplicate_delivery_is_acknowledged_once(client: TestClient, inbox: FakeInbox, clock: FakeClock) -> None:
     """L5: a retried delivery (same webhook-id, re-signed later) is acknowledged, not queued twice."""
     assert post(client, "environment_connection", webhook_id="msg_dup").json() == {"status": "enqueued"}
     clock.advance(60)
@@ -135,9 +133,7 @@ def test_other_events_are_ignored(client: TestClient, inbox: FakeInbox, name: st
         ),
     ],
 )
-def test_unverified_deliveries_are_rejected_unparsed(
-    client: TestClient, inbox: FakeInbox, tamper: Any
-) -> None:
+def test_unverified_deliveries_are_rejected_unparsed(client: TestClient, inbox: FakeInbox, tamper: Any) -> None:
     """L3: a delivery that fails verification gets 401 and nothing is parsed or stored."""
     headers, body = tamper(*signed(SAMPLE_ENVELOPES["environment_connection"]))
     response = client.post("/webhooks", content=body, headers=headers)
@@ -151,9 +147,7 @@ def test_unsigned_garbage_is_401_not_400(client: TestClient) -> None:
     assert client.post("/webhooks", content=b"\xff not json").status_code == 401
 
 
-@pytest.mark.parametrize(
-    "body", [b"not json", b"[]", b'{"type": "agent.session.failed", "data": {}}', b"\xff"]
-)
+@pytest.mark.parametrize("body", [b"not json", b"[]", b'{"type": "agent.session.failed", "data": {}}', b"\xff"])
 def test_verified_malformed_body_is_400(client: TestClient, inbox: FakeInbox, body: bytes) -> None:
     """L3: a genuine delivery whose body is not a usable envelope gets 400 and changes nothing."""
     headers, raw = signed(body)
@@ -275,9 +269,7 @@ def test_failed_submit_is_processed_on_retry(client: TestClient, inbox: FakeInbo
     assert [job.webhook_id for job in inbox.jobs] == ["msg_retry"]
 
 
-def test_ignored_events_are_acknowledged_even_when_inbox_is_down(
-    client: TestClient, inbox: FakeInbox
-) -> None:
+def test_ignored_events_are_acknowledged_even_when_inbox_is_down(client: TestClient, inbox: FakeInbox) -> None:
     """L4, L5: dropping needs no queue, so it never turns into a 503."""
     inbox.unavailable = True
     assert post(client, "idle").status_code == 200

@@ -34,9 +34,7 @@ json_values = st.recursive(
 )
 session_ids = st.sampled_from(["sess_1", "", None, 7]) | st.text(max_size=12)
 event_types = st.sampled_from(sorted({e["type"] for e in SAMPLE_ENVELOPES.values()})) | st.text(max_size=30)
-action_types = (
-    st.sampled_from(["environment_connection", "function_call", "mcp_approval_request"]) | st.text()
-)
+action_types = st.sampled_from(["environment_connection", "function_call", "mcp_approval_request"]) | st.text()
 
 
 def sometimes(draw: st.DrawFn) -> bool:
@@ -85,9 +83,7 @@ bodies = st.one_of(
 garbage_text = st.text(max_size=40)
 garbage_bytes = st.binary(max_size=40)
 huge = st.integers(4000, 9000).map(lambda n: "1" * n)
-webhook_ids = st.sampled_from(["msg_1", "msg_2"]) | st.text(
-    alphabet="abcdef_0123456789", min_size=1, max_size=16
-)
+webhook_ids = st.sampled_from(["msg_1", "msg_2"]) | st.text(alphabet="abcdef_0123456789", min_size=1, max_size=16)
 in_window = st.integers(NOW - 300, NOW + 300)
 timestamps = st.one_of(in_window, in_window, in_window, st.sampled_from([NOW - 301, NOW + 301, 0, 2**40]))
 
@@ -139,9 +135,7 @@ def expected(headers: list[tuple[str, str | bytes]], body: bytes) -> tuple[int, 
     return 200, Job(event.session_id, verified.webhook_id, event.type, event.id)
 
 
-@settings(
-    max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large]
-)
+@settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 @given(deliveries())
 def test_any_delivery_gets_2xx_or_4xx_and_only_genuine_work_is_queued(
     delivery: tuple[list[tuple[str, str | bytes]], bytes],

@@ -190,14 +190,9 @@ def test_environment_connected() -> None:
     assert run(script, lambda s: s.environment_connected("env_1")) is True
     assert str(script.requests[0].url) == f"{BASE}/v1/agents/environments/env_1"
     for status in ("pending", "disconnected", "ready", "failed"):
-        assert (
-            run(Script(ok({"id": "env_1", "status": status})), lambda s: s.environment_connected("env_1"))
-            is False
-        )
+        assert run(Script(ok({"id": "env_1", "status": status})), lambda s: s.environment_connected("env_1")) is False
     assert run(Script(httpx.Response(404)), lambda s: s.environment_connected("env_1")) is None
-    assert (
-        run(Script(httpx.Response(503)), lambda s: s.environment_connected("env_1"), max_attempts=2) is None
-    )
+    assert run(Script(httpx.Response(503)), lambda s: s.environment_connected("env_1"), max_attempts=2) is None
     assert run(Script(httpx.Response(403)), lambda s: s.environment_connected("env_1")) is None
 
 

@@ -130,9 +130,7 @@ def test_tampered_id_or_timestamp_rejected() -> None:
     with pytest.raises(SignatureError):
         verifier.verify(spec_headers(**{"webhook-id": SPEC_ID + "x"}), SPEC_BODY, now=SPEC_TIMESTAMP)
     with pytest.raises(SignatureError):
-        verifier.verify(
-            spec_headers(**{"webhook-timestamp": str(SPEC_TIMESTAMP + 1)}), SPEC_BODY, now=SPEC_TIMESTAMP
-        )
+        verifier.verify(spec_headers(**{"webhook-timestamp": str(SPEC_TIMESTAMP + 1)}), SPEC_BODY, now=SPEC_TIMESTAMP)
 
 
 def test_plain_secret_used_as_utf8_bytes() -> None:
@@ -143,9 +141,7 @@ def test_plain_secret_used_as_utf8_bytes() -> None:
     assert delivery["webhook-signature"] == sign(secret.encode("utf-8"), "msg_plain", 1_700_000_000, b"{}")
     Verifier([secret]).verify(delivery, b"{}", now=1_700_000_000)
     # The same key bytes written as a whsec_ secret verify the same delivery.
-    Verifier(["whsec_" + base64.b64encode(secret.encode()).decode()]).verify(
-        delivery, b"{}", now=1_700_000_000
-    )
+    Verifier(["whsec_" + base64.b64encode(secret.encode()).decode()]).verify(delivery, b"{}", now=1_700_000_000)
 
 
 def test_plain_secret_is_not_base64_decoded() -> None:
@@ -157,9 +153,7 @@ def test_plain_secret_is_not_base64_decoded() -> None:
 
 def test_whsec_secret_is_base64_decoded_not_used_verbatim() -> None:
     """L3: a whsec_ secret is never used as its literal text."""
-    delivery = headers(
-        SPEC_ID, SPEC_TIMESTAMP, sign(SPEC_SECRET.encode(), SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY)
-    )
+    delivery = headers(SPEC_ID, SPEC_TIMESTAMP, sign(SPEC_SECRET.encode(), SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY))
     with pytest.raises(SignatureError):
         Verifier([SPEC_SECRET]).verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
 
