@@ -173,7 +173,7 @@ def act(lease: Lease, deps: Deps) -> Decision:
     if record is None:  # a sandbox whose start was never recorded is adopted, not duplicated
         found = deps.runner.find(sid)
         if found is not None:
-            record = Record(sid, found.environment_id, found, deps.clock.now())
+            record = Record(sid, found.environment_id, found, found.created_at or deps.clock.now())
             adopted = True
     health = deps.runner.status(record.handle) if record else None
     connected = None
@@ -210,6 +210,8 @@ def act(lease: Lease, deps: Deps) -> Decision:
                 deps.runner.discard(sid)  # L16: the workspace goes with the session, not before
             deps.store.forget(lease)
             log.info("sandbox released", extra={"sandbox": record.handle.name})
+        elif record is None and released_for_good(session) and deps.runner.keeps_workspace(sid):
+            deps.runner.discard(sid)  # a workspace kept after its sandbox went (L16)
         elif decision.verdict is Verdict.KEEP and adopted:
             assert record is not None
             deps.store.save(lease, record)

@@ -98,6 +98,7 @@ class Handle:
     generation: int
     uid: str = ""  # pod UID or process id: distinguishes two sandboxes of one name
     environment_id: str = ""  # the environment its executor serves
+    created_at: float = 0.0  # when the sandbox was created (Unix seconds; 0 when unknown)
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,14 @@
-"""The periodic sweep (L17, L18): every session with a mapping or a managed sandbox is
-worked again, through the same queue and lease as a webhook.
+"""The periodic sweep (L17, L18): every session with a mapping, a managed sandbox or a
+kept workspace is worked again, through the same queue and lease as a webhook.
 
 Deleting a session sends nothing, so only a sweep finds compute whose session is gone
-(404), failed or past its maximum lifetime, a mapping whose sandbox vanished, or a sandbox
-nobody recorded. The sweep decides nothing itself: it asks for work on each such session;
-the worker, holding the session's lease, re-reads it and decides with ``lifecycle.decide``
-(release, adopt, or leave alone). A start and a cleanup of one session therefore never
-interleave (L18).
+(404), failed or past its maximum lifetime, a mapping whose sandbox vanished, a sandbox
+nobody recorded, or a kept workspace whose session is gone. The sweep decides nothing
+itself: it asks for work on each such session; the worker, holding the session's lease,
+re-reads it and decides with ``lifecycle.decide`` (release, adopt, discard, or leave
+alone). A start and a cleanup of one session therefore never interleave (L18).
 
-Exactly one scheduler sweeps at a time: ``Leadership`` is a Redis lease renewed each round.
+Exactly one scheduler sweeps at a time (``scheduler.Leadership``).
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ class Sweep:
 
 def sweep(store: SessionStore, runner: Runner, enqueue: Callable[[str], None]) -> Sweep:
     mapped = set(store.session_ids())
-    managed = {handle.session_id for handle in runner.list_managed()}
+    managed = {handle.session_id for handle in runner.list_managed()} | set(runner.workspaces())
     for session_id in sorted(mapped | managed):
         store.want(session_id)
         enqueue(session_id)

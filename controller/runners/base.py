@@ -14,6 +14,9 @@ makes it so, safely under repetition:
 - ``discard(session_id)`` deletes what outlives a sandbox (a workspace volume) once the
   session is released for good (L16).
 - ``list_managed()`` lists every sandbox this runner manages (for reconciliation and clean-up).
+- ``workspaces()`` lists the sessions that still have a kept workspace, with or without a
+  sandbox, so that the sweep can discard one whose session is gone (L16, L17);
+  ``keeps_workspace(session_id)`` asks the same of one session.
 """
 
 from __future__ import annotations
@@ -35,3 +38,7 @@ class Runner(Protocol):
     def discard(self, session_id: str) -> None: ...
 
     def list_managed(self) -> list[Handle]: ...
+
+    def workspaces(self) -> list[str]: ...
+
+    def keeps_workspace(self, session_id: str) -> bool: ...

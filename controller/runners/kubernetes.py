@@ -174,6 +174,36 @@ class KubernetesRunner:
         live = self._live_pods(session_id)
         return _handle(session_id, max(live, key=_generation_of)) if live else None
 
+    def keeps_workspace(self, session_id: str) -> bool:
+        """A claim being deleted (it waits for its pvc-protection finalizer) is no longer kept."""
+
+        def read() -> Any:
+            with _translated("get", "persistentvolumeclaims"):
+                return self._api.read_namespaced_persistent_volume_claim(names.pvc_name(session_id), self._ns)
+
+        try:
+            claim = _retrying(read)
+        except ApiException as exc:
+            if exc.status in (404, 410):
+                return False
+            raise
+        return claim.metadata.deletion_timestamp is None
+
+    def workspaces(self) -> list[str]:
+        def claims() -> list[Any]:
+            with _translated("list", "persistentvolumeclaims"):
+                selector = names.managed_selector()
+                return list(self._api.list_namespaced_persistent_volume_claim(self._ns, label_selector=selector).items)
+
+        return sorted(
+            {
+                claim.metadata.annotations[names.SESSION_ID_ANNOTATION]
+                for claim in _retrying(claims)
+                if (claim.metadata.annotations or {}).get(names.SESSION_ID_ANNOTATION)
+                and claim.metadata.deletion_timestamp is None
+            }
+        )
+
     def list_managed(self) -> list[Handle]:
         def pods() -> list[Any]:
             with _translated("list", "pods"):
@@ -279,4 +309,5 @@ def _handle(session_id: str, pod: Any) -> Handle:
         generation=_generation_of(pod),
         uid=pod.metadata.uid,
         environment_id=(pod.metadata.annotations or {}).get(names.ENVIRONMENT_ID_ANNOTATION, ""),
+        created_at=pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
     )

@@ -116,6 +116,20 @@ class LocalRunner:
                 shutil.rmtree(directory / "workspace", ignore_errors=True)
                 shutil.rmtree(directory / "home", ignore_errors=True)
 
+    def keeps_workspace(self, session_id: str) -> bool:
+        return (self._root / session_key(session_id) / "workspace").is_dir()
+
+    def workspaces(self) -> list[str]:
+        """Sessions whose workspace directory is still here (removed by ``discard``)."""
+        found = []
+        for directory in sorted(self._root.glob("*")):
+            try:
+                if (directory / "workspace").is_dir():
+                    found.append((directory / "session").read_text())
+            except OSError:
+                continue
+        return found
+
     def list_managed(self) -> list[Handle]:
         handles = []
         for directory in sorted(self._root.glob("*")):
@@ -157,6 +171,7 @@ class LocalRunner:
             generation=int(data["generation"]),
             uid=f"{data['pid']}:{data['start_ticks']}",
             environment_id=data.get("environment_id", ""),
+            created_at=float(data.get("created_at", 0.0)),
         )
 
     def _alive(self, handle: Handle) -> bool:
@@ -197,7 +212,9 @@ class LocalRunner:
         except OSError as exc:
             raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: {exc.strerror}") from exc
         self._children[child.pid] = child
+        created_at = time.time()
         ticks = _start_ticks(child.pid) or 0
+        (directory / "session").write_text(spec.session_id)
         name = f"executor-{session_key(spec.session_id)}-g{generation}"
         (directory / "sandbox.json").write_text(
             json.dumps(
@@ -208,6 +225,7 @@ class LocalRunner:
                     "start_ticks": ticks,
                     "name": name,
                     "environment_id": spec.environment_id,
+                    "created_at": created_at,
                 }
             )
         )
@@ -221,6 +239,7 @@ class LocalRunner:
             generation=generation,
             uid=f"{child.pid}:{ticks}",
             environment_id=spec.environment_id,
+            created_at=created_at,
         )
 
     def _stop(self, handle: Handle) -> None:

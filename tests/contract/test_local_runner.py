@@ -252,3 +252,17 @@ def test_missing_executor_command_is_rejected(runners: Runners, tmp_path: Path) 
         runner.ensure(spec(), 1)
     assert EXECUTOR_KEY not in str(raised.value)
     assert runner.list_managed() == [] and runner.live() == []
+
+
+def test_the_workspace_outlives_the_process_until_discarded(runners: Runners) -> None:
+    """L16: releasing the executor keeps the session's workspace (listed for the sweep);
+    discard removes it once the session is released for good."""
+    runner = runners.new()
+    handle = runner.ensure(spec(), 1)
+    wait_ready(runners)
+    runner.release(handle)
+    assert runner.keeps_workspace("sess_1")
+    assert runner.workspaces() == ["sess_1"]
+    runner.discard("sess_1")
+    assert not runner.keeps_workspace("sess_1")
+    assert runner.workspaces() == []

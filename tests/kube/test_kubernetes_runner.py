@@ -197,3 +197,21 @@ def test_a_node_slow_to_start_the_pod_still_gets_one_pod(kube_world: KubeWorld) 
         kube_world.kubelet.slow_start(0.0)
     assert len(_pods(kube_world, kube_world.namespace, spec)) == 1
     runner.release(handle)
+
+
+def test_a_persistent_workspace_outlives_its_pod_until_discarded(kube_world: KubeWorld) -> None:
+    """L16: with workspace persistence the PVC stays when the pod is released (replacement,
+    crash), is listed for the sweep, and goes only with discard (session released for good)."""
+    runner = _runner(kube_world, template=replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"))
+    spec = _session(kube_world)
+    handle = runner.ensure(spec, 1)
+    assert runner.keeps_workspace(spec.session_id)
+    runner.release(handle)
+    wait_until(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
+    assert runner.keeps_workspace(spec.session_id)
+    assert spec.session_id in runner.workspaces()
+    runner.discard(spec.session_id)
+    # Deleted; here it stays terminating (no controller-manager removes its pvc-protection finalizer).
+    wait_until(lambda: not runner.keeps_workspace(spec.session_id), 30, "the PVC to be deleted")
+    assert spec.session_id not in runner.workspaces()
+    assert runner.keeps_workspace("sess_never_seen") is False

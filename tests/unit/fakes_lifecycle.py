@@ -204,6 +204,7 @@ class FakeRunner:
     fail_ensure: Exception | None = None
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
     _sandboxes: dict[str, _Sandbox] = field(default_factory=dict)  # by uid, released ones too
+    kept_workspaces: set[str] = field(default_factory=set)  # sessions whose workspace outlives sandboxes
 
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
         self.calls.append(("ensure", spec.session_id, generation))
@@ -224,6 +225,7 @@ class FakeRunner:
             environment_id=spec.environment_id,
         )
         sandbox = _Sandbox(handle=handle, spec=spec)
+        self.kept_workspaces.add(spec.session_id)
         self.live[spec.session_id] = sandbox
         self._sandboxes[handle.uid] = sandbox
         self.max_live.setdefault(spec.session_id, 1)
@@ -249,9 +251,16 @@ class FakeRunner:
 
     def discard(self, session_id: str) -> None:
         self.calls.append(("discard", session_id, 0))
+        self.kept_workspaces.discard(session_id)
 
     def list_managed(self) -> list[Handle]:
         return [s.handle for s in self.live.values()]
+
+    def workspaces(self) -> list[str]:
+        return sorted(self.kept_workspaces)
+
+    def keeps_workspace(self, session_id: str) -> bool:
+        return session_id in self.kept_workspaces
 
     # -- test helpers --------------------------------------------------------------------
 

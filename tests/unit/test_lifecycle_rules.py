@@ -6,6 +6,8 @@ Extends ``test_lifecycle.py`` (same fakes): ``decide`` for L17, ``work`` for L1/
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from controller import reconcile
@@ -343,3 +345,32 @@ def test_sweep_during_a_start_is_coordinated_by_the_lease() -> None:
     want, done = world.store.counters("sess_1")
     assert want == done == 2
     assert world.work_published() == {"sess_1": []}  # the retried job finds nothing left to do
+
+
+def test_a_kept_workspace_whose_session_is_deleted_later_is_discarded_by_the_sweep() -> None:
+    """L16, L17: the sandbox of an idle session died, so its mapping went but its workspace
+    stayed; when the session is deleted later, the sweep still finds the workspace and the
+    worker discards it (no record needed)."""
+    world = World()
+    world.sessions.put(IDLE)
+    handle = world.mapped()
+    world.runner.set_health(handle, Health.FAILED)
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.runner.workspaces() == ["sess_1"]
+    del world.sessions.sessions["sess_1"]  # deleted: the API now answers 404
+    world.sweep()
+    assert world.work_published() == {"sess_1": [Verdict.IGNORE]}
+    assert world.count("discard") == 1
+    assert world.runner.workspaces() == []
+
+
+def test_an_adopted_orphan_keeps_its_real_age_for_the_maximum_lifetime() -> None:
+    """L17: a sandbox nobody recorded is adopted with its own creation time, so an old one
+    is released for age instead of looking newborn."""
+    world = World(max_lifetime=100.0)
+    world.sessions.put(IDLE)
+    orphan = world.orphan()
+    world.runner.live["sess_1"].handle = replace(orphan, created_at=T0 - 500.0)
+    assert world.deliver() == [Verdict.RELEASE]
+    assert world.count("release") == 1
+    assert world.count("discard") == 0  # the session lives on: its workspace stays (L16)
