@@ -21,15 +21,6 @@ from tests.support.redis_server import RedisServer
 _ids = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    redis_server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield redis_server
-    finally:
-        redis_server.stop()
-
-
 @pytest.fixture
 def client(server: RedisServer) -> Iterator[redis.Redis]:
     c = connect(server.url, timeout_seconds=2.0)

@@ -30,15 +30,6 @@ INTERVAL = 1.0
 _ids = itertools.count(1)
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
-    redis_server = RedisServer(tmp_path_factory.mktemp("redis")).start()
-    try:
-        yield redis_server
-    finally:
-        redis_server.stop()
-
-
 @pytest.fixture
 def clients(server: RedisServer) -> Iterator[Callable[[], redis.Redis]]:
     """New connections to a flushed server (the leader key is global), all closed afterwards."""

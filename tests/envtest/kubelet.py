@@ -343,3 +343,35 @@ def wait_until(predicate: Any, timeout: float, what: str) -> Any:
             return value
         time.sleep(0.1)
     raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+RUNNER_IMAGE = "sandbox-controller-runner:test"
+ENTRYPOINT = Path(__file__).resolve().parents[2] / "runner_image" / "entrypoint.sh"
+
+
+def runner_kubelet(
+    api_client: client.ApiClient, namespaces: Sequence[str], work_root: Path, codex: str, node_name: str = "test-node"
+) -> TestKubelet:
+    """A kubelet on which the runner image is the real entrypoint with the npm-installed codex
+    (registration retries kept short for tests)."""
+    return TestKubelet(
+        api_client,
+        namespaces=namespaces,
+        images={RUNNER_IMAGE: ["bash", str(ENTRYPOINT)]},
+        work_root=work_root,
+        image_env={"CODEX_BIN": codex, "RETRY_INITIAL_SECONDS": "0.5", "RETRY_MAX_SECONDS": "2"},
+        node_name=node_name,
+    )
+
+
+def create_executor_key_secret(core: client.CoreV1Api, namespace: str, key: str, name: str) -> None:
+    """The Secret sandbox pods read CODEX_API_KEY from (key ``executor-key``)."""
+    import base64
+
+    core.create_namespaced_secret(
+        namespace,
+        client.V1Secret(
+            metadata=client.V1ObjectMeta(name=name),
+            data={"executor-key": base64.b64encode(key.encode()).decode()},
+        ),
+    )

@@ -4,23 +4,19 @@ Agents API simulator that the real codex (through the runner image's entrypoint)
 
 from __future__ import annotations
 
-import base64
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 from kubernetes import client
 
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
-from tests.envtest.kubelet import TestKubelet
+from tests.envtest.kubelet import TestKubelet, create_executor_key_secret, runner_kubelet
 from tests.support.codex import codex_binary
 from tests.support.simulator import SimulatorProcess
 
-ROOT = Path(__file__).resolve().parents[2]
-RUNNER_IMAGE = "sandbox-controller-runner:test"
 EXECUTOR_SECRET = "sandbox-executor-key"
 RESTRICTED = {
     "pod-security.kubernetes.io/enforce": "restricted",
@@ -40,13 +36,7 @@ class KubeWorld:
         name = f"ns-{uuid.uuid4().hex[:8]}"
         self.api.create_namespace(name, labels)
         if with_secret:
-            self.core.create_namespaced_secret(
-                name,
-                client.V1Secret(
-                    metadata=client.V1ObjectMeta(name=EXECUTOR_SECRET),
-                    data={"executor-key": base64.b64encode(self.simulator.environment_key.encode()).decode()},
-                ),
-            )
+            create_executor_key_secret(self.core, name, self.simulator.environment_key, EXECUTOR_SECRET)
         self.kubelet.namespaces.append(name)
         return name
 
@@ -58,14 +48,8 @@ def kube_world(kube_api: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory
     api_client = kube_api.api_client()
     core = client.CoreV1Api(api_client)
     simulator = SimulatorProcess(directory, args=["--turn-seconds", "0.5"]).start()
-    kubelet = TestKubelet(
-        api_client,
-        namespaces=[],
-        images={RUNNER_IMAGE: ["bash", str(ROOT / "runner_image" / "entrypoint.sh")]},
-        work_root=directory / "node",
-        image_env={"CODEX_BIN": codex, "RETRY_INITIAL_SECONDS": "0.5", "RETRY_MAX_SECONDS": "2"},
-        node_name=f"node-{uuid.uuid4().hex[:6]}",
-    ).start()
+    kubelet = runner_kubelet(api_client, [], directory / "node", codex, node_name=f"node-{uuid.uuid4().hex[:6]}")
+    kubelet.start()
     world = KubeWorld(kube_api, core, "", kubelet, simulator)
     world.namespace = world.new_namespace(RESTRICTED)
     try:

@@ -15,8 +15,8 @@ from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
 from controller.runners.kubernetes import KubernetesRunner
 from controller.runners.manifests import PodSettings, SandboxTemplate
-from tests.envtest.kubelet import wait_until
-from tests.kube.conftest import RUNNER_IMAGE, KubeWorld
+from tests.envtest.kubelet import RUNNER_IMAGE, wait_until
+from tests.kube.conftest import KubeWorld
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
 TEMPLATE = SandboxTemplate(image=RUNNER_IMAGE)

@@ -5,7 +5,6 @@ image's entrypoint with the real codex → it registers with the simulator."""
 
 from __future__ import annotations
 
-import base64
 import statistics
 import time
 from collections import Counter
@@ -21,14 +20,12 @@ from kubernetes import client
 from controller import names
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
-from tests.envtest.kubelet import TestKubelet
+from tests.envtest.kubelet import RUNNER_IMAGE, TestKubelet, create_executor_key_secret, runner_kubelet
 from tests.support.codex import codex_binary
 from tests.support.processes import wait_for
 from tests.system.loop import EXECUTOR_KEY, Loop, assert_no_secret
 
 pytestmark = [pytest.mark.system, pytest.mark.kube, pytest.mark.timeout(900)]
-ROOT = Path(__file__).resolve().parents[2]
-IMAGE = "sandbox-controller-runner:test"
 NAMESPACE = "sandboxes"
 # Exactly what the Helm chart's Role grants (helm/sandbox-controller/templates/rbac.yaml).
 RULES = [
@@ -83,28 +80,17 @@ def kube_loop(kube_api: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory)
     admin = kube_api.api_client()
     core = client.CoreV1Api(admin)
     kube_api.create_namespace(NAMESPACE, {"pod-security.kubernetes.io/enforce": "restricted"})
-    core.create_namespaced_secret(
-        NAMESPACE,
-        client.V1Secret(
-            metadata=client.V1ObjectMeta(name="sandbox-executor-key"),
-            data={"executor-key": base64.b64encode(EXECUTOR_KEY.encode()).decode()},
-        ),
-    )
+    create_executor_key_secret(core, NAMESPACE, EXECUTOR_KEY, "sandbox-executor-key")
     kubeconfig = _least_privilege_kubeconfig(kube_api, core, directory / "kubeconfig")
-    kubelet = TestKubelet(
-        admin,
-        [NAMESPACE],
-        {IMAGE: ["bash", str(ROOT / "runner_image" / "entrypoint.sh")]},
-        directory / "node",
-        image_env={"CODEX_BIN": codex, "RETRY_INITIAL_SECONDS": "0.5", "RETRY_MAX_SECONDS": "2"},
-    ).start()
+    kubelet = runner_kubelet(admin, [NAMESPACE], directory / "node", codex)
+    kubelet.start()
     loop = Loop(
         directory,
         codex,
         extra_env={
             "CONTROLLER_RUNNER": "kubernetes",
             "CONTROLLER_KUBERNETES_NAMESPACE": NAMESPACE,
-            "CONTROLLER_KUBERNETES_IMAGE": IMAGE,
+            "CONTROLLER_KUBERNETES_IMAGE": RUNNER_IMAGE,
             "CONTROLLER_EXECUTOR_KEY": None,  # L2: with Kubernetes the controller never holds it
             "KUBECONFIG": kubeconfig,
         },
