@@ -143,10 +143,12 @@ def test_fifty_sessions_with_duplicate_concurrent_deliveries_get_fifty_pods(kube
 def _connected_session(kube_loop: KubeLoop) -> tuple[dict[str, Any], str, Any]:
     """A new session whose executor (in its one pod) registered and holds its link."""
     loop = kube_loop.loop
+    started = time.monotonic()
     with loop.api() as api:
         session = loop.create_session(api)
     env = session["environment"]["id"]
     wait_for(lambda: kube_loop.registered(env), 120, "the first executor")
+    print(f"\nFIGURE kubernetes, one session: created → executor in pod registered {time.monotonic() - started:.2f}s")
     wait_for(lambda: loop.environment_status(env) == "connected", 30, "connected")
     [pod] = kube_loop.pods(session["id"])
     return session, env, pod
