@@ -42,7 +42,6 @@ class View:
         self.out = out
         self.lock = threading.Lock()
         self.colour = out.isatty()
-        self.seen: dict[str, int] = {}
 
     def say(self, source: str, what: str, subject: str = "", detail: str = "") -> None:
         stamp = time.strftime("%H:%M:%S")
@@ -51,7 +50,6 @@ class View:
             tag = f"\033[{_COLOURS.get(source, 0)}m{tag}\033[0m"
         line = f"{stamp}  {tag}  {what:<24} {subject:<30} {detail}".rstrip()
         with self.lock:
-            self.seen[what] = self.seen.get(what, 0) + 1
             print(line, file=self.out, flush=True)
 
     def render(self, source: str, record: dict[str, Any]) -> None:
@@ -175,13 +173,29 @@ def redis_binary() -> str | None:
     return shutil.which("redis-server")
 
 
+def codex_install_prefix() -> Path:
+    """Where ``scripts/test`` installs the pinned codex (npm --prefix), under the cache root."""
+    cache = Path(os.environ.get("SANDBOX_CONTROLLER_CACHE") or Path.home() / ".cache" / "sandbox-controller")
+    return cache / f"codex-{CODEX_VERSION}"
+
+
 def find_codex() -> str | None:
     found = shutil.which("codex")
     if found:
         return found
-    cache = Path(os.environ.get("SANDBOX_CONTROLLER_CACHE") or Path.home() / ".cache" / "sandbox-controller")
-    candidate = cache / f"codex-{CODEX_VERSION}" / "node_modules" / ".bin" / "codex"
+    candidate = codex_install_prefix() / "node_modules" / ".bin" / "codex"
     return str(candidate) if candidate.exists() else None
+
+
+def simulator_secrets(env: dict[str, str]) -> dict[str, str]:
+    """The simulator's secrets, as the variables it reads (argv would show them in `ps`)."""
+    from controller.simulator.cli import ENV_PREFIX
+
+    return {
+        ENV_PREFIX + "WEBHOOK_SECRET": env["CONTROLLER_WEBHOOK_SECRETS"].split(",")[0],
+        ENV_PREFIX + "ENVIRONMENT_KEY": env["CONTROLLER_EXECUTOR_KEY"],
+        ENV_PREFIX + "API_KEY": env["CONTROLLER_API_KEY"],
+    }
 
 
 def _http_ok(url: str) -> bool:
@@ -270,18 +284,12 @@ def main(args: argparse.Namespace) -> int:
                     str(args.simulator_port),
                     "--webhook-url",
                     f"{receiver_url}/webhooks",
-                    "--webhook-secret",
-                    env["CONTROLLER_WEBHOOK_SECRETS"].split(",")[0],
-                    "--environment-key",
-                    env["CONTROLLER_EXECUTOR_KEY"],
-                    "--api-key",
-                    env["CONTROLLER_API_KEY"],
                     "--turn-seconds",
                     "1",
                     "--webhook-retry-initial-seconds",
                     "0.5",
                 ],
-                env,
+                {**env, **simulator_secrets(env)},  # in its environment, never on a command line
             )
             wait_until(
                 lambda: httpx.get(f"{simulator_url}/admin/events", timeout=1).status_code == 200, 30, "simulator"

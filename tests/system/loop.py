@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from controller.dev import simulator_secrets
 from controller.runners.local import LocalRunner
 from controller.signing import sign_headers
 from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
@@ -107,12 +108,6 @@ class Loop:
             str(self.simulator_port),
             "--webhook-url",
             f"http://127.0.0.1:{self.receiver_ports[0]}/webhooks",
-            "--webhook-secret",
-            WEBHOOK_SECRET,
-            "--environment-key",
-            EXECUTOR_KEY,
-            "--api-key",
-            API_KEY,
             "--connect-timeout-seconds",
             "120",
             "--turn-seconds",
@@ -123,6 +118,16 @@ class Loop:
             "2",
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+        # Secrets in the environment, as dev does: on argv they would show in `ps`.
+        env.update(
+            simulator_secrets(
+                {
+                    "CONTROLLER_WEBHOOK_SECRETS": WEBHOOK_SECRET,
+                    "CONTROLLER_EXECUTOR_KEY": EXECUTOR_KEY,
+                    "CONTROLLER_API_KEY": API_KEY,
+                }
+            )
+        )
         self.simulator = Managed("simulator", argv, env, self.directory / "simulator.log").start()
         wait_for(lambda: port_open(self.simulator_port), 30, "simulator")
 

@@ -8,6 +8,7 @@ import os
 import signal
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import httpx
 import pytest
@@ -225,3 +226,19 @@ def test_no_secret_appears_in_any_output(loop: Loop) -> None:
     assert "session looked up" in output
     assert_no_secret(output)
     assert EXECUTOR_KEY not in output
+
+
+def test_no_secret_is_on_any_command_line(loop: Loop) -> None:
+    """L2: secrets reach the simulator, receivers, workers and executors through their
+    environment, never their argv (which any local user can read with `ps`)."""
+    processes = [loop.simulator, *loop.receivers, *loop.workers, loop.scheduler]
+    command_lines = [
+        Path(f"/proc/{p.pid}/cmdline").read_bytes().decode(errors="replace")
+        for p in processes
+        if p is not None and p.alive()
+    ]
+    command_lines += [
+        Path(f"/proc/{h.uid.split(':')[0]}/cmdline").read_bytes().decode(errors="replace") for h in loop.runner().live()
+    ]
+    assert len(command_lines) >= 5
+    assert_no_secret("\n".join(command_lines))
