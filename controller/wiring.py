@@ -24,7 +24,7 @@ def redact_secrets(settings: Settings) -> None:
     logs.redact(*values)
 
 
-def runner(settings: Settings) -> Runner:
+def runner(settings: Settings, templates: Templates | None = None) -> Runner:
     if settings.runner.kind == "local":
         assert settings.runner.executor_key is not None
         from controller.runners.local import LocalRunner
@@ -34,10 +34,10 @@ def runner(settings: Settings) -> Runner:
             executor_command=shlex.split(settings.runner.executor_command),
             executor_key=settings.runner.executor_key.reveal(),
         )
-    return kubernetes_runner(settings)
+    return kubernetes_runner(settings, templates or sandbox_templates(settings))
 
 
-def kubernetes_runner(settings: Settings) -> Runner:
+def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
     import os
 
@@ -54,7 +54,7 @@ def kubernetes_runner(settings: Settings) -> Runner:
     return KubernetesRunner(
         client.CoreV1Api(),
         PodSettings(namespace=k.namespace, executor_key_secret=k.executor_key_secret),
-        sandbox_templates(settings).get,
+        templates.get,
     )
 
 
@@ -72,6 +72,7 @@ def store(settings: Settings) -> RedisSessionStore:
 
 def worker_deps(settings: Settings) -> Deps:
     assert settings.api.api_key is not None
+    templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
     return Deps(
         sessions=HttpSessions(
             settings.api.base_url,
@@ -80,12 +81,12 @@ def worker_deps(settings: Settings) -> Deps:
             max_attempts=settings.api.max_attempts,
         ),
         store=store(settings),
-        runner=runner(settings),
+        runner=runner(settings, templates),
         clock=SystemClock(),
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
         max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
-        choose_template=sandbox_templates(settings).choose,
+        choose_template=templates.choose,
     )
 
 

@@ -7,17 +7,10 @@ from pathlib import Path
 
 import pytest
 
-CODEX_VERSION = "0.171.0"
+from controller.dev import CODEX_VERSION
+from controller.dev import codex_install_prefix as install_prefix
+
 CODEX_PACKAGE = f"@openai/codex@{CODEX_VERSION}"
-
-
-def cache_root() -> Path:
-    """``$SANDBOX_CONTROLLER_CACHE`` or ``~/.cache/sandbox-controller``."""
-    return Path(os.environ.get("SANDBOX_CONTROLLER_CACHE") or Path.home() / ".cache" / "sandbox-controller")
-
-
-def install_prefix() -> Path:
-    return cache_root() / f"codex-{CODEX_VERSION}"
 
 
 def install_command() -> str:
