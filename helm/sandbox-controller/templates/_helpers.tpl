@@ -173,11 +173,33 @@ Impossible combinations fail the render with a message that says what to set.
 {{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
 {{- fail "ingress.enabled=true needs at least one entry in ingress.hosts" }}
 {{- end }}
-{{- range .Values.sandbox.networkPolicy.egress.to }}
-{{- if and $.Values.sandbox.networkPolicy.egress.blockMetadata (eq .cidr "0.0.0.0/0") (not (has "169.254.169.254/32" (default list .except))) }}
-{{- fail "sandbox.networkPolicy.egress.to: an entry 0.0.0.0/0 must except 169.254.169.254/32 (cloud metadata) while blockMetadata is true" }}
+{{- if not .Values.sandbox.networkPolicy.dns.to }}
+{{- fail "sandbox.networkPolicy.dns.to must name the DNS servers (an empty list would let DNS go anywhere)" }}
+{{- end }}
+{{- range .Values.sandbox.networkPolicy.dns.to }}
+{{- if and .ipBlock (or (eq .ipBlock.cidr "0.0.0.0/0") (eq .ipBlock.cidr "::/0")) }}
+{{- fail "sandbox.networkPolicy.dns.to: DNS goes to the cluster's DNS servers, not to every address" }}
 {{- end }}
 {{- end }}
+{{- range .Values.sandbox.networkPolicy.egress.allow }}
+{{- if or (eq .cidr "0.0.0.0/0") (eq .cidr "::/0") }}
+{{- fail (printf "sandbox.networkPolicy.egress.allow: %s would reopen every address, the cluster's included; list the destinations you need (the public internet on egress.ports is already allowed)" .cidr) }}
+{{- end }}
+{{- end }}
+{{- end }}
+
+{{/*
+Ranges the sandboxes' public egress never reaches: private (RFC 1918), shared/CGNAT (RFC 6598)
+and link-local (cloud metadata) addresses, where the cluster's pods, services, nodes and API
+server live, plus sandbox.networkPolicy.egress.exceptCidrs. One per line, as a YAML list.
+*/}}
+{{- define "sandbox-controller.sandboxPrivateRanges" -}}
+{{- list "10.0.0.0/8" "172.16.0.0/12" "192.168.0.0/16" "100.64.0.0/10" "169.254.0.0/16" | toJson }}
+{{- end }}
+
+{{- define "sandbox-controller.sandboxEgressExcept" -}}
+{{- $ranges := include "sandbox-controller.sandboxPrivateRanges" . | fromJsonArray }}
+{{- toYaml (concat $ranges .Values.sandbox.networkPolicy.egress.exceptCidrs | uniq) }}
 {{- end }}
 
 {{/*
