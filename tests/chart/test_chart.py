@@ -264,11 +264,30 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
         (merge(CREDENTIALS, {"sandbox": {"executorKey": {"value": API_KEY}}}), "separate, restricted key"),
         (merge(CREDENTIALS, {"sandbox": {"namespace": {"name": NAMESPACE}}}), "must differ"),
         (
-            merge(CREDENTIALS, {"sandbox": {"networkPolicy": {"egress": {"to": [{"cidr": "0.0.0.0/0"}]}}}}),
-            "169.254.169.254/32",
+            merge(
+                CREDENTIALS,
+                {"sandbox": {"networkPolicy": {"egress": {"allow": [{"cidr": "0.0.0.0/0", "ports": [{"port": 80}]}]}}}},
+            ),
+            "would reopen every address",
+        ),
+        (merge(CREDENTIALS, {"sandbox": {"networkPolicy": {"dns": {"to": []}}}}), "networkPolicy/dns/to"),
+        (
+            merge(CREDENTIALS, {"sandbox": {"networkPolicy": {"dns": {"to": [{"ipBlock": {"cidr": "0.0.0.0/0"}}]}}}}),
+            "not to every address",
         ),
     ],
-    ids=["nothing", "no-api-key", "no-executor-key", "no-redis", "two-redis", "same-key", "same-ns", "metadata"],
+    ids=[
+        "nothing",
+        "no-api-key",
+        "no-executor-key",
+        "no-redis",
+        "two-redis",
+        "same-key",
+        "same-ns",
+        "allow-anywhere",
+        "dns-empty",
+        "dns-anywhere",
+    ],
 )
 def test_impossible_combinations_fail(chart: Any, helm: Any, values: dict[str, Any], message: str) -> None:
     """L2: impossible or unsafe combinations stop the render with a message saying what to set."""
@@ -349,13 +368,14 @@ def test_existing_secrets_are_referenced_not_created(chart: Any) -> None:
 
 
 def test_each_component_gets_only_the_credentials_it_needs(chart: Any) -> None:
-    """L2: the receiver gets the webhook secrets only; worker and scheduler the API key only."""
+    """L2: the receiver gets the webhook secrets only, the worker the API key only, the
+    scheduler (Redis and the runner) neither."""
     objects = render(chart, CREDENTIALS)
     full = _full(objects)
     wanted = {
         "receiver": ({"CONTROLLER_WEBHOOK_SECRETS_FILE"}, False),
         "worker": ({"CONTROLLER_API_KEY_FILE"}, True),
-        "scheduler": ({"CONTROLLER_API_KEY_FILE"}, True),
+        "scheduler": (set(), True),
     }
     for component, (files, token) in wanted.items():
         spec = one(objects, "Deployment", f"{full}-{component}")["spec"]["template"]["spec"]
@@ -363,7 +383,27 @@ def test_each_component_gets_only_the_credentials_it_needs(chart: Any) -> None:
         assert {n for n in env if n.endswith("_FILE")} == files, component
         assert spec["automountServiceAccountToken"] is token, component
         secrets = {v["secret"]["secretName"] for v in spec["volumes"] if "secret" in v}
-        assert len(secrets) == 1, component
+        assert len(secrets) == len(files), component
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_the_scheduler_gets_no_api_key(chart: Any, case: str, values: dict[str, Any]) -> None:
+    """L2: the scheduler only sweeps (Redis and the runner): nothing in its pod names the API
+    key's Secret, its key or its file, and controller.config does not ask it for one."""
+    from controller.config import Settings
+
+    objects = render(chart, values)
+    full = _full(objects)
+    api_key_secret = "sandbox-controller-api-key" if values["apiKey"].get("existingSecret") else f"{full}-api-key"
+    worker = json.dumps(one(objects, "Deployment", f"{full}-worker")["spec"]["template"]["spec"])
+    assert api_key_secret in worker  # the name is right: the worker does mount it
+    scheduler = json.dumps(one(objects, "Deployment", f"{full}-scheduler")["spec"]["template"]["spec"])
+    for needle in (api_key_secret, "CONTROLLER_API_KEY", "api-key", "/var/run/secrets/sandbox-controller/api"):
+        assert needle not in scheduler, needle
+    # The controller agrees: `scheduler` starts without an API key (Kubernetes runner).
+    Settings.from_env({"CONTROLLER_REDIS_URL": "redis://r:6379/0", "CONTROLLER_RUNNER": "kubernetes"}).require(
+        "scheduler"
+    )
 
 
 # -- RBAC, namespace, network policy ------------------------------------------------------------
@@ -418,8 +458,26 @@ def _sandbox_policy(objects: list[dict[str, Any]]) -> dict[str, Any]:
     return policy
 
 
+PRIVATE_RANGES = ["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"]
+CLUSTER_DNS = {
+    "to": [
+        {
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}},
+        }
+    ],
+    "ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}],
+}
+
+
+def _port_53_rules(egress: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [rule for rule in egress if any(p.get("port") == 53 for p in rule.get("ports", []))]
+
+
 def test_sandbox_network_policy_defaults(chart: Any) -> None:
-    """L8: nothing dials into a sandbox; it reaches only DNS and TCP 443, never cloud metadata."""
+    """L8: nothing dials into a sandbox; it reaches the cluster DNS pods on 53 and public
+    addresses on TCP 443, never a private, shared or link-local range (pods, services, nodes,
+    the API server, cloud metadata). These are the exact rules: nothing else is open."""
     objects = render(chart, CREDENTIALS)
     policy = _sandbox_policy(objects)
     assert policy["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
@@ -433,24 +491,69 @@ def test_sandbox_network_policy_defaults(chart: Any) -> None:
     assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
     assert spec["ingress"] == []
     assert spec["egress"] == [
-        {"ports": [{"port": 53, "protocol": "UDP"}, {"port": 53, "protocol": "TCP"}]},
+        CLUSTER_DNS,
         {
+            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": PRIVATE_RANGES}}],
             "ports": [{"port": 443, "protocol": "TCP"}],
-            "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32"]}}],
         },
     ]
+    # Every rule names its destinations and ports: no rule opens "anywhere" or "any port".
+    for rule in spec["egress"]:
+        assert rule["to"] and rule["ports"], rule
+    # Port 53 only to the DNS pods (a peer with both selectors), never to an ipBlock.
+    [dns] = _port_53_rules(spec["egress"])
+    assert all("ipBlock" not in peer and peer["podSelector"] for peer in dns["to"])
 
 
-def test_sandbox_egress_can_be_narrowed_and_extended(chart: Any) -> None:
-    """Egress narrows (DNS to kube-system, more exceptions) and takes extra rules from values."""
+def test_sandbox_egress_exceptions_and_extra_destinations_come_from_values(chart: Any) -> None:
+    """Values change where DNS goes, add CIDRs to the exceptions (the private ranges stay),
+    add destinations with their own ports, and append raw rules; port 53 still goes nowhere else."""
     spec = _sandbox_policy(render(chart, load_values(CI_DIR / "production-values.yaml")))["spec"]
-    dns, https, extra = spec["egress"]
-    assert dns["to"] == [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}}}]
-    assert https["to"] == [{"ipBlock": {"cidr": "0.0.0.0/0", "except": ["169.254.169.254/32", "10.0.0.0/8"]}}]
+    dns, https, proxy, lan, extra = spec["egress"]
+    assert dns == {
+        "to": [
+            {
+                "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "dns-system"}},
+                "podSelector": {"matchLabels": {"app.kubernetes.io/name": "coredns"}},
+            },
+            {"ipBlock": {"cidr": "169.254.20.10/32"}},  # NodeLocal DNSCache
+        ],
+        "ports": CLUSTER_DNS["ports"],
+    }
+    # User CIDRs are added after the private ranges, a duplicate (10.0.0.0/8) only once.
+    assert https == {
+        "to": [{"ipBlock": {"cidr": "0.0.0.0/0", "except": [*PRIVATE_RANGES, "198.51.100.7/32"]}}],
+        "ports": [{"port": 443, "protocol": "TCP"}],
+    }
+    assert proxy == {"to": [{"ipBlock": {"cidr": "10.20.30.40/32"}}], "ports": [{"port": 3128, "protocol": "TCP"}]}
+    assert lan == {
+        "to": [{"ipBlock": {"cidr": "192.168.50.0/24", "except": ["192.168.50.1/32"]}}],
+        "ports": [{"port": 8000, "protocol": "TCP", "endPort": 8100}],
+    }
     assert extra == {
         "to": [{"ipBlock": {"cidr": "203.0.113.0/24"}}],
         "ports": [{"port": 8443, "protocol": "TCP"}],
     }
+    assert _port_53_rules(spec["egress"]) == [dns]
+
+
+def test_sandbox_public_egress_can_be_closed(chart: Any) -> None:
+    """With no public ports, sandboxes reach only DNS and the listed destinations."""
+    values = merge(
+        CREDENTIALS,
+        {
+            "sandbox": {
+                "networkPolicy": {
+                    "egress": {"ports": [], "allow": [{"cidr": "203.0.113.9/32", "ports": [{"port": 443}]}]}
+                }
+            }
+        },
+    )
+    egress = _sandbox_policy(render(chart, values))["spec"]["egress"]
+    assert egress == [
+        CLUSTER_DNS,
+        {"to": [{"ipBlock": {"cidr": "203.0.113.9/32"}}], "ports": [{"port": 443, "protocol": "TCP"}]},
+    ]
 
 
 # -- settings the chart sets --------------------------------------------------------------------
