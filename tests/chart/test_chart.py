@@ -261,6 +261,10 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
         (merge(CREDENTIALS, {"sandbox": {"executorKey": {"value": ""}}}), "sandbox.executorKey"),
         (merge(CREDENTIALS, {"redis": {"enabled": False}}), "set redis.url or redis.existingSecret"),
         (merge(CREDENTIALS, {"redis": {"url": REDIS_URL}}), "not both"),
+        (
+            merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "auth": {"existingSecret": "r"}}}),
+            "redis.auth.existingSecret is for the bundled Redis",
+        ),
         (merge(CREDENTIALS, {"sandbox": {"executorKey": {"value": API_KEY}}}), "separate, restricted key"),
         (merge(CREDENTIALS, {"sandbox": {"namespace": {"name": NAMESPACE}}}), "must differ"),
         (
@@ -282,6 +286,7 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
         "no-executor-key",
         "no-redis",
         "two-redis",
+        "external-redis-auth",
         "same-key",
         "same-ns",
         "allow-anywhere",
@@ -556,6 +561,81 @@ def test_sandbox_public_egress_can_be_closed(chart: Any) -> None:
     ]
 
 
+def _pod_policy(objects: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]]:
+    [policy] = of_kind(objects, "ValidatingAdmissionPolicy")
+    [binding] = of_kind(objects, "ValidatingAdmissionPolicyBinding")
+    return policy, binding
+
+
+def _cel_variables(policy: dict[str, Any]) -> dict[str, Any]:
+    """The policy's constant variables (JSON literals are CEL literals)."""
+    out = {}
+    for variable in policy["spec"]["variables"]:
+        try:
+            out[variable["name"]] = json.loads(variable["expression"])
+        except ValueError:
+            continue  # an expression over the pod, not a constant
+    return out
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: str, values: dict[str, Any]) -> None:
+    """L2: a ValidatingAdmissionPolicy (denying, failing closed) checks every pod created or
+    updated in the sandbox namespace, and only there; it allows the runner image(s) and names
+    the executor key Secret the controller's pods reference."""
+    objects = render(chart, values)
+    policy, binding = _pod_policy(objects)
+    config = one(objects, "ConfigMap", _full(objects))["data"]
+    # Cluster-scoped objects: the name carries the release namespace (two releases "demo" differ).
+    assert policy["metadata"]["name"] == binding["metadata"]["name"] == f"{_full(objects)}-{NAMESPACE}-sandbox-pods"
+    assert "namespace" not in policy["metadata"] and "namespace" not in binding["metadata"]
+    spec = policy["spec"]
+    assert spec["failurePolicy"] == "Fail"
+    assert spec["matchConstraints"]["resourceRules"] == [
+        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+    ]
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+        "matchResources": {
+            "namespaceSelector": {
+                "matchLabels": {"kubernetes.io/metadata.name": config["CONTROLLER_KUBERNETES_NAMESPACE"]}
+            }
+        },
+    }
+    constants = _cel_variables(policy)
+    assert constants["executorKeySecret"] == config["CONTROLLER_KUBERNETES_EXECUTOR_KEY_SECRET"]
+    assert config["CONTROLLER_KUBERNETES_IMAGE"] in constants["allowedImages"]
+    assert constants["allowCodexSandbox"] is False
+    assert all(v["reason"] == "Forbidden" for v in spec["validations"])
+
+
+def test_sandbox_pod_policy_allows_template_and_extra_images(chart: Any) -> None:
+    """Every image a template names is allowed, plus sandbox.podPolicy.extraImages; nothing else."""
+    values = merge(
+        CREDENTIALS,
+        {
+            "sandbox": {
+                "templates": {
+                    "large": {"image": "registry.example.com/runner:big"},
+                    "small": {"resources": {}},  # inherits sandbox.image
+                    "again": {"image": "registry.example.com/runner:big"},
+                },
+                "podPolicy": {"extraImages": ["registry.example.com/runner:next"], "allowCodexSandbox": True},
+            }
+        },
+    )
+    constants = _cel_variables(_pod_policy(render(chart, values))[0])
+    assert constants["allowedImages"] == [
+        "sandbox-controller/sandbox-runner:0.171.0",
+        "registry.example.com/runner:big",
+        "registry.example.com/runner:next",
+    ]
+    assert constants["allowCodexSandbox"] is True
+    off = render(chart, merge(CREDENTIALS, {"sandbox": {"podPolicy": {"enabled": False}}}))
+    assert not [o for o in off if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
 # -- settings the chart sets --------------------------------------------------------------------
 
 
@@ -665,17 +745,143 @@ def test_components_commands_probes_and_strategy(chart: Any) -> None:
     assert budgets[f"{full}-worker"]["selector"] == worker["spec"]["selector"]
 
 
+def _redis_script(redis: dict[str, Any]) -> str:
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    assert container["command"] == ["sh", "-c"]
+    [script] = container["args"]
+    assert isinstance(script, str)
+    return script
+
+
+def _redis_config(script: str) -> dict[str, str]:
+    """The redis.conf lines the bundled Redis's script feeds to ``redis-server -``."""
+    body = script.split("<<EOF\n", 1)[1].split("\nEOF", 1)[0]
+    return dict(line.split(" ", 1) for line in body.splitlines())
+
+
 def test_bundled_redis_is_persistent_with_aof(chart: Any) -> None:
     """The bundled Redis keeps its data: a volume claim and the append-only file."""
     objects = render(chart, CREDENTIALS)
     [redis] = of_kind(objects, "StatefulSet")
     container = redis["spec"]["template"]["spec"]["containers"][0]
-    assert container["args"][:3] == ["redis-server", "--appendonly", "yes"]
+    config = _redis_config(_redis_script(redis))
+    assert config["appendonly"] == "yes" and config["dir"] == "/data"
+    assert {m["mountPath"]: m["name"] for m in container["volumeMounts"]}["/data"] == "data"
     assert ":" in container["image"] and not container["image"].endswith(":latest")
     [claim] = redis["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["resources"]["requests"]["storage"] == "2Gi"
-    url_secret = [s for s in of_kind(objects, "Secret") if "redis-url" in s.get("data", {})]
-    assert _decoded(url_secret[0])["redis-url"] == f"redis://{redis['metadata']['name']}.{NAMESPACE}.svc:6379/0"
+
+
+def test_bundled_redis_has_a_generated_password_and_protected_mode(chart: Any) -> None:
+    """L2: the bundled Redis requires a password the chart generates (kept in one Secret with
+    the URL the controller uses), protected mode is on, and the password appears in no argument
+    list, ConfigMap or annotation: Redis gets it from the Secret through its environment."""
+    objects = render(chart, CREDENTIALS)
+    full = _full(objects)
+    [redis] = of_kind(objects, "StatefulSet")
+    [auth] = [s for s in of_kind(objects, "Secret") if "redis-password" in s.get("data", {})]
+    assert auth["metadata"]["name"] == f"{full}-redis-auth"
+    password = _decoded(auth)["redis-password"]
+    assert len(password) == 32 and password.isalnum()
+    url = _decoded(auth)["redis-url"]
+    assert url == f"redis://:{password}@{redis['metadata']['name']}.{NAMESPACE}.svc:6379/0"
+    # Redis: requirepass from its environment, which comes from the Secret; protected mode on.
+    container = redis["spec"]["template"]["spec"]["containers"][0]
+    config = _redis_config(_redis_script(redis))
+    assert config["requirepass"] == '"$REDISCLI_AUTH"' and config["protected-mode"] == "yes"
+    assert container["env"] == [
+        {
+            "name": "REDISCLI_AUTH",
+            "valueFrom": {"secretKeyRef": {"name": auth["metadata"]["name"], "key": "redis-password"}},
+        }
+    ]
+    # The controller: the URL with the password, from the same Secret.
+    for _, spec in pod_specs(objects):
+        for c in spec["containers"]:
+            for env in c.get("env", []):
+                if env["name"] == "CONTROLLER_REDIS_URL":
+                    assert env["valueFrom"]["secretKeyRef"] == {"name": auth["metadata"]["name"], "key": "redis-url"}
+    # Nowhere outside its Secret.
+    for o in objects:
+        if o["kind"] != "Secret":
+            text = json.dumps(o)
+            assert password not in text and base64.b64encode(password.encode()).decode() not in text, o["kind"]
+    # Generated per install, not a constant of the chart.
+    again = [s for s in of_kind(render(chart, CREDENTIALS), "Secret") if "redis-password" in s.get("data", {})]
+    assert _decoded(again[0])["redis-password"] != password
+    # Not part of the config checksum: a fresh password does not roll the controller's pods.
+    sums = {o["spec"]["template"]["metadata"]["annotations"]["checksum/config"] for o in of_kind(objects, "Deployment")}
+    assert sums == {
+        o["spec"]["template"]["metadata"]["annotations"]["checksum/config"]
+        for o in of_kind(render(chart, CREDENTIALS), "Deployment")
+    }
+
+
+def test_bundled_redis_can_take_an_existing_secret(chart: Any) -> None:
+    """With redis.auth.existingSecret the chart makes no Redis Secret; Redis reads the password
+    and the controller the URL from that Secret. An external Redis refuses the setting."""
+    objects = render(chart, merge(CREDENTIALS, {"redis": {"auth": {"existingSecret": "my-redis"}}}))
+    assert not [s for s in of_kind(objects, "Secret") if "redis-password" in s.get("data", {})]
+    [redis] = of_kind(objects, "StatefulSet")
+    [env] = redis["spec"]["template"]["spec"]["containers"][0]["env"]
+    assert env["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "redis-password"}
+    worker = one(objects, "Deployment", f"{_full(objects)}-worker")["spec"]["template"]["spec"]
+    [url] = [e for e in worker["containers"][0]["env"] if e["name"] == "CONTROLLER_REDIS_URL"]
+    assert url["valueFrom"]["secretKeyRef"] == {"name": "my-redis", "key": "redis-url"}
+
+
+def test_the_rendered_redis_command_runs_a_redis_that_wants_the_password(chart: Any, tmp_path: Path) -> None:
+    """L2: the bundled Redis's own rendered start command, run with a real redis-server (on
+    loopback: the test adds `bind 127.0.0.1` and its own port and directory): a client without
+    the password is refused, the controller's URL from the chart's Secret works, protected mode
+    and AOF are on, and the password is not on redis-server's command line."""
+    import redis as redis_client
+
+    from tests.support.processes import Managed, free_port, wait_for
+    from tests.support.redis_server import redis_server_binary
+
+    objects = render(chart, CREDENTIALS)
+    [statefulset] = of_kind(objects, "StatefulSet")
+    [auth] = [s for s in of_kind(objects, "Secret") if "redis-password" in s.get("data", {})]
+    password, url = _decoded(auth)["redis-password"], _decoded(auth)["redis-url"]
+    port = free_port()
+    script = _redis_script(statefulset)
+    for rendered, local in (("port 6379", f"port {port}\nbind 127.0.0.1"), ("dir /data", f"dir {tmp_path}")):
+        assert rendered in script
+        script = script.replace(rendered, local)
+    script = script.replace("exec redis-server", f"exec {redis_server_binary()}")
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "REDISCLI_AUTH": password}
+    server = Managed("redis", ["sh", "-c", script], env, tmp_path / "redis.log").start()
+    try:
+        anonymous = redis_client.Redis(host="127.0.0.1", port=port, socket_timeout=2)
+        wait_for(lambda: _refuses_without_password(anonymous), 15, "the rendered redis-server to answer")
+        local_url = url.replace(url.split("@", 1)[1].split("/", 1)[0], f"127.0.0.1:{port}")
+        controller = redis_client.Redis.from_url(local_url, socket_timeout=2, decode_responses=True)
+        assert controller.ping() is True
+        assert controller.config_get("protected-mode") == {"protected-mode": "yes"}
+        assert controller.config_get("appendonly") == {"appendonly": "yes"}
+        assert controller.config_get("bind") == {"bind": "127.0.0.1"}
+        with pytest.raises(redis_client.AuthenticationError):
+            redis_client.Redis(host="127.0.0.1", port=port, password="wrong", socket_timeout=2).ping()
+        cmdline = Path(f"/proc/{server.pid}/cmdline").read_bytes()
+        assert b"redis-server" in cmdline and password.encode() not in cmdline
+        anonymous.close()
+        controller.close()
+    finally:
+        server.stop()
+    assert not server.alive()
+
+
+def _refuses_without_password(client: Any) -> bool:
+    import redis as redis_client
+
+    try:
+        client.ping()
+    except redis_client.AuthenticationError:
+        return True
+    except redis_client.ConnectionError:
+        return False
+    raise AssertionError("the bundled Redis answered a client without the password")
 
 
 def test_config_changes_roll_the_pods(chart: Any) -> None:

@@ -19,8 +19,8 @@ Auth: a static admin token (user ``envtest-admin`` in ``system:masters``) via
 ``--token-auth-file``; RBAC authorization; ServiceAccount tokens are signed
 with an RSA key generated at start-up, so the TokenRequest API works
 (:meth:`KubeAPIServer.service_account_token`). Admission: the default plugin
-set (which includes ``PodSecurity`` and ``ServiceAccount``) plus an explicit
-``--enable-admission-plugins=PodSecurity``.
+set (which includes ``PodSecurity``, ``ServiceAccount`` and ``ValidatingAdmissionPolicy``)
+plus an explicit ``--enable-admission-plugins=PodSecurity,ValidatingAdmissionPolicy``.
 
 Serving: HTTPS with the self-signed certificate that kube-apiserver writes into
 ``--cert-dir``; :attr:`KubeAPIServer.ca_file` is that bundle (valid for
@@ -221,7 +221,9 @@ class KubeAPIServer:
                 f"--cert-dir={wd / 'certs'}",
                 f"--token-auth-file={tokens}",
                 "--authorization-mode=RBAC",
-                "--enable-admission-plugins=PodSecurity",
+                # Both are on by default in 1.37; named so a change of defaults cannot drop them
+                # (the chart's sandbox pod policy is a ValidatingAdmissionPolicy).
+                "--enable-admission-plugins=PodSecurity,ValidatingAdmissionPolicy",
                 f"--service-account-key-file={sa_key}",
                 f"--service-account-signing-key-file={sa_key}",
                 f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",

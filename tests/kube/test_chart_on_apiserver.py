@@ -19,8 +19,9 @@ from __future__ import annotations
 import base64
 import copy
 import json
+import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -33,7 +34,7 @@ from controller import names
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
 from controller.runners.kubernetes import KubernetesRunner
-from controller.runners.manifests import PodSettings, SandboxTemplate
+from controller.runners.manifests import PodSettings, SandboxTemplate, make_pod
 from tests.chart.test_chart import CASE_IDS, CASES, CHART, CREDENTIALS, EXECUTOR_KEY, _helm, merge
 from tests.envtest.cluster import KubeAPIServer
 
@@ -45,6 +46,8 @@ RESTRICTED = {
     "pod-security.kubernetes.io/enforce-version": "latest",
 }
 FIELD_MANAGER = "chart-dry-run"
+RUNNER_IMAGE = "sandbox-runner:test"
+POLICY_KINDS = {"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}
 # What the runner uses, and nothing else (issue 3: "pods and PVCs: create, get, list, watch,
 # delete; events: create").
 EXPECTED_GRANTS = {
@@ -164,11 +167,14 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
         kinds[obj["kind"]] = kinds.get(obj["kind"], 0) + 1
         if obj["kind"] == "Namespace":
             continue  # applied above, for real and strictly validated
-        expected_ns = obj["metadata"]["namespace"]
-        assert expected_ns in (release_ns, sandbox_ns), (obj["kind"], obj["metadata"]["name"])
+        expected_ns = obj["metadata"].get("namespace")
+        if obj["kind"] in POLICY_KINDS:
+            assert expected_ns is None  # cluster-scoped; the binding selects the sandbox namespace
+        else:
+            assert expected_ns in (release_ns, sandbox_ns), (obj["kind"], obj["metadata"]["name"])
         applied = _dry_run_apply(dynamic, copy.deepcopy(obj))
         assert applied["metadata"]["name"] == obj["metadata"]["name"]
-        assert applied["metadata"]["namespace"] == expected_ns
+        assert applied["metadata"].get("namespace") == expected_ns
         created = _dry_run_create(dynamic, copy.deepcopy(obj))
         assert created["metadata"]["uid"]  # the server built the whole object, then dropped it
         # Dry run means nothing was stored.
@@ -177,13 +183,46 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
             dynamic.get(resource, name=obj["metadata"]["name"], namespace=expected_ns)
         assert missing.value.status == 404
 
-    # Only core kinds (no CRDs); no cluster-scoped object besides the sandbox Namespace.
+    # Only core kinds (no CRDs); no cluster-scoped object besides the sandbox Namespace and the
+    # sandbox pod policy with its binding (admission policies are cluster-scoped).
     allowed = {
         "ConfigMap", "Deployment", "Ingress", "Namespace", "NetworkPolicy", "Pod", "PodDisruptionBudget",
         "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet",
-    }  # fmt: skip
+    } | POLICY_KINDS  # fmt: skip
     assert set(kinds) <= allowed, set(kinds) - allowed
     assert kinds["Deployment"] >= 2 and kinds["Pod"] == 1
+    assert kinds["ValidatingAdmissionPolicy"] == kinds["ValidatingAdmissionPolicyBinding"] == 1
+    assert kinds["NetworkPolicy"] >= 1
+
+
+@pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
+def test_the_sandbox_network_policy_is_accepted_as_rendered(
+    kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any, case: str, values: dict[str, Any]
+) -> None:
+    """The sandbox egress policy (private ranges and user CIDRs excepted, DNS only to the DNS
+    peers, extra destinations) passes the API server's own NetworkPolicy validation (each
+    ``except`` inside its ``cidr``, valid peers and ports), and the server keeps every rule as
+    rendered. This proves the policy is well-formed, not that a CNI enforces it."""
+    release_ns = _unique("rel")
+    kube_api.create_namespace(release_ns)
+    values = merge(_case_values(case, values, release_ns), {"sandbox": {"namespace": {"create": False}}})
+    objects = render(chart, values, release_ns)
+    [policy] = [o for o in objects if o["kind"] == "NetworkPolicy" and o["metadata"]["name"].endswith("-sandboxes")]
+    kube_api.create_namespace(policy["metadata"]["namespace"])
+    created = _dry_run_create(DynamicClient(admin), copy.deepcopy(policy))
+    egress = created["spec"]["egress"]
+    assert egress == policy["spec"]["egress"]
+    public = [r for r in egress if any(p.get("ipBlock", {}).get("cidr") == "0.0.0.0/0" for p in r["to"])]
+    [rule] = public
+    assert {"10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10", "169.254.0.0/16"} <= set(
+        rule["to"][0]["ipBlock"]["except"]
+    )
+    # The server does check: an exception outside its block is refused.
+    broken = copy.deepcopy(policy)
+    broken["spec"]["egress"][1]["to"][0]["ipBlock"] = {"cidr": "203.0.113.0/24", "except": ["10.0.0.0/8"]}
+    with pytest.raises(ApiException) as refused:
+        _dry_run_create(DynamicClient(admin), broken)
+    assert refused.value.status == 422
 
 
 def test_strict_validation_is_really_on(kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any) -> None:
@@ -249,34 +288,94 @@ def test_controller_pods_are_admitted_where_restricted_is_enforced(
 
 
 class _Rbac:
-    def __init__(self, kube_api: KubeAPIServer, chart: Any) -> None:
+    """The chart's ServiceAccount, Role, RoleBinding, executor key Secret and sandbox pod policy,
+    created for real by the admin (as `helm install` would), and a client with the
+    ServiceAccount's own token. The sandbox namespace carries ``sandbox_labels``."""
+
+    def __init__(
+        self,
+        kube_api: KubeAPIServer,
+        chart: Any,
+        sandbox_labels: dict[str, str] = RESTRICTED,
+        extra_values: dict[str, Any] | None = None,
+    ) -> None:
         self.release_ns = _unique("rel")
         self.sandbox_ns = _unique("sbx")
         kube_api.create_namespace(self.release_ns)
-        kube_api.create_namespace(self.sandbox_ns, RESTRICTED)
-        values = merge(CREDENTIALS, {"sandbox": {"namespace": {"name": self.sandbox_ns, "create": False}}})
-        self.objects = render(chart, values, self.release_ns)
+        kube_api.create_namespace(self.sandbox_ns, sandbox_labels)
+        image, _, tag = RUNNER_IMAGE.partition(":")
+        values = merge(
+            CREDENTIALS,
+            {
+                "sandbox": {
+                    "namespace": {"name": self.sandbox_ns, "create": False},
+                    "image": {"repository": image, "tag": tag},
+                }
+            },
+        )
+        self.objects = render(chart, merge(values, extra_values or {}), self.release_ns)
         admin = kube_api.api_client()
         dynamic = DynamicClient(admin)
-        wanted = {"ServiceAccount", "Role", "RoleBinding"}
+        wanted = {"ServiceAccount", "Role", "RoleBinding"} | POLICY_KINDS
         for obj in self.objects:
-            is_executor_key = obj["kind"] == "Secret" and obj["metadata"]["namespace"] == self.sandbox_ns
+            is_executor_key = obj["kind"] == "Secret" and obj["metadata"].get("namespace") == self.sandbox_ns
             if obj["kind"] in wanted or is_executor_key:  # the admin (helm) creates these
                 _dry_run_apply(dynamic, copy.deepcopy(obj), dry_run=False)
         [sa] = [o for o in self.objects if o["kind"] == "ServiceAccount"]
-        [secret] = [o for o in self.objects if o["kind"] == "Secret" and o["metadata"]["namespace"] == self.sandbox_ns]
+        [secret] = [
+            o for o in self.objects if o["kind"] == "Secret" and o["metadata"].get("namespace") == self.sandbox_ns
+        ]
         [role] = [o for o in self.objects if o["kind"] == "Role"]
+        [policy] = [o for o in self.objects if o["kind"] == "ValidatingAdmissionPolicy"]
         self.sa_name: str = sa["metadata"]["name"]
         self.secret_name: str = secret["metadata"]["name"]
         self.role_name: str = role["metadata"]["name"]
+        self.policy_name: str = policy["metadata"]["name"]
         self.admin = admin
         self.token = kube_api.service_account_token(self.release_ns, self.sa_name)
         self.api = kube_api.api_client(self.token)
         self.core = client.CoreV1Api(self.api)
+        self.dynamic = DynamicClient(self.api)
+        self._wait_for_the_policy()
 
     def runner(self, template: SandboxTemplate, namespace: str | None = None) -> KubernetesRunner:
-        settings = PodSettings(namespace=namespace or self.sandbox_ns, executor_key_secret=self.secret_name)
-        return KubernetesRunner(self.core, settings, lambda name: template)
+        return KubernetesRunner(self.core, self.pod_settings(namespace), lambda name: template)
+
+    def pod_settings(self, namespace: str | None = None) -> PodSettings:
+        return PodSettings(namespace=namespace or self.sandbox_ns, executor_key_secret=self.secret_name)
+
+    def runner_pod(self, template: SandboxTemplate | None = None) -> dict[str, Any]:
+        """A pod exactly as the controller builds it (make_pod), for this sandbox namespace."""
+        return make_pod(_spec(), 1, template or SandboxTemplate(image=RUNNER_IMAGE), self.pod_settings())
+
+    def create_as_controller(self, pod: dict[str, Any]) -> dict[str, Any]:
+        """A dry-run create with the chart's own ServiceAccount token (RBAC and admission run)."""
+        return _dry_run_create(self.dynamic, copy.deepcopy(pod))
+
+    def refusal(self, pod: dict[str, Any]) -> str:
+        """The API server's message refusing ``pod`` (created with the chart's token); fails if admitted."""
+        with pytest.raises(ApiException) as refused:
+            self.create_as_controller(pod)
+        assert refused.value.status == 403, refused.value.body
+        message: str = json.loads(refused.value.body)["message"]
+        return message
+
+    def _wait_for_the_policy(self) -> None:
+        """A new policy takes effect once the API server has loaded it: retry a known-bad dry
+        run until the policy refuses it (bounded)."""
+        bad = self.runner_pod()
+        bad["spec"]["containers"][0]["image"] = "not-a-runner:latest"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                self.create_as_controller(bad)
+            except ApiException as exc:
+                if exc.status == 403 and f"ValidatingAdmissionPolicy '{self.policy_name}'" in (exc.body or ""):
+                    return
+                raise
+            if time.monotonic() > deadline:
+                raise AssertionError(f"the sandbox pod policy {self.policy_name} took no effect within 60 s")
+            time.sleep(0.2)
 
     def close(self) -> None:
         self.api.close()
@@ -286,6 +385,19 @@ class _Rbac:
 @pytest.fixture(scope="module")
 def rbac(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
     world = _Rbac(kube_api, chart)
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="module")
+def unguarded(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
+    """The chart's objects with a sandbox namespace that enforces no Pod Security level: the
+    pod policy stands alone (as where sandbox.namespace.create=false and nobody labelled it)."""
+    world = _Rbac(kube_api, chart, sandbox_labels={"pod-security.kubernetes.io/enforce": "privileged"})
+    # Another Secret in the sandbox namespace that a foreign pod would like to read.
+    client.CoreV1Api(world.admin).create_namespaced_secret(
+        world.sandbox_ns, client.V1Secret(metadata=client.V1ObjectMeta(name="other-secret"), string_data={"k": "v"})
+    )
     yield world
     world.close()
 
@@ -460,12 +572,189 @@ def _can(
     return bool(answer.status.allowed)
 
 
+# -- the sandbox pod policy, proven live ------------------------------------------------------
+
+
+def _mount_other_secret(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "loot", "secret": {"secretName": "other-secret"}})
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "loot", "mountPath": "/loot", "readOnly": True})
+
+
+def _env_from_other_secret(pod: dict[str, Any]) -> None:
+    ref = {"secretKeyRef": {"name": "other-secret", "key": "k"}}
+    pod["spec"]["containers"][0]["env"].append({"name": "LOOT", "valueFrom": ref})
+
+
+def _env_from_all_of_other_secret(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["envFrom"] = [{"secretRef": {"name": "other-secret"}}]
+
+
+def _host_path(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "host", "hostPath": {"path": "/"}})
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "host", "mountPath": "/host"})
+
+
+def _foreign_image(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["image"] = "attacker.example.com/miner:latest"
+
+
+def _host_network(pod: dict[str, Any]) -> None:
+    pod["spec"]["hostNetwork"] = True
+
+
+def _host_pid(pod: dict[str, Any]) -> None:
+    pod["spec"]["hostPID"] = True
+
+
+def _service_account_token(pod: dict[str, Any]) -> None:
+    del pod["spec"]["automountServiceAccountToken"]  # the ServiceAccount plugin mounts a token
+
+
+def _root(pod: dict[str, Any]) -> None:
+    for ctx in (pod["spec"]["securityContext"], pod["spec"]["containers"][0]["securityContext"]):
+        ctx.update(runAsNonRoot=False, runAsUser=0)
+
+
+def _privilege_escalation(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+
+
+def _capabilities(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["securityContext"]["capabilities"] = {"drop": ["ALL"], "add": ["SYS_ADMIN"]}
+
+
+def _unconfined(pod: dict[str, Any]) -> None:
+    pod["spec"]["securityContext"]["seccompProfile"] = {"type": "Unconfined"}
+
+
+def _init_container(pod: dict[str, Any]) -> None:
+    pod["spec"]["initContainers"] = [dict(pod["spec"]["containers"][0], name="init")]
+
+
+@pytest.mark.parametrize(
+    ("change", "refusal"),
+    [
+        (_mount_other_secret, "may reference only the executor key Secret"),
+        (_env_from_other_secret, "may reference only the executor key Secret"),
+        (_env_from_all_of_other_secret, "may reference only the executor key Secret"),
+        (_host_path, "mount no hostPath volume"),
+        (_foreign_image, "run only the runner images sandbox-runner:test"),
+        (_host_network, "no host network, PID or IPC namespace"),
+        (_host_pid, "no host network, PID or IPC namespace"),
+        (_service_account_token, "automountServiceAccountToken: false"),
+        (_root, "run as non-root"),
+        (_privilege_escalation, "without privilege escalation"),
+        (_capabilities, "capabilities drop ALL"),
+        (_unconfined, "seccomp RuntimeDefault or Localhost"),
+        (_init_container, "no init containers"),
+    ],
+    ids=lambda v: v.__name__.strip("_") if callable(v) else None,
+)
+def test_a_foreign_pod_shape_is_refused_by_the_charts_admission_policy(
+    unguarded: _Rbac, change: Callable[[dict[str, Any]], None], refusal: str
+) -> None:
+    """L2: with the chart's own ServiceAccount token (which RBAC lets create pods there), a pod
+    in the sandbox namespace that differs from the runner's shape in one way is refused by the
+    chart's ValidatingAdmissionPolicy, not by RBAC and not by Pod Security (this namespace
+    enforces none): another Secret, a hostPath, a foreign image, a host namespace, a
+    service-account token, root, privilege escalation, capabilities, unconfined seccomp."""
+    pod = unguarded.runner_pod()
+    unguarded.create_as_controller(pod)  # the unchanged pod is admitted: only the change differs
+    change(pod)
+    message = unguarded.refusal(pod)
+    assert f"ValidatingAdmissionPolicy '{unguarded.policy_name}'" in message
+    assert "denied request" in message and refusal in message, message
+    assert "PodSecurity" not in message and "cannot" not in message
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        SandboxTemplate(image=RUNNER_IMAGE),
+        SandboxTemplate(image=RUNNER_IMAGE, persist_workspace=True, workspace_size="1Gi", storage_class_name="fast"),
+        SandboxTemplate(
+            image=RUNNER_IMAGE,
+            image_pull_policy="IfNotPresent",
+            node_selector={"kubernetes.io/os": "linux"},
+            tolerations=({"key": "sandbox", "operator": "Exists", "effect": "NoSchedule"},),
+            image_pull_secrets=("regcred",),
+            active_deadline_seconds=3600,
+        ),
+        SandboxTemplate(image=RUNNER_IMAGE, runtime_class_name="gvisor"),
+    ],
+    ids=["default", "persistent-workspace", "scheduling", "runtime-class"],
+)
+def test_every_pod_the_controller_makes_is_admitted_by_the_policy(
+    unguarded: _Rbac, rbac: _Rbac, template: SandboxTemplate
+) -> None:
+    """L2: every template option of make_pod passes the chart's policy, with the chart's token,
+    both where Pod Security enforces nothing and where it enforces "restricted"."""
+    if template.runtime_class_name:
+        _ensure_runtime_class(unguarded.admin, template.runtime_class_name)
+    for world in (unguarded, rbac):
+        created = world.create_as_controller(world.runner_pod(template))
+        assert created["metadata"]["uid"]
+
+
+def test_the_runner_reports_a_refused_pod_as_rejected(unguarded: _Rbac) -> None:
+    """A template whose image the chart does not allow: the runner's real create is refused by
+    the policy and reported as RunnerRejected (not retried), with the policy's reason."""
+    runner = unguarded.runner(SandboxTemplate(image="registry.example.com/other:1"))
+    with pytest.raises(RunnerRejected, match=r"admission refused.*run only the runner images"):
+        runner.ensure(_spec(), 1)
+
+
+def test_the_codex_sandbox_opt_in_is_refused_unless_allowed(unguarded: _Rbac) -> None:
+    """L2: Codex's own sandbox (seccomp Unconfined, unmasked /proc) is outside the restricted
+    shape: the policy refuses it unless sandbox.podPolicy.allowCodexSandbox (off by default)."""
+    message = unguarded.refusal(unguarded.runner_pod(SandboxTemplate(image=RUNNER_IMAGE, codex_sandbox=True)))
+    assert "seccomp RuntimeDefault or Localhost" in message
+
+
+def test_the_codex_sandbox_opt_in_is_admitted_when_allowed(kube_api: KubeAPIServer, chart: Any) -> None:
+    """With sandbox.podPolicy.allowCodexSandbox the opt-in shape (seccomp Unconfined, unmasked
+    /proc) is admitted, and only inside a user namespace (hostUsers: false)."""
+    privileged = {"pod-security.kubernetes.io/enforce": "privileged"}
+    world = _Rbac(kube_api, chart, privileged, {"sandbox": {"podPolicy": {"allowCodexSandbox": True}}})
+    try:
+        pod = world.runner_pod(SandboxTemplate(image=RUNNER_IMAGE, codex_sandbox=True))
+        assert pod["spec"]["hostUsers"] is False
+        assert world.create_as_controller(pod)["metadata"]["uid"]
+        # Unconfined seccomp outside a user namespace (the API server itself refuses Unmasked there).
+        pod["spec"]["hostUsers"] = True
+        del pod["spec"]["containers"][0]["securityContext"]["procMount"]
+        assert "seccomp RuntimeDefault or Localhost" in world.refusal(pod)
+    finally:
+        world.close()
+
+
+def test_the_policy_binds_only_the_sandbox_namespace(unguarded: _Rbac) -> None:
+    """The policy checks the sandbox namespace only: the same foreign pod, created by the admin
+    in the release namespace, is not its business (dry run)."""
+    pod = unguarded.runner_pod()
+    _foreign_image(pod)
+    pod["metadata"]["namespace"] = unguarded.release_ns
+    created = _dry_run_create(DynamicClient(unguarded.admin), pod)
+    assert created["metadata"]["namespace"] == unguarded.release_ns
+
+
+def _ensure_runtime_class(admin: client.ApiClient, name: str) -> None:
+    try:
+        client.NodeV1Api(admin).create_runtime_class(
+            client.V1RuntimeClass(metadata=client.V1ObjectMeta(name=name), handler="runsc")
+        )
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
 # -- helm install with Helm's own library --------------------------------------------------------
 
 
 def test_helm_installs_and_uninstalls_the_chart(kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any) -> None:
     """`helm install` (Helm 4's library, server-side apply) creates every object on the 1.37 API
-    server; `helm uninstall` removes them again. No kubelet: nothing waits for pods."""
+    server (the sandbox pod policy included); `helm upgrade` keeps the bundled Redis's
+    generated password; `helm uninstall` removes them again. No kubelet: nothing waits for pods."""
     helm = _helm()
     release_ns = _unique("rel")
     kube_api.create_namespace(release_ns)
@@ -485,6 +774,26 @@ def test_helm_installs_and_uninstalls_the_chart(kube_api: KubeAPIServer, admin: 
         assert deployments == {f"{RELEASE}-sandbox-controller-{c}" for c in ("receiver", "worker", "scheduler")}
         secret = core.read_namespaced_secret(f"{RELEASE}-sandbox-controller-executor-key", sandbox_ns)
         assert base64.b64decode(secret.data["executor-key"]).decode() == EXECUTOR_KEY
+        policies = client.AdmissionregistrationV1Api(admin)
+        policy = f"{RELEASE}-sandbox-controller-{release_ns}-sandbox-pods"
+        assert policies.read_validating_admission_policy(policy).spec.failure_policy == "Fail"
+        assert policies.read_validating_admission_policy_binding(policy).spec.policy_name == policy
+        # The bundled Redis's generated password survives an upgrade (lookup finds its Secret).
+        password = _redis_auth(core, release_ns)
+        upgraded = cfg.upgrade(chart, RELEASE, merge(CREDENTIALS, {"logLevel": "DEBUG"}), namespace=release_ns)
+        assert upgraded["status"] == "deployed" and upgraded["revision"] == 2, upgraded
+        assert _redis_auth(core, release_ns) == password
         assert cfg.uninstall(RELEASE, timeout=120)["release"]["status"] == "uninstalled"
         assert apps.list_namespaced_deployment(release_ns).items == []
         assert core.list_namespaced_secret(sandbox_ns).items == []
+        assert policy not in {p.metadata.name for p in policies.list_validating_admission_policy().items}
+
+
+def _redis_auth(core: client.CoreV1Api, release_ns: str) -> str:
+    """The bundled Redis's password, checked against the controller's URL in the same Secret."""
+    secret = core.read_namespaced_secret(f"{RELEASE}-sandbox-controller-redis-auth", release_ns)
+    password = base64.b64decode(secret.data["redis-password"]).decode()
+    url = base64.b64decode(secret.data["redis-url"]).decode()
+    assert len(password) == 32 and password.isalnum()
+    assert url == f"redis://:{password}@{RELEASE}-sandbox-controller-redis.{release_ns}.svc:6379/0"
+    return password

@@ -110,8 +110,23 @@ Secret names and keys: chart-made or existing.
 {{- .Values.apiKey.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "api-key")) }}
 {{- end }}
 
+{{/*
+The Secret holding the controller's Redis URL (key redis.existingSecretKey): for the bundled
+Redis the auth Secret (which also holds its password), else the external URL's Secret.
+*/}}
 {{- define "sandbox-controller.redisSecretName" -}}
+{{- if .Values.redis.enabled }}
+{{- include "sandbox-controller.redisAuthSecretName" . }}
+{{- else }}
 {{- .Values.redis.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "redis-url")) }}
+{{- end }}
+{{- end }}
+
+{{/*
+The bundled Redis's password (key redis-password) and the matching URL: chart-made or existing.
+*/}}
+{{- define "sandbox-controller.redisAuthSecretName" -}}
+{{- .Values.redis.auth.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "redis-auth")) }}
 {{- end }}
 
 {{- define "sandbox-controller.redisName" -}}
@@ -120,6 +135,20 @@ Secret names and keys: chart-made or existing.
 
 {{- define "sandbox-controller.executorKeySecretName" -}}
 {{- .Values.sandbox.executorKey.existingSecret | default (include "sandbox-controller.componentName" (dict "root" . "component" "executor-key")) }}
+{{- end }}
+
+{{/*
+Images sandbox pods may run, as a CEL list literal: sandbox.image, every template's image and
+sandbox.podPolicy.extraImages.
+*/}}
+{{- define "sandbox-controller.sandboxImages" -}}
+{{- $images := list (printf "%s:%s" .Values.sandbox.image.repository .Values.sandbox.image.tag) }}
+{{- range $name, $template := .Values.sandbox.templates }}
+{{- with $template.image }}
+{{- $images = append $images . }}
+{{- end }}
+{{- end }}
+{{- concat $images .Values.sandbox.podPolicy.extraImages | uniq | toJson }}
 {{- end }}
 
 {{- define "sandbox-controller.templatesConfigMapName" -}}
@@ -142,6 +171,9 @@ Impossible combinations fail the render with a message that says what to set.
 {{- end }}
 {{- if and .Values.redis.enabled (or .Values.redis.url .Values.redis.existingSecret) }}
 {{- fail "redis: set either redis.enabled=true (bundled) or redis.url/redis.existingSecret (external), not both" }}
+{{- end }}
+{{- if and (not .Values.redis.enabled) .Values.redis.auth.existingSecret }}
+{{- fail "redis.auth.existingSecret is for the bundled Redis (redis.enabled=true); an external Redis's URL carries its own password" }}
 {{- end }}
 {{- if and .Values.redis.url .Values.redis.existingSecret }}
 {{- fail "redis: set redis.url or redis.existingSecret, not both" }}
