@@ -22,8 +22,9 @@ One stand-in, said plainly: codex sends its key only to ``https://*.openai.com``
 loopback host, so the simulator's ``remote_url`` is ``http://127.0.0.1:<port>``. Inside the
 sandbox pod that is the pod itself; the test therefore adds an ephemeral container (same
 network namespace, "restricted"-compliant) that forwards the pod's loopback port to the
-simulator Service on TCP 443, the one port the sandbox NetworkPolicy lets out. In
-production that hop is the pod's HTTPS route to api.openai.com.
+simulator Service on TCP 443; the chart's values add an egress rule to the simulator's pods
+(sandbox egress never reaches private ranges otherwise). In production that hop is the pod's
+HTTPS route to api.openai.com.
 """
 
 from __future__ import annotations
@@ -191,6 +192,26 @@ def cluster() -> Iterator[Cluster]:
             "sandbox": {
                 "image": {"repository": runner_repo, "tag": runner_tag},
                 "executorKey": {"value": world.environment_key},
+                # The simulator lives in a private range, which sandbox egress never reaches
+                # otherwise: let the sandbox pods reach exactly its pods (443 via the Service,
+                # SIM_PORT once a CNI has translated the Service address).
+                "networkPolicy": {
+                    "egress": {
+                        "extraRules": [
+                            {
+                                "to": [
+                                    {
+                                        "namespaceSelector": {
+                                            "matchLabels": {"kubernetes.io/metadata.name": namespace}
+                                        },
+                                        "podSelector": {"matchLabels": {"app.kubernetes.io/name": SIMULATOR}},
+                                    }
+                                ],
+                                "ports": [{"port": 443, "protocol": "TCP"}, {"port": SIM_PORT, "protocol": "TCP"}],
+                            }
+                        ]
+                    }
+                },
             },
         }
         with helm.Chart.load(str(CHART)) as chart, helm.Config(namespace=namespace) as cfg:  # KUBECONFIG
@@ -261,7 +282,7 @@ def _start_simulator(world: Cluster) -> None:
         },
     }
     client.AppsV1Api(world.api).create_namespaced_deployment(ns, deployment)
-    # Port 8090 for the worker; port 443 because sandbox egress allows only TCP 443 (and DNS).
+    # Port 8090 for the worker; port 443 for the sandbox pod's forwarder (an HTTPS-like route).
     service = {
         "apiVersion": "v1",
         "kind": "Service",
