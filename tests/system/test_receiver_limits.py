@@ -323,3 +323,37 @@ def test_huge_headers_are_refused_without_buffering_them(receiver: Receiver) -> 
     attackers = [huge_header(receiver.port, 100 * 10**6, within) for _ in range(FLOOD)]
     outcomes = run_flood(receiver, "900 x 100 MB headers", attackers, "sess_after_huge_headers")
     assert set(outcomes) <= {"HTTP/1.1 400 Bad Request", "closed", "reset"}, outcomes
+
+
+def test_a_kept_alive_connection_gets_the_header_deadline_again(receiver: Receiver) -> None:
+    """L3: after a response on a kept-alive connection, the next request's headers have the
+    same deadline: two quick requests are both served, a third that trickles its headers is
+    closed."""
+
+    async def scenario() -> tuple[list[str], str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
+        try:
+            served = []
+            for _ in range(2):
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+                await asyncio.wait_for(reader.readexactly(length), 30)
+                served.append(head.split(b"\r\n", 1)[0].decode())
+            writer.write(request_head())
+            read = asyncio.ensure_future(answer(reader, CHART.header_timeout_seconds + 30))
+            line = 0
+            while not read.done():
+                with contextlib.suppress(ConnectionError):
+                    writer.write(f"X-Trickle-{line}: a\r\n".encode())
+                    await writer.drain()
+                line += 1
+                await asyncio.wait([read], timeout=1.0)
+            return served, read.result()
+        finally:
+            writer.close()
+
+    served, third = asyncio.run(scenario())
+    assert served == ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK"]
+    assert third in {"closed", "reset"}, third
