@@ -6,18 +6,21 @@ decides:
 1. check the signature headers without the body (``Verifier.precheck``: present, well
    formed, timestamp within the window; 401), so a delivery that cannot be genuine costs no
    body buffer;
-2. read the raw body, at most ``max_body_bytes`` (413; an over-cap ``Content-Length`` is
+2. take one of ``max_in_flight`` slots for deliveries being read or handled at once, or
+   answer 503 with ``Retry-After`` (the sender retries): each one may buffer a whole body, so
+   this is what bounds the receiver's memory under a flood;
+3. read the raw body, at most ``max_body_bytes`` (413; an over-cap ``Content-Length`` is
    refused before reading, a chunked body is cut off while streaming) and within
    ``body_timeout_seconds`` of the headers (408: a body trickled slowly holds no slot for long);
-3. verify the signature over the raw bytes (L3; 401) — nothing is parsed or stored before;
-4. parse the envelope (400 for a verified but malformed body);
-5. classify (L4, L9, L10): drop → 200 ``{"status": "ignored", "reason": ...}``;
-6. a job the queue can never hold (an id that is not encodable text, or absurdly long) → 422
+4. verify the signature over the raw bytes (L3; 401) — nothing is parsed or stored before;
+5. parse the envelope (400 for a verified but malformed body);
+6. classify (L4, L9, L10): drop → 200 ``{"status": "ignored", "reason": ...}``;
+7. a job the queue can never hold (an id that is not encodable text, or absurdly long) → 422
    ``unqueueable``: no retry of the sender's can change it, so it is not a 503;
-7. ``inbox.submit(job)`` → 200 ``enqueued`` / ``duplicate`` only once the job is queued
+8. ``inbox.submit(job)`` → 200 ``enqueued`` / ``duplicate`` only once the job is queued
    (L5); ``Transient`` → 503 with ``Retry-After`` so the sender retries.
 
-A rejection answered before the whole body was read (steps 1–2) closes the connection.
+A rejection answered before the whole body was read (steps 1–3) closes the connection.
 
 A bug (any other exception) also answers 503: the sender retries and the event is not lost;
 it is logged with its traceback and counted as ``outcome="error"``. The receiver never
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass, field, fields
 from typing import Any
 
@@ -55,6 +59,7 @@ DEFAULT_RETRY_AFTER_SECONDS = 5
 MAX_RETRY_AFTER_SECONDS = 600
 _MAX_LENGTH_DIGITS = 18
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
+DEFAULT_MAX_IN_FLIGHT = 100
 MAX_SESSION_ID_CHARS = 256
 """Longer session ids are refused (422): none the Agents API issues comes close."""
 _MAX_LOGGED_CHARS = 256
@@ -84,6 +89,7 @@ class ReceiverServices:
     max_body_bytes: int
     counters: Counters = field(default_factory=Metrics)
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
     @classmethod
     def from_settings(
@@ -97,14 +103,37 @@ class ReceiverServices:
             webhook.max_body_bytes,
             counters if counters is not None else Metrics(),
             webhook.body_timeout_seconds,
+            webhook.max_in_flight,
         )
 
 
+class InFlight:
+    """Deliveries being read or handled at once, up to ``limit`` (one event loop: no lock)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[bool]:
+        """Yields whether a slot was free (and holds it until the block ends)."""
+        if self.count >= self.limit:
+            yield False
+            return
+        self.count += 1
+        try:
+            yield True
+        finally:
+            self.count -= 1
+
+
 def create_app(services: ReceiverServices) -> Starlette:
+    in_flight = InFlight(services.max_in_flight)
+
     async def webhooks(request: Request) -> Response:
         with contextlib.ExitStack() as context:
             try:
-                return await _receive(services, request, context)
+                return await _receive(services, request, context, in_flight)
             except Exception:
                 log.exception("webhook.error", extra={"outcome": "error", "reason": "bug"})
                 with contextlib.suppress(Exception):
@@ -139,9 +168,18 @@ def create_app(services: ReceiverServices) -> Starlette:
     return app
 
 
-async def _receive(services: ReceiverServices, request: Request, context: contextlib.ExitStack) -> Response:
+async def _receive(
+    services: ReceiverServices, request: Request, context: contextlib.ExitStack, in_flight: InFlight
+) -> Response:
     try:
         services.verifier.precheck(request.headers, services.clock.now())
+    except RejectDelivery as exc:
+        return _rejected(services, exc, close=True)  # the body is never read
+    if not context.enter_context(in_flight.slot()):
+        log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy"})
+        services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
+        return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
+    try:
         body = await read_body(request, services.max_body_bytes, services.body_timeout_seconds)
     except RejectDelivery as exc:
         return _rejected(services, exc, close=True)  # the rest of the body is never read
@@ -277,5 +315,6 @@ def _answer(
     return JSONResponse({"status": outcome, **extra})
 
 
-def _unavailable(status: str, seconds: int) -> Response:
-    return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": str(seconds)})
+def _unavailable(status: str, seconds: int, close: bool = False) -> Response:
+    headers = {"Retry-After": str(seconds), **({"Connection": "close"} if close else {})}
+    return JSONResponse({"status": status}, status_code=503, headers=headers)

@@ -5,13 +5,15 @@
 - the pure-Python h11 parser rather than httptools, because h11 refuses request headers
   above ``max_header_bytes`` (431, connection closed) instead of buffering them without bound;
 - ``limit_concurrency``: once ``max_connections`` connections are open (or requests in
-  progress), a new request gets 503 and the sender retries, rather than a new body buffer;
+  progress), a new request gets 503 and the sender retries: a backstop on sockets (the body
+  budget is the app's ``max_in_flight``, which leaves health probes alone);
 - a header deadline, which uvicorn lacks: a connection whose request headers are not complete
   ``header_timeout_seconds`` after it opened, or after its previous response, is closed, so a
   client trickling headers cannot keep a connection slot for ever.
 
-The body has its own deadline in the app (``receiver.read_body``: 408), and the receiver
-checks the signature headers before it reads a body byte (``signing.Verifier.precheck``).
+In the app (``receiver``), the signature headers are checked before a body byte is read
+(``signing.Verifier.precheck``), at most ``max_in_flight`` deliveries are read at once (503
+beyond), and the body has a deadline (408).
 """
 
 from __future__ import annotations

@@ -392,7 +392,12 @@ def raw_post(app: Any, headers: list[tuple[bytes, bytes]], receive: Any) -> list
     async def send(message: dict[str, Any]) -> None:
         sent.append(message)
 
-    scope = {
+    anyio.run(app, asgi_scope(headers), receive, send)
+    return sent
+
+
+def asgi_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
         "type": "http",
         "asgi": {"version": "3.0"},
         "http_version": "1.1",
@@ -406,8 +411,6 @@ def raw_post(app: Any, headers: list[tuple[bytes, bytes]], receive: Any) -> list
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
     }
-    anyio.run(app, scope, receive, send)
-    return sent
 
 
 @pytest.mark.parametrize(
@@ -543,3 +546,70 @@ def test_a_lone_surrogate_against_the_redis_inbox_is_422_not_503(clock: FakeCloc
         good = post(test_client, "environment_connection", webhook_id="msg_good")
         assert (good.status_code, good.json()) == (200, {"status": "enqueued"})
         assert [job.session_id for job in published] == ["sess_1"]
+
+
+def test_deliveries_beyond_max_in_flight_get_503_before_their_body_is_read(
+    inbox: FakeInbox, clock: FakeClock, metrics: Metrics
+) -> None:
+    """L5: while max_in_flight deliveries are being read, another gets 503 + Retry-After (the
+    sender retries) without a body byte read, and its connection is closed; junk headers are
+    still a 401; once the slot is free, deliveries are accepted again."""
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics, max_in_flight=1))
+    headers, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_slow")
+    wire = [(k.encode(), v.encode()) for k, v in headers.items()]
+    answers: dict[str, list[dict[str, Any]]] = {}
+    pulled = {"busy": 0, "junk": 0, "after": 0}
+
+    async def scenario() -> None:
+        release = anyio.Event()
+        started = anyio.Event()
+
+        async def slow_receive() -> dict[str, Any]:
+            started.set()
+            await release.wait()
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        def counting(name: str) -> Any:
+            async def receive() -> dict[str, Any]:
+                pulled[name] += 1
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            return receive
+
+        async def call(name: str, headers: list[tuple[bytes, bytes]], receive: Any) -> None:
+            sent: list[dict[str, Any]] = []
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            await app(asgi_scope(headers), receive, send)
+            answers[name] = sent
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "slow", wire, slow_receive)
+            await started.wait()
+            await call("busy", wire, counting("busy"))
+            await call("junk", [], counting("junk"))
+            release.set()
+        await call(
+            "after",
+            [(k.encode(), v.encode()) for k, v in signed(body, webhook_id="msg_after")[0].items()],
+            counting("after"),
+        )
+
+    anyio.run(scenario)
+    busy = answers["busy"][0]
+    assert busy["status"] == 503
+    assert (b"connection", b"close") in busy["headers"] and (b"retry-after", b"5") in busy["headers"]
+    assert pulled["busy"] == 0
+    assert pulled["junk"] == 0 and answers["junk"][0]["status"] == 401
+    assert answers["slow"][0]["status"] == 200
+    assert answers["after"][0]["status"] == 200
+    assert [job.webhook_id for job in inbox.jobs] == ["msg_slow", "msg_after"]
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy") == 1
+
+
+def test_max_in_flight_comes_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L5: CONTROLLER_WEBHOOK_MAX_IN_FLIGHT reaches the receiver."""
+    settings = WebhookSettings(secrets=(Secret(SECRET),), max_in_flight=7)
+    assert ReceiverServices.from_settings(settings, inbox, clock).max_in_flight == 7
