@@ -37,11 +37,19 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from controller import wiring
+    from controller import server, wiring
 
     settings = _settings("serve")
     app = wiring.receiver_app(settings)
-    uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, lifespan="off")
+    uvicorn.run(
+        app,
+        host=args.host,
+        port=args.port,
+        log_config=None,
+        access_log=False,
+        lifespan="off",
+        **server.options(settings.receiver),
+    )
     return 0
 
 

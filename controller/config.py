@@ -54,6 +54,25 @@ class WebhookSettings:
     """Deliveries above this get 413."""
     dedup_ttl_seconds: int = 73 * 3600
     """How long a ``webhook-id`` is remembered: beyond the sender's 72-hour retry horizon."""
+    body_timeout_seconds: float = 10.0
+    """A delivery's whole body must arrive within this once its headers are in (408 otherwise)."""
+    max_in_flight: int = 100
+    """Deliveries one receiver process reads or handles at once; beyond this a new one gets 503
+    (the sender retries) before its body is read. Each may buffer up to ``max_body_bytes``."""
+
+
+@dataclass(frozen=True)
+class ReceiverSettings:
+    """Limits of the receiver's HTTP server, so slow or hostile clients stay cheap."""
+
+    max_connections: int = 400
+    """Open connections (or requests in progress, of any path); a request beyond this gets 503.
+    A backstop on sockets: the body budget is ``WebhookSettings.max_in_flight``."""
+    max_header_bytes: int = 16 * 1024
+    """A request whose headers exceed this gets 431 and the connection is closed."""
+    header_timeout_seconds: float = 10.0
+    """A connection whose request headers are not complete this long after it opened (or after
+    its previous response) is closed."""
 
 
 @dataclass(frozen=True)
@@ -131,6 +150,7 @@ class LifecycleSettings:
 @dataclass(frozen=True)
 class Settings:
     webhook: WebhookSettings = WebhookSettings()
+    receiver: ReceiverSettings = ReceiverSettings()
     api: ApiSettings = ApiSettings()
     routing: RoutingSettings = RoutingSettings()
     queue: QueueSettings = QueueSettings()
@@ -178,6 +198,11 @@ KEYS: frozenset[str] = frozenset(
         "WEBHOOK_TOLERANCE_SECONDS",
         "WEBHOOK_MAX_BODY_BYTES",
         "WEBHOOK_DEDUP_TTL_SECONDS",
+        "WEBHOOK_BODY_TIMEOUT_SECONDS",
+        "WEBHOOK_MAX_IN_FLIGHT",
+        "RECEIVER_MAX_CONNECTIONS",
+        "RECEIVER_MAX_HEADER_BYTES",
+        "RECEIVER_HEADER_TIMEOUT_SECONDS",
         "API_KEY",
         "API_KEY_FILE",
         "API_BASE_URL",
@@ -245,6 +270,17 @@ class _Parser:
                 tolerance_seconds=self.number("WEBHOOK_TOLERANCE_SECONDS", WebhookSettings.tolerance_seconds, int, 1),
                 max_body_bytes=self.number("WEBHOOK_MAX_BODY_BYTES", WebhookSettings.max_body_bytes, int, 1024),
                 dedup_ttl_seconds=self.number("WEBHOOK_DEDUP_TTL_SECONDS", WebhookSettings.dedup_ttl_seconds, int, 1),
+                body_timeout_seconds=self.number(
+                    "WEBHOOK_BODY_TIMEOUT_SECONDS", WebhookSettings.body_timeout_seconds, float, 0.1
+                ),
+                max_in_flight=self.number("WEBHOOK_MAX_IN_FLIGHT", WebhookSettings.max_in_flight, int, 1),
+            ),
+            receiver=ReceiverSettings(
+                max_connections=self.number("RECEIVER_MAX_CONNECTIONS", ReceiverSettings.max_connections, int, 1),
+                max_header_bytes=self.number("RECEIVER_MAX_HEADER_BYTES", ReceiverSettings.max_header_bytes, int, 1024),
+                header_timeout_seconds=self.number(
+                    "RECEIVER_HEADER_TIMEOUT_SECONDS", ReceiverSettings.header_timeout_seconds, float, 0.1
+                ),
             ),
             api=ApiSettings(
                 base_url=base_url,

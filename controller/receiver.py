@@ -3,13 +3,24 @@
 ``POST /webhooks`` handles one delivery in this order, and answers at the first step that
 decides:
 
-1. read the raw body, at most ``max_body_bytes`` (413; an over-cap ``Content-Length`` is
-   refused before reading, a chunked body is cut off while streaming);
-2. verify the signature over the raw bytes (L3; 401) — nothing is parsed or stored before;
-3. parse the envelope (400 for a verified but malformed body);
-4. classify (L4, L9, L10): drop → 200 ``{"status": "ignored", "reason": ...}``;
-5. ``inbox.submit(job)`` → 200 ``enqueued`` / ``duplicate`` only once the job is queued
+1. check the signature headers without the body (``Verifier.precheck``: present, well
+   formed, timestamp within the window; 401), so a delivery that cannot be genuine costs no
+   body buffer;
+2. take one of ``max_in_flight`` slots for deliveries being read or handled at once, or
+   answer 503 with ``Retry-After`` (the sender retries): each one may buffer a whole body, so
+   this is what bounds the receiver's memory under a flood;
+3. read the raw body, at most ``max_body_bytes`` (413; an over-cap ``Content-Length`` is
+   refused before reading, a chunked body is cut off while streaming) and within
+   ``body_timeout_seconds`` of the headers (408: a body trickled slowly holds no slot for long);
+4. verify the signature over the raw bytes (L3; 401) — nothing is parsed or stored before;
+5. parse the envelope (400 for a verified but malformed body);
+6. classify (L4, L9, L10): drop → 200 ``{"status": "ignored", "reason": ...}``;
+7. a job the queue can never hold (an id that is not encodable text, or absurdly long) → 422
+   ``unqueueable``: no retry of the sender's can change it, so it is not a 503;
+8. ``inbox.submit(job)`` → 200 ``enqueued`` / ``duplicate`` only once the job is queued
    (L5); ``Transient`` → 503 with ``Retry-After`` so the sender retries.
+
+A rejection answered before the whole body was read (steps 1–3) closes the connection.
 
 A bug (any other exception) also answers 503: the sender retries and the event is not lost;
 it is logged with its traceback and counted as ``outcome="error"``. The receiver never
@@ -23,9 +34,11 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+import anyio
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
@@ -45,10 +58,25 @@ log = logs.get("controller.receiver")
 DEFAULT_RETRY_AFTER_SECONDS = 5
 MAX_RETRY_AFTER_SECONDS = 600
 _MAX_LENGTH_DIGITS = 18
+DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
+DEFAULT_MAX_IN_FLIGHT = 100
+MAX_SESSION_ID_CHARS = 256
+"""Longer session ids are refused (422): none the Agents API issues comes close."""
+_MAX_LOGGED_CHARS = 256
 
 
 class BodyTooLarge(RejectDelivery):
     status_code = 413
+
+
+class BodyTimeout(RejectDelivery):
+    status_code = 408
+
+
+class Unqueueable(RejectDelivery):
+    """A verified event whose job the queue can never hold: retrying cannot help."""
+
+    status_code = 422
 
 
 @dataclass(frozen=True)
@@ -60,20 +88,52 @@ class ReceiverServices:
     clock: Clock
     max_body_bytes: int
     counters: Counters = field(default_factory=Metrics)
+    body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
 
     @classmethod
     def from_settings(
         cls, webhook: WebhookSettings, inbox: Inbox, clock: Clock, counters: Counters | None = None
     ) -> ReceiverServices:
         verifier = Verifier([s.reveal() for s in webhook.secrets], webhook.tolerance_seconds)
-        return cls(verifier, inbox, clock, webhook.max_body_bytes, counters if counters is not None else Metrics())
+        return cls(
+            verifier,
+            inbox,
+            clock,
+            webhook.max_body_bytes,
+            counters if counters is not None else Metrics(),
+            webhook.body_timeout_seconds,
+            webhook.max_in_flight,
+        )
+
+
+class InFlight:
+    """Deliveries being read or handled at once, up to ``limit`` (one event loop: no lock)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.count = 0
+
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[bool]:
+        """Yields whether a slot was free (and holds it until the block ends)."""
+        if self.count >= self.limit:
+            yield False
+            return
+        self.count += 1
+        try:
+            yield True
+        finally:
+            self.count -= 1
 
 
 def create_app(services: ReceiverServices) -> Starlette:
+    in_flight = InFlight(services.max_in_flight)
+
     async def webhooks(request: Request) -> Response:
         with contextlib.ExitStack() as context:
             try:
-                return await _receive(services, request, context)
+                return await _receive(services, request, context, in_flight)
             except Exception:
                 log.exception("webhook.error", extra={"outcome": "error", "reason": "bug"})
                 with contextlib.suppress(Exception):
@@ -108,9 +168,22 @@ def create_app(services: ReceiverServices) -> Starlette:
     return app
 
 
-async def _receive(services: ReceiverServices, request: Request, context: contextlib.ExitStack) -> Response:
+async def _receive(
+    services: ReceiverServices, request: Request, context: contextlib.ExitStack, in_flight: InFlight
+) -> Response:
     try:
-        body = await read_body(request, services.max_body_bytes)
+        services.verifier.precheck(request.headers, services.clock.now())
+    except RejectDelivery as exc:
+        return _rejected(services, exc, close=True)  # the body is never read
+    if not context.enter_context(in_flight.slot()):
+        log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy"})
+        services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
+        return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
+    try:
+        body = await read_body(request, services.max_body_bytes, services.body_timeout_seconds)
+    except RejectDelivery as exc:
+        return _rejected(services, exc, close=True)  # the rest of the body is never read
+    try:
         verified = services.verifier.verify(request.headers, body, services.clock.now())
     except RejectDelivery as exc:
         return _rejected(services, exc)
@@ -119,7 +192,7 @@ async def _receive(services: ReceiverServices, request: Request, context: contex
         event = events.parse(body)
     except BadPayload as exc:
         return _rejected(services, exc)
-    context.enter_context(logs.bind(event_id=event.id or None, session_id=event.session_id))
+    context.enter_context(logs.bind(event_id=loggable(event.id) or None, session_id=loggable(event.session_id)))
 
     disposition = events.classify(event)
     if not disposition.enqueue:
@@ -131,20 +204,25 @@ async def _receive(services: ReceiverServices, request: Request, context: contex
         event_id=event.id,
     )
     try:
+        check_queueable(job)
+    except Unqueueable as exc:
+        return _rejected(services, exc)
+    try:
         outcome = await run_in_threadpool(services.inbox.submit, job)
     except Transient as exc:
         seconds = retry_after_seconds(exc.retry_after)
         log.warning(
             "webhook.unavailable",
-            extra={"outcome": "unavailable", "reason": "inbox", "error": str(exc), "event_type": event.type},
+            extra={"outcome": "unavailable", "reason": "inbox", "error": str(exc), "event_type": loggable(event.type)},
         )
         services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="inbox")
         return _unavailable("unavailable", seconds)
     return _answer(services, outcome.value, disposition.reason, event, {})
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The raw body, or BodyTooLarge once more than ``limit`` bytes are declared or arrive."""
+async def read_body(request: Request, limit: int, timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS) -> bytes:
+    """The raw body, or BodyTooLarge once more than ``limit`` bytes are declared or arrive, or
+    BodyTimeout when it has not all arrived within ``timeout_seconds``."""
     declared = request.headers.get("content-length")
     if declared is not None:
         digits = declared.strip()
@@ -154,13 +232,45 @@ async def read_body(request: Request, limit: int) -> bytes:
             raise BodyTooLarge(f"body is larger than {limit} bytes")
     body = bytearray()
     try:
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > limit:
-                raise BodyTooLarge(f"body is larger than {limit} bytes")
+        with anyio.fail_after(timeout_seconds):
+            async for chunk in request.stream():
+                body += chunk
+                if len(body) > limit:
+                    raise BodyTooLarge(f"body is larger than {limit} bytes")
     except ClientDisconnect as exc:
         raise BadPayload("client disconnected before the body was complete") from exc
+    except TimeoutError as exc:
+        raise BodyTimeout(f"body did not arrive within {timeout_seconds:g} seconds") from exc
     return bytes(body)
+
+
+def check_queueable(job: Job) -> None:
+    """Raise Unqueueable for a job no retry could ever queue: text that cannot be encoded
+    (a lone surrogate such as JSON ``"\\ud800"`` has no UTF-8 form, so Redis and the broker
+    refuse it) or a session id longer than ``MAX_SESSION_ID_CHARS``."""
+    for item in fields(job):
+        value = getattr(job, item.name)
+        if not isinstance(value, str):
+            raise Unqueueable(f"{item.name} is not a string")
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Unqueueable(f"{item.name} is not encodable text (lone surrogate)") from exc
+    if len(job.session_id) > MAX_SESSION_ID_CHARS:
+        raise Unqueueable(f"session id is longer than {MAX_SESSION_ID_CHARS} characters")
+
+
+def loggable(value: str | None) -> str | None:
+    """An id fit for a JSON log line: lone surrogates escaped, absurd lengths cut."""
+    if value is None:
+        return None
+    if len(value) > _MAX_LOGGED_CHARS:
+        value = value[:_MAX_LOGGED_CHARS] + "…"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    return value
 
 
 def retry_after_seconds(hint: float | None) -> int:
@@ -176,10 +286,14 @@ def rejection_reason(exc: RejectDelivery) -> str:
         return "signature"
     if isinstance(exc, BodyTooLarge):
         return "too_large"
+    if isinstance(exc, BodyTimeout):
+        return "timeout"
+    if isinstance(exc, Unqueueable):
+        return "unqueueable"
     return "payload"
 
 
-def _rejected(services: ReceiverServices, exc: RejectDelivery) -> Response:
+def _rejected(services: ReceiverServices, exc: RejectDelivery, close: bool = False) -> Response:
     reason = rejection_reason(exc)
     # Messages name headers and limits, never their values, the body or a secret.
     log.warning(
@@ -187,16 +301,20 @@ def _rejected(services: ReceiverServices, exc: RejectDelivery) -> Response:
         extra={"outcome": "rejected", "reason": reason, "detail": str(exc), "status_code": exc.status_code},
     )
     services.counters.inc(WEBHOOKS_TOTAL, outcome="rejected", reason=reason)
-    return JSONResponse({"status": "rejected", "reason": reason, "detail": str(exc)}, status_code=exc.status_code)
+    headers = {"Connection": "close"} if close else None
+    return JSONResponse(
+        {"status": "rejected", "reason": reason, "detail": str(exc)}, status_code=exc.status_code, headers=headers
+    )
 
 
 def _answer(
     services: ReceiverServices, outcome: str, reason: str, event: events.Event, extra: dict[str, Any]
 ) -> Response:
-    log.info(f"webhook.{outcome}", extra={"outcome": outcome, "reason": reason, "event_type": event.type})
+    log.info(f"webhook.{outcome}", extra={"outcome": outcome, "reason": reason, "event_type": loggable(event.type)})
     services.counters.inc(WEBHOOKS_TOTAL, outcome=outcome, reason=reason)
     return JSONResponse({"status": outcome, **extra})
 
 
-def _unavailable(status: str, seconds: int) -> Response:
-    return JSONResponse({"status": status}, status_code=503, headers={"Retry-After": str(seconds)})
+def _unavailable(status: str, seconds: int, close: bool = False) -> Response:
+    headers = {"Retry-After": str(seconds), **({"Connection": "close"} if close else {})}
+    return JSONResponse({"status": status}, status_code=503, headers=headers)

@@ -5,6 +5,10 @@ standard base64. A secret ``whsec_<base64>`` is decoded after the prefix; any ot
 secret is used as its UTF-8 bytes. Several secrets may be valid at once (rotation), and
 a ``webhook-signature`` header may carry several space-separated ``v1,<sig>`` entries:
 a delivery is genuine when any entry matches any secret.
+
+``Verifier.precheck`` runs the checks that need no body (headers present and well formed,
+timestamp in the window), so a receiver can refuse a delivery before reading its body;
+``Verifier.verify`` runs them again and then checks the HMAC over the raw body.
 """
 
 from __future__ import annotations
@@ -55,6 +59,15 @@ class Verified:
     timestamp: int
 
 
+@dataclass(frozen=True)
+class SignedHeaders:
+    """The three headers of a delivery, well formed and in the window, not yet checked against the body."""
+
+    webhook_id: str
+    timestamp: int
+    signatures: tuple[bytes, ...]
+
+
 class Verifier:
     """Checks deliveries against a list of secrets within a replay window."""
 
@@ -64,8 +77,10 @@ class Verifier:
             raise ValueError("at least one webhook secret is needed")
         self._tolerance = tolerance_seconds
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
-        """Return the delivery's id and timestamp, or raise SignatureError (never echoing secrets)."""
+    def precheck(self, headers: Mapping[str, str], now: float) -> SignedHeaders:
+        """The checks that need no body: the three headers present and well formed, the timestamp
+        within the window, at least one ``v1`` entry. Raises SignatureError; cheap enough to run
+        before a single body byte is read."""
         webhook_id = _header(headers, "webhook-id")
         raw_timestamp = _header(headers, "webhook-timestamp")
         raw_signatures = _header(headers, "webhook-signature")
@@ -76,14 +91,19 @@ class Verifier:
             raise SignatureError("webhook-timestamp is too old")
         if timestamp > now + self._tolerance:
             raise SignatureError("webhook-timestamp is too far in the future")
-        offered = [entry.encode("ascii") for entry in _v1_entries(raw_signatures)]
+        offered = tuple(entry.encode("ascii") for entry in _v1_entries(raw_signatures))
         if not offered:
             raise SignatureError("webhook-signature has no v1 entry")
+        return SignedHeaders(webhook_id=webhook_id, timestamp=timestamp, signatures=offered)
+
+    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
+        """Return the delivery's id and timestamp, or raise SignatureError (never echoing secrets)."""
+        signed = self.precheck(headers, now)
         for key in self._keys:
-            expected = sign(key, webhook_id, timestamp, body).encode("ascii")
+            expected = sign(key, signed.webhook_id, signed.timestamp, body).encode("ascii")
             # Compare against every entry so timing does not depend on which one matched.
-            if any(hmac.compare_digest(expected, entry) for entry in offered):
-                return Verified(webhook_id=webhook_id, timestamp=timestamp)
+            if any(hmac.compare_digest(expected, entry) for entry in signed.signatures):
+                return Verified(webhook_id=signed.webhook_id, timestamp=signed.timestamp)
         raise SignatureError("no webhook-signature entry matches")
 
 

@@ -693,6 +693,9 @@ def test_settings_parse_in_the_controller(chart: Any, tmp_path: Path) -> None:
     assert settings.runner.kind == "kubernetes"
     assert settings.routing.metadata_key == "team"
     assert settings.webhook.dedup_ttl_seconds == 262800
+    assert (settings.receiver.max_connections, settings.receiver.max_header_bytes) == (400, 16384)
+    assert settings.webhook.max_in_flight == 100
+    assert settings.receiver.header_timeout_seconds == settings.webhook.body_timeout_seconds == 10.0
 
 
 # -- workloads ----------------------------------------------------------------------------------

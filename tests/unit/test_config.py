@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import KEYS, PREFIX, Secret, Settings, mask_url
+from controller.config import KEYS, PREFIX, ReceiverSettings, Secret, Settings, mask_url
 from controller.errors import ConfigError
 
 WHSEC = "whsec_" + base64.b64encode(b"a webhook signing secret, 32 by").decode()
@@ -72,6 +72,43 @@ def test_a_full_environment_is_parsed_and_typed() -> None:
     assert s.routing.workspace_directory == "/srv/ws"
     assert s.runner.kind == "kubernetes" and s.log_level == "DEBUG"
     assert s.queue.lease_ttl_seconds == 5.0 and s.lifecycle.idle_timeout_seconds == 0.0
+
+
+def test_receiver_limits_are_parsed() -> None:
+    """The receiver's limits: defaults, values, and a problem for each nonsense value."""
+    assert Settings.from_env({}).receiver == ReceiverSettings(
+        max_connections=400, max_header_bytes=16384, header_timeout_seconds=10.0
+    )
+    assert Settings.from_env({}).webhook.body_timeout_seconds == 10.0
+    assert Settings.from_env({}).webhook.max_in_flight == 100
+    s = Settings.from_env(
+        env(
+            RECEIVER_MAX_CONNECTIONS="50",
+            RECEIVER_MAX_HEADER_BYTES="8192",
+            RECEIVER_HEADER_TIMEOUT_SECONDS="2.5",
+            WEBHOOK_BODY_TIMEOUT_SECONDS="4",
+            WEBHOOK_MAX_IN_FLIGHT="20",
+        )
+    )
+    assert s.receiver == ReceiverSettings(max_connections=50, max_header_bytes=8192, header_timeout_seconds=2.5)
+    assert s.webhook.body_timeout_seconds == 4.0
+    assert s.webhook.max_in_flight == 20
+    problems = problems_of(
+        env(
+            RECEIVER_MAX_CONNECTIONS="0",
+            RECEIVER_MAX_HEADER_BYTES="100",
+            RECEIVER_HEADER_TIMEOUT_SECONDS="never",
+            WEBHOOK_BODY_TIMEOUT_SECONDS="inf",
+            WEBHOOK_MAX_IN_FLIGHT="0",
+        )
+    )
+    assert problems == [
+        f"{PREFIX}WEBHOOK_BODY_TIMEOUT_SECONDS must be a number, got 'inf'",
+        f"{PREFIX}WEBHOOK_MAX_IN_FLIGHT must be at least 1, got '0'",
+        f"{PREFIX}RECEIVER_MAX_CONNECTIONS must be at least 1, got '0'",
+        f"{PREFIX}RECEIVER_MAX_HEADER_BYTES must be at least 1024, got '100'",
+        f"{PREFIX}RECEIVER_HEADER_TIMEOUT_SECONDS must be a number, got 'never'",
+    ]
 
 
 def test_every_problem_is_reported_together() -> None:

@@ -15,11 +15,12 @@ from starlette.testclient import TestClient
 from controller import logs
 from controller.clock import FakeClock
 from controller.config import Secret, WebhookSettings
+from controller.errors import QueueUnavailable
 from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
-from controller.receiver import ReceiverServices, create_app, retry_after_seconds
+from controller.receiver import MAX_SESSION_ID_CHARS, ReceiverServices, create_app, retry_after_seconds
 from controller.signing import Verifier
-from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox, signed
+from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox, action_required, session_event, signed
 
 NOW = 1_700_000_000
 LIMIT = 4096
@@ -66,6 +67,11 @@ def log_output() -> Iterator[io.StringIO]:
 
 def lines_of(stream: io.StringIO) -> list[dict[str, Any]]:
     return [json.loads(line) for line in stream.getvalue().splitlines()]
+
+
+WELL_FORMED = signed(b"{}")[0]
+"""Signature headers that pass the pre-check (present, in the window) but match no other body."""
+WIRE_HEADERS = [(name.encode(), value.encode()) for name, value in WELL_FORMED.items()]
 
 
 def post(client: TestClient, name: str, webhook_id: str = "msg_1", timestamp: int = NOW) -> Any:
@@ -186,8 +192,9 @@ def test_declared_length_over_the_cap_is_refused_up_front(client: TestClient) ->
             pulled.append(i)
             yield b"x" * 10
 
-    response = client.post("/webhooks", content=body(), headers={"content-length": str(10 * LIMIT)})
+    response = client.post("/webhooks", content=body(), headers={**WELL_FORMED, "content-length": str(10 * LIMIT)})
     assert response.status_code == 413
+    assert response.headers["connection"] == "close"
     assert pulled == []
 
 
@@ -198,7 +205,7 @@ def test_chunked_body_without_length_is_413(client: TestClient, inbox: FakeInbox
         for _ in range(LIMIT // 1024 + 1):
             yield b"x" * 1024
 
-    response = client.post("/webhooks", content=body())
+    response = client.post("/webhooks", content=body(), headers=WELL_FORMED)
     assert response.request.headers.get("transfer-encoding") == "chunked"
     assert "content-length" not in response.request.headers
     assert response.status_code == 413
@@ -229,7 +236,7 @@ def test_streamed_body_is_cut_off_while_arriving(inbox: FakeInbox, clock: FakeCl
         "raw_path": b"/webhooks",
         "query_string": b"",
         "root_path": "",
-        "headers": [(b"transfer-encoding", b"chunked")],
+        "headers": [(b"transfer-encoding", b"chunked"), *WIRE_HEADERS],
         "client": ("127.0.0.1", 1234),
         "server": ("testserver", 80),
     }
@@ -242,7 +249,7 @@ def test_streamed_body_is_cut_off_while_arriving(inbox: FakeInbox, clock: FakeCl
 @pytest.mark.parametrize("length", ["abc", "-1", "1e3", "٣"])
 def test_garbled_content_length_is_400(client: TestClient, length: str) -> None:
     """L3: a Content-Length that is not a number is malformed (400)."""
-    response = client.post("/webhooks", content=b"{}", headers={"content-length": length.encode()})
+    response = client.post("/webhooks", content=b"{}", headers={**WELL_FORMED, "content-length": length.encode()})
     assert response.status_code == 400
 
 
@@ -373,3 +380,236 @@ def test_services_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
 def test_retry_after_is_whole_seconds(hint: float | None, seconds: int) -> None:
     """L5: Retry-After is a whole number of seconds within sane bounds."""
     assert retry_after_seconds(hint) == seconds
+
+
+# -- cheap rejections: headers before the body, a deadline on the body ---------------------------
+
+
+def raw_post(app: Any, headers: list[tuple[bytes, bytes]], receive: Any) -> list[dict[str, Any]]:
+    """Drive the ASGI app directly (TestClient reads the whole body before the app runs)."""
+    sent: list[dict[str, Any]] = []
+
+    async def send(message: dict[str, Any]) -> None:
+        sent.append(message)
+
+    anyio.run(app, asgi_scope(headers), receive, send)
+    return sent
+
+
+def asgi_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
+    return {
+        "type": "http",
+        "asgi": {"version": "3.0"},
+        "http_version": "1.1",
+        "method": "POST",
+        "scheme": "http",
+        "path": "/webhooks",
+        "raw_path": b"/webhooks",
+        "query_string": b"",
+        "root_path": "",
+        "headers": headers,
+        "client": ("127.0.0.1", 1234),
+        "server": ("testserver", 80),
+    }
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        pytest.param({}, id="none"),
+        pytest.param({k: v for k, v in WELL_FORMED.items() if k != "webhook-signature"}, id="no-signature"),
+        pytest.param({k: v for k, v in WELL_FORMED.items() if k != "webhook-id"}, id="no-id"),
+        pytest.param({**WELL_FORMED, "webhook-timestamp": str(NOW - 301)}, id="stale"),
+        pytest.param({**WELL_FORMED, "webhook-timestamp": str(NOW + 301)}, id="future"),
+        pytest.param({**WELL_FORMED, "webhook-timestamp": "soon"}, id="garbled-timestamp"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v2,abc"}, id="no-v1-entry"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 5000}, id="huge"),
+    ],
+)
+def test_headers_that_cannot_be_genuine_are_refused_before_the_body(
+    inbox: FakeInbox, clock: FakeClock, headers: dict[str, str]
+) -> None:
+    """L3: missing or malformed signature headers, or a timestamp outside the window, get 401
+    without a single body byte read, and the connection is closed (the body is never drained)."""
+    metrics = Metrics()
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics))
+    pulled = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        return {"type": "http.request", "body": b"x" * 1024, "more_body": True}
+
+    sent = raw_post(app, [(k.encode(), v.encode()) for k, v in headers.items()], receive)
+    assert sent[0]["status"] == 401
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["reason"] == "signature"
+    assert pulled == 0
+    assert inbox.attempts == 0
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="signature") == 1
+
+
+def test_a_body_that_stalls_is_cut_off_at_the_deadline(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L3: a well-formed delivery whose body stops arriving gets 408 once the body deadline
+    passes; the connection is closed and nothing is queued."""
+    metrics = Metrics()
+    services = ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics, body_timeout_seconds=0.2)
+    app = create_app(services)
+    pulled = 0
+
+    async def receive() -> dict[str, Any]:
+        nonlocal pulled
+        pulled += 1
+        if pulled > 3:
+            await anyio.sleep_forever()  # a slow client: the only way out is the deadline
+        return {"type": "http.request", "body": b"{", "more_body": True}
+
+    sent = raw_post(app, WIRE_HEADERS, receive)
+    assert sent[0]["status"] == 408
+    assert (b"connection", b"close") in sent[0]["headers"]
+    assert json.loads(sent[1]["body"])["reason"] == "timeout"
+    assert pulled == 4
+    assert inbox.attempts == 0
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="timeout") == 1
+
+
+def test_body_timeout_comes_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L3: CONTROLLER_WEBHOOK_BODY_TIMEOUT_SECONDS reaches the receiver."""
+    settings = WebhookSettings(secrets=(Secret(SECRET),), body_timeout_seconds=2.5)
+    assert ReceiverServices.from_settings(settings, inbox, clock).body_timeout_seconds == 2.5
+
+
+# -- verified deliveries the queue can never hold -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("session_id", "detail"),
+    [
+        pytest.param("\ud800", "session_id is not encodable text (lone surrogate)", id="lone-surrogate"),
+        pytest.param("sess_\udfff_x", "session_id is not encodable text (lone surrogate)", id="low-surrogate"),
+        pytest.param("s" * (MAX_SESSION_ID_CHARS + 1), "session id is longer than 256 characters", id="too-long"),
+    ],
+)
+def test_a_verified_delivery_that_can_never_be_queued_is_422(
+    client: TestClient, inbox: FakeInbox, metrics: Metrics, log_output: io.StringIO, session_id: str, detail: str
+) -> None:
+    """L5: a genuine delivery whose job no retry could queue gets 422 with a reason, not 503
+    (which the sender would retry for 72 hours); it is counted and logged as rejected."""
+    body = json.dumps(action_required("environment_connection", session_id)).encode()  # "\ud800" escaped
+    headers, raw = signed(body, webhook_id="msg_bad_id")
+    response = client.post("/webhooks", content=raw, headers=headers)
+    assert response.status_code == 422
+    assert response.json() == {"status": "rejected", "reason": "unqueueable", "detail": detail}
+    assert inbox.attempts == 0
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="unqueueable") == 1
+    (line,) = [line for line in lines_of(log_output) if line["event"] == "webhook.rejected"]
+    assert (line["reason"], line["webhook_id"]) == ("unqueueable", "msg_bad_id")
+    assert len(line["session_id"]) <= 257 and line["session_id"].encode("utf-8")  # escaped, cut: still a log line
+
+
+def test_an_unqueueable_session_id_that_is_ignored_anyway_is_200(client: TestClient, inbox: FakeInbox) -> None:
+    """L9: an event that asks for no work is acknowledged whatever its session id holds."""
+    headers, raw = signed(json.dumps(session_event("agent.session.idle", "\ud800")).encode())
+    assert client.post("/webhooks", content=raw, headers=headers).json() == {
+        "status": "ignored",
+        "reason": "session_idle",
+    }
+    assert inbox.attempts == 0
+
+
+def test_a_session_id_at_the_length_cap_is_queued(client: TestClient, inbox: FakeInbox) -> None:
+    """L5: the cap refuses only the absurd; a long but plausible id is queued."""
+    headers, raw = signed(action_required("environment_connection", "s" * MAX_SESSION_ID_CHARS))
+    assert client.post("/webhooks", content=raw, headers=headers).json() == {"status": "enqueued"}
+    assert inbox.jobs[0].session_id == "s" * MAX_SESSION_ID_CHARS
+
+
+def test_a_lone_surrogate_against_the_redis_inbox_is_422_not_503(clock: FakeClock) -> None:
+    """L5: the case that used to be a 503 for ever: the Redis inbox cannot encode the id (its
+    key would fail to encode), so the receiver refuses it before submitting; a transient
+    failure of the same inbox is still a 503."""
+    import fakeredis
+
+    from controller.store.redis import RedisInbox, RedisSessionStore
+
+    published: list[Job] = []
+    client = fakeredis.FakeRedis(decode_responses=True)
+    redis_inbox = RedisInbox(client, RedisSessionStore(client, 5.0), published.append, 3600)
+    with pytest.raises(QueueUnavailable, match="could not enqueue"):  # what the receiver used to turn into 503
+        redis_inbox.submit(Job("\ud800", "msg_direct", "agent.session.action_required"))
+    app = create_app(ReceiverServices(Verifier([SECRET]), redis_inbox, clock, LIMIT))
+    with TestClient(app) as test_client:
+        headers, raw = signed(json.dumps(action_required("environment_connection", "\ud800")).encode())
+        response = test_client.post("/webhooks", content=raw, headers=headers)
+        assert (response.status_code, response.json()["reason"]) == (422, "unqueueable")
+        assert published == []
+        good = post(test_client, "environment_connection", webhook_id="msg_good")
+        assert (good.status_code, good.json()) == (200, {"status": "enqueued"})
+        assert [job.session_id for job in published] == ["sess_1"]
+
+
+def test_deliveries_beyond_max_in_flight_get_503_before_their_body_is_read(
+    inbox: FakeInbox, clock: FakeClock, metrics: Metrics
+) -> None:
+    """L5: while max_in_flight deliveries are being read, another gets 503 + Retry-After (the
+    sender retries) without a body byte read, and its connection is closed; junk headers are
+    still a 401; once the slot is free, deliveries are accepted again."""
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics, max_in_flight=1))
+    headers, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_slow")
+    wire = [(k.encode(), v.encode()) for k, v in headers.items()]
+    answers: dict[str, list[dict[str, Any]]] = {}
+    pulled = {"busy": 0, "junk": 0, "after": 0}
+
+    async def scenario() -> None:
+        release = anyio.Event()
+        started = anyio.Event()
+
+        async def slow_receive() -> dict[str, Any]:
+            started.set()
+            await release.wait()
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        def counting(name: str) -> Any:
+            async def receive() -> dict[str, Any]:
+                pulled[name] += 1
+                return {"type": "http.request", "body": body, "more_body": False}
+
+            return receive
+
+        async def call(name: str, headers: list[tuple[bytes, bytes]], receive: Any) -> None:
+            sent: list[dict[str, Any]] = []
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            await app(asgi_scope(headers), receive, send)
+            answers[name] = sent
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(call, "slow", wire, slow_receive)
+            await started.wait()
+            await call("busy", wire, counting("busy"))
+            await call("junk", [], counting("junk"))
+            release.set()
+        await call(
+            "after",
+            [(k.encode(), v.encode()) for k, v in signed(body, webhook_id="msg_after")[0].items()],
+            counting("after"),
+        )
+
+    anyio.run(scenario)
+    busy = answers["busy"][0]
+    assert busy["status"] == 503
+    assert (b"connection", b"close") in busy["headers"] and (b"retry-after", b"5") in busy["headers"]
+    assert pulled["busy"] == 0
+    assert pulled["junk"] == 0 and answers["junk"][0]["status"] == 401
+    assert answers["slow"][0]["status"] == 200
+    assert answers["after"][0]["status"] == 200
+    assert [job.webhook_id for job in inbox.jobs] == ["msg_slow", "msg_after"]
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy") == 1
+
+
+def test_max_in_flight_comes_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L5: CONTROLLER_WEBHOOK_MAX_IN_FLIGHT reaches the receiver."""
+    settings = WebhookSettings(secrets=(Secret(SECRET),), max_in_flight=7)
+    assert ReceiverServices.from_settings(settings, inbox, clock).max_in_flight == 7

@@ -1,5 +1,5 @@
 """Hypothesis against the receiver: any delivery gets 2xx/4xx, and only verified,
-enqueue-worthy events reach the inbox (controller/receiver.py)."""
+enqueue-worthy, queueable events reach the inbox (controller/receiver.py)."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from controller.clock import FakeClock
 from controller.errors import BadPayload, SignatureError
 from controller.events import classify, parse
 from controller.inbox import Job
-from controller.receiver import ReceiverServices, create_app
+from controller.receiver import ReceiverServices, Unqueueable, check_queueable, create_app
 from controller.signing import Verifier, secret_key, sign
 from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox
 
@@ -67,11 +67,14 @@ work_bodies = st.builds(
         }
     ).encode(),
     st.sampled_from(["environment_connection", "failed"]),
-    st.text(min_size=1, max_size=12),
+    st.text(min_size=1, max_size=12)
+    | st.text(st.characters(exclude_categories=()), min_size=1, max_size=6)  # lone surrogates too
+    | st.integers(250, 270).map(lambda n: "s" * n),
     st.text(max_size=12),
 )
-"""Envelopes that ask for work, with arbitrary (non-empty) session ids."""
+"""Envelopes that ask for work, with arbitrary (non-empty) session ids, some unqueueable."""
 bodies = st.one_of(
+    work_bodies,
     work_bodies,
     envelope_bodies,
     envelope_bodies,
@@ -114,13 +117,17 @@ def deliveries(draw: st.DrawFn) -> tuple[list[tuple[str, str | bytes]], bytes]:
 
 def expected(headers: list[tuple[str, str | bytes]], body: bytes) -> tuple[int, Job | None]:
     """What the receiver must do, decided by the library functions themselves."""
-    if len(body) > LIMIT:
-        return 413, None
     # Starlette decodes header bytes as latin-1; text goes on the wire as UTF-8.
     plain = {
         name: (value if isinstance(value, bytes) else value.encode("utf-8")).decode("latin-1")
         for name, value in headers
     }
+    try:
+        ORACLE.precheck(plain, NOW)  # headers first: a delivery that cannot be genuine costs no body
+    except SignatureError:
+        return 401, None
+    if len(body) > LIMIT:
+        return 413, None
     try:
         verified = ORACLE.verify(plain, body, NOW)
     except SignatureError:
@@ -132,7 +139,12 @@ def expected(headers: list[tuple[str, str | bytes]], body: bytes) -> tuple[int, 
     if not classify(event).enqueue:
         return 200, None
     assert event.session_id
-    return 200, Job(event.session_id, verified.webhook_id, event.type, event.id)
+    job = Job(event.session_id, verified.webhook_id, event.type, event.id)
+    try:
+        check_queueable(job)
+    except Unqueueable:
+        return 422, None
+    return 200, job
 
 
 @settings(max_examples=250, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -140,7 +152,8 @@ def expected(headers: list[tuple[str, str | bytes]], body: bytes) -> tuple[int, 
 def test_any_delivery_gets_2xx_or_4xx_and_only_genuine_work_is_queued(
     delivery: tuple[list[tuple[str, str | bytes]], bytes],
 ) -> None:
-    """L3, L4, L5: never a 5xx for bad input; only verified, enqueue-worthy events reach the inbox."""
+    """L3, L4, L5: never a 5xx for bad input; only verified, enqueue-worthy events whose job the
+    queue can hold reach the inbox (an unqueueable one is a 422, never a 503 retried for ever)."""
     headers, body = delivery
     before = len(INBOX.jobs)
     wire = [(name, value.encode("utf-8") if isinstance(value, str) else value) for name, value in headers]
@@ -155,6 +168,8 @@ def test_any_delivery_gets_2xx_or_4xx_and_only_genuine_work_is_queued(
         assert new_jobs == []
         if status == 200:
             assert response.json()["status"] == "ignored"
+        if status == 422:
+            assert response.json()["reason"] == "unqueueable"
     else:
         assert response.json()["status"] in {"enqueued", "duplicate"}
         assert new_jobs in ([job], [])  # [] only when this webhook-id was queued before
@@ -163,6 +178,7 @@ def test_any_delivery_gets_2xx_or_4xx_and_only_genuine_work_is_queued(
 
 
 def classify_job_ok(job: Job) -> bool:
+    check_queueable(job)
     return bool(job.session_id) and job.event_type in {
         "agent.session.action_required",
         "agent.session.failed",

@@ -203,3 +203,47 @@ def test_verifier_needs_a_valid_secret() -> None:
         Verifier([])
     with pytest.raises(ValueError):
         Verifier(["whsec_not*base64"])
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        {"webhook-id": None},
+        {"webhook-timestamp": None},
+        {"webhook-signature": None},
+        {"webhook-id": "   "},
+        {"webhook-timestamp": "soon"},
+        {"webhook-timestamp": "١٦١٤٢٦٥٣٣٠"},
+        {"webhook-timestamp": "9" * 5000},
+        {"webhook-timestamp": str(SPEC_TIMESTAMP - 301)},
+        {"webhook-timestamp": str(SPEC_TIMESTAMP + 301)},
+        {"webhook-signature": "v1,"},
+        {"webhook-signature": "v2,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="},
+        {"webhook-signature": "v1," + "A" * 5000},
+        {"webhook-id": "msg_é"},
+    ],
+)
+def test_precheck_refuses_without_a_body(broken: dict[str, str | None]) -> None:
+    """L3: what can be told from the headers alone (missing, garbled, oversized, outside the
+    window, no v1 entry) is refused by the pre-check, exactly as verify refuses it."""
+    delivery: dict[str, str] = {k: v for k, v in {**spec_headers(), **broken}.items() if v is not None}
+    verifier = Verifier([SPEC_SECRET])
+    with pytest.raises(SignatureError) as early:
+        verifier.precheck(delivery, now=SPEC_TIMESTAMP)
+    with pytest.raises(SignatureError) as late:
+        verifier.verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
+    assert str(early.value) == str(late.value)
+
+
+def test_precheck_passes_well_formed_headers_it_cannot_verify() -> None:
+    """L3: the pre-check is no verification: a well-formed entry that matches nothing passes it
+    (only the body can tell) and is refused by verify."""
+    delivery = spec_headers(**{"webhook-signature": "v1,AAAA v2,zzz " + SPEC_SIGNATURE})
+    verifier = Verifier([SPEC_SECRET])
+    signed = verifier.precheck(delivery, now=SPEC_TIMESTAMP + 300)
+    assert (signed.webhook_id, signed.timestamp) == (SPEC_ID, SPEC_TIMESTAMP)
+    assert signed.signatures == (b"v1,AAAA", SPEC_SIGNATURE.encode())
+    forged = spec_headers(**{"webhook-signature": "v1,AAAA"})
+    verifier.precheck(forged, now=SPEC_TIMESTAMP)
+    with pytest.raises(SignatureError, match="no webhook-signature entry matches"):
+        verifier.verify(forged, SPEC_BODY, now=SPEC_TIMESTAMP)

@@ -1,0 +1,374 @@
+"""The receiver under floods of slow and oversized connections: a real receiver process
+(``sandbox-controller serve``, uvicorn) on 127.0.0.1 with a real redis-server, configured
+from the Helm chart's values, its resident memory sampled from ``/proc/<pid>/status`` while
+900 connections hold on. The chart's memory limit of the receiver is the bound.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import resource
+import threading
+import time
+from collections import Counter
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from controller.signing import sign_headers
+from tests.fakes import action_required
+from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
+from tests.support.redis_server import RedisServer
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
+
+CHART_VALUES = Path(__file__).resolve().parents[2] / "helm" / "sandbox-controller" / "values.yaml"
+SECRET = "whsec_" + "cmVjZWl2ZXItbGltaXRzLXRlc3Qtc2VjcmV0IQ=="
+FLOOD = 900
+FILES_NEEDED = 3 * FLOOD  # the test's client sockets; the receiver inherits the limit
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9}
+
+
+def quantity_bytes(text: str) -> int:
+    """A Kubernetes memory quantity (``256Mi``, ``300M``, ``1Gi``) in bytes."""
+    for suffix, factor in sorted(_UNITS.items(), key=lambda item: -len(item[0])):
+        if text.endswith(suffix):
+            return int(float(text[: -len(suffix)]) * factor)
+    return int(text)
+
+
+@dataclass(frozen=True)
+class ChartReceiver:
+    """The receiver's memory limit and settings, as the chart deploys them."""
+
+    memory_limit_bytes: int
+    env: dict[str, str]
+    max_body_bytes: int
+    header_timeout_seconds: float
+    body_timeout_seconds: float
+
+    @classmethod
+    def from_values(cls, path: Path) -> ChartReceiver:
+        values = yaml.safe_load(path.read_text())
+        receiver, webhook = values["receiver"], values["webhook"]
+        env = {
+            "CONTROLLER_RECEIVER_MAX_CONNECTIONS": str(receiver["maxConnections"]),
+            "CONTROLLER_RECEIVER_MAX_HEADER_BYTES": str(receiver["maxHeaderBytes"]),
+            "CONTROLLER_RECEIVER_HEADER_TIMEOUT_SECONDS": str(receiver["headerTimeoutSeconds"]),
+            "CONTROLLER_WEBHOOK_BODY_TIMEOUT_SECONDS": str(webhook["bodyTimeoutSeconds"]),
+            "CONTROLLER_WEBHOOK_MAX_IN_FLIGHT": str(webhook["maxInFlight"]),
+            "CONTROLLER_WEBHOOK_MAX_BODY_BYTES": str(webhook["maxBodyBytes"]),
+            "CONTROLLER_WEBHOOK_TOLERANCE_SECONDS": str(webhook["toleranceSeconds"]),
+        }
+        return cls(
+            memory_limit_bytes=quantity_bytes(receiver["resources"]["limits"]["memory"]),
+            env=env,
+            max_body_bytes=int(webhook["maxBodyBytes"]),
+            header_timeout_seconds=float(receiver["headerTimeoutSeconds"]),
+            body_timeout_seconds=float(webhook["bodyTimeoutSeconds"]),
+        )
+
+
+CHART = ChartReceiver.from_values(CHART_VALUES)
+
+
+def rss_bytes(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError(f"no VmRSS for pid {pid}")
+
+
+class RssSampler:
+    """Samples a process's VmRSS every 20 ms on a thread; ``peak`` is the highest seen."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.peak = rss_bytes(pid)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(OSError):
+                self.peak = max(self.peak, rss_bytes(self.pid))
+            self._stop.wait(0.02)
+
+    def __enter__(self) -> RssSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5)
+
+
+@dataclass
+class Receiver:
+    process: Managed
+    redis: RedisServer
+    port: int
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/webhooks"
+
+
+def process_group_gone(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@pytest.fixture
+def receiver(tmp_path: Path) -> Iterator[Receiver]:
+    """A fresh receiver per flood, so each peak is that flood's own."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < FILES_NEEDED:
+        if hard != resource.RLIM_INFINITY and hard < FILES_NEEDED:
+            pytest.fail(f"open-file limit {hard} is below the {FILES_NEEDED} this flood needs (ulimit -Hn)")
+        resource.setrlimit(resource.RLIMIT_NOFILE, (FILES_NEEDED, hard))
+    directory = tmp_path
+    redis_server = RedisServer(directory / "redis").start()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+    env.update(CHART.env, CONTROLLER_REDIS_URL=redis_server.url, CONTROLLER_WEBHOOK_SECRETS=SECRET)
+    process = Managed(
+        "receiver",
+        python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
+        env,
+        directory / "receiver.log",
+    ).start()
+    world = Receiver(process, redis_server, port)
+    try:
+        wait_for(lambda: port_open(port), 30, "receiver to listen")
+        yield world
+    finally:
+        process.stop()
+        redis_server.stop()
+        groups = [p.proc.pid for p in (process, redis_server.process) if p is not None and p.proc is not None]
+        assert all(process_group_gone(pgid) for pgid in groups), "a process of this test was left running"
+
+
+# -- the flood ----------------------------------------------------------------------------------
+
+
+def request_head(extra: str = "") -> bytes:
+    return f"POST /webhooks HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n{extra}".encode()
+
+
+def well_formed_headers(index: int) -> str:
+    """Signature headers that pass the pre-check (fresh timestamp, a v1 entry) but match no body:
+    what an attacker without the secret can send."""
+    headers = sign_headers(SECRET, f"msg_flood_{index}", int(time.time()), b"not this body")
+    return "".join(f"{name}: {value}\r\n" for name, value in headers.items())
+
+
+async def answer(reader: asyncio.StreamReader, within: float) -> str:
+    """The status line the receiver answered with, ``closed`` when it closed without one,
+    ``reset`` when it reset the connection, ``hung`` when nothing came within ``within`` s."""
+    try:
+        data = await asyncio.wait_for(reader.read(4096), within)
+    except TimeoutError:
+        return "hung"
+    except ConnectionError:
+        return "reset"
+    return data.split(b"\r\n", 1)[0].decode(errors="replace") if data else "closed"
+
+
+async def slow_body(port: int, index: int, body_bytes: int, within: float) -> str:
+    """Headers, then all but the last byte of a max-size body, then nothing."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request_head(well_formed_headers(index) + f"Content-Length: {body_bytes}\r\n\r\n"))
+        writer.write(b" " * (body_bytes - 1))
+        with contextlib.suppress(ConnectionError):
+            await writer.drain()
+        return await answer(reader, within)
+    finally:
+        writer.close()
+
+
+async def trickled_headers(port: int, within: float) -> str:
+    """The request line, then one short header line a second, never the end of the headers."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request_head())
+        read = asyncio.ensure_future(answer(reader, within))
+        line = 0
+        while not read.done():
+            with contextlib.suppress(ConnectionError):
+                writer.write(f"X-Trickle-{line}: a\r\n".encode())
+                await writer.drain()
+            line += 1
+            await asyncio.wait([read], timeout=1.0)
+        return read.result()
+    finally:
+        writer.close()
+
+
+async def huge_header(port: int, header_bytes: int, within: float) -> str:
+    """One header of ``header_bytes`` bytes, written in 64 KiB pieces until the receiver stops it."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(request_head() + b"X-Huge: ")
+        piece = b"a" * 65536
+        with contextlib.suppress(ConnectionError):
+            for _ in range(header_bytes // len(piece)):
+                writer.write(piece)
+                await writer.drain()
+        return await answer(reader, within)
+    finally:
+        writer.close()
+
+
+async def genuine_delivery(url: str, session_id: str, deadline: float) -> list[int]:
+    """A signed delivery sent as the Agents API would: retried on 503 until 200 (or the deadline)."""
+    body = json.dumps(action_required("environment_connection", session_id)).encode()
+    statuses: list[int] = []
+    async with httpx.AsyncClient(timeout=30) as client:
+        while time.monotonic() < deadline:
+            headers = sign_headers(SECRET, f"msg_genuine_{session_id}", int(time.time()), body)
+            try:
+                response = await client.post(url, content=body, headers=headers)
+            except httpx.TransportError:
+                statuses.append(0)
+            else:
+                statuses.append(response.status_code)
+                if response.status_code == 200:
+                    assert response.json() == {"status": "enqueued"}
+                    return statuses
+            await asyncio.sleep(0.5)
+    return statuses
+
+
+async def flood_with_a_genuine_delivery(
+    receiver: Receiver, attackers: list[Any], session_id: str, ramp_seconds: float
+) -> tuple[Counter[str], list[int]]:
+    """Open the flood (all at once, or ramped over ``ramp_seconds``), then send a genuine
+    delivery while it holds."""
+    tasks = []
+    for attacker in attackers:
+        tasks.append(asyncio.ensure_future(attacker))
+        if ramp_seconds:
+            await asyncio.sleep(ramp_seconds / len(attackers))
+    deadline = time.monotonic() + CHART.header_timeout_seconds + CHART.body_timeout_seconds + 60
+    statuses = await genuine_delivery(receiver.url, session_id, deadline)
+    outcomes = Counter(await asyncio.gather(*tasks))
+    return outcomes, statuses
+
+
+def run_flood(
+    receiver: Receiver, name: str, attackers: list[Any], session_id: str, ramp_seconds: float = 0.0
+) -> tuple[Counter[str], list[int]]:
+    assert receiver.process.alive()
+    with RssSampler(receiver.process.pid) as sampler:
+        baseline = sampler.peak
+        outcomes, statuses = asyncio.run(flood_with_a_genuine_delivery(receiver, attackers, session_id, ramp_seconds))
+    print(
+        f"\nFIGURE receiver, {name}: peak RSS {sampler.peak / 2**20:.1f} MiB (idle {baseline / 2**20:.1f} MiB, "
+        f"limit {CHART.memory_limit_bytes / 2**20:.0f} MiB); flood answers {dict(outcomes)}; "
+        f"genuine delivery answers {statuses}"
+    )
+    assert receiver.process.alive(), receiver.process.output()[-2000:]
+    assert sampler.peak < CHART.memory_limit_bytes, (
+        f"{name}: peak RSS {sampler.peak / 2**20:.0f} MiB is above the chart's receiver limit "
+        f"{CHART.memory_limit_bytes / 2**20:.0f} MiB"
+    )
+    assert statuses and statuses[-1] == 200, f"the genuine delivery was never accepted: {statuses}"
+    assert set(statuses) <= {200, 503}, statuses  # only "retry later" while the flood holds
+    assert outcomes["hung"] == 0, outcomes  # every flood connection was answered or closed
+    return outcomes, statuses
+
+
+# -- tests ----------------------------------------------------------------------------------------
+
+
+SLOW_BODY_ANSWERS = {"HTTP/1.1 503 Service Unavailable", "HTTP/1.1 408 Request Timeout", "reset"}
+
+
+def test_900_slow_bodies_stay_under_the_memory_limit(receiver: Receiver) -> None:
+    """L3, L5: 900 connections, opened over two seconds, with well-formed signature headers each
+    send all but one byte of a max-size body and stall. The receiver stays below the chart's
+    memory limit: max_in_flight of them are read and cut off with 408 at the body deadline, the
+    rest get 503 before their body is read; a genuine delivery sent during the flood is accepted
+    (after 503s, as the sender retries)."""
+    within = CHART.body_timeout_seconds + 30
+    attackers = [slow_body(receiver.port, i, CHART.max_body_bytes, within) for i in range(FLOOD)]
+    outcomes, _ = run_flood(receiver, "900 slow bodies", attackers, "sess_during_slow_bodies", ramp_seconds=2.0)
+    assert set(outcomes) <= SLOW_BODY_ANSWERS, outcomes
+    assert outcomes["HTTP/1.1 408 Request Timeout"] > 0  # some reached the app and were cut at the deadline
+
+
+def test_900_slow_bodies_at_once_stay_under_the_memory_limit(receiver: Receiver) -> None:
+    """L3, L5: the same 900 slow bodies opened all at once, so every connection's first read
+    (headers and up to 256 KiB of body) lands before any is answered: the connection cap keeps
+    that below the chart's memory limit too, and a genuine delivery is accepted."""
+    within = CHART.body_timeout_seconds + 30
+    attackers = [slow_body(receiver.port, i, CHART.max_body_bytes, within) for i in range(FLOOD)]
+    outcomes, _ = run_flood(receiver, "900 slow bodies at once", attackers, "sess_during_burst")
+    assert set(outcomes) <= SLOW_BODY_ANSWERS, outcomes
+
+
+def test_900_trickled_headers_are_closed_at_the_header_deadline(receiver: Receiver) -> None:
+    """L3, L5: 900 connections that send a header line a second and never finish their headers
+    are closed at the header deadline; memory stays below the limit and a genuine delivery is
+    accepted (after 503s while they hold the connection cap)."""
+    within = CHART.header_timeout_seconds + 30
+    attackers = [trickled_headers(receiver.port, within) for _ in range(FLOOD)]
+    outcomes, _ = run_flood(receiver, "900 trickled headers", attackers, "sess_during_trickled_headers")
+    assert set(outcomes) <= {"closed", "reset"}, outcomes
+
+
+def test_huge_headers_are_refused_without_buffering_them(receiver: Receiver) -> None:
+    """L3: 900 connections each trying to send a 100 MB header are cut off at the header cap
+    (400, connection closed) long before; memory stays below the limit and a genuine delivery
+    sent during the flood is accepted."""
+    within = 30.0
+    attackers = [huge_header(receiver.port, 100 * 10**6, within) for _ in range(FLOOD)]
+    outcomes, _ = run_flood(receiver, "900 x 100 MB headers", attackers, "sess_during_huge_headers")
+    assert set(outcomes) <= {"HTTP/1.1 400 Bad Request", "closed", "reset"}, outcomes
+
+
+def test_a_kept_alive_connection_gets_the_header_deadline_again(receiver: Receiver) -> None:
+    """L3: after a response on a kept-alive connection, the next request's headers have the
+    same deadline: two quick requests are both served, a third that trickles its headers is
+    closed."""
+
+    async def scenario() -> tuple[list[str], str]:
+        reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
+        try:
+            served = []
+            for _ in range(2):
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+                await writer.drain()
+                head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+                await asyncio.wait_for(reader.readexactly(length), 30)
+                served.append(head.split(b"\r\n", 1)[0].decode())
+            writer.write(request_head())
+            read = asyncio.ensure_future(answer(reader, CHART.header_timeout_seconds + 30))
+            line = 0
+            while not read.done():
+                with contextlib.suppress(ConnectionError):
+                    writer.write(f"X-Trickle-{line}: a\r\n".encode())
+                    await writer.drain()
+                line += 1
+                await asyncio.wait([read], timeout=1.0)
+            return served, read.result()
+        finally:
+            writer.close()
+
+    served, third = asyncio.run(scenario())
+    assert served == ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK"]
+    assert third in {"closed", "reset"}, third
