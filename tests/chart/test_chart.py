@@ -510,6 +510,7 @@ def test_settings_parse_in_the_controller(chart: Any, tmp_path: Path) -> None:
     assert settings.runner.kind == "kubernetes"
     assert settings.routing.metadata_key == "team"
     assert settings.webhook.dedup_ttl_seconds == 262800
+    assert settings.runner.remote_url_allowlist == ("*.openai.com", "*.openai.org")  # the config's default too
 
 
 # -- workloads ----------------------------------------------------------------------------------
