@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from controller.errors import ConfigError
+from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
 
 PREFIX = "CONTROLLER_"
 T = TypeVar("T")
@@ -114,6 +115,9 @@ class RunnerSettings:
     """``local`` (child processes) or ``kubernetes`` (pods)."""
     executor_key: Secret | None = None
     """The environment key given to the executor as CODEX_API_KEY (L2)."""
+    remote_url_allowlist: tuple[str, ...] = DEFAULT_ALLOWLIST
+    """Host patterns a session's remote_url must match before the executor key goes there (L2;
+    ``controller/trust.py``): https only, plain http to a loopback host only."""
     executor_command: str = "codex"
     """The executor binary; run as ``<command> exec-server --remote … --environment-id …``."""
     executor_grace_seconds: float = 60.0
@@ -212,6 +216,7 @@ KEYS: frozenset[str] = frozenset(
         "EXECUTOR_KEY_FILE",
         "EXECUTOR_COMMAND",
         "EXECUTOR_GRACE_SECONDS",
+        "REMOTE_URL_ALLOWLIST",
         "RUNNER",
         "LOCAL_STATE_DIRECTORY",
         "WORKSPACE_DIRECTORY",
@@ -305,6 +310,7 @@ class _Parser:
             runner=RunnerSettings(
                 kind=runner,
                 executor_key=self.secret("EXECUTOR_KEY"),
+                remote_url_allowlist=self.allowlist("REMOTE_URL_ALLOWLIST"),
                 executor_command=self.text("EXECUTOR_COMMAND", RunnerSettings.executor_command),
                 executor_grace_seconds=self.number(
                     "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0
@@ -394,6 +400,19 @@ class _Parser:
                 continue
             secrets.append(Secret(item))
         return tuple(secrets)
+
+    def allowlist(self, name: str) -> tuple[str, ...]:
+        """Host patterns (``trust.pattern_problem``), lower-cased; unset means the default."""
+        patterns = tuple(p.lower() for p in self.words(name))
+        if not patterns:
+            if self.env.get(PREFIX + name, "").strip():
+                self.problems.append(f"{PREFIX}{name} lists no host pattern")
+            return DEFAULT_ALLOWLIST
+        for pattern in patterns:
+            problem = pattern_problem(pattern)
+            if problem is not None:
+                self.problems.append(f"{PREFIX}{name}: {problem}")
+        return patterns
 
     def metadata_route(self) -> tuple[str | None, str | None]:
         raw = self.env.get(PREFIX + "ROUTE_METADATA", "").strip()

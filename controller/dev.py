@@ -274,6 +274,8 @@ def main(args: argparse.Namespace) -> int:
         if simulate:
             simulator_url = f"http://127.0.0.1:{args.simulator_port}"
             env["CONTROLLER_API_BASE_URL"] = simulator_url
+            # The simulator's sessions name it (on loopback) as their remote_url: trust that host.
+            env.setdefault("CONTROLLER_REMOTE_URL_ALLOWLIST", "127.0.0.1")
             processes.start(
                 "api",
                 [

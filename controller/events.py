@@ -9,7 +9,8 @@ envelope that grows new fields keeps working.
 
 ``classify`` is a plain decision (L4, L9, L10): only an ``environment_connection``
 action and a failed session are enqueued; every other verified event is acknowledged
-and dropped, with a short, fixed ``reason`` fit for logs and metric labels.
+and dropped, with a short, fixed ``reason`` fit for logs and metric labels. A session id
+that does not match ``trust.ID_PATTERN`` is dropped before anything uses it (L2).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from typing import Any
 
 from controller.errors import BadPayload
 from controller.model import ENVIRONMENT_CONNECTION
+from controller.trust import valid_id
 
 SESSION_CREATED = "agent.session.created"
 SESSION_ACTION_REQUIRED = "agent.session.action_required"
@@ -64,6 +66,7 @@ SESSION_IDLE_SIGNAL = Disposition(False, "session_idle")
 ENVIRONMENT_REPORT = Disposition(False, "environment_report")
 UNKNOWN_TYPE = Disposition(False, "unknown_type")
 NO_SESSION = Disposition(False, "no_session")
+MALFORMED_SESSION_ID = Disposition(False, "malformed_session_id")
 
 
 def parse(body: bytes) -> Event:
@@ -104,6 +107,8 @@ def parse(body: bytes) -> Event:
 
 def classify(event: Event) -> Disposition:
     """Enqueue only what asks this controller for work (L4); acknowledge the rest (L9, L10)."""
+    if event.session_id is not None and not valid_id(event.session_id):
+        return MALFORMED_SESSION_ID  # L2: never a Redis key, a path, a label or an argument
     if event.type == SESSION_ACTION_REQUIRED:
         if event.required_action_type != ENVIRONMENT_CONNECTION:
             return OTHER_REQUIRED_ACTION

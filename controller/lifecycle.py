@@ -8,7 +8,10 @@ more work is wanted. Everything with side effects sits behind the protocols pass
 
 Rules: L1 (one sandbox per session), L6 (routing), L7 (look before acting), L8 (the
 executor dials out with the session's environment id), L9/L10 (only an
-environment_connection action starts compute), L14 (reconnect, don't duplicate).
+environment_connection action starts compute), L14 (reconnect, don't duplicate), L2 (the
+executor key goes only to an allowed ``remote_url``; ids are checked before they reach an
+argument list, a path or a label: ``trust.py``). A refused session is logged, counted through
+``Deps.on_refusal`` and left alone.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
-from controller import logs
+from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
@@ -52,6 +55,13 @@ class Verdict(StrEnum):
 class Decision:
     verdict: Verdict
     reason: str
+    refused: str | None = None
+    """Set when the session was refused (L2): the ``trust.Refusal`` kind, a fixed word."""
+
+
+def refusal(found: trust.Refusal) -> Decision:
+    """Leave a session alone that must not get a sandbox (L2)."""
+    return Decision(Verdict.IGNORE, f"refused: {found.reason}", refused=found.kind)
 
 
 Routing = RoutingSettings
@@ -81,6 +91,7 @@ def decide(
     grace_seconds: float,
     routing: Routing,
     max_lifetime_seconds: float | None = None,
+    policy: trust.Policy = trust.DEFAULT_POLICY,
 ) -> Decision:
     """What to do about one session, from what was observed (pure)."""
     if session is None:
@@ -102,6 +113,9 @@ def decide(
         return Decision(Verdict.IGNORE, "no environment_connection action pending")
     if session.environment.id is None or not session.environment.remote_url:
         return Decision(Verdict.IGNORE, "session lists no environment id or remote url")
+    refused = trust.untrusted(session, policy)
+    if refused is not None:  # L2: before anything could start or replace a sandbox
+        return refusal(refused)
     if record is None:
         return Decision(Verdict.START, "connection requested; no sandbox")
     if record.environment_id != session.environment.id:
@@ -143,6 +157,9 @@ class Deps:
     grace_seconds: float = 60.0
     max_lifetime_seconds: float | None = None
     on_decision: Callable[[str, Decision], None] = lambda session_id, decision: None
+    trust_policy: trust.Policy = trust.DEFAULT_POLICY
+    on_refusal: Callable[[str], None] = lambda kind: None
+    """Called with ``Decision.refused`` for each refusal (the worker counts them in a metric)."""
     choose_template: Callable[[Session], str | None] = lambda session: None
 
 
@@ -167,6 +184,11 @@ def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
 def act(lease: Lease, deps: Deps) -> Decision:
     """One round: observe, decide, then act under the lease (fenced)."""
     sid = lease.session_id
+    if not trust.valid_id(sid):  # L2: a malformed id reaches no URL, path, label or argument list
+        decision = refusal(trust.Refusal(trust.SESSION_ID, "session id does not match the id pattern"))
+        with logs.bind(session_id=trust.printable(sid)):
+            _refused(decision, deps)
+        return decision
     session = deps.sessions.get(sid)
     record = deps.store.record(sid)
     adopted = False
@@ -188,8 +210,12 @@ def act(lease: Lease, deps: Deps) -> Decision:
         deps.grace_seconds,
         deps.routing,
         deps.max_lifetime_seconds,
+        deps.trust_policy,
     )
-    with logs.bind(session_id=sid, environment_id=(session.environment.id if session else None)):
+    environment_id = session.environment.id if session else None
+    if environment_id is not None and not trust.valid_id(environment_id):
+        environment_id = trust.printable(environment_id)  # logged, escaped and cut short, never used
+    with logs.bind(session_id=sid, environment_id=environment_id):
         log.info(
             "session looked up",
             extra={
@@ -199,7 +225,9 @@ def act(lease: Lease, deps: Deps) -> Decision:
             },
         )
         deps.on_decision(sid, decision)
-        if decision.verdict in (Verdict.START, Verdict.REPLACE):
+        if decision.refused is not None:
+            _refused(decision, deps)
+        elif decision.verdict in (Verdict.START, Verdict.REPLACE):
             assert session is not None
             _start(lease, session, record, deps)
         elif decision.verdict is Verdict.RELEASE:
@@ -217,6 +245,12 @@ def act(lease: Lease, deps: Deps) -> Decision:
             deps.store.save(lease, record)
             log.info("sandbox adopted", extra={"sandbox": record.handle.name})
     return decision
+
+
+def _refused(decision: Decision, deps: Deps) -> None:
+    assert decision.refused is not None
+    log.warning("session refused", extra={"refused": decision.refused, "reason": decision.reason})
+    deps.on_refusal(decision.refused)
 
 
 def _start(lease: Lease, session: Session, record: Record | None, deps: Deps) -> Handle:

@@ -10,6 +10,9 @@ each worker or switch to prometheus_client's multiprocess mode.
         outcome: enqueued | duplicate | ignored | rejected | unavailable | error
         reason:  a fixed word (``events.Disposition.reason``, ``signature``, ``payload``,
                  ``too_large``, ``inbox``, ``bug``); never a header or body value
+    controller_sessions_refused_total{reason}
+        sessions a worker refused to start (L2, ``controller/trust.py``);
+        reason: ``remote_url`` | ``environment_id`` | ``session_id``
 
 Labels are low-cardinality by construction: never ids, never values from a request.
 """
@@ -29,6 +32,7 @@ from prometheus_client import (
 )
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
+SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
 
 
 class Counters(Protocol):
@@ -51,6 +55,12 @@ class Metrics:
                 WEBHOOKS_TOTAL,
                 "Webhook deliveries by outcome and reason.",
                 ("outcome", "reason"),
+                registry=self.registry,
+            ),
+            SESSIONS_REFUSED_TOTAL: Counter(
+                SESSIONS_REFUSED_TOTAL,
+                "Sessions refused a sandbox (untrusted remote_url or malformed id), by reason.",
+                ("reason",),
                 registry=self.registry,
             ),
         }

@@ -8,11 +8,13 @@ from controller import logs
 from controller.clock import SystemClock
 from controller.config import Settings
 from controller.lifecycle import Deps
+from controller.metrics import SESSIONS_REFUSED_TOTAL, Counters, Metrics
 from controller.runners.base import Runner
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisSessionStore, connect
 from controller.templates import Templates
 from controller.templates import load as load_templates
+from controller.trust import Policy
 
 
 def redact_secrets(settings: Settings) -> None:
@@ -70,8 +72,9 @@ def store(settings: Settings) -> RedisSessionStore:
     return RedisSessionStore(connect(settings.queue.redis_url), settings.queue.lease_ttl_seconds)
 
 
-def worker_deps(settings: Settings) -> Deps:
+def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
+    metrics = counters if counters is not None else Metrics()
     templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
     return Deps(
         sessions=HttpSessions(
@@ -87,6 +90,8 @@ def worker_deps(settings: Settings) -> Deps:
         grace_seconds=settings.runner.executor_grace_seconds,
         max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
         choose_template=templates.choose,
+        trust_policy=Policy(settings.runner.remote_url_allowlist),
+        on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
     )
 
 

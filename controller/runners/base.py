@@ -17,13 +17,27 @@ makes it so, safely under repetition:
 - ``workspaces()`` lists the sessions that still have a kept workspace, with or without a
   sandbox, so that the sweep can discard one whose session is gone (L16, L17);
   ``keeps_workspace(session_id)`` asks the same of one session.
+
+``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
+in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
+a session; this is the last line of defence.
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+from controller import trust
+from controller.errors import RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
+
+
+def checked(spec: SandboxSpec) -> SandboxSpec:
+    """The spec itself, or ``RunnerRejected`` when an id or the URL's shape is unsafe (L2)."""
+    problem = trust.spec_problem(spec)
+    if problem is not None:
+        raise RunnerRejected(f"refused to start a sandbox: {problem}")
+    return spec
 
 
 class Runner(Protocol):

@@ -28,6 +28,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from controller import logs, names
 from controller.errors import RunnerRejected, Transient
 from controller.model import Handle, Health, SandboxSpec
+from controller.runners.base import checked
 from controller.runners.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
 
 log = logs.get(__name__)
@@ -103,6 +104,7 @@ class KubernetesRunner:
     # -- protocol -------------------------------------------------------------------------
 
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
+        spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
         live = self._live_pods(spec.session_id)
         if live:
             return _handle(spec.session_id, max(live, key=_generation_of))

@@ -35,6 +35,7 @@ from pathlib import Path
 from controller import logs
 from controller.errors import RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
+from controller.runners.base import checked
 
 log = logs.get(__name__)
 
@@ -78,6 +79,7 @@ class LocalRunner:
     # -- protocol -------------------------------------------------------------------------
 
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
+        spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
         directory = self._root / session_key(spec.session_id)
         with self._locked(directory):
             current = self._read(directory)

@@ -38,6 +38,8 @@ Admin (no auth; loopback only)
                delete_session, create_events, retrieve_environment, register, validate
     DELETE /admin/faults                             disarm all
     POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)
+    POST   /admin/sessions/{id}/remote_url  {"remote_url"}   the session names this remote_url
+                                                    from now on (no webhook; tests of L2)
     GET    /admin/environments                       every environment with its status
     POST   /admin/environments/{id}/disconnect       close the executor's WebSockets
 

@@ -66,6 +66,13 @@ def routes(sim: Simulator) -> list[Route]:
         )
         return JSONResponse(sim.view(session))
 
+    async def remote_url(request: Request) -> Response:
+        body = await json_body(request)
+        url = body.get("remote_url") if isinstance(body, dict) else None
+        if not isinstance(url, str) or not url:
+            raise bad_request("'remote_url' must be a non-empty string")
+        return JSONResponse(sim.view(sim.point_session(request.path_params["session_id"], url)))
+
     async def environments(request: Request) -> Response:
         return _listing(
             {**environment_info_json(e), "session_id": e.session_id, "deleted": e.deleted}
@@ -85,6 +92,7 @@ def routes(sim: Simulator) -> list[Route]:
         Route("/admin/webhooks/resend/{event_id}", resend, methods=["POST"]),
         Route("/admin/faults", faults, methods=["GET", "POST", "DELETE"]),
         Route("/admin/sessions/{session_id}/fail", fail, methods=["POST"]),
+        Route("/admin/sessions/{session_id}/remote_url", remote_url, methods=["POST"]),
         Route("/admin/environments", environments, methods=["GET"]),
         Route("/admin/environments/{environment_id}/disconnect", disconnect, methods=["POST"]),
     ]

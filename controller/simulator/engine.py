@@ -86,7 +86,7 @@ class Simulator:
 
     def view(self, session: SimSession) -> dict[str, Any]:
         environment = self.environments.get(session.environment_id or "")
-        return session_json(session, environment, self.config.base_url)
+        return session_json(session, environment, session.remote_url or self.config.base_url)
 
     def get(self, session_id: str) -> SimSession:
         session = self.sessions.get(session_id)
@@ -156,6 +156,12 @@ class Simulator:
             environment.deleted = True
             environment.tokens.clear()
             await self.disconnect_environment(environment.id)
+
+    def point_session(self, session_id: str, remote_url: str) -> SimSession:
+        """Make a session name another ``remote_url`` (tests: where would the key go?)."""
+        session = self.get(session_id)
+        session.remote_url = remote_url
+        return session
 
     def fail_session(self, session_id: str, error: str) -> SimSession:
         session = self.get(session_id)

@@ -64,6 +64,7 @@ class SimSession:
     pending_inputs: int = 0
     error: str | None = None
     idempotency_keys: set[str] = field(default_factory=set)
+    remote_url: str | None = None  # set through the admin API; None: the simulator's own URL
 
     @property
     def self_hosted(self) -> bool:

@@ -696,6 +696,7 @@ def test_settings_parse_in_the_controller(chart: Any, tmp_path: Path) -> None:
     assert (settings.receiver.max_connections, settings.receiver.max_header_bytes) == (400, 16384)
     assert settings.webhook.max_in_flight == 100
     assert settings.receiver.header_timeout_seconds == settings.webhook.body_timeout_seconds == 10.0
+    assert settings.runner.remote_url_allowlist == ("*.openai.com", "*.openai.org")  # the config's default too
 
 
 # -- workloads ----------------------------------------------------------------------------------

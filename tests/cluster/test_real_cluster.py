@@ -187,6 +187,7 @@ def cluster() -> Iterator[Cluster]:
             "webhook": {"signingSecrets": [world.webhook_secret]},
             "apiKey": {"value": world.api_key},
             "api": {"baseUrl": f"http://{SIMULATOR}.{namespace}.svc:{SIM_PORT}"},
+            "remoteUrlAllowlist": ["127.0.0.1"],  # the simulator's remote_url, forwarded in the pod
             "receiver": {"replicas": 1},
             "worker": {"replicas": 1},
             "sandbox": {

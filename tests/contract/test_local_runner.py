@@ -182,14 +182,17 @@ def test_executor_gets_only_its_own_key_and_no_controller_settings(runners: Runn
 
 
 def test_each_session_gets_its_own_process_and_workspace(runners: Runners) -> None:
-    """L1/L16: sessions do not share a process or a workspace."""
+    """L1/L16: sessions do not share a process or a workspace; L2: an id that could be a path
+    is refused before it names a directory or reaches the executor's arguments."""
     runner = runners.new()
     a = runner.ensure(spec("sess_a"), 1)
-    b = runner.ensure(spec("sess_b/../odd id"), 1)
+    b = runner.ensure(spec("sess_b"), 1)
+    with pytest.raises(RunnerRejected):
+        runner.ensure(spec("sess_b/../odd id"), 1)
     assert a.uid != b.uid
     assert sorted(runner.live(), key=lambda h: h.session_id) == sorted([a, b], key=lambda h: h.session_id)
     dirs = {p.name for p in (runners.state / "sessions").iterdir()}
-    assert dirs == {session_key("sess_a"), session_key("sess_b/../odd id")}
+    assert dirs == {session_key("sess_a"), session_key("sess_b")}
 
 
 def test_status_running_then_failed_after_kill(runners: Runners) -> None:

@@ -415,3 +415,18 @@ def _start_codex(binary: str, remote_url: str, env_id: str, key: str, tmp_path: 
         log.close()
     _CODEX_PROCESSES.append(process)
     return process
+
+
+def test_admin_points_a_session_at_another_remote_url(start_simulator: StartSimulator) -> None:
+    """For L2 tests: the admin API makes a session name another remote_url; the official client reads it."""
+    sim = start_simulator()
+    client = sim.openai()
+    session = client.beta.agents.sessions.create(environment=SELF_HOSTED)
+    assert session.environment.remote_url == sim.base_url
+    foreign = "http://localhost:9/elsewhere"
+    answered = sim.admin("POST", f"/admin/sessions/{session.id}/remote_url", {"remote_url": foreign})
+    assert answered["environment"]["remote_url"] == foreign
+    assert client.beta.agents.sessions.retrieve(session.id).environment.remote_url == foreign
+    with pytest.raises(httpx.HTTPStatusError) as refused:
+        sim.admin("POST", f"/admin/sessions/{session.id}/remote_url", {"remote_url": ""})
+    assert refused.value.response.status_code == 400

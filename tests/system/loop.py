@@ -67,6 +67,8 @@ class Loop:
             CONTROLLER_QUEUE_VISIBILITY_TIMEOUT_SECONDS="20",
             CONTROLLER_EXECUTOR_GRACE_SECONDS="30",
             CONTROLLER_API_MAX_ATTEMPTS="3",
+            # The simulator's sessions name it as their remote_url: http://127.0.0.1:<port>.
+            CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
         )
         for key, value in self.extra_env.items():  # None removes a setting
             if value is None:

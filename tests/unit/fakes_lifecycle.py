@@ -33,7 +33,7 @@ def make_session(
     status: SessionStatus = SessionStatus.REQUIRES_ACTION,
     env_type: str = "self_hosted",
     env_id: str | None = "env_1",
-    remote_url: str | None = "https://api.example.test/v1/agents/env",
+    remote_url: str | None = "https://api.openai.com/v1/agents/env",
     workspace: str = "/workspace",
     actions: tuple[str, ...] = (ENVIRONMENT_CONNECTION,),
     agent_id: str | None = "agent_1",

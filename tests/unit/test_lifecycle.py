@@ -186,7 +186,7 @@ def test_work_start_saves_record_and_ensures_once(world: World) -> None:
     assert world.runner.spec_of("sess_1") == SandboxSpec(
         session_id="sess_1",
         environment_id="env_1",
-        remote_url="https://api.example.test/v1/agents/env",
+        remote_url="https://api.openai.com/v1/agents/env",
         workspace_directory="/workspace",
     )
     saved = world.store.record("sess_1")

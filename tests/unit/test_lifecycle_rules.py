@@ -20,7 +20,7 @@ from tests.unit.fakes_lifecycle import FakeRunner, FakeSessions, FakeStore, make
 GRACE = 60.0
 LIFETIME = 3600.0
 T0 = 1_700_000_000.0
-REMOTE = "https://api.example.test/v1/agents/env"
+REMOTE = "https://api.openai.com/v1/agents/env"
 IDLE = make_session(status=SessionStatus.IDLE, actions=())
 WANTS = make_session()
 
