@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
@@ -14,7 +16,7 @@ from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transi
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record
 from controller.store.base import Busy, Lease
-from controller.store.redis import RedisInbox, RedisSessionStore, connect
+from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
 
@@ -36,8 +38,8 @@ def sid() -> str:
     return f"sess_{next(_ids)}_{time.monotonic_ns()}"
 
 
-def store_of(client: redis.Redis, ttl: float = 30.0) -> RedisSessionStore:
-    return RedisSessionStore(client, lease_ttl_seconds=ttl)
+def store_of(client: redis.Redis, ttl: float = 30.0, requeue_after: float = 15.0) -> RedisSessionStore:
+    return RedisSessionStore(client, lease_ttl_seconds=ttl, requeue_after_seconds=requeue_after)
 
 
 def a_record(session_id: str, generation: int = 1, started_at: float = 1_700_000_000.25) -> Record:
@@ -150,9 +152,11 @@ def test_work_wanted_during_a_round_gets_another_round(client: redis.Redis, sid:
     again = store.complete(lease)
     assert again == Lease(session_id=sid, token=lease.token, wanted=3)
     store.check(again)  # still held
+    assert client.get(f"sc:done:{sid}") == "1"  # the first round is done; the second is still wanted
+    assert client.zscore(PENDING_KEY, sid) is not None
     assert store.complete(again) is None
     assert store.acquire(sid) is None
-    assert client.get(f"sc:done:{sid}") == "3"
+    assert client.zscore(PENDING_KEY, sid) is None
 
 
 def test_abandon_leaves_the_work_owed(client: redis.Redis, sid: str) -> None:
@@ -237,11 +241,137 @@ def test_concurrent_workers_never_overlap_and_every_want_is_completed(server: Re
     assert overlaps == []
     # No drain needed: a want that meets a busy session is picked up by the holder's complete.
     c = connect(server.url)
-    want, done = int(c.get(f"sc:want:{sid}") or 0), int(c.get(f"sc:done:{sid}") or 0)
-    assert want > 0 and done == want
+    # Every want was completed: nothing pending, and the counters of a session without a
+    # mapping were removed by the complete that caught up (none is left half-counted).
+    assert c.zscore(PENDING_KEY, sid) is None
+    assert c.exists(f"sc:want:{sid}", f"sc:done:{sid}") == 0
     assert store_of(c).acquire(sid) is None
     assert rounds > 0
     assert c.exists(f"sc:lease:{sid}") == 0
+
+
+# --- fencing across data loss, pending work, key hygiene ---------------------------------
+
+
+def test_a_lease_from_before_a_data_loss_is_fenced_after_it(server: RedisServer, sid: str) -> None:
+    """L1/L12 fencing: tokens do not restart when Redis loses its data (FLUSHALL): the lease
+    taken before is fenced once another worker takes the session after."""
+    c = connect(server.url)
+    try:
+        first, second = store_of(c), store_of(connect(server.url))
+        first.want(sid)
+        old = take(first, sid)
+        c.flushall()  # the data is gone: counters, fence and lease
+        second.want(sid)
+        new = take(second, sid)
+        assert new.token > old.token
+        with pytest.raises(Fenced):
+            first.check(old)
+        with pytest.raises(Fenced):
+            first.save(old, a_record(sid))
+        second.check(new)
+        assert second.complete(new) is None
+    finally:
+        c.close()
+
+
+def test_a_lease_from_before_a_restart_without_persistence_is_fenced(tmp_path: Path) -> None:
+    """L1/L12 fencing: Redis restarted with no data (no AOF): the old lease's token still
+    fails ``check`` once a new holder has the session."""
+    own = RedisServer(tmp_path / "redis")
+    own.start()
+    c = connect(own.url, timeout_seconds=1.0)
+    try:
+        store = store_of(c)
+        store.want("sess_restart")
+        old = take(store, "sess_restart")
+        own.stop()
+        for name in ("appendonlydir", "appendonly.aof", "dump.rdb"):  # lose every byte it had
+            path = tmp_path / "redis" / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        own.start()
+        assert c.dbsize() == 0
+        store.want("sess_restart")
+        new = take(store_of(connect(own.url)), "sess_restart")
+        assert new.token > old.token
+        with pytest.raises(Fenced):
+            store.check(old)
+    finally:
+        c.close()
+        own.stop()
+
+
+def test_pending_index_follows_want_and_done(client: redis.Redis, sid: str) -> None:
+    """L1: a session is in the pending index exactly while its wanted work is not done."""
+    store = store_of(client)
+    assert client.zscore(PENDING_KEY, sid) is None
+    store.want(sid)
+    assert client.zscore(PENDING_KEY, sid) is not None
+    lease = take(store, sid)
+    store.abandon(lease)  # failed round: still owed
+    assert client.zscore(PENDING_KEY, sid) is not None
+    lease = take(store, sid)
+    assert store.complete(lease) is None
+    assert client.zscore(PENDING_KEY, sid) is None
+
+
+def test_take_overdue_hands_out_lost_work_once_and_skips_held_and_queued(client: redis.Redis, sid: str) -> None:
+    """L1: the recovery index returns a session whose work is wanted, whose lease is free and
+    whose last enqueue is older than the grace period; not one merely queued, not one held."""
+    store = store_of(client, ttl=30, requeue_after=0.3)
+    held, queued = f"{sid}_held", f"{sid}_queued"
+    store.want(sid)  # its job is then lost
+    store.want(held)
+    lease = take(store, held)  # a worker holds it
+    assert sid not in store.take_overdue(100)  # still within the grace period
+    time.sleep(0.4)
+    store.want(queued)  # a fresh job, just enqueued
+    overdue = store.take_overdue(100)
+    assert sid in overdue and held not in overdue and queued not in overdue
+    assert sid not in store.take_overdue(100)  # marked enqueued: not handed out again at once
+    again = wait_for(lambda: sid in store.take_overdue(100), 5, "the grace period to pass again", interval=0.05)
+    assert again
+    store.complete(lease)
+    done = take(store, sid)
+    assert store.complete(done) is None
+    time.sleep(0.4)
+    overdue = store.take_overdue(100)
+    assert sid not in overdue and held not in overdue and queued in overdue
+
+
+def test_an_expired_lease_makes_its_session_overdue(client: redis.Redis, sid: str) -> None:
+    """L1: a worker that died holding a session (its lease lapses) leaves the work to the
+    recovery index within about one lease TTL."""
+    store = store_of(client, ttl=1.0, requeue_after=60)
+    store.want(sid)
+    take(store, sid)  # and the worker dies: nobody renews, completes or abandons
+    assert sid not in store.take_overdue(100)
+    started = time.monotonic()
+    wait_for(lambda: sid in store.take_overdue(100), 5, "the session to become overdue", interval=0.05)
+    assert time.monotonic() - started < 60  # the lease TTL, not the requeue grace period
+
+
+def test_counters_of_a_session_without_mapping_are_removed_when_done(client: redis.Redis, sid: str) -> None:
+    """Per-session counters go with the mapping: kept while mapped, removed by the complete
+    that catches up once the mapping is gone; a later delivery starts afresh and is not lost."""
+    store = store_of(client)
+    store.want(sid)
+    lease = take(store, sid)
+    store.save(lease, a_record(sid))
+    assert store.complete(lease) is None
+    assert client.exists(f"sc:want:{sid}", f"sc:done:{sid}") == 2  # mapped: kept
+    store.want(sid)
+    lease = take(store, sid)
+    store.forget(lease)
+    store.want(sid)  # a delivery while the last round runs
+    again = store.complete(lease)
+    assert again is not None  # not deleted: that delivery is still owed
+    assert store.complete(again) is None
+    assert client.exists(f"sc:want:{sid}", f"sc:done:{sid}", f"sc:rec:{sid}") == 0
+    assert client.zscore(PENDING_KEY, sid) is None
+    assert 0 < client.pttl(f"sc:fence:{sid}") <= 24 * 3600 * 1000  # the fence expires on its own
+    assert store.want(sid) == 1
+    assert isinstance(store.acquire(sid), Lease)
 
 
 # --- the inbox ----------------------------------------------------------------------------------
