@@ -12,13 +12,17 @@ from pathlib import Path
 import pytest
 import redis
 
+from controller import lifecycle
+from controller.clock import FakeClock
 from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
-from controller.model import Handle, Record
+from controller.model import Handle, Record, Session
 from controller.store.base import Busy, Lease
 from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
+from tests.unit.fakes_lifecycle import FakeRunner
 
 _ids = itertools.count(1)
 
@@ -372,6 +376,88 @@ def test_counters_of_a_session_without_mapping_are_removed_when_done(client: red
     assert 0 < client.pttl(f"sc:fence:{sid}") <= 24 * 3600 * 1000  # the fence expires on its own
     assert store.want(sid) == 1
     assert isinstance(store.acquire(sid), Lease)
+
+
+# --- the lease heartbeat -----------------------------------------------------------------
+
+
+class SlowDeletedSessions:
+    """The Agents API answering "deleted" after ``seconds``: a round that takes a while."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def get(self, session_id: str) -> Session | None:
+        time.sleep(self.seconds)
+        return None
+
+    def environment_connected(self, environment_id: str) -> bool | None:
+        return None
+
+
+def slow_deps(store: RedisSessionStore, seconds: float, renew_every: float | None) -> lifecycle.Deps:
+    return lifecycle.Deps(
+        sessions=SlowDeletedSessions(seconds),
+        store=store,
+        runner=FakeRunner(),
+        clock=FakeClock(),
+        renew_every_seconds=renew_every,
+    )
+
+
+def test_work_renews_its_lease_while_it_runs(server: RedisServer, sid: str) -> None:
+    """L1: a round longer than the lease TTL keeps its lease (renewed every third of the TTL):
+    no other worker can take the session meanwhile, and the round completes unfenced."""
+    store, other = store_of(connect(server.url), ttl=1.0), store_of(connect(server.url), ttl=1.0)
+    store.want(sid)
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(lifecycle.work(sid, slow_deps(store, 3.0, 1.0 / 3))))
+    thread.start()
+    watcher = server.client()
+    wait_for(lambda: watcher.exists(f"sc:lease:{sid}"), 5, "the worker to take the lease", interval=0.02)
+    seen = []
+    while thread.is_alive():
+        seen.append(other.acquire(sid))
+        time.sleep(0.05)
+    thread.join()
+    assert seen and all(isinstance(taken, Busy) for taken in seen[:-1]), seen
+    assert isinstance(result[0], list) and len(result[0]) == 1
+    assert other.acquire(sid) is None  # done, lease released
+
+
+def test_without_renewal_a_long_round_loses_its_lease(server: RedisServer, sid: str) -> None:
+    """L1/L12: the same long round with renewal off: the lease lapses after its TTL, another
+    worker takes the session, and the stale round is fenced (it does not complete)."""
+    store, other = store_of(connect(server.url), ttl=1.0), store_of(connect(server.url), ttl=1.0)
+    store.want(sid)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lifecycle.work(sid, slow_deps(store, 2.5, None))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    taken = wait_for(lambda: isinstance(other.acquire(sid), Lease), 5, "the lapsed lease to be taken")
+    assert taken
+    thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], Fenced)
+
+
+def test_heartbeat_stops_and_says_so_when_the_lease_is_lost(client: redis.Redis, sid: str) -> None:
+    """L12: a renewal that finds the lease gone (lapsed, or lost with Redis's data) stops
+    renewing and marks the lease lost; it never takes the lease back."""
+    store = store_of(client, ttl=5.0)
+    store.want(sid)
+    lease = take(store, sid)
+    with Heartbeat(store, lease, interval=0.1) as beat:
+        time.sleep(0.3)
+        assert not beat.lost
+        client.delete(f"sc:lease:{sid}")
+        wait_for(lambda: beat.lost, 5, "the heartbeat to notice", interval=0.05)
+    assert client.exists(f"sc:lease:{sid}") == 0
 
 
 # --- the inbox ----------------------------------------------------------------------------------
