@@ -10,6 +10,8 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
     sc:sessions      ids with a mapping
     sc:pending       ids whose wanted work is not done (sorted set; score: when, in ms of
                      Redis time, a job is next expected to pick it up; see ``take_overdue``)
+    sc:requeues      per pending session, how often it was re-enqueued without a worker
+                     taking it since (hash; paces the recovery pass during a long backlog)
     sc:seen:{wid}    de-duplication: "pending" while enqueueing, "done" after
 
 ``sc:want``/``sc:done`` are deleted by the ``complete`` that catches up with the last want of
@@ -67,6 +69,7 @@ local want = tonumber(redis.call('GET', KEYS[3]) or '0')
 local done = tonumber(redis.call('GET', KEYS[4]) or '0')
 if want <= done then
   redis.call('ZREM', KEYS[5], ARGV[3])
+  redis.call('HDEL', KEYS[6], ARGV[3])
   return {-1, 0}
 end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
@@ -78,6 +81,7 @@ local text = string.format('%d', token)
 redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
 redis.call('SET', KEYS[1], text, 'PX', ARGV[1])
 redis.call('ZADD', KEYS[5], 'XX', string.format('%d', now_ms() + tonumber(ARGV[1])), ARGV[3])
+redis.call('HDEL', KEYS[6], ARGV[3])
 return {token, want}
 """
 )
@@ -93,6 +97,7 @@ if want > tonumber(ARGV[2]) then
 end
 redis.call('DEL', KEYS[1])
 redis.call('ZREM', KEYS[5], ARGV[4])
+redis.call('HDEL', KEYS[6], ARGV[4])
 if redis.call('EXISTS', KEYS[4]) == 0 then redis.call('DEL', KEYS[2], KEYS[3]) end
 return 0
 """
@@ -141,13 +146,20 @@ for _, sid in ipairs(overdue) do
   local done = tonumber(redis.call('GET', 'sc:done:' .. sid) or '0')
   if want <= done then
     redis.call('ZREM', KEYS[1], sid)
+    redis.call('HDEL', KEYS[2], sid)
   else
     local left = redis.call('PTTL', 'sc:lease:' .. sid)
     if left > 0 then
       redis.call('ZADD', KEYS[1], string.format('%d', now + left), sid)
+    elseif left == -2 then
+      -- Back off per session while its re-enqueued jobs are not taken either (a long queue):
+      -- grace, 2x, 4x ... 32x; the count resets when a worker takes the lease.
+      local n = redis.call('HINCRBY', KEYS[2], sid, 1)
+      local wait = tonumber(ARGV[2]) * math.pow(2, math.min(n - 1, 5))
+      redis.call('ZADD', KEYS[1], string.format('%d', now + wait), sid)
+      taken[#taken + 1] = sid
     else
       redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), sid)
-      if left == -2 then taken[#taken + 1] = sid end
     end
   end
 end
@@ -157,6 +169,7 @@ return taken
 
 SESSIONS_KEY = "sc:sessions"
 PENDING_KEY = "sc:pending"
+REQUEUES_KEY = "sc:requeues"
 FENCE_TTL_MS = 24 * 3600 * 1000
 
 
@@ -213,7 +226,7 @@ class RedisSessionStore:
 
     def acquire(self, session_id: str) -> Lease | Busy | None:
         sid = session_id
-        keys = [f"sc:lease:{sid}", f"sc:fence:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", PENDING_KEY]
+        keys = [f"sc:lease:{sid}", f"sc:fence:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", PENDING_KEY, REQUEUES_KEY]
         with _translated("acquire"):
             first, second = self._acquire(keys=keys, args=[self._ttl_ms, FENCE_TTL_MS, sid])
         if first == -1:
@@ -224,7 +237,7 @@ class RedisSessionStore:
 
     def complete(self, lease: Lease) -> Lease | None:
         sid = lease.session_id
-        keys = [f"sc:lease:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", f"sc:rec:{sid}", PENDING_KEY]
+        keys = [f"sc:lease:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", f"sc:rec:{sid}", PENDING_KEY, REQUEUES_KEY]
         with _translated("complete"):
             result = int(self._complete(keys=keys, args=[lease.token, lease.wanted, self._ttl_ms, sid]))
         if result == -1:
@@ -242,12 +255,13 @@ class RedisSessionStore:
     def take_overdue(self, limit: int) -> list[str]:
         """Sessions with work wanted and not done, no lease, and no job expected any more.
 
-        Each one returned is marked as enqueued now (the caller enqueues it). A session whose
-        lease is held is looked at again when the lease would expire; one whose work is done
-        leaves the index.
+        Each one returned is marked as enqueued now (the caller enqueues it) and is not handed
+        out again for the grace period, doubling (up to 32x) while no worker takes it, so a
+        long queue is not flooded with duplicates. A session whose lease is held is looked at
+        again when the lease would expire; one whose work is done leaves the index.
         """
         with _translated("take overdue work"):
-            taken: list[str] = self._take_overdue(keys=[PENDING_KEY], args=[limit, self._requeue_ms])
+            taken: list[str] = self._take_overdue(keys=[PENDING_KEY, REQUEUES_KEY], args=[limit, self._requeue_ms])
         return list(taken)
 
     def pending_count(self) -> int:

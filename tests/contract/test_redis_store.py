@@ -333,14 +333,24 @@ def test_take_overdue_hands_out_lost_work_once_and_skips_held_and_queued(client:
     overdue = store.take_overdue(100)
     assert sid in overdue and held not in overdue and queued not in overdue
     assert sid not in store.take_overdue(100)  # marked enqueued: not handed out again at once
+    first_wait = ms_until_due(client, sid)
     again = wait_for(lambda: sid in store.take_overdue(100), 5, "the grace period to pass again", interval=0.05)
     assert again
+    assert ms_until_due(client, sid) > 1.5 * first_wait  # re-enqueued and still not taken: it backs off
     store.complete(lease)
     done = take(store, sid)
+    assert client.hget("sc:requeues", sid) is None  # a worker took it: the back-off resets
     assert store.complete(done) is None
     time.sleep(0.4)
     overdue = store.take_overdue(100)
     assert sid not in overdue and held not in overdue and queued in overdue
+
+
+def ms_until_due(client: redis.Redis, session_id: str) -> float:
+    seconds, micros = client.time()  # type: ignore[misc]
+    score = client.zscore(PENDING_KEY, session_id)
+    assert score is not None
+    return float(score) - (seconds * 1000 + micros // 1000)
 
 
 def test_an_expired_lease_makes_its_session_overdue(client: redis.Redis, sid: str) -> None:
