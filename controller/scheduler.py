@@ -124,7 +124,11 @@ def run(
                 "reconcile sweep", lambda: reconcile.sweep(store, runner, enqueuer("reconcile"))
             ):
                 next_sweep = now + sweep_every
-        stop.wait(tick)
+            # Wake for whichever is due next (a failed step is retried after one tick).
+            due = min(next_sweep, next_recovery) - time.monotonic()
+            stop.wait(min(tick, max(0.1, due)) if due > 0 else tick)
+        else:
+            stop.wait(tick)
     log.info("scheduler stopped")
 
 

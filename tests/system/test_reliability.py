@@ -113,7 +113,12 @@ def test_redis_sigkill_and_aof_restart_mid_burst_with_retries_in_flight_loses_no
 def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float | None, list[dict[str, Any]]]:
     """``n`` sessions at once; optionally SIGKILL a whole worker ``kill_after`` seconds in
     (and start a replacement, as a Deployment would). Returns (seconds from the first
-    delivery to the last registration, seconds from the kill to it, the sessions)."""
+    delivery to the last registration, seconds from the kill to it, the sessions).
+
+    The Agents API throttles (2n × 429, Retry-After 1 s), which the workers wait out inside
+    the task, holding the session's lease: the burst takes several seconds, and a worker
+    killed 2 s in dies holding leases, as a worker does when its calls are slow."""
+    loop.arm_fault("retrieve_session", 429, 2 * n, retry_after=1.0)
     with loop.api() as client:
         first = time.time()
         sessions = [loop.create_session(client) for _ in range(n)]
@@ -138,10 +143,10 @@ def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float |
 
 
 def test_a_worker_sigkilled_mid_burst_costs_seconds_not_a_lease(world: Loop) -> None:
-    """L1: 20 sessions at once (2 receivers, 2 workers), then the same burst with one whole
-    worker SIGKILLed 2 s in: the dead worker's leases are no longer renewed and lapse after
-    the (short) lease TTL, and the recovery pass re-enqueues its sessions without waiting for
-    the broker's visibility timeout. Every session gets exactly one executor; the FIGURE
+    """L1: 20 sessions at once (2 receivers, 2 workers, the Agents API throttling), then the
+    same burst with one whole worker SIGKILLed 2 s in: the dead worker's leases are no longer
+    renewed and lapse after the (short) lease TTL, and the recovery pass re-enqueues its
+    sessions without waiting for the broker's visibility timeout. Every session gets exactly one executor; the FIGURE
     lines compare the time to the last registration with and without the kill."""
     loop = world
     baseline, _, calm = _burst(loop, 20, None)
