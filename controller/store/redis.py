@@ -337,6 +337,9 @@ class RedisInbox:
     claim, so the sender's retry is processed. A concurrent copy that finds the claim
     pending waits briefly for the outcome rather than answering 2xx for a job that might
     still fail to enqueue.
+
+    The work is wanted (``want``) before the job is published: once a delivery is counted,
+    the recovery pass does it even if the publish fails and the sender never retries.
     """
 
     PENDING_TTL_MS = 30_000
