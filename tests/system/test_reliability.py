@@ -110,10 +110,29 @@ def test_redis_sigkill_and_aof_restart_mid_burst_with_retries_in_flight_loses_no
     )
 
 
-def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float | None, list[dict[str, Any]]]:
+_TASK_ENDS = {
+    "task done",
+    "will retry",
+    "session busy elsewhere; will look again",
+    "stale decision dropped; looking again",
+    "giving up on session",
+    "retries exhausted; left to the recovery pass",
+}
+
+
+def _unfinished_tasks(worker: Managed) -> int:
+    """Tasks the worker's log shows started and never ended (it was killed in them)."""
+    lines = worker.log_lines()
+    started = {line.get("task_id") for line in lines if line.get("event") == "task started"}
+    ended = {line.get("task_id") for line in lines if line.get("event") in _TASK_ENDS}
+    return len(started - ended)
+
+
+def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float | None, list[dict[str, Any]], int]:
     """``n`` sessions at once; optionally SIGKILL a whole worker ``kill_after`` seconds in
     (and start a replacement, as a Deployment would). Returns (seconds from the first
-    delivery to the last registration, seconds from the kill to it, the sessions).
+    delivery to the last registration, seconds from the kill to it, the sessions, the tasks
+    the killed worker was in the middle of).
 
     The Agents API throttles (2n × 429, Retry-After 1 s), which the workers wait out inside
     the task, holding the session's lease: the burst takes several seconds, and a worker
@@ -124,11 +143,13 @@ def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float |
         sessions = [loop.create_session(client) for _ in range(n)]
     environment_ids = {s["environment"]["id"] for s in sessions}
     kill_at: float | None = None
+    in_flight = 0
     if kill_after is not None:
         time.sleep(max(0.0, first + kill_after - time.time()))
         victim: Managed = loop.workers[0]
         victim.kill(signal.SIGKILL)  # main process and pool: leases held, jobs unacknowledged
         kill_at = time.time()
+        in_flight = _unfinished_tasks(victim)
         loop.workers.remove(victim)
         loop.start_worker(len(loop.workers) + 10)
         loop.workers.append(victim)  # keep its log for the counts
@@ -139,26 +160,29 @@ def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float |
         interval=0.25,
     )
     last = max(float(r["received_at"]) for r in _registrations(loop, environment_ids))
-    return last - first, (last - kill_at if kill_at is not None else None), sessions
+    return last - first, (last - kill_at if kill_at is not None else None), sessions, in_flight
 
 
 def test_a_worker_sigkilled_mid_burst_costs_seconds_not_a_lease(world: Loop) -> None:
     """L1: 20 sessions at once (2 receivers, 2 workers, the Agents API throttling), then the
     same burst with one whole worker SIGKILLed 2 s in: the dead worker's leases are no longer
     renewed and lapse after the (short) lease TTL, and the recovery pass re-enqueues its
-    sessions without waiting for the broker's visibility timeout. Every session gets exactly one executor; the FIGURE
-    lines compare the time to the last registration with and without the kill."""
+    sessions without waiting for the broker's visibility timeout. Every session gets exactly
+    one executor; the FIGURE lines compare the time to the last registration with and
+    without the kill."""
     loop = world
-    baseline, _, calm = _burst(loop, 20, None)
+    baseline, _, calm, _ = _burst(loop, 20, None)
     assert _exactly_one_executor_each(loop, calm) == (0, 0)
-    with_kill, after_kill, stormy = _burst(loop, 20, 2.0)
+    recovered_before = _recovered(loop)
+    with_kill, after_kill, stormy, in_flight = _burst(loop, 20, 2.0)
     assert _exactly_one_executor_each(loop, stormy) == (0, 0)
     env = loop.controller_env()
     ttl = env.get("CONTROLLER_LEASE_TTL_SECONDS", "10 (default)")
     print(f"\nFIGURE 20-session burst, no kill: last executor registered {baseline:.1f}s after the first delivery")
     print(
         f"FIGURE 20-session burst, whole worker SIGKILLed 2 s in: last registered {with_kill:.1f}s after the first "
-        f"delivery ({after_kill:.1f}s after the kill; lease TTL {ttl}s, visibility timeout "
+        f"delivery ({after_kill:.1f}s after the kill, which caught {in_flight} tasks mid-way; lease TTL {ttl}s, "
+        "visibility timeout "
         f"{env.get('CONTROLLER_QUEUE_VISIBILITY_TIMEOUT_SECONDS', '300 (default)')}s, "
-        f"{_recovered(loop)} re-enqueued by the recovery pass)"
+        f"{_recovered(loop) - recovered_before} re-enqueued by the recovery pass)"
     )
