@@ -103,6 +103,7 @@ def test_redis_sigkill_and_aof_restart_mid_burst_with_retries_in_flight_loses_no
     recovered_by = time.monotonic() - killed
     lost, duplicated = _exactly_one_executor_each(loop, sessions)
     assert (lost, duplicated) == (0, 0)
+    assert loop.scheduler is not None and loop.scheduler.alive()  # Redis going away did not end it
     print(
         f"\nFIGURE redis SIGKILL + AOF restart mid-burst: 15 sessions, {retrying_at_kill} retrying at the kill, "
         f"redis down {down_for:.1f}s, {_recovered(loop)} re-enqueued by the recovery pass, "
