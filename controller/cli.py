@@ -112,7 +112,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--hostname", default="worker@%h")
     worker.set_defaults(func=cmd_worker)
 
-    scheduler = sub.add_parser("scheduler", help="run the reconcile sweep on a timer (one active at a time)")
+    scheduler = sub.add_parser("scheduler", help="sweep and recover on timers (one active at a time)")
     scheduler.set_defaults(func=cmd_scheduler)
 
     dev = sub.add_parser("dev", help="run receiver and worker locally on embedded defaults")

@@ -102,11 +102,17 @@ class RoutingSettings:
 class QueueSettings:
     redis_url: str | None = field(default=None, repr=False)  # may carry a password: kept out of repr
     """Redis for the queue, de-duplication, leases and the session→sandbox mapping."""
-    lease_ttl_seconds: float = 60.0
-    """A worker's hold on one session; a dead worker's lease expires after this."""
+    lease_ttl_seconds: float = 10.0
+    """A worker's hold on one session, renewed every third of it while the work runs; a dead
+    worker's sessions are free again after this."""
     visibility_timeout_seconds: int = 300
     """Unacknowledged jobs of a dead worker process are redelivered after this."""
     task_max_retries: int = 50
+    recovery_interval_seconds: float = 5.0
+    """How often the active scheduler re-enqueues wanted work that no job is going to do."""
+    recovery_after_seconds: float = 15.0
+    """A session enqueued this long ago whose lease was never taken counts as lost and is
+    enqueued again (a job merely waiting in the queue is not duplicated before that)."""
 
 
 @dataclass(frozen=True)
@@ -226,6 +232,8 @@ KEYS: frozenset[str] = frozenset(
         "LEASE_TTL_SECONDS",
         "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
         "TASK_MAX_RETRIES",
+        "RECOVERY_INTERVAL_SECONDS",
+        "RECOVERY_AFTER_SECONDS",
         "LOG_LEVEL",
         "MAX_LIFETIME_SECONDS",
         "RECONCILE_INTERVAL_SECONDS",
@@ -306,6 +314,12 @@ class _Parser:
                     "QUEUE_VISIBILITY_TIMEOUT_SECONDS", QueueSettings.visibility_timeout_seconds, int, 1
                 ),
                 task_max_retries=self.number("TASK_MAX_RETRIES", QueueSettings.task_max_retries, int, 0),
+                recovery_interval_seconds=self.number(
+                    "RECOVERY_INTERVAL_SECONDS", QueueSettings.recovery_interval_seconds, float, 0.5
+                ),
+                recovery_after_seconds=self.number(
+                    "RECOVERY_AFTER_SECONDS", QueueSettings.recovery_after_seconds, float, 1.0
+                ),
             ),
             runner=RunnerSettings(
                 kind=runner,

@@ -24,6 +24,8 @@ from typing import Protocol
 from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
+from controller.errors import Fenced, Permanent
+from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.runners.base import Runner
 from controller.store.base import Busy, Lease, SessionStore
@@ -161,24 +163,59 @@ class Deps:
     on_refusal: Callable[[str], None] = lambda kind: None
     """Called with ``Decision.refused`` for each refusal (the worker counts them in a metric)."""
     choose_template: Callable[[Session], str | None] = lambda session: None
+    renew_every_seconds: float | None = None
+    """Renew the lease this often while working (a third of its TTL); None: never."""
 
 
 def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
-    """Work one session until nothing more is wanted. Busy: another worker holds it."""
+    """Work one session until nothing more is wanted. Busy: another worker holds it.
+
+    The lease is renewed while the work runs (``renew_every_seconds``). On any failure the
+    lease is released and the work stays wanted, for the task's retry or the scheduler's
+    recovery pass; only a ``Permanent`` failure marks the round done (given up, logged by
+    the caller), so a session that can never succeed is not retried forever.
+    """
     taken = deps.store.acquire(session_id)
     if taken is None or isinstance(taken, Busy):
         return [] if taken is None else taken
     lease: Lease | None = taken
     decisions = []
-    try:
-        while lease is not None:
-            decisions.append(act(lease, deps))
-            lease = deps.store.complete(lease)
-    except BaseException:
-        if lease is not None:
-            deps.store.abandon(lease)
-        raise
+    with _renewing(taken, deps) as beat:
+        try:
+            while lease is not None:
+                decisions.append(act(lease, deps))
+                with beat.paused():
+                    lease = deps.store.complete(lease)
+                    if lease is None:
+                        beat.stop()
+        except Permanent:
+            if lease is not None:
+                with beat.paused():
+                    beat.stop()
+                    _give_up(lease, deps)
+            raise
+        except BaseException:
+            if lease is not None:
+                with beat.paused():
+                    beat.stop()
+                    deps.store.abandon(lease)
+            raise
     return decisions
+
+
+def _renewing(lease: Lease, deps: Deps) -> Heartbeat:
+    # An interval of 0/None disables renewal (fakes and tests with a fake clock).
+    return Heartbeat(deps.store, lease, deps.renew_every_seconds or 0.0)
+
+
+def _give_up(lease: Lease, deps: Deps) -> None:
+    """Mark this round done without success; later deliveries still get their own round."""
+    try:
+        again = deps.store.complete(lease)
+        if again is not None:
+            deps.store.abandon(again)
+    except Fenced:
+        pass  # someone else holds the session now: the round is theirs
 
 
 def act(lease: Lease, deps: Deps) -> Decision:

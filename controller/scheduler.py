@@ -1,8 +1,16 @@
-"""``sandbox-controller scheduler``: one active process that sweeps on a timer.
+"""``sandbox-controller scheduler``: one active process that sweeps and recovers on timers.
 
-Leadership is a Redis key holding this process's token with a TTL of three intervals' worth
-(at most a minute), renewed each round by a compare-and-expire script; a scheduler that
-cannot renew stops sweeping until it wins the key again, so two never sweep at once.
+Leadership is a Redis key holding this process's token with a TTL of three sweep intervals'
+worth (at most a minute), renewed every round by a compare-and-expire script; a scheduler
+that cannot renew stops working until it wins the key again, so two never act at once.
+
+Each round the leader runs the recovery pass (``controller.recovery``, every
+``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the reconcile sweep
+(``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``).
+
+Redis or the broker being away is a state, not a crash: the loop logs "redis unavailable"
+with the reason and tries again next round; "another scheduler is active" is logged only
+when another process really holds the key.
 """
 
 from __future__ import annotations
@@ -10,17 +18,20 @@ from __future__ import annotations
 import secrets
 import signal
 import threading
+import time
 from collections.abc import Callable
+from enum import StrEnum
 from types import FrameType
 
+import kombu.exceptions
 import redis
 
-from controller import logs, reconcile
+from controller import logs, reconcile, recovery
 from controller.config import Settings
-from controller.errors import Transient
+from controller.errors import QueueUnavailable, StoreUnavailable, Transient
 from controller.inbox import Job
+from controller.recovery import RecoverableStore
 from controller.runners.base import Runner
-from controller.store.base import SessionStore
 
 log = logs.get(__name__)
 LEADER_KEY = "sc:scheduler:leader"
@@ -28,6 +39,7 @@ _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
 """
+_BROKER_ERRORS = (redis.RedisError, kombu.exceptions.KombuError, OSError)
 
 
 class Leadership:
@@ -37,23 +49,35 @@ class Leadership:
         self._renew = client.register_script(_RENEW)
 
     def hold(self) -> bool:
-        """Take or keep leadership; False when another scheduler has it or Redis is away."""
+        """Take or keep leadership: True when this process leads, False when another does.
+
+        Raises ``StoreUnavailable`` when Redis cannot be asked (then nobody can prove
+        leadership, and nobody should act).
+        """
         try:
             return bool(self._renew(keys=[LEADER_KEY], args=[self._token, self._ttl_ms]))
-        except redis.RedisError:
-            return False
+        except redis.RedisError as exc:
+            raise StoreUnavailable(f"cannot reach redis to hold leadership: {exc}", retry_after=2) from exc
+
+
+class Role(StrEnum):
+    LEADING = "leading"
+    STANDING_BY = "standing by"
+    UNREACHABLE = "redis unavailable"
 
 
 def run(
     settings: Settings,
-    store: SessionStore,
+    store: RecoverableStore,
     runner: Runner,
     client: redis.Redis,
     publish: Callable[[Job], None],
     stop: threading.Event | None = None,
 ) -> None:
-    interval = settings.lifecycle.reconcile_interval_seconds
-    leadership = Leadership(client, ttl_seconds=min(60.0, 3 * interval))
+    sweep_every = settings.lifecycle.reconcile_interval_seconds
+    recover_every = settings.queue.recovery_interval_seconds
+    tick = min(sweep_every, recover_every)
+    leadership = Leadership(client, ttl_seconds=min(60.0, 3 * sweep_every))
     stop = stop or threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -63,17 +87,61 @@ def run(
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-    def enqueue(session_id: str) -> None:
-        publish(Job(session_id=session_id, webhook_id="", event_type="reconcile"))
-
-    log.info("scheduler started", extra={"interval_seconds": interval})
-    while not stop.is_set():
-        if leadership.hold():
+    def enqueuer(event_type: str) -> Callable[[str], None]:
+        def enqueue(session_id: str) -> None:
             try:
-                reconcile.sweep(store, runner, enqueue)
-            except Transient as exc:
-                log.warning("reconcile sweep failed; next round retries", extra={"reason": str(exc)})
+                publish(Job(session_id=session_id, webhook_id="", event_type=event_type))
+            except _BROKER_ERRORS as exc:
+                raise QueueUnavailable(f"broker refused a {event_type} job: {exc}", retry_after=2) from exc
+
+        return enqueue
+
+    log.info(
+        "scheduler started",
+        extra={"interval_seconds": sweep_every, "recovery_interval_seconds": recover_every},
+    )
+    role: Role | None = None
+    next_sweep = next_recovery = 0.0
+    while not stop.is_set():
+        try:
+            now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
+            reason = ""
+        except StoreUnavailable as exc:
+            now_role, reason = Role.UNREACHABLE, str(exc.__cause__ or exc)
+        if now_role is Role.UNREACHABLE:
+            log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
+        elif now_role is not role:
+            leading = now_role is Role.LEADING
+            log.info("leading: sweeping and recovering" if leading else "another scheduler is active; standing by")
+        role = now_role
+        if role is Role.LEADING:
+            now = time.monotonic()
+            if now >= next_recovery and _guarded(
+                "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
+            ):
+                next_recovery = now + recover_every
+            if now >= next_sweep and _guarded(
+                "reconcile sweep", lambda: reconcile.sweep(store, runner, enqueuer("reconcile"))
+            ):
+                next_sweep = now + sweep_every
+            # Wake for whichever is due next (a failed step is retried after one tick).
+            due = min(next_sweep, next_recovery) - time.monotonic()
+            stop.wait(min(tick, max(0.1, due)) if due > 0 else tick)
         else:
-            log.info("another scheduler is active; standing by")
-        stop.wait(interval)
+            stop.wait(tick)
     log.info("scheduler stopped")
+
+
+def _guarded(what: str, step: Callable[[], object]) -> bool:
+    """Run one step; a failure is logged and retried next round, never ends the loop."""
+    try:
+        step()
+        return True
+    except (StoreUnavailable, QueueUnavailable) as exc:
+        reason = str(exc.__cause__ or exc)
+        log.warning(f"redis unavailable: {reason}; {what} retried next round", extra={"reason": reason})
+    except Transient as exc:
+        log.warning(f"{what} failed; retried next round", extra={"reason": str(exc)})
+    except Exception as exc:  # a bug or an untranslated error: say so loudly, keep the scheduler up
+        log.exception(f"{what} failed unexpectedly; retried next round", extra={"error_type": type(exc).__name__})
+    return False

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import shlex
 
+import redis
+
 from controller import logs
 from controller.clock import SystemClock
 from controller.config import Settings
@@ -67,9 +69,10 @@ def sandbox_templates(settings: Settings) -> Templates:
     return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
 
 
-def store(settings: Settings) -> RedisSessionStore:
-    assert settings.queue.redis_url is not None
-    return RedisSessionStore(connect(settings.queue.redis_url), settings.queue.lease_ttl_seconds)
+def store(settings: Settings, client: redis.Redis | None = None) -> RedisSessionStore:
+    q = settings.queue
+    assert q.redis_url is not None
+    return RedisSessionStore(client or connect(q.redis_url), q.lease_ttl_seconds, q.recovery_after_seconds)
 
 
 def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
@@ -92,6 +95,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         choose_template=templates.choose,
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
+        renew_every_seconds=settings.queue.lease_ttl_seconds / 3,
     )
 
 
@@ -105,7 +109,7 @@ def receiver_app(settings: Settings):  # type: ignore[no-untyped-def]
     client = connect(settings.queue.redis_url)
     inbox = RedisInbox(
         client,
-        RedisSessionStore(client, settings.queue.lease_ttl_seconds),
+        store(settings, client),
         publisher(make_app(settings)),
         settings.webhook.dedup_ttl_seconds,
     )

@@ -6,6 +6,9 @@ Delivery guarantees come from the settings, not from hope:
 jobs a whole dead worker held are redelivered after the broker's visibility timeout.
 Errors map to what the caller should do: ``Transient`` and ``Busy`` → retry later (with
 jittered backoff), ``Permanent`` → log and give up, ``Fenced`` → drop quietly.
+A retry is a new message: if the broker refuses it, or the retries run out, the job is gone
+but the session's work stays wanted in the store, and the scheduler's recovery pass
+(``controller.recovery``) enqueues it again.
 """
 
 from __future__ import annotations
@@ -109,6 +112,11 @@ def _register(app: Celery, settings: Settings) -> None:
                 log.error("giving up on session", extra={"reason": str(exc), "error_type": type(exc).__name__})
                 return
             except Transient as exc:
+                if self.max_retries is not None and self.request.retries >= self.max_retries:
+                    # The work stays wanted (work() released the lease without marking it
+                    # done): the scheduler's recovery pass enqueues the session again.
+                    log.error("retries exhausted; left to the recovery pass", extra={"reason": str(exc)})
+                    return
                 delay = backoff_seconds(self.request.retries, exc.retry_after)
                 log.warning("will retry", extra={"reason": str(exc), "countdown": round(delay, 2)})
                 raise self.retry(countdown=delay, exc=exc) from exc

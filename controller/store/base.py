@@ -6,8 +6,14 @@ started from. If more was wanted meanwhile, ``complete`` keeps the lease and han
 fresh ``Lease`` to go round again; nothing that arrives while a session is being worked is
 lost, and two workers never act on one session at once.
 
-A lease carries a fencing ``token`` (strictly increasing per session). Every write checks
-that the token still holds the lease; a worker whose lease expired gets ``Fenced``.
+A lease carries a fencing ``token``: strictly increasing per session and never handed out
+twice, even after the store lost its data. Every write checks that the token still holds the
+lease; a worker whose lease expired gets ``Fenced``. A worker renews its lease (``check``)
+while it works, so the TTL can be short and a dead worker's sessions are free again soon.
+
+Wanted work is never dropped: ``want`` > done stays recorded until a ``complete`` catches up,
+whatever happens to the job that was queued for it; the scheduler's recovery pass
+(``controller.recovery``) enqueues such sessions again.
 """
 
 from __future__ import annotations
@@ -47,7 +53,7 @@ class SessionStore(Protocol):
         ...
 
     def abandon(self, lease: Lease) -> None:
-        """Release without marking done (the work failed and will be retried)."""
+        """Release without marking done: the work stays wanted (a retry or the recovery pass does it)."""
         ...
 
     def check(self, lease: Lease) -> None:

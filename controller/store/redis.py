@@ -4,11 +4,24 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
 
     sc:want:{sid}    work generation asked for (INCR per delivery)
     sc:done:{sid}    work generation completed
-    sc:fence:{sid}   fencing counter (INCR per lease)
+    sc:fence:{sid}   the last fencing token handed out (expires after a day)
     sc:lease:{sid}   holder's fencing token, with a TTL
     sc:rec:{sid}     the session→sandbox mapping (hash)
     sc:sessions      ids with a mapping
+    sc:pending       ids whose wanted work is not done (sorted set; score: when, in ms of
+                     Redis time, a job is next expected to pick it up; see ``take_overdue``)
+    sc:requeues      per pending session, how often it was re-enqueued without a worker
+                     taking it since (hash; paces the recovery pass during a long backlog)
     sc:seen:{wid}    de-duplication: "pending" while enqueueing, "done" after
+
+``sc:want``/``sc:done`` are deleted by the ``complete`` that catches up with the last want of
+a session that has no mapping: nothing is pending then, and a later delivery simply starts
+again from zero. The pending index is kept in the same scripts as the counters, so a
+session is in ``sc:pending`` exactly while want > done.
+
+Fencing tokens are Redis time in microseconds, or the previous token + 1 if that is not
+higher: strictly increasing per session, and still higher than any token handed out before
+Redis lost its data (a counter would restart at 1 and let a stale lease pass ``check``).
 
 Multi-key checks run as small Lua scripts so that "is the lease still mine?" and the write
 it guards happen atomically. redis-py errors are translated here, once.
@@ -31,15 +44,47 @@ from controller.store.base import Busy, Lease
 
 log = logs.get(__name__)
 
-_ACQUIRE = """
+# Lua numbers are doubles: integers below 2^53 are exact (Redis time in µs is ~2^51), and
+# are passed to Redis as '%d' strings so that no exponent notation sneaks into a key.
+_NOW_MS = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+"""
+
+_WANT = (
+    _NOW_MS
+    + """
+local n = redis.call('INCR', KEYS[1])
+redis.call('ZADD', KEYS[2], string.format('%d', now_ms() + tonumber(ARGV[2])), ARGV[1])
+return n
+"""
+)
+
+_ACQUIRE = (
+    _NOW_MS
+    + """
 local want = tonumber(redis.call('GET', KEYS[3]) or '0')
 local done = tonumber(redis.call('GET', KEYS[4]) or '0')
-if want <= done then return {-1, 0} end
+if want <= done then
+  redis.call('ZREM', KEYS[5], ARGV[3])
+  redis.call('HDEL', KEYS[6], ARGV[3])
+  return {-1, 0}
+end
 if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end
-local token = redis.call('INCR', KEYS[2])
-redis.call('SET', KEYS[1], token, 'PX', ARGV[1])
+local t = redis.call('TIME')
+local token = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local previous = tonumber(redis.call('GET', KEYS[2]) or '0')
+if previous >= token then token = previous + 1 end
+local text = string.format('%d', token)
+redis.call('SET', KEYS[2], text, 'PX', ARGV[2])
+redis.call('SET', KEYS[1], text, 'PX', ARGV[1])
+redis.call('ZADD', KEYS[5], 'XX', string.format('%d', now_ms() + tonumber(ARGV[1])), ARGV[3])
+redis.call('HDEL', KEYS[6], ARGV[3])
 return {token, want}
 """
+)
 
 _COMPLETE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
@@ -51,13 +96,21 @@ if want > tonumber(ARGV[2]) then
   return want
 end
 redis.call('DEL', KEYS[1])
+redis.call('ZREM', KEYS[5], ARGV[4])
+redis.call('HDEL', KEYS[6], ARGV[4])
+if redis.call('EXISTS', KEYS[4]) == 0 then redis.call('DEL', KEYS[2], KEYS[3]) end
 return 0
 """
 
-_RELEASE = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
-return 0
+_RELEASE = (
+    _NOW_MS
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('ZADD', KEYS[2], 'XX', string.format('%d', now_ms() + tonumber(ARGV[3])), ARGV[2])
+return 1
 """
+)
 
 _CHECK = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -80,7 +133,44 @@ redis.call('SREM', KEYS[3], ARGV[2])
 return 1
 """
 
+# Per-session keys are built here rather than passed in KEYS: fine on a single Redis (the
+# only deployment this store supports), not on Redis Cluster.
+_TAKE_OVERDUE = (
+    _NOW_MS
+    + """
+local now = now_ms()
+local overdue = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now), 'LIMIT', 0, ARGV[1])
+local taken = {}
+for _, sid in ipairs(overdue) do
+  local want = tonumber(redis.call('GET', 'sc:want:' .. sid) or '0')
+  local done = tonumber(redis.call('GET', 'sc:done:' .. sid) or '0')
+  if want <= done then
+    redis.call('ZREM', KEYS[1], sid)
+    redis.call('HDEL', KEYS[2], sid)
+  else
+    local left = redis.call('PTTL', 'sc:lease:' .. sid)
+    if left > 0 then
+      redis.call('ZADD', KEYS[1], string.format('%d', now + left), sid)
+    elseif left == -2 then
+      -- Back off per session while its re-enqueued jobs are not taken either (a long queue):
+      -- grace, 2x, 4x ... 32x; the count resets when a worker takes the lease.
+      local n = redis.call('HINCRBY', KEYS[2], sid, 1)
+      local wait = tonumber(ARGV[2]) * math.pow(2, math.min(n - 1, 5))
+      redis.call('ZADD', KEYS[1], string.format('%d', now + wait), sid)
+      taken[#taken + 1] = sid
+    else
+      redis.call('ZADD', KEYS[1], string.format('%d', now + tonumber(ARGV[2])), sid)
+    end
+  end
+end
+return taken
+"""
+)
+
 SESSIONS_KEY = "sc:sessions"
+PENDING_KEY = "sc:pending"
+REQUEUES_KEY = "sc:requeues"
+FENCE_TTL_MS = 24 * 3600 * 1000
 
 
 def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
@@ -107,35 +197,49 @@ def _translated(what: str) -> Iterator[None]:
 
 
 class RedisSessionStore:
-    def __init__(self, client: redis.Redis, lease_ttl_seconds: float) -> None:
+    """``SessionStore`` on Redis, plus the pending-work index the recovery pass reads.
+
+    ``requeue_after_seconds``: how long a job that was enqueued for a session may take to
+    take its lease before ``take_overdue`` hands the session out again.
+    """
+
+    def __init__(self, client: redis.Redis, lease_ttl_seconds: float, requeue_after_seconds: float = 15.0) -> None:
         self._r = client
         self._ttl_ms = int(lease_ttl_seconds * 1000)
+        self._requeue_ms = int(requeue_after_seconds * 1000)
+        self._want = client.register_script(_WANT)
         self._acquire = client.register_script(_ACQUIRE)
         self._complete = client.register_script(_COMPLETE)
         self._release = client.register_script(_RELEASE)
         self._check = client.register_script(_CHECK)
         self._save = client.register_script(_SAVE)
         self._forget = client.register_script(_FORGET)
+        self._take_overdue = client.register_script(_TAKE_OVERDUE)
+
+    @property
+    def lease_ttl_seconds(self) -> float:
+        return self._ttl_ms / 1000
 
     def want(self, session_id: str) -> int:
         with _translated("want"):
-            return int(self._r.incr(f"sc:want:{session_id}"))
+            return int(self._want(keys=[f"sc:want:{session_id}", PENDING_KEY], args=[session_id, self._requeue_ms]))
 
     def acquire(self, session_id: str) -> Lease | Busy | None:
-        keys = [f"sc:lease:{session_id}", f"sc:fence:{session_id}", f"sc:want:{session_id}", f"sc:done:{session_id}"]
+        sid = session_id
+        keys = [f"sc:lease:{sid}", f"sc:fence:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", PENDING_KEY, REQUEUES_KEY]
         with _translated("acquire"):
-            first, second = self._acquire(keys=keys, args=[self._ttl_ms])
+            first, second = self._acquire(keys=keys, args=[self._ttl_ms, FENCE_TTL_MS, sid])
         if first == -1:
             return None
         if first == 0:
             return Busy(retry_after=max(int(second), 100) / 1000)
-        return Lease(session_id=session_id, token=int(first), wanted=int(second))
+        return Lease(session_id=sid, token=int(first), wanted=int(second))
 
     def complete(self, lease: Lease) -> Lease | None:
         sid = lease.session_id
-        keys = [f"sc:lease:{sid}", f"sc:want:{sid}", f"sc:done:{sid}"]
+        keys = [f"sc:lease:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", f"sc:rec:{sid}", PENDING_KEY, REQUEUES_KEY]
         with _translated("complete"):
-            result = int(self._complete(keys=keys, args=[lease.token, lease.wanted, self._ttl_ms]))
+            result = int(self._complete(keys=keys, args=[lease.token, lease.wanted, self._ttl_ms, sid]))
         if result == -1:
             raise Fenced(f"lease of session {sid} was lost before completing")
         if result == 0:
@@ -143,8 +247,26 @@ class RedisSessionStore:
         return Lease(session_id=sid, token=lease.token, wanted=result)
 
     def abandon(self, lease: Lease) -> None:
+        """Release; the work stays pending (a retry is expected within ``requeue_after_seconds``)."""
+        sid = lease.session_id
         with _translated("abandon"):
-            self._release(keys=[f"sc:lease:{lease.session_id}"], args=[lease.token])
+            self._release(keys=[f"sc:lease:{sid}", PENDING_KEY], args=[lease.token, sid, self._requeue_ms])
+
+    def take_overdue(self, limit: int) -> list[str]:
+        """Sessions with work wanted and not done, no lease, and no job expected any more.
+
+        Each one returned is marked as enqueued now (the caller enqueues it) and is not handed
+        out again for the grace period, doubling (up to 32x) while no worker takes it, so a
+        long queue is not flooded with duplicates. A session whose lease is held is looked at
+        again when the lease would expire; one whose work is done leaves the index.
+        """
+        with _translated("take overdue work"):
+            taken: list[str] = self._take_overdue(keys=[PENDING_KEY, REQUEUES_KEY], args=[limit, self._requeue_ms])
+        return list(taken)
+
+    def pending_count(self) -> int:
+        with _translated("count pending work"):
+            return int(self._r.zcard(PENDING_KEY))
 
     def check(self, lease: Lease) -> None:
         with _translated("check"):
@@ -215,6 +337,9 @@ class RedisInbox:
     claim, so the sender's retry is processed. A concurrent copy that finds the claim
     pending waits briefly for the outcome rather than answering 2xx for a job that might
     still fail to enqueue.
+
+    The work is wanted (``want``) before the job is published: once a delivery is counted,
+    the recovery pass does it even if the publish fails and the sender never retries.
     """
 
     PENDING_TTL_MS = 30_000

@@ -3,20 +3,26 @@
 from __future__ import annotations
 
 import itertools
+import shutil
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import redis
 
+from controller import lifecycle
+from controller.clock import FakeClock
 from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
-from controller.model import Handle, Record
+from controller.model import Handle, Record, Session
 from controller.store.base import Busy, Lease
-from controller.store.redis import RedisInbox, RedisSessionStore, connect
+from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
+from tests.unit.fakes_lifecycle import FakeRunner
 
 _ids = itertools.count(1)
 
@@ -36,8 +42,8 @@ def sid() -> str:
     return f"sess_{next(_ids)}_{time.monotonic_ns()}"
 
 
-def store_of(client: redis.Redis, ttl: float = 30.0) -> RedisSessionStore:
-    return RedisSessionStore(client, lease_ttl_seconds=ttl)
+def store_of(client: redis.Redis, ttl: float = 30.0, requeue_after: float = 15.0) -> RedisSessionStore:
+    return RedisSessionStore(client, lease_ttl_seconds=ttl, requeue_after_seconds=requeue_after)
 
 
 def a_record(session_id: str, generation: int = 1, started_at: float = 1_700_000_000.25) -> Record:
@@ -150,9 +156,11 @@ def test_work_wanted_during_a_round_gets_another_round(client: redis.Redis, sid:
     again = store.complete(lease)
     assert again == Lease(session_id=sid, token=lease.token, wanted=3)
     store.check(again)  # still held
+    assert client.get(f"sc:done:{sid}") == "1"  # the first round is done; the second is still wanted
+    assert client.zscore(PENDING_KEY, sid) is not None
     assert store.complete(again) is None
     assert store.acquire(sid) is None
-    assert client.get(f"sc:done:{sid}") == "3"
+    assert client.zscore(PENDING_KEY, sid) is None
 
 
 def test_abandon_leaves_the_work_owed(client: redis.Redis, sid: str) -> None:
@@ -237,11 +245,229 @@ def test_concurrent_workers_never_overlap_and_every_want_is_completed(server: Re
     assert overlaps == []
     # No drain needed: a want that meets a busy session is picked up by the holder's complete.
     c = connect(server.url)
-    want, done = int(c.get(f"sc:want:{sid}") or 0), int(c.get(f"sc:done:{sid}") or 0)
-    assert want > 0 and done == want
+    # Every want was completed: nothing pending, and the counters of a session without a
+    # mapping were removed by the complete that caught up (none is left half-counted).
+    assert c.zscore(PENDING_KEY, sid) is None
+    assert c.exists(f"sc:want:{sid}", f"sc:done:{sid}") == 0
     assert store_of(c).acquire(sid) is None
     assert rounds > 0
     assert c.exists(f"sc:lease:{sid}") == 0
+
+
+# --- fencing across data loss, pending work, key hygiene ---------------------------------
+
+
+def test_a_lease_from_before_a_data_loss_is_fenced_after_it(server: RedisServer, sid: str) -> None:
+    """L1/L12 fencing: tokens do not restart when Redis loses its data (FLUSHALL): the lease
+    taken before is fenced once another worker takes the session after."""
+    c = connect(server.url)
+    try:
+        first, second = store_of(c), store_of(connect(server.url))
+        first.want(sid)
+        old = take(first, sid)
+        c.flushall()  # the data is gone: counters, fence and lease
+        second.want(sid)
+        new = take(second, sid)
+        assert new.token > old.token
+        with pytest.raises(Fenced):
+            first.check(old)
+        with pytest.raises(Fenced):
+            first.save(old, a_record(sid))
+        second.check(new)
+        assert second.complete(new) is None
+    finally:
+        c.close()
+
+
+def test_a_lease_from_before_a_restart_without_persistence_is_fenced(tmp_path: Path) -> None:
+    """L1/L12 fencing: Redis restarted with no data (no AOF): the old lease's token still
+    fails ``check`` once a new holder has the session."""
+    own = RedisServer(tmp_path / "redis")
+    own.start()
+    c = connect(own.url, timeout_seconds=1.0)
+    try:
+        store = store_of(c)
+        store.want("sess_restart")
+        old = take(store, "sess_restart")
+        own.stop()
+        for name in ("appendonlydir", "appendonly.aof", "dump.rdb"):  # lose every byte it had
+            path = tmp_path / "redis" / name
+            shutil.rmtree(path, ignore_errors=True) if path.is_dir() else path.unlink(missing_ok=True)
+        own.start()
+        assert c.dbsize() == 0
+        store.want("sess_restart")
+        new = take(store_of(connect(own.url)), "sess_restart")
+        assert new.token > old.token
+        with pytest.raises(Fenced):
+            store.check(old)
+    finally:
+        c.close()
+        own.stop()
+
+
+def test_pending_index_follows_want_and_done(client: redis.Redis, sid: str) -> None:
+    """L1: a session is in the pending index exactly while its wanted work is not done."""
+    store = store_of(client)
+    assert client.zscore(PENDING_KEY, sid) is None
+    store.want(sid)
+    assert client.zscore(PENDING_KEY, sid) is not None
+    lease = take(store, sid)
+    store.abandon(lease)  # failed round: still owed
+    assert client.zscore(PENDING_KEY, sid) is not None
+    lease = take(store, sid)
+    assert store.complete(lease) is None
+    assert client.zscore(PENDING_KEY, sid) is None
+
+
+def test_take_overdue_hands_out_lost_work_once_and_skips_held_and_queued(client: redis.Redis, sid: str) -> None:
+    """L1: the recovery index returns a session whose work is wanted, whose lease is free and
+    whose last enqueue is older than the grace period; not one merely queued, not one held."""
+    store = store_of(client, ttl=30, requeue_after=0.3)
+    held, queued = f"{sid}_held", f"{sid}_queued"
+    store.want(sid)  # its job is then lost
+    store.want(held)
+    lease = take(store, held)  # a worker holds it
+    assert sid not in store.take_overdue(100)  # still within the grace period
+    time.sleep(0.4)
+    store.want(queued)  # a fresh job, just enqueued
+    overdue = store.take_overdue(100)
+    assert sid in overdue and held not in overdue and queued not in overdue
+    assert sid not in store.take_overdue(100)  # marked enqueued: not handed out again at once
+    first_wait = ms_until_due(client, sid)
+    again = wait_for(lambda: sid in store.take_overdue(100), 5, "the grace period to pass again", interval=0.05)
+    assert again
+    assert ms_until_due(client, sid) > 1.5 * first_wait  # re-enqueued and still not taken: it backs off
+    store.complete(lease)
+    done = take(store, sid)
+    assert client.hget("sc:requeues", sid) is None  # a worker took it: the back-off resets
+    assert store.complete(done) is None
+    time.sleep(0.4)
+    overdue = store.take_overdue(100)
+    assert sid not in overdue and held not in overdue and queued in overdue
+
+
+def ms_until_due(client: redis.Redis, session_id: str) -> float:
+    seconds, micros = client.time()  # type: ignore[misc]
+    score = client.zscore(PENDING_KEY, session_id)
+    assert score is not None
+    return float(score) - (seconds * 1000 + micros // 1000)
+
+
+def test_an_expired_lease_makes_its_session_overdue(client: redis.Redis, sid: str) -> None:
+    """L1: a worker that died holding a session (its lease lapses) leaves the work to the
+    recovery index within about one lease TTL."""
+    store = store_of(client, ttl=1.0, requeue_after=60)
+    store.want(sid)
+    take(store, sid)  # and the worker dies: nobody renews, completes or abandons
+    assert sid not in store.take_overdue(100)
+    started = time.monotonic()
+    wait_for(lambda: sid in store.take_overdue(100), 5, "the session to become overdue", interval=0.05)
+    assert time.monotonic() - started < 60  # the lease TTL, not the requeue grace period
+
+
+def test_counters_of_a_session_without_mapping_are_removed_when_done(client: redis.Redis, sid: str) -> None:
+    """Per-session counters go with the mapping: kept while mapped, removed by the complete
+    that catches up once the mapping is gone; a later delivery starts afresh and is not lost."""
+    store = store_of(client)
+    store.want(sid)
+    lease = take(store, sid)
+    store.save(lease, a_record(sid))
+    assert store.complete(lease) is None
+    assert client.exists(f"sc:want:{sid}", f"sc:done:{sid}") == 2  # mapped: kept
+    store.want(sid)
+    lease = take(store, sid)
+    store.forget(lease)
+    store.want(sid)  # a delivery while the last round runs
+    again = store.complete(lease)
+    assert again is not None  # not deleted: that delivery is still owed
+    assert store.complete(again) is None
+    assert client.exists(f"sc:want:{sid}", f"sc:done:{sid}", f"sc:rec:{sid}") == 0
+    assert client.zscore(PENDING_KEY, sid) is None
+    assert 0 < client.pttl(f"sc:fence:{sid}") <= 24 * 3600 * 1000  # the fence expires on its own
+    assert store.want(sid) == 1
+    assert isinstance(store.acquire(sid), Lease)
+
+
+# --- the lease heartbeat -----------------------------------------------------------------
+
+
+class SlowDeletedSessions:
+    """The Agents API answering "deleted" after ``seconds``: a round that takes a while."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def get(self, session_id: str) -> Session | None:
+        time.sleep(self.seconds)
+        return None
+
+    def environment_connected(self, environment_id: str) -> bool | None:
+        return None
+
+
+def slow_deps(store: RedisSessionStore, seconds: float, renew_every: float | None) -> lifecycle.Deps:
+    return lifecycle.Deps(
+        sessions=SlowDeletedSessions(seconds),
+        store=store,
+        runner=FakeRunner(),
+        clock=FakeClock(),
+        renew_every_seconds=renew_every,
+    )
+
+
+def test_work_renews_its_lease_while_it_runs(server: RedisServer, sid: str) -> None:
+    """L1: a round longer than the lease TTL keeps its lease (renewed every third of the TTL):
+    no other worker can take the session meanwhile, and the round completes unfenced."""
+    store, other = store_of(connect(server.url), ttl=1.0), store_of(connect(server.url), ttl=1.0)
+    store.want(sid)
+    result: list[object] = []
+    thread = threading.Thread(target=lambda: result.append(lifecycle.work(sid, slow_deps(store, 3.0, 1.0 / 3))))
+    thread.start()
+    watcher = server.client()
+    wait_for(lambda: watcher.exists(f"sc:lease:{sid}"), 5, "the worker to take the lease", interval=0.02)
+    seen = []
+    while thread.is_alive():
+        seen.append(other.acquire(sid))
+        time.sleep(0.05)
+    thread.join()
+    assert seen and all(isinstance(taken, Busy) for taken in seen[:-1]), seen
+    assert isinstance(result[0], list) and len(result[0]) == 1
+    assert other.acquire(sid) is None  # done, lease released
+
+
+def test_without_renewal_a_long_round_loses_its_lease(server: RedisServer, sid: str) -> None:
+    """L1/L12: the same long round with renewal off: the lease lapses after its TTL, another
+    worker takes the session, and the stale round is fenced (it does not complete)."""
+    store, other = store_of(connect(server.url), ttl=1.0), store_of(connect(server.url), ttl=1.0)
+    store.want(sid)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lifecycle.work(sid, slow_deps(store, 2.5, None))
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    taken = wait_for(lambda: isinstance(other.acquire(sid), Lease), 5, "the lapsed lease to be taken")
+    assert taken
+    thread.join()
+    assert len(errors) == 1 and isinstance(errors[0], Fenced)
+
+
+def test_heartbeat_stops_and_says_so_when_the_lease_is_lost(client: redis.Redis, sid: str) -> None:
+    """L12: a renewal that finds the lease gone (lapsed, or lost with Redis's data) stops
+    renewing and marks the lease lost; it never takes the lease back."""
+    store = store_of(client, ttl=5.0)
+    store.want(sid)
+    lease = take(store, sid)
+    with Heartbeat(store, lease, interval=0.1) as beat:
+        time.sleep(0.3)
+        assert not beat.lost
+        client.delete(f"sc:lease:{sid}")
+        wait_for(lambda: beat.lost, 5, "the heartbeat to notice", interval=0.05)
+    assert client.exists(f"sc:lease:{sid}") == 0
 
 
 # --- the inbox ----------------------------------------------------------------------------------

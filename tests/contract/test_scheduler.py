@@ -7,6 +7,7 @@ session per round. The runner is the in-memory fake; the store is the real ``Red
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,6 +18,7 @@ import redis
 
 from controller import scheduler
 from controller.config import Settings
+from controller.errors import StoreUnavailable
 from controller.inbox import Job
 from controller.model import Handle, Record, SandboxSpec
 from controller.scheduler import LEADER_KEY, Leadership
@@ -84,8 +86,9 @@ def test_another_takes_over_after_the_holder_stops_renewing(clients: Callable[[]
     assert other.hold() is True
 
 
-def test_hold_is_false_when_redis_is_stopped(tmp_path: Path) -> None:
-    """L17/L18: with Redis away nobody can prove leadership: hold() is False, never an exception."""
+def test_hold_raises_store_unavailable_when_redis_is_stopped(tmp_path: Path) -> None:
+    """L17/L18: with Redis away nobody can prove leadership: hold() raises StoreUnavailable
+    (not False, which would read as "another scheduler is active"), quickly."""
     own = RedisServer(tmp_path / "redis").start()
     client = connect(own.url, timeout_seconds=1.0)
     try:
@@ -93,8 +96,9 @@ def test_hold_is_false_when_redis_is_stopped(tmp_path: Path) -> None:
         assert leadership.hold() is True
         own.stop()
         started = time.monotonic()
-        assert leadership.hold() is False
-        assert leadership.hold() is False
+        for _ in range(2):
+            with pytest.raises(StoreUnavailable):
+                leadership.hold()
         assert time.monotonic() - started < 30
     finally:
         client.close()
@@ -104,9 +108,14 @@ def test_hold_is_false_when_redis_is_stopped(tmp_path: Path) -> None:
 # --- run -----------------------------------------------------------------------------------
 
 
-def settings() -> Settings:
+def settings(recovery_interval: float = 1.0) -> Settings:
     # Only what `run` reads; `require("scheduler")` (Redis URL, executor key) is the CLI's business.
-    return Settings.from_env({"CONTROLLER_RECONCILE_INTERVAL_SECONDS": str(int(INTERVAL))})
+    return Settings.from_env(
+        {
+            "CONTROLLER_RECONCILE_INTERVAL_SECONDS": str(int(INTERVAL)),
+            "CONTROLLER_RECOVERY_INTERVAL_SECONDS": str(recovery_interval),
+        }
+    )
 
 
 def map_session(store: RedisSessionStore, session_id: str) -> None:
@@ -122,14 +131,20 @@ def map_session(store: RedisSessionStore, session_id: str) -> None:
 class Scheduler:
     """One ``scheduler.run`` in a thread, with its own connection, store and publish list."""
 
-    def __init__(self, client: redis.Redis, runner: FakeRunner) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        runner: FakeRunner,
+        requeue_after: float = 15.0,
+        publish: Callable[[Job], None] | None = None,
+    ) -> None:
         self.client = client
-        self.store = RedisSessionStore(client, lease_ttl_seconds=30)
+        self.store = RedisSessionStore(client, lease_ttl_seconds=30, requeue_after_seconds=requeue_after)
         self.published: list[Job] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(
             target=scheduler.run,
-            args=(settings(), self.store, runner, client, self.published.append, self.stop),
+            args=(settings(), self.store, runner, client, publish or self.published.append, self.stop),
             daemon=True,
         )
 
@@ -159,8 +174,9 @@ def sessions(clients: Callable[[], redis.Redis]) -> tuple[list[str], FakeRunner]
 
 
 def rounds(published: list[Job], per_round: int) -> list[list[str]]:
-    assert len(published) % per_round == 0, [j.session_id for j in published]
-    ids = [j.session_id for j in published]
+    """The sweep's jobs, round by round (recovery jobs, if any, are not part of a sweep)."""
+    ids = [j.session_id for j in published if j.event_type == "reconcile"]
+    assert len(ids) % per_round == 0, ids
     return [ids[i : i + per_round] for i in range(0, len(ids), per_round)]
 
 
@@ -175,10 +191,11 @@ def test_run_sweeps_and_publishes_every_mapped_and_managed_session(
     finally:
         one.halt()
     assert all(r == expected for r in rounds(one.published, len(expected)))
-    assert set(one.published) == {Job(session_id=s, webhook_id="", event_type="reconcile") for s in expected}
+    sweeps = [j for j in one.published if j.event_type == "reconcile"]
+    assert set(sweeps) == {Job(session_id=s, webhook_id="", event_type="reconcile") for s in expected}
     # Each publish came with more work wanted: the worker re-decides under the lease (L18).
     check = RedisSessionStore(clients(), lease_ttl_seconds=30)
-    n_rounds = len(one.published) // len(expected)
+    n_rounds = len(sweeps) // len(expected)
     for sid in expected:
         mapped = sid in check.session_ids()
         assert int(one.client.get(f"sc:want:{sid}") or 0) == n_rounds + (1 if mapped else 0)
@@ -225,3 +242,74 @@ def test_standby_scheduler_takes_over_when_the_leader_stops(
         second.halt()
     assert len(first.published) == led
     assert all(r == expected for r in rounds(second.published, len(expected)))
+
+
+# --- recovery ------------------------------------------------------------------------------
+
+
+def test_recovery_pass_re_enqueues_work_whose_job_was_lost(clients: Callable[[], redis.Redis]) -> None:
+    """L1: work wanted whose job vanished (never worked, lease free) is published again by the
+    leader's recovery pass, once per grace period; a session held by a worker, or whose work
+    is done, is not."""
+    n = next(_ids)
+    lost, held, done = f"sess_lost{n}", f"sess_held{n}", f"sess_done{n}"
+    store = RedisSessionStore(clients(), lease_ttl_seconds=30, requeue_after_seconds=1.0)
+    for sid in (lost, held, done):
+        store.want(sid)  # as the receiver does, then its job is lost
+    assert isinstance(store.acquire(held), Lease)  # a live worker is on it
+    finished = store.acquire(done)
+    assert isinstance(finished, Lease) and store.complete(finished) is None
+    one = Scheduler(clients(), FakeRunner(), requeue_after=1.0).start()
+    try:
+
+        def recovered() -> list[str]:
+            return [j.session_id for j in one.published if j.event_type == "recovery"]
+
+        wait_for(lambda: lost in recovered(), 10, "the lost work to be re-enqueued")
+        first = time.monotonic()
+        wait_for(lambda: recovered().count(lost) >= 2, 10, "the next grace period's re-enqueue")
+        assert time.monotonic() - first >= 0.5  # not every round: once per grace period
+    finally:
+        one.halt()
+    assert held not in recovered() and done not in recovered()
+    assert Job(session_id=lost, webhook_id="", event_type="recovery") in one.published
+
+
+def test_scheduler_survives_redis_stopping_mid_run_and_says_why(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """L17: Redis (store and broker) stopping under a running scheduler neither ends the
+    process nor reads as "another scheduler is active": it logs "redis unavailable" with the
+    reason each round, and sweeps again once Redis is back (its data kept by the AOF)."""
+    own = RedisServer(tmp_path / "redis").start()
+    client = connect(own.url, timeout_seconds=1.0)
+    broker = connect(own.url, timeout_seconds=1.0)
+
+    def publish(job: Job) -> None:  # a broker on the same Redis, as in production
+        broker.rpush("test:published", job.session_id)
+
+    try:
+        store = RedisSessionStore(client, lease_ttl_seconds=30)
+        map_session(store, "sess_mapped")
+        caplog.set_level(logging.INFO, logger="controller.scheduler")
+        one = Scheduler(client, FakeRunner(), publish=publish).start()
+        try:
+            wait_for(lambda: broker.llen("test:published") >= 1, 10, "a first sweep")
+            own.stop()
+            said = lambda: any("redis unavailable" in r.getMessage() for r in caplog.records)  # noqa: E731
+            wait_for(said, 15, "the reason to be logged")
+            time.sleep(2 * INTERVAL)  # several rounds without Redis
+            assert one.thread.is_alive()
+            down = [r.getMessage() for r in caplog.records if "redis unavailable" in r.getMessage()]
+            assert all(f"127.0.0.1:{own.port}" in m for m in down), down  # the reason names what is unreachable
+            assert not any("another scheduler is active" in r.getMessage() for r in caplog.records)
+            own.start()
+            before = int(broker.llen("test:published"))
+            wait_for(lambda: int(broker.llen("test:published")) > before, 20, "sweeps to resume after Redis returns")
+            assert one.thread.is_alive()
+        finally:
+            one.halt()
+    finally:
+        client.close()
+        broker.close()
+        own.stop()

@@ -151,9 +151,10 @@ def test_a_storm_of_429s_delays_but_loses_nothing(loop: Loop) -> None:
 
 
 def test_a_whole_worker_killed_mid_task_loses_nothing(loop: Loop) -> None:
-    """L1: SIGKILL to a whole worker (main process and pool) while it holds a session's lease:
-    the lease expires, the broker redelivers the unacknowledged job after its visibility
-    timeout, and another worker starts the executor, once."""
+    """L1: SIGKILL to a whole worker (main process and pool) while it works a session: its
+    lease is no longer renewed and lapses, the scheduler's recovery pass re-enqueues the
+    session (the broker would redeliver the unacknowledged job only after its visibility
+    timeout), and another worker starts the executor, once."""
     loop.arm_fault("retrieve_session", 503, 6)
     with loop.api() as client:
         session = loop.create_session(client)
