@@ -112,7 +112,7 @@ class KubernetesSettings:
     executor_key_secret: str = "sandbox-executor-key"
     """Secret in the sandbox namespace holding the environment key under ``executor-key`` (L2)."""
     templates_file: str | None = None
-    """JSON file of named sandbox templates (see templates.py)."""
+    """JSON file of named sandbox templates (see runners/kubernetes/templates.py)."""
     runtime_class: str | None = None
     """RuntimeClass of the default template, e.g. gvisor."""
 

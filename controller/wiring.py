@@ -9,10 +9,10 @@ from controller.clock import SystemClock
 from controller.config import Settings
 from controller.lifecycle import Deps
 from controller.runners.base import Runner
+from controller.runners.kubernetes.templates import Templates
+from controller.runners.kubernetes.templates import load as load_templates
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisSessionStore, connect
-from controller.templates import Templates
-from controller.templates import load as load_templates
 
 
 def redact_secrets(settings: Settings) -> None:
@@ -43,8 +43,8 @@ def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
 
     from kubernetes import client, config
 
-    from controller.runners.kubernetes import KubernetesRunner
-    from controller.runners.manifests import PodSettings
+    from controller.runners.kubernetes.manifests import PodSettings
+    from controller.runners.kubernetes.runner import KubernetesRunner
 
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -59,7 +59,7 @@ def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
 
 
 def sandbox_templates(settings: Settings) -> Templates:
-    from controller.runners.manifests import SandboxTemplate
+    from controller.runners.kubernetes.manifests import SandboxTemplate
 
     k = settings.kubernetes
     return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))

@@ -330,7 +330,7 @@ def _add_loopback_forwarder(world: Cluster, pod_name: str, remote_url: str) -> N
 def test_one_session_through_the_installed_chart(cluster: Cluster) -> None:
     """Install → signed webhook → receiver → worker → sandbox pod ("restricted") → the real
     codex executor registers with the session's environment and connects."""
-    from controller import names
+    from controller.runners.kubernetes import names
 
     session = _create_session(cluster)
     environment = session["environment"]

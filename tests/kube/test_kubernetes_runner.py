@@ -13,8 +13,8 @@ from kubernetes import client
 
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
-from controller.runners.kubernetes import KubernetesRunner
-from controller.runners.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import KubeWorld
 from tests.support.processes import wait_for
@@ -40,7 +40,7 @@ def _session(world: KubeWorld) -> SandboxSpec:
 
 
 def _pods(world: KubeWorld, namespace: str, spec: SandboxSpec) -> list[client.V1Pod]:
-    from controller import names
+    from controller.runners.kubernetes import names
 
     selector = names.session_selector(spec.session_id)
     return list(world.core.list_namespaced_pod(namespace, label_selector=selector).items)
