@@ -12,7 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from controller import __version__, logs
+import uvicorn
+
+from controller import __version__, logs, queue, scheduler, wiring
 from controller.config import Settings
 from controller.errors import ConfigError
 
@@ -21,9 +23,7 @@ def _settings(role: str | None = None) -> Settings:
     settings = Settings.from_env(os.environ)
     if role is not None:
         settings.require(role)
-    from controller.wiring import redact_secrets
-
-    redact_secrets(settings)
+    wiring.redact_secrets(settings)
     logs.setup(settings.log_level)
     return settings
 
@@ -35,10 +35,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from controller import wiring
-
     settings = _settings("serve")
     app = wiring.receiver_app(settings)
     uvicorn.run(app, host=args.host, port=args.port, log_config=None, access_log=False, lifespan="off")
@@ -46,16 +42,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from controller.worker import QUEUE, make_app
-
     settings = _settings("worker")
-    app = make_app(settings)
+    app = wiring.worker_app(settings)
     app.worker_main(
         [
             "--quiet",  # no banner: stdout carries JSON lines only
             "worker",
             f"--concurrency={args.concurrency}",
-            f"--queues={QUEUE}",
+            f"--queues={queue.QUEUE}",
             f"--hostname={args.hostname}",
             "--without-gossip",
             "--without-mingle",
@@ -67,19 +61,9 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from controller import scheduler, wiring
-    from controller.store.redis import connect
-    from controller.worker import make_app, publisher
-
     settings = _settings("scheduler")
-    assert settings.queue.redis_url is not None
-    scheduler.run(
-        settings,
-        wiring.store(settings),
-        wiring.runner(settings),
-        connect(settings.queue.redis_url),
-        publisher(make_app(settings)),
-    )
+    parts = wiring.scheduler_parts(settings)
+    scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish)
     return 0
 
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from controller.errors import ConfigError
+from controller.signing import secret_key
 
 PREFIX = "CONTROLLER_"
 T = TypeVar("T")
@@ -342,8 +343,6 @@ class _Parser:
         return Secret(value) if value else None
 
     def secret_list(self, name: str) -> tuple[Secret, ...]:
-        from controller.signing import secret_key
-
         value = self.raw_secret(name)
         if not value:
             return ()

@@ -11,6 +11,12 @@ each worker or switch to prometheus_client's multiprocess mode.
         reason:  a fixed word (``events.Disposition.reason``, ``signature``, ``payload``,
                  ``too_large``, ``inbox``, ``bug``); never a header or body value
 
+    controller_decisions_total{verdict}
+        verdict: start | replace | keep | release | ignore (``lifecycle.Verdict``), one per
+                 decision a worker makes (``Deps.on_decision``). Counted in each worker
+                 process's own registry: workers serve no HTTP, so it is not scraped yet
+                 (that needs prometheus_client's multiprocess mode and a port per worker).
+
 Labels are low-cardinality by construction: never ids, never values from a request.
 """
 
@@ -29,6 +35,7 @@ from prometheus_client import (
 )
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
+DECISIONS_TOTAL = "controller_decisions_total"
 
 
 class Counters(Protocol):
@@ -51,6 +58,12 @@ class Metrics:
                 WEBHOOKS_TOTAL,
                 "Webhook deliveries by outcome and reason.",
                 ("outcome", "reason"),
+                registry=self.registry,
+            ),
+            DECISIONS_TOTAL: Counter(
+                DECISIONS_TOTAL,
+                "Lifecycle decisions by verdict.",
+                ("verdict",),
                 registry=self.registry,
             ),
         }
