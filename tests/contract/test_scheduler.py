@@ -22,9 +22,9 @@ from controller.model import Handle, Record, SandboxSpec
 from controller.scheduler import LEADER_KEY, Leadership
 from controller.store.base import Lease
 from controller.store.redis import RedisSessionStore, connect
+from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
-from tests.unit.fakes_lifecycle import FakeRunner
 
 INTERVAL = 1.0
 _ids = itertools.count(1)

@@ -19,7 +19,8 @@ from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
 from controller.receiver import ReceiverServices, create_app, retry_after_seconds
 from controller.signing import Verifier
-from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox, signed
+from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET, signed
+from tests.support.fakes import FakeInbox
 
 NOW = 1_700_000_000
 LIMIT = 4096

@@ -17,7 +17,8 @@ from controller.events import classify, parse
 from controller.inbox import Job
 from controller.receiver import ReceiverServices, create_app
 from controller.signing import Verifier, secret_key, sign
-from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox
+from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET
+from tests.support.fakes import FakeInbox
 
 pytestmark = pytest.mark.timeout(120)
 
