@@ -35,7 +35,7 @@ from starlette.routing import Route
 from controller import events, logs
 from controller.clock import Clock
 from controller.config import WebhookSettings
-from controller.errors import BadPayload, RejectDelivery, SignatureError, Transient
+from controller.errors import BadPayload, BodyTooLarge, RejectDelivery, SignatureError, Transient
 from controller.inbox import Inbox, Job
 from controller.metrics import WEBHOOKS_TOTAL, Counters, Metrics
 from controller.signing import Verifier
@@ -45,10 +45,6 @@ log = logs.get("controller.receiver")
 DEFAULT_RETRY_AFTER_SECONDS = 5
 MAX_RETRY_AFTER_SECONDS = 600
 _MAX_LENGTH_DIGITS = 18
-
-
-class BodyTooLarge(RejectDelivery):
-    status_code = 413
 
 
 @dataclass(frozen=True)

@@ -1,8 +1,10 @@
 """``sandbox-controller scheduler``: one active process that sweeps on a timer.
 
-Leadership is a Redis key holding this process's token with a TTL of three intervals' worth
-(at most a minute), renewed each round by a compare-and-expire script; a scheduler that
-cannot renew stops sweeping until it wins the key again, so two never sweep at once.
+Leadership is a Redis key holding this process's token with a TTL of three intervals
+(``leadership_ttl_seconds``), renewed each round, one interval apart, by a compare-and-expire
+script: it lapses only when a leader misses two renewals in a row, and a standby takes over
+within three intervals of the leader stopping. A scheduler that cannot renew stops sweeping
+until it wins the key again, so two never sweep at once.
 """
 
 from __future__ import annotations
@@ -30,6 +32,11 @@ return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
 """
 
 
+def leadership_ttl_seconds(interval_seconds: float) -> float:
+    """Three renewal intervals: longer than the wait between renewals, whatever the interval."""
+    return 3 * interval_seconds
+
+
 class Leadership:
     def __init__(self, client: redis.Redis, ttl_seconds: float) -> None:
         self._token = secrets.token_hex(8)
@@ -53,7 +60,7 @@ def run(
     stop: threading.Event | None = None,
 ) -> None:
     interval = settings.lifecycle.reconcile_interval_seconds
-    leadership = Leadership(client, ttl_seconds=min(60.0, 3 * interval))
+    leadership = Leadership(client, ttl_seconds=leadership_ttl_seconds(interval))
     stop = stop or threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

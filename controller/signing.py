@@ -4,7 +4,8 @@ Signed content is ``f"{webhook_id}.{timestamp}.".encode() + raw_body``, HMAC-SHA
 standard base64. A secret ``whsec_<base64>`` is decoded after the prefix; any other
 secret is used as its UTF-8 bytes. Several secrets may be valid at once (rotation), and
 a ``webhook-signature`` header may carry several space-separated ``v1,<sig>`` entries:
-a delivery is genuine when any entry matches any secret.
+a delivery is genuine when any entry matches any secret. Every entry is compared with
+every secret's signature (constant-time, no early exit), so timing does not reveal which matched.
 """
 
 from __future__ import annotations
@@ -79,11 +80,15 @@ class Verifier:
         offered = [entry.encode("ascii") for entry in _v1_entries(raw_signatures)]
         if not offered:
             raise SignatureError("webhook-signature has no v1 entry")
+        matched = False
         for key in self._keys:
             expected = sign(key, webhook_id, timestamp, body).encode("ascii")
-            # Compare against every entry so timing does not depend on which one matched.
-            if any(hmac.compare_digest(expected, entry) for entry in offered):
-                return Verified(webhook_id=webhook_id, timestamp=timestamp)
+            for entry in offered:
+                # Every secret against every entry, in constant time and without stopping at a
+                # match: how long this takes does not tell which secret or entry matched.
+                matched |= hmac.compare_digest(expected, entry)
+        if matched:
+            return Verified(webhook_id=webhook_id, timestamp=timestamp)
         raise SignatureError("no webhook-signature entry matches")
 
 

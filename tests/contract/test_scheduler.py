@@ -203,6 +203,23 @@ def test_second_scheduler_stands_by_while_the_first_leads(
     assert all(r == expected for r in rounds(first.published, len(expected)))
 
 
+def test_leadership_lasts_three_intervals_so_it_never_lapses_between_renewals(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: the leader's key is set for three intervals each round, renewed one interval apart."""
+    _, runner = sessions
+    client = clients()
+    leader = Scheduler(client, runner).start()
+    try:
+        wait_for(lambda: leader.published, timeout=5, what="the scheduler to lead")
+        # More than one interval always remains: the next renewal comes before the key lapses.
+        assert INTERVAL * 1000 < int(client.pttl(LEADER_KEY)) <= 3 * INTERVAL * 1000  # type: ignore[arg-type]
+    finally:
+        leader.halt()
+    for interval in (1.0, 30.0, 300.0, 3600.0):  # the default is 300 s: the key must outlive the wait
+        assert scheduler.leadership_ttl_seconds(interval) == 3 * interval
+
+
 def test_standby_scheduler_takes_over_when_the_leader_stops(
     clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
 ) -> None:

@@ -26,7 +26,7 @@ from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
 from controller import logs
-from controller.errors import RunnerRejected, Transient
+from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
@@ -34,10 +34,6 @@ from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 log = logs.get(__name__)
 T = TypeVar("T")
 _MAX_GENERATION_SKIPS = 5
-
-
-class KubernetesUnavailable(Transient):
-    pass
 
 
 @contextmanager
