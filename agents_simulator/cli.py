@@ -131,8 +131,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
 
 def run(config: SimulatorConfig, log_level: str = "info") -> None:
     """Serve until SIGINT/SIGTERM."""
-    logs.setup(log_level)
-    logs.redact(*(s for s in (config.environment_key, config.webhook_secret, config.api_key) if s))
+    logs.setup(log_level, secrets=[s for s in (config.environment_key, config.webhook_secret, config.api_key) if s])
     logging.getLogger("uvicorn.error").addFilter(HideConnectionTokens())
     uvicorn.run(
         create_app(config),

@@ -23,8 +23,7 @@ def _settings(role: str | None = None) -> Settings:
     settings = Settings.from_env(os.environ)
     if role is not None:
         settings.require(role)
-    wiring.redact_secrets(settings)
-    logs.setup(settings.log_level)
+    logs.setup(settings.log_level, secrets=wiring.secret_values(settings))
     return settings
 
 

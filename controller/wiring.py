@@ -17,7 +17,7 @@ import redis
 from celery import Celery, signals
 from starlette.applications import Starlette
 
-from controller import logs, queue, worker
+from controller import queue, worker
 from controller.clock import SystemClock
 from controller.config import Settings
 from controller.inbox import Job
@@ -33,13 +33,13 @@ from controller.sessions import HttpSessions
 from controller.store.redis import RedisInbox, RedisSessionStore, connect
 
 
-def redact_secrets(settings: Settings) -> None:
-    """Register every secret with the log formatter, so none can leak into a line."""
+def secret_values(settings: Settings) -> list[str]:
+    """Every secret's value, for the log formatter to redact, so none can leak into a line."""
     values = [s.reveal() for s in settings.webhook.secrets]
     for secret in (settings.api.api_key, settings.runner.executor_key):
         if secret is not None:
             values.append(secret.reveal())
-    logs.redact(*values)
+    return values
 
 
 def runner(settings: Settings, templates: Templates | None = None) -> Runner:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
-from controller import queue, wiring
+from controller import logs, queue, wiring
 from controller.config import PREFIX, Settings
 from controller.lifecycle import Decision, Deps, Verdict
 from controller.metrics import DECISIONS_TOTAL, Metrics
@@ -62,3 +63,12 @@ def test_the_worker_app_has_the_task_the_publisher_names(tmp_path: Path) -> None
     app = wiring.worker_app(settings(tmp_path))
     assert queue.TASK_SYNC_SESSION in app.tasks
     assert app.conf.task_default_queue == queue.QUEUE
+
+
+def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> None:
+    formatter = logs.JsonFormatter(wiring.secret_values(settings(tmp_path)))
+    secrets = ("sk-test-api-key", "envkey-test", "a-webhook-secret")
+    record = logging.makeLogRecord({"msg": "leaked: %s %s %s", "args": secrets, "levelname": "INFO"})
+    line = formatter.format(record)
+    assert not [s for s in secrets if s in line]
+    assert line.count("[REDACTED]") == 3
