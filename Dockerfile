@@ -1,29 +1,51 @@
-# The controller image: `sandbox-controller serve | worker | scheduler` (and `simulator`), as the
-# Helm chart runs it (command ["sandbox-controller"], args [<role>, ...]).
+# The controller image: `sandbox-controller serve | worker | scheduler`, as the Helm chart runs it
+# (command ["sandbox-controller"], args [<role>, ...]). It holds the controller package only.
 #
 #   docker build -t sandbox-controller/sandbox-controller:0.1.0 .
+#
+# The Agents API simulator (package agents_simulator, commands `simulator` and `dev`) is not in
+# it. The opt-in cluster test tier runs the simulator from a separate target of this file:
+#
+#   docker build --target simulator -t sandbox-controller-simulator:dev .
 #
 # Pinned base (override with --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:...
 # where your registry policy asks for digests). Runs as uid/gid 10001, matching the chart's
 # podSecurityContext; nothing is written at run time except /tmp (an emptyDir in the chart,
 # whose root filesystem is read-only).
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
-FROM ${PYTHON_IMAGE}
+FROM ${PYTHON_IMAGE} AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+RUN groupadd --gid 10001 controller \
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin controller
+
+# Test tier only: the controller plus the simulator (`sandbox-controller simulator ...`).
+FROM base AS simulator
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY controller ./controller
+COPY agents_simulator ./agents_simulator
+RUN pip install . \
+ && rm -rf /src \
+ && sandbox-controller simulator --help >/dev/null
+ENV HOME=/tmp
+WORKDIR /tmp
+USER 10001:10001
+ENTRYPOINT ["sandbox-controller"]
+CMD ["simulator", "--help"]
+
+# The production image (the default target): the controller package alone.
+FROM base AS controller
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY controller ./controller
 RUN pip install . \
  && rm -rf /src \
  && sandbox-controller --version
-
-RUN groupadd --gid 10001 controller \
- && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin controller
 
 ENV HOME=/tmp
 WORKDIR /tmp

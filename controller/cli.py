@@ -12,7 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from controller import __version__, logs
+import uvicorn
+
+from controller import __version__, logs, queue, scheduler, server, wiring
 from controller.config import Settings
 from controller.errors import ConfigError
 
@@ -21,10 +23,7 @@ def _settings(role: str | None = None) -> Settings:
     settings = Settings.from_env(os.environ)
     if role is not None:
         settings.require(role)
-    from controller.wiring import redact_secrets
-
-    redact_secrets(settings)
-    logs.setup(settings.log_level)
+    logs.setup(settings.log_level, secrets=wiring.secret_values(settings))
     return settings
 
 
@@ -35,10 +34,6 @@ def cmd_check_config(args: argparse.Namespace) -> int:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from controller import server, wiring
-
     settings = _settings("serve")
     app = wiring.receiver_app(settings)
     uvicorn.run(
@@ -54,16 +49,14 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def cmd_worker(args: argparse.Namespace) -> int:
-    from controller.worker import QUEUE, make_app
-
     settings = _settings("worker")
-    app = make_app(settings)
+    app = wiring.worker_app(settings)
     app.worker_main(
         [
             "--quiet",  # no banner: stdout carries JSON lines only
             "worker",
             f"--concurrency={args.concurrency}",
-            f"--queues={QUEUE}",
+            f"--queues={queue.QUEUE}",
             f"--hostname={args.hostname}",
             "--without-gossip",
             "--without-mingle",
@@ -75,26 +68,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
-    from controller import scheduler, wiring
-    from controller.store.redis import connect
-    from controller.worker import make_app, publisher
-
     settings = _settings("scheduler")
-    assert settings.queue.redis_url is not None
-    scheduler.run(
-        settings,
-        wiring.store(settings),
-        wiring.runner(settings),
-        connect(settings.queue.redis_url),
-        publisher(make_app(settings)),
-    )
+    parts = wiring.scheduler_parts(settings)
+    scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish)
     return 0
-
-
-def cmd_dev(args: argparse.Namespace) -> int:
-    from controller import dev
-
-    return dev.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,31 +92,37 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler = sub.add_parser("scheduler", help="sweep and recover on timers (one active at a time)")
     scheduler.set_defaults(func=cmd_scheduler)
 
-    dev = sub.add_parser("dev", help="run receiver and worker locally on embedded defaults")
-    dev.add_argument("--simulate", action="store_true", help="also run the simulator and a short scenario")
-    dev.add_argument("--port", type=int, default=8080, help="receiver port (127.0.0.1)")
-    dev.add_argument("--simulator-port", type=int, default=8090)
-    dev.add_argument("--sessions", type=int, default=3, help="sessions in the scripted scenario")
-    dev.add_argument("--state-directory", default=None, help="where sandboxes and embedded Redis keep state")
-    dev.add_argument("--exit-after-scenario", action="store_true", help="stop once the scenario is over")
-    dev.set_defaults(func=cmd_dev)
-
-    # Listed for --help only: main() hands `simulator ...` to the simulator's own parser whole
-    # (argparse.REMAINDER in a subparser would drop leading options such as --port).
-    sub.add_parser("simulator", help="run the Agents API simulator (see `simulator --help`)", add_help=False)
+    _add_development_commands(sub)
 
     check = sub.add_parser("check-config", help="print the effective configuration, secrets masked")
     check.set_defaults(func=cmd_check_config)
     return parser
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["simulator"]:
-        # argparse.REMAINDER in a subparser drops leading options (`simulator --port 8090`).
-        from controller.simulator import cli as simulator_cli
+def _add_development_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``dev`` and ``simulator``, from the ``agents_simulator`` package beside this one.
 
-        return simulator_cli.main(argv[1:])
+    Development installs have it; the production image does not (see Dockerfile), and there
+    these two commands are simply absent. No other product module reaches that package.
+    """
+    try:
+        # Imported here, not at the top: the package is absent from the production image.
+        from agents_simulator import cli as simulator_cli
+        from agents_simulator import dev
+    except ModuleNotFoundError as exc:
+        if exc.name != "agents_simulator":
+            raise
+        return
+    dev_parser = sub.add_parser("dev", help="run receiver and worker locally on embedded defaults")
+    dev.add_arguments(dev_parser)
+    dev_parser.set_defaults(func=dev.main)
+
+    simulator = sub.add_parser("simulator", help="run the Agents API simulator", description=simulator_cli.DESCRIPTION)
+    simulator_cli.add_arguments(simulator)
+    simulator.set_defaults(func=simulator_cli.command)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)

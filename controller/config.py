@@ -4,7 +4,8 @@ Every problem is collected and reported together (``ConfigError``). Units are in
 (``…_SECONDS``, ``…_BYTES``). Secrets may also come from ``…_FILE`` paths (mounted Secrets);
 they are held as ``Secret`` whose ``repr``/``str`` is masked, so printing settings is safe.
 
-``KEYS`` lists every variable read here; the Helm chart sets a subset of them (a test checks).
+``KEYS`` lists every variable the parser reads, recorded from a parse rather than kept by hand;
+the Helm chart sets a subset of them (a test checks).
 """
 
 from __future__ import annotations
@@ -13,9 +14,10 @@ import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, TypeVar, overload
 
 from controller.errors import ConfigError
+from controller.signing import secret_key
 from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
 
 PREFIX = "CONTROLLER_"
@@ -141,7 +143,7 @@ class KubernetesSettings:
     executor_key_secret: str = "sandbox-executor-key"
     """Secret in the sandbox namespace holding the environment key under ``executor-key`` (L2)."""
     templates_file: str | None = None
-    """JSON file of named sandbox templates (see templates.py)."""
+    """JSON file of named sandbox templates (see runners/kubernetes/templates.py)."""
     runtime_class: str | None = None
     """RuntimeClass of the default template, e.g. gvisor."""
 
@@ -199,52 +201,6 @@ class Settings:
             raise ConfigError(problems)
 
 
-KEYS: frozenset[str] = frozenset(
-    PREFIX + name
-    for name in (
-        "REDIS_URL",
-        "WEBHOOK_SECRETS",
-        "WEBHOOK_SECRETS_FILE",
-        "WEBHOOK_TOLERANCE_SECONDS",
-        "WEBHOOK_MAX_BODY_BYTES",
-        "WEBHOOK_DEDUP_TTL_SECONDS",
-        "WEBHOOK_BODY_TIMEOUT_SECONDS",
-        "WEBHOOK_MAX_IN_FLIGHT",
-        "RECEIVER_MAX_CONNECTIONS",
-        "RECEIVER_MAX_HEADER_BYTES",
-        "RECEIVER_HEADER_TIMEOUT_SECONDS",
-        "API_KEY",
-        "API_KEY_FILE",
-        "API_BASE_URL",
-        "API_TIMEOUT_SECONDS",
-        "API_MAX_ATTEMPTS",
-        "EXECUTOR_KEY",
-        "EXECUTOR_KEY_FILE",
-        "EXECUTOR_COMMAND",
-        "EXECUTOR_GRACE_SECONDS",
-        "REMOTE_URL_ALLOWLIST",
-        "RUNNER",
-        "LOCAL_STATE_DIRECTORY",
-        "WORKSPACE_DIRECTORY",
-        "AGENT_IDS",
-        "ROUTE_METADATA",
-        "IDLE_TIMEOUT_SECONDS",
-        "LEASE_TTL_SECONDS",
-        "QUEUE_VISIBILITY_TIMEOUT_SECONDS",
-        "TASK_MAX_RETRIES",
-        "RECOVERY_INTERVAL_SECONDS",
-        "RECOVERY_AFTER_SECONDS",
-        "LOG_LEVEL",
-        "MAX_LIFETIME_SECONDS",
-        "RECONCILE_INTERVAL_SECONDS",
-        "KUBERNETES_NAMESPACE",
-        "KUBERNETES_IMAGE",
-        "KUBERNETES_EXECUTOR_KEY_SECRET",
-        "KUBERNETES_TEMPLATES_FILE",
-        "KUBERNETES_RUNTIME_CLASS",
-    )
-)
-
 RUNNERS = ("local", "kubernetes")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -255,11 +211,30 @@ class _Parser:
     def __init__(self, environ: Mapping[str, str]) -> None:
         self.env = environ
         self.problems: list[str] = []
+        self.read: set[str] = set()
+        """Every variable name this parser looked up (so ``KEYS`` is what it really reads)."""
+
+    @overload
+    def get(self, key: str) -> str | None: ...
+
+    @overload
+    def get(self, key: str, default: str) -> str: ...
+
+    def get(self, key: str, default: str | None = None) -> str | None:
+        """``environ.get``, remembering the name."""
+        self.read.add(key)
+        return self.env.get(key, default)
 
     def settings(self) -> Settings:
-        unknown = sorted(k for k in self.env if k.startswith(PREFIX) and k not in KEYS)
-        for key in unknown:
-            self.problems.append(f"{key} is not a known setting (typo?)")
+        settings = self.parse()
+        # The parser reads every name whatever the environment holds: any other one is unknown.
+        unknown = sorted(k for k in self.env if k.startswith(PREFIX) and k not in KEYS | self.read)
+        self.problems[:0] = [f"{key} is not a known setting (typo?)" for key in unknown]
+        if self.problems:
+            raise ConfigError(self.problems)
+        return settings
+
+    def parse(self) -> Settings:
         secrets = self.secret_list("WEBHOOK_SECRETS")
         metadata_key, metadata_value = self.metadata_route()
         workspace = self.text("WORKSPACE_DIRECTORY", RoutingSettings.workspace_directory)
@@ -274,7 +249,7 @@ class _Parser:
         base_url = self.text("API_BASE_URL", ApiSettings.base_url).rstrip("/")
         if not base_url.startswith(("http://", "https://")):
             self.problems.append(f"{PREFIX}API_BASE_URL must start with http:// or https://")
-        redis_url = self.env.get(PREFIX + "REDIS_URL") or None
+        redis_url = self.get(PREFIX + "REDIS_URL") or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             self.problems.append(f"{PREFIX}REDIS_URL must be a redis://, rediss:// or unix:// URL")
         settings = Settings(
@@ -335,8 +310,8 @@ class _Parser:
                 namespace=self.text("KUBERNETES_NAMESPACE", KubernetesSettings.namespace),
                 image=self.text("KUBERNETES_IMAGE", KubernetesSettings.image),
                 executor_key_secret=self.text("KUBERNETES_EXECUTOR_KEY_SECRET", KubernetesSettings.executor_key_secret),
-                templates_file=self.env.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
-                runtime_class=self.env.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
+                templates_file=self.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
+                runtime_class=self.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
             ),
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
@@ -352,19 +327,17 @@ class _Parser:
             log_level=level,
         )
         self.check_credentials_differ(settings)
-        if self.problems:
-            raise ConfigError(self.problems)
         return settings
 
     def text(self, name: str, default: str) -> str:
-        value = self.env.get(PREFIX + name, "").strip()
+        value = self.get(PREFIX + name, "").strip()
         return value or default
 
     def words(self, name: str) -> tuple[str, ...]:
-        return tuple(w.strip() for w in self.env.get(PREFIX + name, "").split(",") if w.strip())
+        return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())
 
     def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float) -> T:
-        raw = self.env.get(PREFIX + name, "").strip()
+        raw = self.get(PREFIX + name, "").strip()
         if not raw:
             return default
         try:
@@ -380,8 +353,8 @@ class _Parser:
 
     def raw_secret(self, name: str) -> str | None:
         """A secret from NAME or from the file NAME_FILE names (not both)."""
-        direct = self.env.get(PREFIX + name)
-        path = self.env.get(PREFIX + name + "_FILE")
+        direct = self.get(PREFIX + name)
+        path = self.get(PREFIX + name + "_FILE")
         if direct and path:
             self.problems.append(f"set {PREFIX}{name} or {PREFIX}{name}_FILE, not both")
             return None
@@ -398,8 +371,6 @@ class _Parser:
         return Secret(value) if value else None
 
     def secret_list(self, name: str) -> tuple[Secret, ...]:
-        from controller.signing import secret_key
-
         value = self.raw_secret(name)
         if not value:
             return ()
@@ -429,7 +400,7 @@ class _Parser:
         return patterns
 
     def metadata_route(self) -> tuple[str | None, str | None]:
-        raw = self.env.get(PREFIX + "ROUTE_METADATA", "").strip()
+        raw = self.get(PREFIX + "ROUTE_METADATA", "").strip()
         if not raw:
             return None, None
         key, sep, value = raw.partition("=")
@@ -470,3 +441,13 @@ def mask_url(url: str) -> str:
         return url
     user = userinfo.split(":", 1)[0]
     return f"{scheme}://{user}:***@{host}"
+
+
+def _names_read() -> frozenset[str]:
+    parser = _Parser({})
+    parser.parse()
+    return frozenset(parser.read)
+
+
+KEYS: frozenset[str] = _names_read()
+"""Every variable the parser reads (taken from a parse, not kept by hand)."""

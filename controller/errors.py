@@ -4,11 +4,15 @@
     ├── ConfigError          bad settings: report all problems at start-up, exit 2
     ├── RejectDelivery       the webhook delivery is bad: answer 4xx, change nothing
     │   ├── SignatureError   401: missing, garbled, stale or unmatched signature
-    │   └── BadPayload       400: not JSON, not an event envelope
+    │   ├── BadPayload       400: not JSON, not an event envelope
+    │   ├── BodyTimeout      408: the body did not arrive within its deadline
+    │   ├── BodyTooLarge     413: more than the body limit was declared or sent
+    │   └── Unqueueable      422: verified, but its job can never be queued (not encodable)
     ├── Transient            try again later (503 to a sender, Celery retry in a task)
     │   ├── StoreUnavailable Redis cannot be reached
     │   ├── QueueUnavailable the broker refused the job
-    │   └── ApiUnavailable   the Agents API timed out, throttled or failed (5xx)
+    │   ├── ApiUnavailable   the Agents API timed out, throttled or failed (5xx)
+    │   └── KubernetesUnavailable  the API server cannot be reached, or answered 429/5xx
     ├── Permanent            give up on this job, log it; retrying will not help
     │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
     │   └── RunnerRejected   the runner backend refused the spec (bad config)
@@ -45,6 +49,20 @@ class BadPayload(RejectDelivery):
     status_code = 400
 
 
+class BodyTimeout(RejectDelivery):
+    status_code = 408
+
+
+class Unqueueable(RejectDelivery):
+    """A verified event whose job the queue can never hold: retrying cannot help."""
+
+    status_code = 422
+
+
+class BodyTooLarge(RejectDelivery):
+    status_code = 413
+
+
 class Transient(ControllerError):
     """Worth retrying; ``retry_after`` (seconds) is a hint when the other side gave one."""
 
@@ -62,6 +80,10 @@ class QueueUnavailable(Transient):
 
 
 class ApiUnavailable(Transient):
+    pass
+
+
+class KubernetesUnavailable(Transient):
     pass
 
 

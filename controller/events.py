@@ -106,9 +106,16 @@ def parse(body: bytes) -> Event:
 
 
 def classify(event: Event) -> Disposition:
-    """Enqueue only what asks this controller for work (L4); acknowledge the rest (L9, L10)."""
-    if event.session_id is not None and not valid_id(event.session_id):
-        return MALFORMED_SESSION_ID  # L2: never a Redis key, a path, a label or an argument
+    """Enqueue only what asks this controller for work (L4); acknowledge the rest (L9, L10).
+    Work for a session id that fails ``trust.ID_PATTERN`` is never enqueued (L2): it could
+    become a Redis key, a path, a label or an argument."""
+    disposition = _classify(event)
+    if disposition.enqueue and not valid_id(event.session_id):
+        return MALFORMED_SESSION_ID
+    return disposition
+
+
+def _classify(event: Event) -> Disposition:
     if event.type == SESSION_ACTION_REQUIRED:
         if event.required_action_type != ENVIRONMENT_CONNECTION:
             return OTHER_REQUIRED_ACTION

@@ -3,7 +3,7 @@
 ``bind(session_id=..., webhook_id=...)`` adds fields to every log line written inside the
 ``with`` block (context variables, so it works across threads and asyncio tasks).
 Secrets never reach here: settings hold them as ``config.Secret`` whose ``str`` is masked,
-and the formatter additionally redacts every secret value registered with ``redact()``.
+and the formatter additionally redacts every secret value given to ``setup(secrets=...)``.
 """
 
 from __future__ import annotations
@@ -14,29 +14,14 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context")
-_redacted: set[str] = set()
 _MIN_REDACT_LENGTH = 6
 
 _NOISY = ("httpx", "httpcore", "urllib3", "kubernetes", "celery", "kombu", "amqp", "uvicorn.access")
 _STANDARD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
-
-
-def redact(*values: str) -> None:
-    """Register secret values that must never appear in a log line."""
-    for value in values:
-        if value and len(value) >= _MIN_REDACT_LENGTH:
-            _redacted.add(value)
-
-
-def _scrub(text: str) -> str:
-    for value in _redacted:
-        if value in text:
-            text = text.replace(value, "[REDACTED]")
-    return text
 
 
 @contextlib.contextmanager
@@ -55,6 +40,18 @@ def bound() -> dict[str, Any]:
 
 
 class JsonFormatter(logging.Formatter):
+    """One JSON object per record; every value in ``secrets`` is replaced by ``[REDACTED]``."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        super().__init__()
+        self._secrets = frozenset(s for s in secrets if s and len(s) >= _MIN_REDACT_LENGTH)
+
+    def _scrub(self, text: str) -> str:
+        for value in self._secrets:
+            if value in text:
+                text = text.replace(value, "[REDACTED]")
+        return text
+
     def format(self, record: logging.LogRecord) -> str:
         line: dict[str, Any] = {
             "time": round(record.created, 3),
@@ -69,13 +66,13 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["error_type"] = record.exc_info[0].__name__
             line["traceback"] = self.formatException(record.exc_info)
-        return _scrub(json.dumps(line, default=str, ensure_ascii=False))
+        return self._scrub(json.dumps(line, default=str, ensure_ascii=False))
 
 
-def setup(level: str = "INFO", stream: Any = None) -> None:
-    """Route every logger to one JSON stream; quiet chatty libraries."""
+def setup(level: str = "INFO", stream: Any = None, secrets: Iterable[str] = ()) -> None:
+    """Route every logger to one JSON stream that never shows ``secrets``; quiet chatty libraries."""
     handler = logging.StreamHandler(stream or sys.stdout)
-    handler.setFormatter(JsonFormatter())
+    handler.setFormatter(JsonFormatter(secrets))
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())

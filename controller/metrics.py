@@ -14,6 +14,12 @@ each worker or switch to prometheus_client's multiprocess mode.
         sessions a worker refused to start (L2, ``controller/trust.py``);
         reason: ``remote_url`` | ``environment_id`` | ``session_id``
 
+    controller_decisions_total{verdict}
+        verdict: start | replace | keep | release | ignore (``lifecycle.Verdict``), one per
+                 decision a worker makes (``Deps.on_decision``). Counted in each worker
+                 process's own registry: workers serve no HTTP, so it is not scraped yet
+                 (that needs prometheus_client's multiprocess mode and a port per worker).
+
 Labels are low-cardinality by construction: never ids, never values from a request.
 """
 
@@ -33,6 +39,7 @@ from prometheus_client import (
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
+DECISIONS_TOTAL = "controller_decisions_total"
 
 
 class Counters(Protocol):
@@ -61,6 +68,12 @@ class Metrics:
                 SESSIONS_REFUSED_TOTAL,
                 "Sessions refused a sandbox (untrusted remote_url or malformed id), by reason.",
                 ("reason",),
+                registry=self.registry,
+            ),
+            DECISIONS_TOTAL: Counter(
+                DECISIONS_TOTAL,
+                "Lifecycle decisions by verdict.",
+                ("verdict",),
                 registry=self.registry,
             ),
         }

@@ -48,10 +48,19 @@ from starlette.routing import Route
 from controller import events, logs
 from controller.clock import Clock
 from controller.config import WebhookSettings
-from controller.errors import BadPayload, RejectDelivery, SignatureError, Transient
+from controller.errors import (
+    BadPayload,
+    BodyTimeout,
+    BodyTooLarge,
+    RejectDelivery,
+    SignatureError,
+    Transient,
+    Unqueueable,
+)
 from controller.inbox import Inbox, Job
 from controller.metrics import WEBHOOKS_TOTAL, Counters, Metrics
 from controller.signing import Verifier
+from controller.trust import MAX_ID_CHARS
 
 log = logs.get("controller.receiver")
 
@@ -60,23 +69,9 @@ MAX_RETRY_AFTER_SECONDS = 600
 _MAX_LENGTH_DIGITS = 18
 DEFAULT_BODY_TIMEOUT_SECONDS = 10.0
 DEFAULT_MAX_IN_FLIGHT = 100
-MAX_SESSION_ID_CHARS = 256
+MAX_SESSION_ID_CHARS = MAX_ID_CHARS
 """Longer session ids are refused (422): none the Agents API issues comes close."""
 _MAX_LOGGED_CHARS = 256
-
-
-class BodyTooLarge(RejectDelivery):
-    status_code = 413
-
-
-class BodyTimeout(RejectDelivery):
-    status_code = 408
-
-
-class Unqueueable(RejectDelivery):
-    """A verified event whose job the queue can never hold: retrying cannot help."""
-
-    status_code = 422
 
 
 @dataclass(frozen=True)
@@ -195,7 +190,8 @@ async def _receive(
     context.enter_context(logs.bind(event_id=loggable(event.id) or None, session_id=loggable(event.session_id)))
 
     disposition = events.classify(event)
-    if not disposition.enqueue:
+    malformed = disposition is events.MALFORMED_SESSION_ID
+    if not disposition.enqueue and not malformed:
         return _answer(services, "ignored", disposition.reason, event, {"reason": disposition.reason})
     job = Job(
         session_id=event.session_id or "",  # classify enqueues only events with a session id
@@ -205,6 +201,10 @@ async def _receive(
     )
     try:
         check_queueable(job)
+        if malformed:
+            # Verified work for an id that can never be a key, a path or an argument (L2): a 4xx
+            # with a reason, not a 503 the sender would retry for 72 hours.
+            raise Unqueueable("session id does not match the id pattern")
     except Unqueueable as exc:
         return _rejected(services, exc)
     try:

@@ -1,8 +1,10 @@
 """``sandbox-controller scheduler``: one active process that sweeps and recovers on timers.
 
-Leadership is a Redis key holding this process's token with a TTL of three sweep intervals'
-worth (at most a minute), renewed every round by a compare-and-expire script; a scheduler
-that cannot renew stops working until it wins the key again, so two never act at once.
+Leadership is a Redis key holding this process's token with a TTL of three rounds
+(``leadership_ttl_seconds``), renewed every round by a compare-and-expire script: it lapses
+only when a leader misses two renewals in a row, and a standby takes over within three rounds
+of the leader stopping. A scheduler that cannot renew stops working until it wins the key
+again, so two never act at once.
 
 Each round the leader runs the recovery pass (``controller.recovery``, every
 ``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the reconcile sweep
@@ -42,6 +44,11 @@ return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
 _BROKER_ERRORS = (redis.RedisError, kombu.exceptions.KombuError, OSError)
 
 
+def leadership_ttl_seconds(interval_seconds: float) -> float:
+    """Three rounds (renewals are one round apart): longer than the wait between renewals."""
+    return 3 * interval_seconds
+
+
 class Leadership:
     def __init__(self, client: redis.Redis, ttl_seconds: float) -> None:
         self._token = secrets.token_hex(8)
@@ -77,7 +84,7 @@ def run(
     sweep_every = settings.lifecycle.reconcile_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
     tick = min(sweep_every, recover_every)
-    leadership = Leadership(client, ttl_seconds=min(60.0, 3 * sweep_every))
+    leadership = Leadership(client, ttl_seconds=leadership_ttl_seconds(tick))
     stop = stop or threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -4,7 +4,8 @@ Signed content is ``f"{webhook_id}.{timestamp}.".encode() + raw_body``, HMAC-SHA
 standard base64. A secret ``whsec_<base64>`` is decoded after the prefix; any other
 secret is used as its UTF-8 bytes. Several secrets may be valid at once (rotation), and
 a ``webhook-signature`` header may carry several space-separated ``v1,<sig>`` entries:
-a delivery is genuine when any entry matches any secret.
+a delivery is genuine when any entry matches any secret. Every entry is compared with
+every secret's signature (constant-time, no early exit), so timing does not reveal which matched.
 
 ``Verifier.precheck`` runs the checks that need no body (headers present and well formed,
 timestamp in the window), so a receiver can refuse a delivery before reading its body;
@@ -99,11 +100,15 @@ class Verifier:
     def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
         """Return the delivery's id and timestamp, or raise SignatureError (never echoing secrets)."""
         signed = self.precheck(headers, now)
+        matched = False
         for key in self._keys:
             expected = sign(key, signed.webhook_id, signed.timestamp, body).encode("ascii")
-            # Compare against every entry so timing does not depend on which one matched.
-            if any(hmac.compare_digest(expected, entry) for entry in signed.signatures):
-                return Verified(webhook_id=signed.webhook_id, timestamp=signed.timestamp)
+            for entry in signed.signatures:
+                # Every secret against every entry, in constant time and without stopping at a
+                # match: how long this takes does not tell which secret or entry matched.
+                matched |= hmac.compare_digest(expected, entry)
+        if matched:
+            return Verified(webhook_id=signed.webhook_id, timestamp=signed.timestamp)
         raise SignatureError("no webhook-signature entry matches")
 
 

@@ -35,7 +35,8 @@ from urllib.parse import urlsplit
 from controller.model import SandboxSpec, Session
 
 DEFAULT_ALLOWLIST: tuple[str, ...] = ("*.openai.com", "*.openai.org")
-ID_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,127}")
+MAX_ID_CHARS = 128
+ID_PATTERN = re.compile(rf"[A-Za-z0-9][A-Za-z0-9_-]{{0,{MAX_ID_CHARS - 1}}}")
 MAX_URL_LENGTH = 2048
 
 # Refusal kinds: a fixed set, fit for metric labels.

@@ -1,38 +1,51 @@
-"""The one place that builds concrete adapters from settings."""
+"""The composition root: the one place that builds concrete adapters from settings.
+
+Each role gets its parts here and nowhere else: ``receiver_app`` (the webhook receiver
+publishing to the queue), ``worker_app`` (the Celery app whose task works sessions), and
+``scheduler_parts`` (what the reconcile sweep needs). A worker process's dependencies are
+built in Celery's ``worker_process_init`` signal, after the fork, so no connection crosses it.
+"""
 
 from __future__ import annotations
 
+import os
 import shlex
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import redis
+from celery import Celery, signals
+from starlette.applications import Starlette
 
-from controller import logs
+from controller import queue, worker
 from controller.clock import SystemClock
 from controller.config import Settings
-from controller.lifecycle import Deps
-from controller.metrics import SESSIONS_REFUSED_TOTAL, Counters, Metrics
+from controller.inbox import Job
+from controller.lifecycle import Decision, Deps
+from controller.metrics import DECISIONS_TOTAL, SESSIONS_REFUSED_TOTAL, Counters, Metrics
+from controller.receiver import ReceiverServices, create_app
 from controller.runners.base import Runner
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.templates import Templates
+from controller.runners.kubernetes.templates import load as load_templates
+from controller.runners.local import LocalRunner
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisSessionStore, connect
-from controller.templates import Templates
-from controller.templates import load as load_templates
+from controller.store.redis import RedisInbox, RedisSessionStore, connect
 from controller.trust import Policy
 
 
-def redact_secrets(settings: Settings) -> None:
-    """Register every secret with the log formatter, so none can leak into a line."""
+def secret_values(settings: Settings) -> list[str]:
+    """Every secret's value, for the log formatter to redact, so none can leak into a line."""
     values = [s.reveal() for s in settings.webhook.secrets]
     for secret in (settings.api.api_key, settings.runner.executor_key):
         if secret is not None:
             values.append(secret.reveal())
-    logs.redact(*values)
+    return values
 
 
 def runner(settings: Settings, templates: Templates | None = None) -> Runner:
     if settings.runner.kind == "local":
         assert settings.runner.executor_key is not None
-        from controller.runners.local import LocalRunner
-
         return LocalRunner(
             state_directory=settings.runner.local_state_directory,
             executor_command=shlex.split(settings.runner.executor_command),
@@ -43,12 +56,11 @@ def runner(settings: Settings, templates: Templates | None = None) -> Runner:
 
 def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
-    import os
-
+    # Imported here, not at the top: the Kubernetes client takes about half a second to import
+    # and only this runner needs it (receivers, and workers with the local runner, never do).
     from kubernetes import client, config
 
-    from controller.runners.kubernetes import KubernetesRunner
-    from controller.runners.manifests import PodSettings
+    from controller.runners.kubernetes.runner import KubernetesRunner
 
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()  # type: ignore[no-untyped-call]
@@ -63,8 +75,6 @@ def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
 
 
 def sandbox_templates(settings: Settings) -> Templates:
-    from controller.runners.manifests import SandboxTemplate
-
     k = settings.kubernetes
     return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
 
@@ -73,6 +83,15 @@ def store(settings: Settings, client: redis.Redis | None = None) -> RedisSession
     q = settings.queue
     assert q.redis_url is not None
     return RedisSessionStore(client or connect(q.redis_url), q.lease_ttl_seconds, q.recovery_after_seconds)
+
+
+def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
+    """``Deps.on_decision``: count each decision by verdict (never by session: ids are not labels)."""
+
+    def on_decision(session_id: str, decision: Decision) -> None:
+        counters.inc(DECISIONS_TOTAL, verdict=decision.verdict.value)
+
+    return on_decision
 
 
 def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
@@ -92,6 +111,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
         max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
+        on_decision=count_decisions(metrics),
         choose_template=templates.choose,
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
@@ -99,18 +119,62 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     )
 
 
-def receiver_app(settings: Settings):  # type: ignore[no-untyped-def]
-    """The Starlette app with its Redis inbox publishing to the Celery queue."""
-    from controller.receiver import ReceiverServices, create_app
-    from controller.store.redis import RedisInbox
-    from controller.worker import make_app, publisher
+class ProcessDeps:
+    """One worker process's ``Deps``, built by Celery's ``worker_process_init`` signal (after the
+    fork: connections must not cross it) and handed to each task run in that process.
 
+    Celery logs and swallows an exception raised in that signal; the first task then builds
+    again, so it fails with the real cause (a bad templates file, no kubeconfig) and retries.
+    """
+
+    def __init__(self, build: Callable[[], Deps]) -> None:
+        self._build = build
+        self._deps: Deps | None = None
+
+    def on_process_init(self, **_: Any) -> None:
+        self._deps = self._build()
+
+    def __call__(self) -> Deps:
+        if self._deps is None:
+            self._deps = self._build()
+        return self._deps
+
+
+def worker_app(settings: Settings) -> Celery:
+    """The Celery app with the ``sync_session`` task; each pool process builds its own ``Deps``."""
+    app = queue.make_app(settings)
+    deps = ProcessDeps(lambda: worker_deps(settings))
+    signals.worker_process_init.connect(deps.on_process_init, weak=False)
+    signals.worker_ready.connect(worker.announce_ready, weak=False)
+    worker.register(app, settings.queue.task_max_retries, deps)
+    return app
+
+
+def publisher(settings: Settings) -> Callable[[Job], None]:
+    """Publish jobs to the queue (the receiver's inbox and the scheduler use it)."""
+    return queue.publisher(queue.make_app(settings))
+
+
+class SchedulerParts(NamedTuple):
+    store: RedisSessionStore
+    runner: Runner
+    client: redis.Redis
+    publish: Callable[[Job], None]
+
+
+def scheduler_parts(settings: Settings) -> SchedulerParts:
+    assert settings.queue.redis_url is not None
+    return SchedulerParts(store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings))
+
+
+def receiver_app(settings: Settings) -> Starlette:
+    """The Starlette app with its Redis inbox publishing to the Celery queue."""
     assert settings.queue.redis_url is not None
     client = connect(settings.queue.redis_url)
     inbox = RedisInbox(
         client,
         store(settings, client),
-        publisher(make_app(settings)),
+        publisher(settings),
         settings.webhook.dedup_ttl_seconds,
     )
     return create_app(ReceiverServices.from_settings(settings.webhook, inbox, SystemClock()))

@@ -6,11 +6,12 @@ is opt-in by design. Images come from the environment and must be pullable by th
 (``kind load docker-image ...`` / ``k3d image import ...``)::
 
     SANDBOX_CONTROLLER_IMAGE=sandbox-controller:dev            # docker build -t ... .
+    SANDBOX_CONTROLLER_SIMULATOR_IMAGE=sandbox-controller-simulator:dev  # docker build --target simulator -t ... .
     SANDBOX_CONTROLLER_RUNNER_IMAGE=sandbox-runner:0.171.0     # make -C runner_image image
     SANDBOX_CONTROLLER_CLUSTER_TESTS=1 KUBECONFIG=~/.kube/config scripts/test cluster
 
 What runs, all in one fresh namespace: the Agents API simulator (``sandbox-controller
-simulator`` from the controller image, a Deployment + Service made by this test), and the
+simulator`` from the Dockerfile's ``simulator`` target, a Deployment + Service made by this test), and the
 chart installed with Helm 4's library (helm-python-sdk) pointing ``api.baseUrl`` at the
 simulator and the simulator's webhooks at the receiver Service. The test creates a session
 (from a pod in the cluster), then checks: the signed webhook was delivered and accepted, a
@@ -33,14 +34,15 @@ import base64
 import json
 import os
 import secrets
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
+
+from tests.support.processes import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sandbox-controller"
@@ -63,7 +65,6 @@ pytestmark = [
     ),
 ]
 
-T = TypeVar("T")
 
 # A few lines of stdlib Python (the controller image has it): 127.0.0.1:<port> in the sandbox
 # pod's network namespace -> the simulator Service. WebSockets are plain TCP here.
@@ -113,17 +114,6 @@ def _image(variable: str) -> tuple[str, str]:
     return repository, tag
 
 
-def _wait(check: Callable[[], T | None], timeout: float, what: str, interval: float = 2.0) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        result = check()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
-
-
 def _restricted_container() -> dict[str, Any]:
     return {
         "allowPrivilegeEscalation": False,
@@ -144,6 +134,7 @@ class Cluster:
     environment_key: str
     webhook_secret: str
     controller_image: str
+    simulator_image: str
 
     def simulator_admin(self, path: str) -> Any:
         """GET the simulator's admin API through the API server's service proxy."""
@@ -165,6 +156,7 @@ def cluster() -> Iterator[Cluster]:
 
     controller_repo, controller_tag = _image("SANDBOX_CONTROLLER_IMAGE")
     runner_repo, runner_tag = _image("SANDBOX_CONTROLLER_RUNNER_IMAGE")
+    simulator_repo, simulator_tag = _image("SANDBOX_CONTROLLER_SIMULATOR_IMAGE")
     helm = chart_tests._helm()
     api = config.new_client_from_config(config_file=KUBECONFIG.split(os.pathsep)[0])
     core = client.CoreV1Api(api)
@@ -178,6 +170,7 @@ def cluster() -> Iterator[Cluster]:
         environment_key=f"envkey-cluster-{secrets.token_hex(16)}",
         webhook_secret="whsec_" + base64.b64encode(secrets.token_bytes(24)).decode(),
         controller_image=f"{controller_repo}:{controller_tag}",
+        simulator_image=f"{simulator_repo}:{simulator_tag}",
     )
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     try:
@@ -247,7 +240,7 @@ def _start_simulator(world: Cluster) -> None:
         "containers": [
             {
                 "name": "simulator",
-                "image": world.controller_image,
+                "image": world.simulator_image,
                 "args": [
                     "simulator",
                     "--host",
@@ -336,7 +329,7 @@ def _create_session(world: Cluster) -> dict[str, Any]:
         phase: str = world.core.read_namespaced_pod(name, world.namespace).status.phase
         return phase if phase in ("Succeeded", "Failed") else None
 
-    phase = _wait(finished, 180, "the session-creating pod to finish")
+    phase = wait_for(finished, 180, "the session-creating pod to finish", interval=2.0)
     log = world.core.read_namespaced_pod_log(name, world.namespace)
     assert phase == "Succeeded", log
     session: dict[str, Any] = json.loads(log.strip().splitlines()[-1])
@@ -359,7 +352,7 @@ def _add_loopback_forwarder(world: Cluster, pod_name: str, remote_url: str) -> N
 def test_one_session_through_the_installed_chart(cluster: Cluster) -> None:
     """Install → signed webhook → receiver → worker → sandbox pod ("restricted") → the real
     codex executor registers with the session's environment and connects."""
-    from controller import names
+    from controller.runners.kubernetes import names
 
     session = _create_session(cluster)
     environment = session["environment"]
@@ -372,7 +365,7 @@ def test_one_session_through_the_installed_chart(cluster: Cluster) -> None:
         deliveries = cluster.simulator_admin("/admin/deliveries?type=agent.session.action_required")["data"]
         return [d for d in deliveries if d["event_id"] in mine and d["state"] == "delivered"] or None
 
-    _wait(delivered, 120, "the action_required webhook to be accepted by the receiver")
+    wait_for(delivered, 120, "the action_required webhook to be accepted by the receiver", interval=2.0)
 
     def sandbox_pod() -> Any:
         pods = cluster.core.list_namespaced_pod(
@@ -381,7 +374,12 @@ def test_one_session_through_the_installed_chart(cluster: Cluster) -> None:
         running = [p for p in pods if p.status.phase == "Running"]
         return running[0] if running else None
 
-    pod = _wait(sandbox_pod, 300, "the session's sandbox pod to run (is the runner image loaded into the cluster?)")
+    pod = wait_for(
+        sandbox_pod,
+        300,
+        "the session's sandbox pod to run (is the runner image loaded into the cluster?)",
+        interval=2.0,
+    )
     assert pod.metadata.annotations[names.SESSION_ID_ANNOTATION] == session_id
     env = {e.name: e for e in pod.spec.containers[0].env}
     assert env["ENVIRONMENT_ID"].value == environment_id
@@ -396,11 +394,11 @@ def test_one_session_through_the_installed_chart(cluster: Cluster) -> None:
         data = cluster.simulator_admin(f"/admin/registrations?environment_id={environment_id}")["data"]
         return [r for r in data if r["status_code"] == 200] or None
 
-    [first, *_] = _wait(registered, 180, "the executor in the sandbox pod to register")
+    [first, *_] = wait_for(registered, 180, "the executor in the sandbox pod to register", interval=2.0)
     assert first["key_matched"] is True
 
     def connected() -> bool:
         environments = cluster.simulator_admin("/admin/environments")["data"]
         return any(e["id"] == environment_id and e["status"] == "connected" for e in environments)
 
-    _wait(connected, 120, "the executor's environment to be connected")
+    wait_for(connected, 120, "the executor's environment to be connected", interval=2.0)

@@ -22,7 +22,7 @@ from controller.store.base import Busy, Lease
 from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
-from tests.unit.fakes_lifecycle import FakeRunner
+from tests.support.fakes import FakeRunner
 
 _ids = itertools.count(1)
 

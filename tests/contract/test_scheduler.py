@@ -24,9 +24,9 @@ from controller.model import Handle, Record, SandboxSpec
 from controller.scheduler import LEADER_KEY, Leadership
 from controller.store.base import Lease
 from controller.store.redis import RedisSessionStore, connect
+from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
-from tests.unit.fakes_lifecycle import FakeRunner
 
 INTERVAL = 1.0
 _ids = itertools.count(1)
@@ -218,6 +218,23 @@ def test_second_scheduler_stands_by_while_the_first_leads(
         second.halt()
     assert second.published == []
     assert all(r == expected for r in rounds(first.published, len(expected)))
+
+
+def test_leadership_lasts_three_intervals_so_it_never_lapses_between_renewals(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: the leader's key is set for three intervals each round, renewed one interval apart."""
+    _, runner = sessions
+    client = clients()
+    leader = Scheduler(client, runner).start()
+    try:
+        wait_for(lambda: leader.published, timeout=5, what="the scheduler to lead")
+        # More than one interval always remains: the next renewal comes before the key lapses.
+        assert INTERVAL * 1000 < int(client.pttl(LEADER_KEY)) <= 3 * INTERVAL * 1000  # type: ignore[arg-type]
+    finally:
+        leader.halt()
+    for interval in (1.0, 30.0, 300.0, 3600.0):  # the default is 300 s: the key must outlive the wait
+        assert scheduler.leadership_ttl_seconds(interval) == 3 * interval
 
 
 def test_standby_scheduler_takes_over_when_the_leader_stops(

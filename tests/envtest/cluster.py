@@ -35,7 +35,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import ssl
 import subprocess
 import tempfile
@@ -44,6 +43,8 @@ import urllib.error
 import urllib.request
 from pathlib import Path
 from typing import Any
+
+from tests.support.processes import free_port
 
 HERE = Path(__file__).resolve().parent
 BUILD_SCRIPT = HERE / "build.sh"
@@ -69,12 +70,6 @@ def bin_dir_from_build_script() -> Path:
         text=True,
     )
     return Path(out.stdout.strip())
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _tail(path: Path, lines: int = 40) -> str:
@@ -169,7 +164,7 @@ class KubeAPIServer:
         deadline = time.monotonic() + self.startup_timeout
 
         # ---- etcd
-        client_port, peer_port = _free_port(), _free_port()
+        client_port, peer_port = free_port(), free_port()
         self.etcd_url = f"http://127.0.0.1:{client_port}"
         peer_url = f"http://127.0.0.1:{peer_port}"
         etcd_log = wd / "etcd.log"
@@ -208,7 +203,7 @@ class KubeAPIServer:
         _write_rsa_key(sa_key)
 
         # ---- kube-apiserver
-        port = _free_port()
+        port = free_port()
         self.server_url = f"https://127.0.0.1:{port}"
         api_log = wd / "kube-apiserver.log"
         self._apiserver = self._spawn(

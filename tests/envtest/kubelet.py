@@ -18,7 +18,6 @@ import os
 import signal
 import subprocess
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -333,16 +332,6 @@ class TestKubelet:
             process.wait(timeout=5)
         except ProcessLookupError:
             pass
-
-
-def wait_until(predicate: Any, timeout: float, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 RUNNER_IMAGE = "sandbox-controller-runner:test"

@@ -30,11 +30,11 @@ from kubernetes import client
 from kubernetes.client.exceptions import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from controller import names
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
-from controller.runners.kubernetes import KubernetesRunner
-from controller.runners.manifests import PodSettings, SandboxTemplate, make_pod
+from controller.runners.kubernetes import names
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod
+from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.chart.test_chart import CASE_IDS, CASES, CHART, CREDENTIALS, EXECUTOR_KEY, _helm, merge
 from tests.envtest.cluster import KubeAPIServer
 

@@ -13,10 +13,11 @@ from kubernetes import client
 
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
-from controller.runners.kubernetes import KubernetesRunner
-from controller.runners.manifests import PodSettings, SandboxTemplate
-from tests.envtest.kubelet import RUNNER_IMAGE, wait_until
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.runner import KubernetesRunner
+from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import KubeWorld
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
 TEMPLATE = SandboxTemplate(image=RUNNER_IMAGE)
@@ -39,7 +40,7 @@ def _session(world: KubeWorld) -> SandboxSpec:
 
 
 def _pods(world: KubeWorld, namespace: str, spec: SandboxSpec) -> list[client.V1Pod]:
-    from controller import names
+    from controller.runners.kubernetes import names
 
     selector = names.session_selector(spec.session_id)
     return list(world.core.list_namespaced_pod(namespace, label_selector=selector).items)
@@ -58,16 +59,16 @@ def test_the_pod_runs_the_executor_which_registers_with_the_sessions_environment
     assert env["CODEX_API_KEY"].value is None and env["CODEX_API_KEY"].value_from.secret_key_ref.name
     assert kube_world.simulator.environment_key not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
     assert pod.spec.automount_service_account_token is False
-    registered = wait_until(
+    registered = wait_for(
         lambda: [r for r in kube_world.simulator.registrations(spec.environment_id) if r["status_code"] == 200],
         60,
         "the executor in the pod to register",
     )
     assert registered[0]["key_matched"] is True
-    wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
+    wait_for(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
     assert kube_world.simulator.environment_status(spec.environment_id) == "connected"
     runner.release(handle)
-    wait_until(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
+    wait_for(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
     events = kube_world.core.list_namespaced_event(
         kube_world.namespace, field_selector=f"involvedObject.name={handle.name}"
     ).items
@@ -94,11 +95,11 @@ def test_a_terminating_pod_is_never_reused_and_stale_deletes_miss(kube_world: Ku
     spec = _session(kube_world)
     first = runner.ensure(spec, 1)
     # An unbound pod is deleted at once by the API server; a bound one waits for its kubelet.
-    wait_until(lambda: runner.status(first) is Health.RUNNING, 30, "generation 1 to run")
+    wait_for(lambda: runner.status(first) is Health.RUNNING, 30, "generation 1 to run")
     kube_world.kubelet.hold_deletions(True)
     try:
         runner.release(first)
-        wait_until(lambda: runner.status(first) is Health.TERMINATING, 30, "generation 1 to be terminating")
+        wait_for(lambda: runner.status(first) is Health.TERMINATING, 30, "generation 1 to be terminating")
         second = runner.ensure(spec, 1)
         assert second.name != first.name and second.generation == 2
         runner.release(first)  # stale: must not touch generation 2
@@ -113,14 +114,14 @@ def test_a_failed_or_evicted_pod_reports_failed(kube_world: KubeWorld) -> None:
     runner = _runner(kube_world)
     spec = _session(kube_world)
     handle = runner.ensure(spec, 1)
-    wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
+    wait_for(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
     kube_world.kubelet.exit_container(handle.name, 1)
-    wait_until(lambda: runner.status(handle) is Health.FAILED, 30, "the failure to be reported")
+    wait_for(lambda: runner.status(handle) is Health.FAILED, 30, "the failure to be reported")
     assert runner.find(spec.session_id) is None
     replacement = runner.ensure(spec, handle.generation + 1)
-    wait_until(lambda: runner.status(replacement) is Health.RUNNING, 30, "the replacement to run")
+    wait_for(lambda: runner.status(replacement) is Health.RUNNING, 30, "the replacement to run")
     kube_world.kubelet.evict(replacement.name)
-    wait_until(lambda: runner.status(replacement) is Health.FAILED, 30, "the eviction to be reported")
+    wait_for(lambda: runner.status(replacement) is Health.FAILED, 30, "the eviction to be reported")
     for h in (handle, replacement):
         runner.release(h)
 
@@ -192,7 +193,7 @@ def test_a_node_slow_to_start_the_pod_still_gets_one_pod(kube_world: KubeWorld) 
         assert runner.status(handle) is Health.STARTING
         again = runner.ensure(spec, 1)
         assert again.uid == handle.uid
-        wait_until(lambda: runner.status(handle) is Health.RUNNING, 30, "the slow node to start it")
+        wait_for(lambda: runner.status(handle) is Health.RUNNING, 30, "the slow node to start it")
     finally:
         kube_world.kubelet.slow_start(0.0)
     assert len(_pods(kube_world, kube_world.namespace, spec)) == 1
@@ -207,11 +208,11 @@ def test_a_persistent_workspace_outlives_its_pod_until_discarded(kube_world: Kub
     handle = runner.ensure(spec, 1)
     assert runner.keeps_workspace(spec.session_id)
     runner.release(handle)
-    wait_until(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
+    wait_for(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be gone")
     assert runner.keeps_workspace(spec.session_id)
     assert spec.session_id in runner.workspaces()
     runner.discard(spec.session_id)
     # Deleted; here it stays terminating (no controller-manager removes its pvc-protection finalizer).
-    wait_until(lambda: not runner.keeps_workspace(spec.session_id), 30, "the PVC to be deleted")
+    wait_for(lambda: not runner.keeps_workspace(spec.session_id), 30, "the PVC to be deleted")
     assert spec.session_id not in runner.workspaces()
     assert runner.keeps_workspace("sess_never_seen") is False

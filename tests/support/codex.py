@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.dev import CODEX_VERSION
-from controller.dev import codex_install_prefix as install_prefix
+from agents_simulator.dev import CODEX_VERSION
+from agents_simulator.dev import codex_install_prefix as install_prefix
 
 CODEX_PACKAGE = f"@openai/codex@{CODEX_VERSION}"
 

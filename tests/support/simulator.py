@@ -1,6 +1,6 @@
 """The Agents API simulator for tests: as a subprocess or in-process, plus a webhook receiver.
 
-``SimulatorProcess`` runs ``python -m controller.simulator`` on a free loopback port (its
+``SimulatorProcess`` runs ``python -m agents_simulator`` on a free loopback port (its
 secrets passed through the environment, not argv) and always stops it; ``InProcessSimulator``
 serves ``create_app`` with uvicorn in a thread, exposing the engine as ``.engine``.
 ``WebhookReceiver`` is a real HTTP server on loopback that records deliveries and answers
@@ -24,8 +24,8 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.simulator import SimulatorConfig, create_app
-from controller.simulator.cli import ENV_PREFIX
+from agents_simulator import SimulatorConfig, create_app
+from agents_simulator.cli import ENV_PREFIX
 from tests.support.processes import Managed, free_port, python_module, wait_for
 
 
@@ -189,7 +189,7 @@ class _Endpoints:
 
 
 class SimulatorProcess(_Endpoints):
-    """``python -m controller.simulator`` on a free loopback port."""
+    """``python -m agents_simulator`` on a free loopback port."""
 
     def __init__(
         self,
@@ -207,7 +207,7 @@ class SimulatorProcess(_Endpoints):
         self.webhook_secret = webhook_secret or new_webhook_secret()
         self.environment_key = environment_key or new_environment_key()
         self.api_key = api_key
-        argv = python_module("controller.simulator", "--port", str(self.port), *args)
+        argv = python_module("agents_simulator", "--port", str(self.port), *args)
         for url in webhook_urls:
             argv += ["--webhook-url", url]
         env = {

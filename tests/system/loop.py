@@ -15,7 +15,7 @@ from typing import Any
 
 import httpx
 
-from controller.dev import simulator_secrets
+from agents_simulator.dev import simulator_secrets
 from controller.runners.local import LocalRunner
 from controller.signing import sign_headers
 from tests.support.processes import Managed, free_port, port_open, python_module, wait_for

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller import names
+from controller.runners.kubernetes import names
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
 from tests.envtest.kubelet import RUNNER_IMAGE, TestKubelet, create_executor_key_secret, runner_kubelet

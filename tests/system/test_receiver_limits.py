@@ -24,7 +24,7 @@ import pytest
 import yaml
 
 from controller.signing import sign_headers
-from tests.fakes import action_required
+from tests.support.deliveries import action_required
 from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer
 

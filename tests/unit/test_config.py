@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import KEYS, PREFIX, ReceiverSettings, Secret, Settings, mask_url
+from controller.config import KEYS, PREFIX, ReceiverSettings, Secret, Settings, _Parser, mask_url
 from controller.errors import ConfigError
 
 WHSEC = "whsec_" + base64.b64encode(b"a webhook signing secret, 32 by").decode()
@@ -262,6 +262,15 @@ def test_keys_are_all_prefixed_and_read() -> None:
     assert all(k.startswith(PREFIX) for k in KEYS)
     harmless = {k: "" for k in KEYS}
     assert Settings.from_env(harmless) == Settings()
+
+
+def test_keys_are_the_names_the_parser_reads_whatever_the_environment() -> None:
+    """``KEYS`` comes from a parse; a parse of any other environment reads the very same names."""
+    for environ in ({}, full_env(), {k: "" for k in KEYS}, env(RUNNER="kubernetes", API_KEY_FILE="/nonexistent")):
+        parser = _Parser(environ)
+        parser.parse()
+        assert parser.read == KEYS
+    assert problems_of(env(REDIS_URLL="redis://x")) == [f"{PREFIX}REDIS_URLL is not a known setting (typo?)"]
 
 
 @pytest.mark.parametrize("raw", ["nan", "inf", "Infinity", "1e999"])

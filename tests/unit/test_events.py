@@ -9,7 +9,7 @@ import pytest
 
 from controller.errors import BadPayload
 from controller.events import Disposition, Event, classify, parse
-from tests.fakes import SAMPLE_ENVELOPES, envelope
+from tests.support.deliveries import SAMPLE_ENVELOPES, envelope
 
 ENQUEUE_CONNECTION = Disposition(True, "environment_connection")
 ENQUEUE_FAILED = Disposition(True, "session_failed")

@@ -8,13 +8,11 @@ import pytest
 
 from controller.clock import FakeClock
 from controller.errors import ApiUnavailable, Fenced
-from controller.lifecycle import Decision, Deps, Routing, Verdict, decide, not_ours, work
+from controller.lifecycle import Decision, Routing, Verdict, decide, not_ours, work
 from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
 from controller.store.base import Busy
-from tests.unit.fakes_lifecycle import FakeRunner, FakeSessions, FakeStore, make_session
+from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
-GRACE = 60.0
-T0 = 1_700_000_000.0
 ROUTING = Routing()
 
 
@@ -146,36 +144,9 @@ def test_sessions_matching_every_route_are_ours() -> None:
 # --- work: the loop under a lease ------------------------------------------------------------
 
 
-class World:
-    def __init__(self) -> None:
-        self.clock = FakeClock(T0)
-        self.sessions = FakeSessions()
-        self.store = FakeStore()
-        self.runner = FakeRunner()
-        self.decisions: list[tuple[str, Decision]] = []
-        self.deps = Deps(
-            sessions=self.sessions,
-            store=self.store,
-            runner=self.runner,
-            clock=self.clock,
-            grace_seconds=GRACE,
-            on_decision=lambda sid, d: self.decisions.append((sid, d)),
-        )
-
-    def deliver(self, session_id: str = "sess_1") -> list[Decision] | Busy:
-        """A delivery: want more work, then work it."""
-        self.store.want(session_id)
-        return work(session_id, self.deps)
-
-
 @pytest.fixture
 def world() -> World:
     return World()
-
-
-def verdicts(result: list[Decision] | Busy) -> list[Verdict]:
-    assert isinstance(result, list)
-    return [d.verdict for d in result]
 
 
 def test_work_start_saves_record_and_ensures_once(world: World) -> None:

@@ -1,7 +1,8 @@
 """Clean-up rules: maximum lifetime, mappings without compute, adoption, discard, and the sweep.
 
-Extends ``test_lifecycle.py`` (same fakes): ``decide`` for L17, ``work`` for L1/L16/L18, and
-``reconcile.sweep``, which only asks for work and decides nothing itself.
+Extends ``test_lifecycle.py`` (the same ``World``, from ``tests.support.fakes``): ``decide`` for
+L17, ``work`` for L1/L16/L18, and ``reconcile.sweep``, which only asks for work and decides
+nothing itself.
 """
 
 from __future__ import annotations
@@ -12,15 +13,12 @@ import pytest
 
 from controller import reconcile
 from controller.clock import FakeClock
-from controller.lifecycle import Decision, Deps, Routing, Verdict, decide, work
+from controller.lifecycle import Decision, Routing, Verdict, decide, work
 from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
 from controller.store.base import Busy
-from tests.unit.fakes_lifecycle import FakeRunner, FakeSessions, FakeStore, make_session
+from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
-GRACE = 60.0
 LIFETIME = 3600.0
-T0 = 1_700_000_000.0
-REMOTE = "https://api.openai.com/v1/agents/env"
 IDLE = make_session(status=SessionStatus.IDLE, actions=())
 WANTS = make_session()
 
@@ -107,74 +105,24 @@ def test_terminating_or_live_sandbox_without_a_connection_pending_is_left_alone(
 # --- work: adoption, release, discard -----------------------------------------------------------
 
 
-class World:
-    def __init__(self, max_lifetime: float | None = None) -> None:
-        self.clock = FakeClock(T0)
-        self.sessions = FakeSessions()
-        self.store = FakeStore()
-        self.runner = FakeRunner()
-        self.published: list[str] = []
-        self.deps = Deps(
-            sessions=self.sessions,
-            store=self.store,
-            runner=self.runner,
-            clock=self.clock,
-            grace_seconds=GRACE,
-            max_lifetime_seconds=max_lifetime,
-        )
-
-    def orphan(self, session_id: str = "sess_1", generation: int = 1) -> Handle:
-        """A live sandbox nobody recorded (its worker died between ensure and save)."""
-        handle = self.runner.ensure(SandboxSpec(session_id, "env_1", REMOTE), generation)
-        self.runner.calls.clear()
-        return handle
-
-    def mapped(self, session_id: str = "sess_1") -> Handle:
-        """A sandbox started and recorded by a worker."""
-        handle = self.runner.ensure(SandboxSpec(session_id, "env_1", REMOTE), 1)
-        self.runner.calls.clear()
-        self.store.records[session_id] = Record(session_id, "env_1", handle, self.clock.now())
-        return handle
-
-    def deliver(self, session_id: str = "sess_1") -> list[Verdict]:
-        self.store.want(session_id)
-        return verdicts(work(session_id, self.deps))
-
-    def sweep(self) -> reconcile.Sweep:
-        return reconcile.sweep(self.store, self.runner, self.published.append)
-
-    def work_published(self) -> dict[str, list[Verdict]]:
-        done = {sid: verdicts(work(sid, self.deps)) for sid in self.published}
-        self.published.clear()
-        return done
-
-    def count(self, call: str, session_id: str = "sess_1") -> int:
-        return sum(1 for c in self.runner.calls if c[0] == call and c[1] == session_id)
-
-
-def verdicts(result: list[Decision] | Busy) -> list[Verdict]:
-    assert isinstance(result, list), result
-    return [d.verdict for d in result]
-
-
 def test_unrecorded_live_sandbox_is_adopted_then_released_and_discarded_once() -> None:
     """L1/L16: the orphan is adopted (no second ensure); on deletion it is released and its workspace discarded once."""
     world = World()
     orphan = world.orphan()
     world.sessions.put(make_session())
-    assert world.deliver() == [Verdict.KEEP]
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
     assert world.runner.calls == []  # no second ensure
     saved = world.store.record("sess_1")
     assert saved is not None and saved.handle == orphan
     assert world.runner.max_live["sess_1"] == 1
 
     del world.sessions.sessions["sess_1"]  # deleted: no webhook; a later round (the sweep) finds it
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.runner.calls == [("release", "sess_1", 1), ("discard", "sess_1", 0)]
     assert world.runner.live == {}
     assert world.store.record("sess_1") is None
 
-    assert world.deliver() == [Verdict.IGNORE]  # nothing left: no second release or discard
+    assert verdicts(world.deliver()) == [Verdict.IGNORE]  # nothing left: no second release or discard
     assert world.count("release") == 1 and world.count("discard") == 1
 
 
@@ -182,7 +130,7 @@ def test_orphan_of_a_deleted_session_is_released_without_being_recorded() -> Non
     """L17/L16: a live sandbox of a deleted session, never recorded, is released and its workspace discarded."""
     world = World()
     world.orphan()
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.runner.calls == [("release", "sess_1", 1), ("discard", "sess_1", 0)]
     assert world.runner.live == {} and world.store.session_ids() == []
 
@@ -192,7 +140,7 @@ def test_orphan_of_an_idle_session_is_neither_stopped_nor_duplicated() -> None:
     world = World()
     world.orphan()
     world.sessions.put(IDLE)
-    assert world.deliver() == [Verdict.IGNORE]
+    assert verdicts(world.deliver()) == [Verdict.IGNORE]
     assert world.runner.calls == []
     assert "sess_1" in world.runner.live
 
@@ -202,11 +150,11 @@ def test_max_lifetime_release_in_work() -> None:
     world = World(max_lifetime=LIFETIME)
     world.sessions.put(make_session())
     world.sessions.connected["env_1"] = True
-    assert world.deliver() == [Verdict.START]
+    assert verdicts(world.deliver()) == [Verdict.START]
     world.clock.advance(LIFETIME)
-    assert world.deliver() == [Verdict.KEEP]
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
     world.clock.advance(1)
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.runner.live == {} and world.store.record("sess_1") is None
     assert world.count("release") == 1
 
@@ -217,7 +165,7 @@ def test_mapping_of_a_vanished_sandbox_is_removed() -> None:
     world.sessions.put(IDLE)
     handle = world.mapped()
     world.runner.live.clear()  # gone without the controller
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.store.record("sess_1") is None
     assert world.count("ensure") == 0
     assert ("release", "sess_1", handle.generation) in world.runner.calls  # releasing what is gone is fine
@@ -229,7 +177,7 @@ def test_crashed_sandbox_of_a_live_session_keeps_its_workspace() -> None:
     world.sessions.put(IDLE)
     handle = world.mapped()
     world.runner.set_health(handle, Health.FAILED)
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.store.record("sess_1") is None
     assert world.count("release") == 1
     assert world.count("discard") == 0
@@ -241,7 +189,7 @@ def test_max_lifetime_release_of_a_live_session_keeps_its_workspace() -> None:
     world.sessions.put(IDLE)
     world.mapped()
     world.clock.advance(LIFETIME + 1)
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.runner.live == {}
     assert world.count("discard") == 0
 
@@ -253,8 +201,8 @@ def test_workspace_is_discarded_with_the_session(ending: str) -> None:
     world.mapped()
     if ending == "failed":
         world.sessions.put(make_session(status=SessionStatus.FAILED, actions=()))
-    assert world.deliver() == [Verdict.RELEASE]
-    assert world.deliver() == [Verdict.IGNORE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.IGNORE]
     assert world.runner.calls == [("release", "sess_1", 1), ("discard", "sess_1", 0)]
 
 
@@ -337,7 +285,7 @@ def test_sweep_during_a_start_is_coordinated_by_the_lease() -> None:
         busy.extend(work(sid, world.deps) for sid in world.published)
 
     world.runner.on_ensure = deleted_and_swept_mid_start
-    assert world.deliver() == [Verdict.START, Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.START, Verdict.RELEASE]
     assert len(busy) == 1 and isinstance(busy[0], Busy)  # the sweep's job never acted alongside
     assert world.runner.live == {}  # no orphan after the cleanup completed
     assert world.store.record("sess_1") is None
@@ -355,7 +303,7 @@ def test_a_kept_workspace_whose_session_is_deleted_later_is_discarded_by_the_swe
     world.sessions.put(IDLE)
     handle = world.mapped()
     world.runner.set_health(handle, Health.FAILED)
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.runner.workspaces() == ["sess_1"]
     del world.sessions.sessions["sess_1"]  # deleted: the API now answers 404
     world.sweep()
@@ -371,6 +319,6 @@ def test_an_adopted_orphan_keeps_its_real_age_for_the_maximum_lifetime() -> None
     world.sessions.put(IDLE)
     orphan = world.orphan()
     world.runner.live["sess_1"].handle = replace(orphan, created_at=T0 - 500.0)
-    assert world.deliver() == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
     assert world.count("release") == 1
     assert world.count("discard") == 0  # the session lives on: its workspace stays (L16)

@@ -14,9 +14,9 @@ from typing import Any
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller import names
 from controller.model import SandboxSpec
-from controller.runners.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
+from controller.runners.kubernetes import names
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
 
 SPEC = SandboxSpec(
     session_id="sess_1",

@@ -20,7 +20,8 @@ from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
 from controller.receiver import MAX_SESSION_ID_CHARS, ReceiverServices, create_app, retry_after_seconds
 from controller.signing import Verifier
-from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox, action_required, session_event, signed
+from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET, action_required, session_event, signed
+from tests.support.fakes import FakeInbox
 
 NOW = 1_700_000_000
 LIMIT = 4096
@@ -487,7 +488,7 @@ def test_body_timeout_comes_from_settings(inbox: FakeInbox, clock: FakeClock) ->
     [
         pytest.param("\ud800", "session_id is not encodable text (lone surrogate)", id="lone-surrogate"),
         pytest.param("sess_\udfff_x", "session_id is not encodable text (lone surrogate)", id="low-surrogate"),
-        pytest.param("s" * (MAX_SESSION_ID_CHARS + 1), "session id is longer than 256 characters", id="too-long"),
+        pytest.param("s" * (MAX_SESSION_ID_CHARS + 1), f"session id is longer than {MAX_SESSION_ID_CHARS} characters", id="too-long"),
     ],
 )
 def test_a_verified_delivery_that_can_never_be_queued_is_422(

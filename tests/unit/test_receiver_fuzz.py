@@ -13,11 +13,13 @@ from starlette.testclient import TestClient
 
 from controller.clock import FakeClock
 from controller.errors import BadPayload, SignatureError
-from controller.events import classify, parse
+from controller.events import MALFORMED_SESSION_ID, classify, parse
 from controller.inbox import Job
 from controller.receiver import ReceiverServices, Unqueueable, check_queueable, create_app
 from controller.signing import Verifier, secret_key, sign
-from tests.fakes import SAMPLE_ENVELOPES, SECRET, FakeInbox
+from controller.trust import valid_id
+from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET
+from tests.support.fakes import FakeInbox
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -136,13 +138,17 @@ def expected(headers: list[tuple[str, str | bytes]], body: bytes) -> tuple[int, 
         event = parse(body)
     except BadPayload:
         return 400, None
-    if not classify(event).enqueue:
+    disposition = classify(event)
+    malformed = disposition == MALFORMED_SESSION_ID
+    if not disposition.enqueue and not malformed:
         return 200, None
     assert event.session_id
     job = Job(event.session_id, verified.webhook_id, event.type, event.id)
     try:
         check_queueable(job)
     except Unqueueable:
+        return 422, None
+    if malformed:  # work for an id that fails the id pattern: a 4xx with a reason (L2)
         return 422, None
     return 200, job
 
@@ -179,7 +185,7 @@ def test_any_delivery_gets_2xx_or_4xx_and_only_genuine_work_is_queued(
 
 def classify_job_ok(job: Job) -> bool:
     check_queueable(job)
-    return bool(job.session_id) and job.event_type in {
+    return valid_id(job.session_id) and job.event_type in {
         "agent.session.action_required",
         "agent.session.failed",
     }

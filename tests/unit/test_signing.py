@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import hmac
 
 import pytest
 
+from controller import signing
 from controller.clock import FakeClock
 from controller.errors import SignatureError
 from controller.signing import Verifier, secret_key, sign, sign_headers
@@ -80,6 +82,27 @@ def test_rotation_header_with_several_entries(entries: list[str]) -> None:
     }
     header = " ".join(known.get(entry, entry) for entry in entries)
     Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+
+
+@pytest.mark.parametrize("first", ["old", "new"])
+def test_every_entry_is_compared_with_every_secret_even_after_a_match(
+    first: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L3: the comparison does not stop at the first match (its time does not tell which matched)."""
+    body, ts = b'{"a": 1}', 1_700_000_000
+    old, new = (sign(secret_key(s), "msg_multi", ts, body) for s in (OLD_SECRET, NEW_SECRET))
+    header = " ".join([old, new] if first == "old" else [new, old])
+    compared: list[bool] = []
+    real_compare = hmac.compare_digest
+
+    def compare_digest(a: bytes, b: bytes) -> bool:
+        compared.append(real_compare(a, b))
+        return compared[-1]
+
+    monkeypatch.setattr(signing.hmac, "compare_digest", compare_digest)
+    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+    assert len(compared) == 4  # two secrets × two entries
+    assert compared.count(True) == 2
 
 
 def test_header_of_only_wrong_entries_rejected() -> None:

@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from controller.errors import ConfigError
-from controller.runners.manifests import SandboxTemplate
-from controller.templates import METADATA_KEY, Templates, load, parse
-from tests.unit.fakes_lifecycle import make_session
+from controller.runners.kubernetes.manifests import SandboxTemplate
+from controller.runners.kubernetes.templates import METADATA_KEY, Templates, load, parse
+from tests.support.fakes import make_session
 
 BASE = SandboxTemplate(image="runner:1", runtime_class_name="gvisor")
 

@@ -19,8 +19,8 @@ from controller.model import Handle, Health, Record, SandboxSpec, Session, Sessi
 from controller.runners.base import checked
 from controller.runners.local import LocalRunner
 from controller.trust import DEFAULT_POLICY, Policy, pattern_problem, remote_url_problem, spec_problem, untrusted
-from tests.fakes import envelope
-from tests.unit.fakes_lifecycle import FakeRunner, FakeSessions, FakeStore, make_session
+from tests.support.deliveries import envelope
+from tests.support.fakes import FakeRunner, FakeSessions, FakeStore, make_session
 
 LOOPBACK = Policy(("127.0.0.1", "localhost", "::1"))
 HOST_NOT_ALLOWED = "remote_url host is not allowed"

@@ -8,7 +8,7 @@ from controller import lifecycle
 from controller.clock import FakeClock
 from controller.errors import ApiRejected, ApiUnavailable, Fenced
 from controller.store.base import Lease
-from tests.unit.fakes_lifecycle import FakeRunner, FakeSessions, FakeStore, make_session
+from tests.support.fakes import FakeRunner, FakeSessions, FakeStore, make_session
 
 
 def deps_of(store: FakeStore, sessions: FakeSessions) -> lifecycle.Deps:

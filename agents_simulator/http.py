@@ -9,7 +9,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse
 
-from controller.simulator.errors import ApiError, bad_request, unauthorized
+from agents_simulator.errors import ApiError, bad_request, unauthorized
 
 
 async def json_body(request: Request, *, optional: bool = False) -> Any:

@@ -5,7 +5,7 @@ environment key (exit 1 on any failure, like the real executor), opens the retur
 WebSocket and holds it, reconnecting with backoff, and exits 0 on SIGTERM/SIGINT. It runs
 no commands. Install the real executor with ``npm install -g @openai/codex@0.171.0``.
 
-Usage (same flags as the real one): ``python -m controller.simulator.standin exec-server
+Usage (same flags as the real one): ``python -m agents_simulator.standin exec-server
 --remote URL --environment-id ID`` with ``CODEX_API_KEY`` set.
 """
 

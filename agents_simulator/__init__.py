@@ -3,7 +3,7 @@
 Users run the whole loop on one machine with it, and every test tier uses it as the
 Agents API. Production modules never import it. One port serves everything::
 
-    python -m controller.simulator --port 8100 --environment-key KEY \\
+    python -m agents_simulator --port 8100 --environment-key KEY \\
         --webhook-url http://127.0.0.1:8000/webhooks --webhook-secret whsec_...
 
 In-process: ``create_app(SimulatorConfig(...))`` and serve it with uvicorn;
@@ -47,7 +47,7 @@ Every list answer is ``{"object": "list", "data": [...]}``. See ``engine.py`` fo
 session state machine and ``webhooks.py`` for delivery and retry behaviour.
 """
 
-from controller.simulator.app import create_app
-from controller.simulator.config import SimulatorConfig
+from agents_simulator.app import create_app
+from agents_simulator.config import SimulatorConfig
 
 __all__ = ["SimulatorConfig", "create_app"]

@@ -23,7 +23,7 @@ from typing import Any
 
 from controller.errors import ConfigError
 from controller.model import Session
-from controller.runners.manifests import SandboxTemplate
+from controller.runners.kubernetes.manifests import SandboxTemplate
 
 METADATA_KEY = "sandbox_template"
 _FIELDS = {

@@ -25,19 +25,16 @@ from kubernetes import client as k8s
 from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError as Urllib3Error
 
-from controller import logs, names
-from controller.errors import RunnerRejected, Transient
+from controller import logs
+from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.base import checked
-from controller.runners.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
+from controller.runners.kubernetes import names
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
 
 log = logs.get(__name__)
 T = TypeVar("T")
 _MAX_GENERATION_SKIPS = 5
-
-
-class KubernetesUnavailable(Transient):
-    pass
 
 
 @contextmanager

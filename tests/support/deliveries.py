@@ -1,48 +1,11 @@
-"""In-memory fakes that honour the controller's protocols (no mocks), and a fake sender."""
+"""A fake sender: the Agents API's event envelopes and signed webhook deliveries."""
 
 from __future__ import annotations
 
 import json
-import threading
 from typing import Any
 
-from controller.errors import QueueUnavailable
-from controller.inbox import Job, Outcome
 from controller.signing import sign_headers
-
-
-class FakeInbox:
-    """An ``Inbox`` in memory: de-duplicates on ``webhook_id``, remembering an id only
-    after its job was queued (so a failed submit is processed on retry, L5).
-
-    Set ``unavailable = True`` to make ``submit`` raise ``QueueUnavailable`` (with
-    ``retry_after``) and ``ready`` answer False, as a broker outage would.
-    """
-
-    def __init__(self) -> None:
-        self.jobs: list[Job] = []
-        self.attempts = 0
-        self.unavailable = False
-        self.retry_after: float | None = None
-        self._seen: set[str] = set()
-        self._lock = threading.Lock()
-
-    def submit(self, job: Job) -> Outcome:
-        with self._lock:
-            self.attempts += 1
-            if self.unavailable:
-                raise QueueUnavailable("fake broker is down", retry_after=self.retry_after)
-            if job.webhook_id in self._seen:
-                return Outcome.DUPLICATE
-            self.jobs.append(job)
-            self._seen.add(job.webhook_id)
-            return Outcome.ENQUEUED
-
-    def ready(self) -> bool:
-        return not self.unavailable
-
-
-# --- A fake sender: the Agents API's envelopes and signed deliveries --------------------
 
 SECRET = "whsec_" + "dGVzdCBzaWduaW5nIHNlY3JldCBmb3IgdW5pdCB0ZXN0cw=="  # b64("test signing secret for unit tests")
 

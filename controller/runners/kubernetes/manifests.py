@@ -13,8 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller import names
 from controller.model import SandboxSpec
+from controller.runners.kubernetes import names
 
 RUNNER_UID = 10001
 CONTAINER = "executor"

@@ -8,11 +8,13 @@ session's turn has run to ``idle`` and prints what it saw.
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
 
 import httpx
+
+from agents_simulator.waiting import TimedOut, wait_for
 
 
 class Reporter(Protocol):
@@ -34,13 +36,15 @@ def run_scenario(view: Reporter, base_url: str, api_key: str, sessions: int = 3,
             list(pool.map(lambda _: api.post(f"/admin/webhooks/resend/{event_id}"), range(3)))
         view.say("scenario", "resent webhook 3x at once", first, "same webhook-id: expect duplicates")
 
-        _wait(lambda: _registered(api, doomed["environment"]["id"]), timeout)
+        _wait(lambda: _registered(api, doomed["environment"]["id"]), timeout, "the doomed session's executor")
         api.post(f"/admin/sessions/{doomed['id']}/fail").raise_for_status()
         view.say("scenario", "forced session failure", doomed["id"])
 
         ids = [s["id"] for s in created]
         ok = _wait(
-            lambda: all(api.get(f"/v1/agents/sessions/{sid}").json()["status"] == "idle" for sid in ids), timeout
+            lambda: all(api.get(f"/v1/agents/sessions/{sid}").json()["status"] == "idle" for sid in ids),
+            timeout,
+            "every healthy session to be idle",
         )
         registrations = api.get("/admin/registrations").json()["data"]
         per_env: dict[str, int] = {}
@@ -82,8 +86,7 @@ def _wait_for_event(api: httpx.Client, session_id: str, event_type: str) -> str:
                 return True
         return False
 
-    if not _wait(look, 30):
-        raise RuntimeError(f"no {event_type} event for {session_id}")
+    wait_for(look, 30, f"a {event_type} event for {session_id}")
     return found[0]
 
 
@@ -92,10 +95,9 @@ def _registered(api: httpx.Client, environment_id: str) -> bool:
     return any(r["status_code"] == 200 for r in data)
 
 
-def _wait(check: Any, timeout: float) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return True
-        time.sleep(0.3)
-    return False
+def _wait(check: Callable[[], bool], timeout: float, what: str) -> bool:
+    """Whether ``check`` came true within ``timeout`` (the scenario reports, rather than raises)."""
+    try:
+        return wait_for(check, timeout, what, interval=0.3)
+    except TimedOut:
+        return False

@@ -1,8 +1,10 @@
-"""In-memory fakes for ``lifecycle.work``: the sessions API, the session store and a runner.
+"""In-memory fakes that honour the controller's protocols (no mocks), and the ``World`` harness.
 
-Each honours its protocol's semantics (``Sessions``, ``SessionStore``, ``Runner``), so the
-lifecycle loop can be driven without Redis, HTTP or processes. Hooks (``on_get``,
-``on_ensure``) let a test act in the middle of a round: bump ``want``, lose a lease.
+``FakeSessions``, ``FakeStore``, ``FakeRunner`` and ``FakeInbox`` each honour their protocol's
+semantics (``Sessions``, ``SessionStore``, ``Runner``, ``Inbox``), so the lifecycle loop and the
+receiver can be driven without Redis, HTTP or processes. Hooks (``on_get``, ``on_ensure``) let
+a test act in the middle of a round: bump ``want``, lose a lease. ``World`` wires them into
+``lifecycle.Deps`` with a fake clock, as the lifecycle tests use them.
 """
 
 from __future__ import annotations
@@ -12,7 +14,11 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller.errors import ApiUnavailable, Fenced
+from controller import reconcile
+from controller.clock import FakeClock
+from controller.errors import ApiUnavailable, Fenced, QueueUnavailable
+from controller.inbox import Job, Outcome
+from controller.lifecycle import Decision, Deps, Verdict, work
 from controller.model import (
     ENVIRONMENT_CONNECTION,
     Environment,
@@ -272,3 +278,108 @@ class FakeRunner:
 
     def runner_calls(self) -> list[tuple[str, str, int]]:
         return list(self.calls)
+
+
+class FakeInbox:
+    """An ``Inbox`` in memory: de-duplicates on ``webhook_id``, remembering an id only
+    after its job was queued (so a failed submit is processed on retry, L5).
+
+    Set ``unavailable = True`` to make ``submit`` raise ``QueueUnavailable`` (with
+    ``retry_after``) and ``ready`` answer False, as a broker outage would.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: list[Job] = []
+        self.attempts = 0
+        self.unavailable = False
+        self.retry_after: float | None = None
+        self._seen: set[str] = set()
+        self._lock = threading.Lock()
+
+    def submit(self, job: Job) -> Outcome:
+        with self._lock:
+            self.attempts += 1
+            if self.unavailable:
+                raise QueueUnavailable("fake broker is down", retry_after=self.retry_after)
+            if job.webhook_id in self._seen:
+                return Outcome.DUPLICATE
+            self.jobs.append(job)
+            self._seen.add(job.webhook_id)
+            return Outcome.ENQUEUED
+
+    def ready(self) -> bool:
+        return not self.unavailable
+
+
+# --- World: lifecycle.work over the fakes ---------------------------------------------------
+
+GRACE = 60.0
+T0 = 1_700_000_000.0
+REMOTE = "https://api.openai.com/v1/agents/env"
+
+
+def verdicts(result: list[Decision] | Busy) -> list[Verdict]:
+    """The verdicts of one ``work`` call (which must not have been Busy)."""
+    assert isinstance(result, list), result
+    return [d.verdict for d in result]
+
+
+class World:
+    """Sessions, store, runner and a clock at ``T0``, wired into ``Deps``; every decision is kept
+    in ``decisions`` (and also handed to ``on_decision`` when given)."""
+
+    def __init__(
+        self, max_lifetime: float | None = None, on_decision: Callable[[str, Decision], None] | None = None
+    ) -> None:
+        self.clock = FakeClock(T0)
+        self.sessions = FakeSessions()
+        self.store = FakeStore()
+        self.runner = FakeRunner()
+        self.decisions: list[tuple[str, Decision]] = []
+        self.published: list[str] = []
+
+        def decided(session_id: str, decision: Decision) -> None:
+            self.decisions.append((session_id, decision))
+            if on_decision is not None:
+                on_decision(session_id, decision)
+
+        self.deps = Deps(
+            sessions=self.sessions,
+            store=self.store,
+            runner=self.runner,
+            clock=self.clock,
+            grace_seconds=GRACE,
+            max_lifetime_seconds=max_lifetime,
+            on_decision=decided,
+        )
+
+    def deliver(self, session_id: str = "sess_1") -> list[Decision] | Busy:
+        """A delivery: want more work, then work it."""
+        self.store.want(session_id)
+        return work(session_id, self.deps)
+
+    def orphan(self, session_id: str = "sess_1", generation: int = 1) -> Handle:
+        """A live sandbox nobody recorded (its worker died between ensure and save)."""
+        handle = self.runner.ensure(SandboxSpec(session_id, "env_1", REMOTE), generation)
+        self.runner.calls.clear()
+        return handle
+
+    def mapped(self, session_id: str = "sess_1") -> Handle:
+        """A sandbox started and recorded by a worker."""
+        handle = self.runner.ensure(SandboxSpec(session_id, "env_1", REMOTE), 1)
+        self.runner.calls.clear()
+        self.store.records[session_id] = Record(session_id, "env_1", handle, self.clock.now())
+        return handle
+
+    def sweep(self) -> reconcile.Sweep:
+        return reconcile.sweep(self.store, self.runner, self.published.append)
+
+    def work_published(self) -> dict[str, list[Verdict]]:
+        """Work every session the sweep published, as the queue would."""
+        done = {sid: verdicts(work(sid, self.deps)) for sid in self.published}
+        self.published.clear()
+        return done
+
+    def count(self, call: str, session_id: str = "sess_1") -> int:
+        """How often the runner saw ``call`` for a session."""
+        return sum(1 for c in self.runner.calls if c[0] == call and c[1] == session_id)

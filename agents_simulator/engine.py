@@ -26,12 +26,11 @@ import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from controller.clock import Clock, SystemClock
-from controller.simulator import parse
-from controller.simulator.config import SimulatorConfig
-from controller.simulator.errors import ApiError, injected, not_found, unauthorized
-from controller.simulator.faults import Faults
-from controller.simulator.state import (
+from agents_simulator import parse
+from agents_simulator.config import SimulatorConfig
+from agents_simulator.errors import ApiError, injected, not_found, unauthorized
+from agents_simulator.faults import Faults
+from agents_simulator.state import (
     EnvironmentStatus,
     Registration,
     SessionStatus,
@@ -41,9 +40,10 @@ from controller.simulator.state import (
     new_id,
     session_json,
 )
-from controller.simulator.webhooks import RetryPolicy, WebhookSender
+from agents_simulator.webhooks import RetryPolicy, WebhookSender
+from controller.clock import Clock, SystemClock
 
-log = logging.getLogger("controller.simulator")
+log = logging.getLogger("agents_simulator")
 SECURITY_PROFILE = "noise_hybrid_ik_v1"
 CLOSE_WAIT_SECONDS = 5.0
 CloseConnection = Callable[[], Awaitable[None]]

@@ -12,10 +12,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from controller.simulator.engine import Simulator
-from controller.simulator.errors import ApiError, bad_request, not_found
-from controller.simulator.http import json_body
-from controller.simulator.state import environment_info_json
+from agents_simulator.engine import Simulator
+from agents_simulator.errors import ApiError, bad_request, not_found
+from agents_simulator.http import json_body
+from agents_simulator.state import environment_info_json
 
 
 def routes(sim: Simulator) -> list[Route]:

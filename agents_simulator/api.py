@@ -6,10 +6,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from controller.simulator.engine import Simulator
-from controller.simulator.errors import bad_request, injected
-from controller.simulator.http import json_body, require_api_key
-from controller.simulator.state import SimSession, deleted_json, environment_info_json
+from agents_simulator.engine import Simulator
+from agents_simulator.errors import bad_request, injected
+from agents_simulator.http import json_body, require_api_key
+from agents_simulator.state import SimSession, deleted_json, environment_info_json
 
 
 def routes(sim: Simulator) -> list[Route]:

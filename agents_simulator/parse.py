@@ -5,8 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from controller.simulator.errors import bad_request
-from controller.simulator.state import DEFAULT_WORKSPACE
+from agents_simulator.errors import bad_request
+from agents_simulator.state import DEFAULT_WORKSPACE
 
 ENVIRONMENT_TYPES = ("none", "openai_hosted", "self_hosted")
 MAX_METADATA_PAIRS = 16

@@ -15,9 +15,9 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from controller.simulator.engine import Simulator
-from controller.simulator.errors import injected
-from controller.simulator.http import bearer_token, json_body
+from agents_simulator.engine import Simulator
+from agents_simulator.errors import injected
+from agents_simulator.http import bearer_token, json_body
 
 CLOSE_GOING_AWAY = 1001
 CLOSE_POLICY_VIOLATION = 1008

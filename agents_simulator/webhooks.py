@@ -18,11 +18,11 @@ from typing import Any
 
 import httpx
 
+from agents_simulator.state import new_id
 from controller.clock import Clock
 from controller.signing import sign_headers
-from controller.simulator.state import new_id
 
-log = logging.getLogger("controller.simulator.webhooks")
+log = logging.getLogger("agents_simulator.webhooks")
 
 
 @dataclass(frozen=True)

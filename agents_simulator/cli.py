@@ -1,4 +1,4 @@
-"""``python -m controller.simulator`` (also ``sandbox-controller simulator``): serve the simulator.
+"""``python -m agents_simulator`` (also ``sandbox-controller simulator``): serve the simulator.
 
 Secrets may come from flags or, to keep them out of the process list, from the environment:
 ``SANDBOX_CONTROLLER_SIMULATOR_ENVIRONMENT_KEY``, ``SANDBOX_CONTROLLER_SIMULATOR_WEBHOOK_SECRET``,
@@ -14,9 +14,12 @@ import re
 import sys
 from collections.abc import Mapping, Sequence
 
+import uvicorn
+
+from agents_simulator import config as defaults
+from agents_simulator.app import create_app
+from agents_simulator.config import SimulatorConfig
 from controller import logs
-from controller.simulator import config as defaults
-from controller.simulator.config import SimulatorConfig
 
 ENV_PREFIX = "SANDBOX_CONTROLLER_SIMULATOR_"
 _TOKEN = re.compile(r"token=[^\s&\"']+")
@@ -32,11 +35,18 @@ class HideConnectionTokens(logging.Filter):
         return True
 
 
-def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.ArgumentParser:
-    """Add the simulator's options to ``parser`` (a fresh one when omitted) and return it."""
-    parser = parser or argparse.ArgumentParser(
-        prog="python -m controller.simulator", description="A local simulator of OpenAI's Agents API."
-    )
+DESCRIPTION = "A local simulator of OpenAI's Agents API."
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The parser of ``python -m agents_simulator``."""
+    parser = argparse.ArgumentParser(prog="python -m agents_simulator", description=DESCRIPTION)
+    add_arguments(parser)
+    return parser
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add the simulator's options to ``parser`` (also the ``sandbox-controller simulator`` subparser)."""
     parser.add_argument("--host", default=defaults.DEFAULT_HOST, help="address to bind (default %(default)s)")
     parser.add_argument("--port", type=int, required=True, help="port to serve; part of every remote_url")
     parser.add_argument(
@@ -93,7 +103,6 @@ def build_parser(parser: argparse.ArgumentParser | None = None) -> argparse.Argu
         help="timeout of one delivery attempt (default %(default)s)",
     )
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
-    return parser
 
 
 def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None = None) -> SimulatorConfig:
@@ -122,12 +131,7 @@ def config_from_args(args: argparse.Namespace, environ: Mapping[str, str] | None
 
 def run(config: SimulatorConfig, log_level: str = "info") -> None:
     """Serve until SIGINT/SIGTERM."""
-    import uvicorn
-
-    from controller.simulator.app import create_app
-
-    logs.setup(log_level)
-    logs.redact(*(s for s in (config.environment_key, config.webhook_secret, config.api_key) if s))
+    logs.setup(log_level, secrets=[s for s in (config.environment_key, config.webhook_secret, config.api_key) if s])
     logging.getLogger("uvicorn.error").addFilter(HideConnectionTokens())
     uvicorn.run(
         create_app(config),
@@ -141,7 +145,11 @@ def run(config: SimulatorConfig, log_level: str = "info") -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    return command(build_parser().parse_args(argv))
+
+
+def command(args: argparse.Namespace) -> int:
+    """Serve with the options ``add_arguments`` defined; 2 when they do not make a config."""
     try:
         config = config_from_args(args)
     except ValueError as exc:

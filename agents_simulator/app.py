@@ -11,12 +11,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
+from agents_simulator import admin, api, executor
+from agents_simulator.config import SimulatorConfig
+from agents_simulator.engine import Simulator
+from agents_simulator.errors import ApiError
+from agents_simulator.http import error_response
 from controller.clock import Clock
-from controller.simulator import admin, api, executor
-from controller.simulator.config import SimulatorConfig
-from controller.simulator.engine import Simulator
-from controller.simulator.errors import ApiError
-from controller.simulator.http import error_response
 
 
 def create_app(config: SimulatorConfig, clock: Clock | None = None) -> Starlette:

@@ -1,0 +1,75 @@
+"""The production image holds the product only: the Agents API simulator stays out of it.
+
+No Docker engine here, so the check reads what decides the image's file list: the stages the
+Dockerfile's default target is built from, what they ``COPY``, and which packages setuptools
+finds (``pip install .``) in exactly those files.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tomllib
+from pathlib import Path
+
+import setuptools
+
+ROOT = Path(__file__).resolve().parents[2]
+SIMULATOR = "agents_simulator"
+
+
+def _stages() -> list[tuple[str, str, list[str]]]:
+    """(name, base, COPY sources) of every stage, in order."""
+    stages: list[tuple[str, str, list[str]]] = []
+    for raw in (ROOT / "Dockerfile").read_text().splitlines():
+        words = raw.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] == "FROM":
+            name = words[3] if len(words) >= 4 and words[2].upper() == "AS" else ""
+            stages.append((name, words[1], []))
+        elif words[0] == "COPY":
+            sources = [w for w in words[1:-1] if not w.startswith("--")]
+            stages[-1][2].extend(sources)
+    return stages
+
+
+def _default_target_copies() -> list[str]:
+    """What the default target (the last stage) and the stages it is built from copy in."""
+    stages = _stages()
+    by_name = {name: (base, copies) for name, base, copies in stages if name}
+    _, base, copies = stages[-1]
+    sources = list(copies)
+    while base in by_name:
+        base, inherited = by_name[base]
+        sources.extend(inherited)
+    return sources
+
+
+def _find(where: Path) -> list[str]:
+    found = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"]
+    return sorted(setuptools.find_packages(where=str(where), include=found["include"]))
+
+
+def test_the_default_image_target_copies_the_controller_package_only() -> None:
+    copied = _default_target_copies()
+    assert sorted(copied) == ["README.md", "controller", "pyproject.toml"]
+    assert not any(SIMULATOR in source for source in copied)
+
+
+def test_pip_install_of_the_image_build_files_installs_no_simulator(tmp_path: Path) -> None:
+    for source in _default_target_copies():
+        path = ROOT / source
+        if path.is_dir():
+            shutil.copytree(path, tmp_path / source, ignore=shutil.ignore_patterns("__pycache__"))
+        else:
+            shutil.copy(path, tmp_path / source)
+    packages = _find(tmp_path)
+    assert "controller" in packages
+    assert "controller.runners" in packages
+    assert not [p for p in packages if p.split(".")[0] == SIMULATOR]
+
+
+def test_development_installs_have_the_simulator_and_no_tests() -> None:
+    packages = _find(ROOT)
+    assert {"controller", SIMULATOR} <= set(packages)
+    assert not [p for p in packages if p.split(".")[0] not in ("controller", SIMULATOR)]

@@ -1,0 +1,74 @@
+"""The composition root: decisions feed the decisions metric; worker dependencies are per process."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+from controller import logs, queue, wiring
+from controller.config import PREFIX, Settings
+from controller.lifecycle import Decision, Deps, Verdict
+from controller.metrics import DECISIONS_TOTAL, Metrics
+from tests.support.fakes import World, make_session
+
+
+def settings(tmp_path: Path) -> Settings:
+    return Settings.from_env(
+        {
+            PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
+            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret",
+            PREFIX + "API_KEY": "sk-test-api-key",
+            PREFIX + "EXECUTOR_KEY": "envkey-test",
+            PREFIX + "RUNNER": "local",
+            PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+        }
+    )
+
+
+def test_decisions_are_counted_by_verdict() -> None:
+    metrics = Metrics()
+    world = World(on_decision=wiring.count_decisions(metrics))
+    world.sessions.put(make_session())
+    world.deliver()
+    world.deliver()
+    assert metrics.value(DECISIONS_TOTAL, verdict="start") == 1
+    assert metrics.value(DECISIONS_TOTAL, verdict="keep") == 1
+    assert metrics.value(DECISIONS_TOTAL, verdict="release") == 0
+
+
+def test_production_worker_dependencies_count_their_decisions(tmp_path: Path) -> None:
+    metrics = Metrics()
+    deps = wiring.worker_deps(settings(tmp_path), metrics)
+    deps.on_decision("sess_1", Decision(Verdict.REPLACE, "sandbox gone"))
+    assert metrics.value(DECISIONS_TOTAL, verdict="replace") == 1
+
+
+def test_worker_dependencies_are_built_once_per_process_at_process_init() -> None:
+    built: list[Deps] = []
+    world = World()
+
+    def build() -> Deps:
+        built.append(world.deps)
+        return world.deps
+
+    deps = wiring.ProcessDeps(build)
+    assert built == []  # nothing is built before the fork
+    deps.on_process_init()
+    assert deps() is world.deps
+    assert deps() is world.deps
+    assert len(built) == 1
+
+
+def test_the_worker_app_has_the_task_the_publisher_names(tmp_path: Path) -> None:
+    app = wiring.worker_app(settings(tmp_path))
+    assert queue.TASK_SYNC_SESSION in app.tasks
+    assert app.conf.task_default_queue == queue.QUEUE
+
+
+def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> None:
+    formatter = logs.JsonFormatter(wiring.secret_values(settings(tmp_path)))
+    secrets = ("sk-test-api-key", "envkey-test", "a-webhook-secret")
+    record = logging.makeLogRecord({"msg": "leaked: %s %s %s", "args": secrets, "levelname": "INFO"})
+    line = formatter.format(record)
+    assert not [s for s in secrets if s in line]
+    assert line.count("[REDACTED]") == 3
