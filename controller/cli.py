@@ -49,6 +49,10 @@ def cmd_worker(args: argparse.Namespace) -> int:
     from controller.worker import QUEUE, make_app
 
     settings = _settings("worker")
+    if settings.runner.kind == "local":
+        from controller import wiring
+
+        wiring.local_runner(settings)  # an unsafe state directory or executor user: exit 2 now, not per task
     app = make_app(settings)
     app.worker_main(
         [

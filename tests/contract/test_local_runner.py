@@ -14,7 +14,9 @@ import pytest
 from controller.errors import RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.local import LocalRunner, session_key
-from tests.support.processes import wait_for
+from tests.support.codex import codex_binary
+from tests.support.processes import assert_no_process_left, wait_for
+from tests.support.simulator import StartSimulator
 
 EXECUTOR_KEY = "envkey-restricted-0123456789"
 CONTROLLER_API_KEY = "sk-controller-must-not-leak-42"
@@ -266,3 +268,90 @@ def test_the_workspace_outlives_the_process_until_discarded(runners: Runners) ->
     runner.discard("sess_1")
     assert not runner.keeps_workspace("sess_1")
     assert runner.workspaces() == []
+
+
+# -- executors are process groups -----------------------------------------------------------
+
+# Starts a child that outlives it, as the npm launcher starts the native codex; both record
+# their pids, then wait.
+FORKING_EXECUTOR = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+for pid in (os.getpid(), child.pid):
+    open(os.path.join({pids!r}, str(pid)), "w").close()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def session_pids(leader: int) -> list[int]:
+    """Running processes whose session id is ``leader`` (what a sandbox is)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if fields[0] not in "ZX" and int(fields[3]) == leader:
+                found.append(int(proc.name))
+    return sorted(found)
+
+
+def test_a_child_outliving_its_leader_is_failed_then_stopped_with_the_group(runners: Runners) -> None:
+    """L14/L17: when the executor's leader dies but a process it started lives on, the sandbox is
+    FAILED (replaced, not trusted) yet still found and listed as live; release stops the whole
+    group, and a new ensure first stops what is left of the old one (L1: never two)."""
+    (runners.script.parent / "forking.py").write_text(FORKING_EXECUTOR.format(pids=str(runners.pids_dir)))
+    runner = runners.new([sys.executable, str(runners.script.parent / "forking.py")])
+    handle = runner.ensure(spec(), 1)
+    wait_ready(runners)
+    leader = pid_of(handle)
+    wait_for(lambda: len(session_pids(leader)) == 2, 10, "the executor and its child")
+    orphan = next(p for p in session_pids(leader) if p != leader)
+    os.kill(leader, signal.SIGKILL)  # the launcher dies; its child does not
+    wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
+    assert session_pids(leader) == [orphan]
+    assert runner.find("sess_1") == handle and runner.live() == [handle] and runner.processes(handle) == [orphan]
+
+    replacement = runner.ensure(spec(), 2)
+    assert replacement.uid != handle.uid
+    wait_for(lambda: session_pids(leader) == [], 15, "the old group to be stopped before the new one starts")
+    runner.release(replacement)
+    wait_for(lambda: session_pids(pid_of(replacement)) == [], 15, "the new group to be stopped by release")
+    assert runner.live() == []
+
+
+def test_launcher_sigkill_then_release_leaves_no_codex_process(tmp_path: Path, start_simulator: StartSimulator) -> None:
+    """L17: the real npm ``codex`` launcher SIGKILLed while the native executor it started is
+    connected: the sandbox is FAILED, and release stops every process of its group (0 orphans)."""
+    binary = codex_binary()
+    sim = start_simulator()
+    session = sim.openai().beta.agents.sessions.create(
+        environment={"type": "self_hosted", "workspace_directory": "/workspace"}, input="hello"
+    )
+    runner = LocalRunner(tmp_path / "state", [binary], sim.environment_key)
+    handle = runner.ensure(
+        SandboxSpec(
+            session_id=session.id, environment_id=session.environment.id, remote_url=session.environment.remote_url
+        ),
+        1,
+    )
+    leader = pid_of(handle)
+    try:
+        wait_for(lambda: sim.environment_status(session.environment.id) == "connected", 30, "codex to connect")
+        wait_for(lambda: len(session_pids(leader)) >= 2, 10, "the launcher and the native codex")
+        os.kill(leader, signal.SIGKILL)  # the launcher only
+        wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
+        survivors = session_pids(leader)
+        assert survivors, "the native codex died with its launcher: the orphan case was not exercised"
+        runner.release(handle)
+        wait_for(lambda: session_pids(leader) == [], 15, "no process of the executor's group to be left")
+        assert runner.live() == [] and runner.status(handle) is Health.GONE
+        wait_for(lambda: sim.environment_status(session.environment.id) == "disconnected", 15, "codex to disconnect")
+    finally:
+        runner.stop_all()
+        for pid in session_pids(leader):
+            os.kill(pid, signal.SIGKILL)
+    assert_no_process_left(tmp_path / "state")
