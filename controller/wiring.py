@@ -40,10 +40,11 @@ def local_runner(settings: Settings) -> LocalRunner:
     directory or an executor user it cannot switch to."""
     from controller.runners.local import LocalRunner
 
+    assert settings.runner.executor_key is not None  # Settings.require checked it
     return LocalRunner(
         state_directory=settings.runner.local_state_directory,
         executor_command=shlex.split(settings.runner.executor_command),
-        executor_key=settings.runner.executor_key.reveal() if settings.runner.executor_key else "",
+        executor_key=settings.runner.executor_key.reveal(),
         run_as=executor_user(settings),
     )
 
