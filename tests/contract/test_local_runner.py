@@ -336,9 +336,10 @@ def test_launcher_sigkill_then_release_leaves_no_codex_process(tmp_path: Path, s
     connected: the sandbox is FAILED, and release stops every process of its group (0 orphans)."""
     binary = codex_binary()
     sim = start_simulator()
-    session = sim.openai().beta.agents.sessions.create(
-        environment={"type": "self_hosted", "workspace_directory": "/workspace"}, input="hello"
-    )
+    with sim.openai() as api:
+        session = api.beta.agents.sessions.create(
+            environment={"type": "self_hosted", "workspace_directory": "/workspace"}, input="hello"
+        )
     runner = LocalRunner(tmp_path / "state", [binary], sim.environment_key)
     handle = runner.ensure(
         SandboxSpec(
