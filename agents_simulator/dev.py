@@ -233,6 +233,9 @@ def main(args: argparse.Namespace) -> int:
     env["CONTROLLER_EXECUTOR_COMMAND"] = executor
     env.setdefault("CONTROLLER_RUNNER", "local")
     env.setdefault("CONTROLLER_LOCAL_STATE_DIRECTORY", str(state / "sandboxes"))
+    # Executors run as your own uid: codex is usually installed under your home, which another
+    # user cannot read. Production workers run as root and start them as a separate user.
+    env.setdefault("CONTROLLER_LOCAL_EXECUTOR_SAME_USER", "true")
     env.setdefault("CONTROLLER_LOG_LEVEL", "INFO")
 
     try:

@@ -50,6 +50,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
+    if settings.runner.kind == "local":
+        wiring.local_runner(settings)  # an unsafe state directory or executor user: exit 2 now, not per task
     app = wiring.worker_app(settings)
     app.worker_main(
         [

@@ -131,7 +131,14 @@ class RunnerSettings:
     executor_grace_seconds: float = 60.0
     """A running sandbox whose executor has not connected after this is replaced (L14)."""
     local_state_directory: str = "/tmp/sandbox-controller"
-    """Local runner: per-session workspaces, pid files and logs live under here."""
+    """Local runner: per-session workspaces, pid files and logs live under here. Created 0700
+    (0711 when executors run as another user); refused unless owned by the controller's uid
+    and not group/world-writable, so a shared parent such as /tmp is safe."""
+    local_executor_user: str = "nobody"
+    """Local runner, worker running as root: the unprivileged user (name or uid) executors run as."""
+    local_executor_same_user: bool = False
+    """Local runner: opt in to running executors as the worker's own uid (no separation from
+    the controller's secrets; ``dev`` sets it). Required when the worker is not root."""
 
 
 @dataclass(frozen=True)
@@ -305,6 +312,8 @@ class _Parser:
                     "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0
                 ),
                 local_state_directory=self.text("LOCAL_STATE_DIRECTORY", RunnerSettings.local_state_directory),
+                local_executor_user=self.text("LOCAL_EXECUTOR_USER", RunnerSettings.local_executor_user),
+                local_executor_same_user=self.flag("LOCAL_EXECUTOR_SAME_USER", RunnerSettings.local_executor_same_user),
             ),
             kubernetes=KubernetesSettings(
                 namespace=self.text("KUBERNETES_NAMESPACE", KubernetesSettings.namespace),
@@ -332,6 +341,17 @@ class _Parser:
     def text(self, name: str, default: str) -> str:
         value = self.get(PREFIX + name, "").strip()
         return value or default
+
+    def flag(self, name: str, default: bool) -> bool:
+        raw = self.get(PREFIX + name, "").strip().lower()
+        if not raw:
+            return default
+        if raw in ("true", "1", "yes"):
+            return True
+        if raw in ("false", "0", "no"):
+            return False
+        self.problems.append(f"{PREFIX}{name} must be true or false, got {raw!r}")
+        return default
 
     def words(self, name: str) -> tuple[str, ...]:
         return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())

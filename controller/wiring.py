@@ -9,6 +9,7 @@ built in Celery's ``worker_process_init`` signal, after the fork, so no connecti
 from __future__ import annotations
 
 import os
+import pwd
 import shlex
 from collections.abc import Callable
 from typing import Any, NamedTuple
@@ -19,7 +20,8 @@ from starlette.applications import Starlette
 
 from controller import queue, worker
 from controller.clock import SystemClock
-from controller.config import Settings
+from controller.config import PREFIX, Settings
+from controller.errors import ConfigError
 from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
 from controller.metrics import DECISIONS_TOTAL, SESSIONS_REFUSED_TOTAL, Counters, Metrics
@@ -28,7 +30,7 @@ from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
-from controller.runners.local import LocalRunner
+from controller.runners.local import LocalRunner, RunAs
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisInbox, RedisSessionStore, connect
 from controller.trust import Policy
@@ -45,13 +47,46 @@ def secret_values(settings: Settings) -> list[str]:
 
 def runner(settings: Settings, templates: Templates | None = None) -> Runner:
     if settings.runner.kind == "local":
-        assert settings.runner.executor_key is not None
-        return LocalRunner(
-            state_directory=settings.runner.local_state_directory,
-            executor_command=shlex.split(settings.runner.executor_command),
-            executor_key=settings.runner.executor_key.reveal(),
-        )
+        return local_runner(settings)
     return kubernetes_runner(settings, templates or sandbox_templates(settings))
+
+
+def local_runner(settings: Settings) -> LocalRunner:
+    """Child processes on this machine; raises ConfigError (exit 2) for an unsafe state
+    directory or an executor user it cannot switch to."""
+    assert settings.runner.executor_key is not None  # Settings.require checked it
+    return LocalRunner(
+        state_directory=settings.runner.local_state_directory,
+        executor_command=shlex.split(settings.runner.executor_command),
+        executor_key=settings.runner.executor_key.reveal(),
+        run_as=executor_user(settings),
+    )
+
+
+def executor_user(settings: Settings) -> RunAs | None:
+    """Who the local runner's executors run as: ``CONTROLLER_LOCAL_EXECUTOR_USER`` when this
+    process is root; its own uid only on the ``CONTROLLER_LOCAL_EXECUTOR_SAME_USER`` opt-in."""
+    if settings.runner.local_executor_same_user:
+        return None
+    name = settings.runner.local_executor_user
+    try:
+        entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
+    except KeyError:
+        raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is not a user on this machine"]) from None
+    same_user = f"set {PREFIX}LOCAL_EXECUTOR_SAME_USER=true to run executors as this uid (no separation)"
+    if entry.pw_uid == 0:
+        raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is root; name an unprivileged user, or {same_user}"])
+    uid = os.geteuid()
+    if entry.pw_uid == uid:
+        raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is this process's own uid {uid}; {same_user}"])
+    if uid != 0:
+        raise ConfigError(
+            [
+                f"executors run as {PREFIX}LOCAL_EXECUTOR_USER={name!r}, which needs the worker to run as root "
+                f"(it runs as uid {uid}); run it as root, or {same_user}"
+            ]
+        )
+    return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)
 
 
 def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:

@@ -1,20 +1,48 @@
 """The local-process runner: one executor child process per session, on this machine.
 
-Layout under the state directory::
+Layout under the state directory (created by this runner, owned by its uid, never group- or
+world-writable; a directory that is not is refused with ``ConfigError``)::
 
     sessions/<key>/lock           flock'ed around every change of this session's process
-    sessions/<key>/sandbox.json   {"session_id", "generation", "pid", "start_ticks", "name"}
+    sessions/<key>/sandbox.json   {"session_id", "generation", "pid", "pgid", "start_ticks", "name", …}
     sessions/<key>/workspace/     the executor's working directory (the session's workspace)
-    sessions/<key>/executor.log   its stdout and stderr
+    sessions/<key>/home/          the executor's $HOME
+    sessions/<key>/executor.log   its stdout and stderr (opened by the runner; the executor only
+                                  holds the descriptor)
 
-The executor runs in its own process group (``start_new_session``) so it outlives a worker
-that dies, and is found again through ``sandbox.json``: a pid counts as the sandbox only if
-``/proc/<pid>/stat`` shows the same start time and the process is not a zombie. Under the
-lock, ``ensure`` starts a process only when no live one exists for the session, so two
-workers (or a worker and its redelivered job) can never start a second one (L1).
+**A sandbox is a process group.** The executor starts as the leader of a new session and
+process group (``start_new_session``), so its pid is also its session id and its group id.
+Everything it starts (the npm launcher's native ``codex``, the commands that one runs) stays
+in that session unless it detaches itself with ``setsid``. ``status``, ``find``, ``release``
+and ``live`` act on the whole session, found by scanning ``/proc`` for processes whose session
+id (field 6 of ``/proc/<pid>/stat``) is the recorded leader's pid and that started no earlier
+than it. A pid cannot be reused while it names a live process group or session, and a
+process that *is* at that pid but started at another time means the recorded leader is long
+gone, so a recycled pid is never mistaken for the sandbox.
 
-Its environment is built from scratch: PATH, HOME and CODEX_API_KEY (the environment key,
-L2); the controller's own variables (its API key among them) never reach it.
+Health follows the leader: RUNNING while the recorded leader lives; FAILED once it has died,
+*even if members of its group still run* (the npm launcher killed while its native ``codex``
+lives on). Such a sandbox is not serving as the controller started it, so it is replaced:
+``release`` (and ``ensure`` before it starts anew) sends SIGTERM to every process group of the
+session, then SIGKILL after a grace period, until no member is left. ``find`` and ``live``
+count a sandbox while *any* member lives, so a half-dead one is adopted and then replaced,
+never left behind.
+
+Under the lock, ``ensure`` starts a process only when no healthy one exists for the session, so
+two workers (or a worker and its redelivered job) can never start a second one (L1).
+
+**The sandbox runs apart from the controller** (L2). Given ``run_as`` (the worker runs as root;
+``CONTROLLER_LOCAL_EXECUTOR_USER``, default ``nobody``), the executor runs as that unprivileged
+uid with no supplementary groups and umask 077; its workspace and home are 0700 and owned by
+it, while the state directory and each session directory are 0711 (enter, not list) and
+everything else in them is 0600 and owned by the runner. It therefore cannot read the
+worker's ``/proc/<pid>/environ``, the runner's files or other users' files. Without
+``run_as`` the executor runs as the runner's own uid (an explicit opt-in in the settings).
+All executors share that one uid, so they are not isolated *from each other*: one sandbox can
+reach another's workspace (or signal it). Per-sandbox isolation needs the Kubernetes runner.
+
+Its environment is built from scratch: PATH, HOME, CODEX_API_KEY (the environment key, L2)
+and SANDBOX_WORKSPACE; the controller's own variables (its API key among them) never reach it.
 """
 
 from __future__ import annotations
@@ -26,14 +54,16 @@ import os
 import re
 import shutil
 import signal
+import stat
 import subprocess
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 
 from controller import logs
-from controller.errors import RunnerRejected
+from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.base import checked
 
@@ -41,6 +71,7 @@ log = logs.get(__name__)
 
 _SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _STOP_WAIT_SECONDS = 5.0
+_KILL_WAIT_SECONDS = 5.0
 
 
 def session_key(session_id: str) -> str:
@@ -49,16 +80,107 @@ def session_key(session_id: str) -> str:
     return f"{_SAFE.sub('_', session_id)[:40]}-{digest}"
 
 
-def _start_ticks(pid: int) -> int | None:
-    """The process's start time in clock ticks, or None if it is gone or a zombie."""
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged user executors run as (the runner must be root to switch to it)."""
+
+    uid: int
+    gid: int
+    name: str
+
+
+@dataclass(frozen=True)
+class ProcStat:
+    """What ``/proc/<pid>/stat`` says about one process."""
+
+    pid: int
+    state: str
+    pgid: int
+    sid: int
+    start_ticks: int
+
+    @property
+    def running(self) -> bool:
+        return self.state not in ("Z", "X")
+
+
+def proc_stat(pid: int) -> ProcStat | None:
+    """The process's stat fields, or None if it is gone."""
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
+        text = Path(f"/proc/{pid}/stat").read_text()
     except OSError:
         return None
-    fields = stat[stat.rindex(")") + 2 :].split()
-    if fields[0] in ("Z", "X"):
-        return None
-    return int(fields[19])
+    fields = text[text.rindex(")") + 2 :].split()
+    return ProcStat(pid=pid, state=fields[0], pgid=int(fields[2]), sid=int(fields[3]), start_ticks=int(fields[19]))
+
+
+def _processes() -> list[ProcStat]:
+    """Every process on the machine, running or not (one scan of /proc)."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            stat_ = proc_stat(int(entry.name))
+            if stat_ is not None:
+                found.append(stat_)
+    return found
+
+
+def members(leader: int, start_ticks: int, processes: list[ProcStat] | None = None) -> list[ProcStat]:
+    """The running processes of the session whose recorded leader is ``leader``.
+
+    Empty when the leader's pid now belongs to a process started at another time (a recycled
+    pid: the recorded session cannot still exist)."""
+    processes = _processes() if processes is None else processes
+    at_pid = next((p for p in processes if p.pid == leader), None)
+    if at_pid is not None and at_pid.start_ticks != start_ticks:
+        return []
+    return [p for p in processes if p.sid == leader and p.start_ticks >= start_ticks and p.running]
+
+
+def prepare_state_directory(path: Path, traversable: bool) -> None:
+    """Create the state directory 0700 (0711 when another uid must reach its workspace in it),
+    or refuse one that this uid does not own, that is group/world-writable or a symlink."""
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info = path.lstat()
+    except OSError as exc:
+        raise ConfigError([f"local state directory {path}: {exc.strerror}"]) from exc
+    problems = []
+    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+        problems.append(f"local state directory {path} is not a directory (symlinks are refused)")
+    elif info.st_uid != os.geteuid():
+        problems.append(
+            f"local state directory {path} is owned by uid {info.st_uid}, not by this controller "
+            f"(uid {os.geteuid()}); another user may have created it: choose another directory"
+        )
+    elif info.st_mode & 0o022:
+        problems.append(
+            f"local state directory {path} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o}); "
+            "make it 0700 or choose another directory"
+        )
+    if problems:
+        raise ConfigError(problems)
+    # Readable by nobody else; searchable by others when executors of another uid need it (a
+    # runner built without run_as, e.g. for clean-up, does not take that away).
+    os.chmod(path, 0o711 if traversable or info.st_mode & 0o011 else 0o700)
+    if traversable:
+        blocked = [p for p in path.resolve().parents if not os.stat(p).st_mode & stat.S_IXOTH]
+        if blocked:
+            raise ConfigError(
+                [
+                    f"local state directory {path}: the executor user cannot reach it, because "
+                    f"{blocked[0]} is not searchable by others (needs o+x); choose another directory"
+                ]
+            )
+
+
+def _write_private(path: Path, text: str) -> None:
+    """Write a file only the runner's uid can read (0600), replacing it atomically."""
+    partial = path.with_name(path.name + ".partial")
+    descriptor = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(text)
+    os.replace(partial, path)
 
 
 class LocalRunner:
@@ -68,12 +190,20 @@ class LocalRunner:
         executor_command: Sequence[str],
         executor_key: str,
         extra_env: dict[str, str] | None = None,
+        run_as: RunAs | None = None,
     ) -> None:
-        self._root = Path(state_directory) / "sessions"
-        self._root.mkdir(parents=True, exist_ok=True)
+        """``run_as``: the user executors run as; None runs them as this process's own uid
+        (the settings allow that only on an explicit opt-in)."""
+        state = Path(state_directory)
+        prepare_state_directory(state, traversable=run_as is not None)
+        self._dir_mode = stat.S_IMODE(state.stat().st_mode)  # 0700, or 0711 when executors must reach in
+        self._root = state / "sessions"
+        self._root.mkdir(mode=self._dir_mode, exist_ok=True)
+        os.chmod(self._root, self._dir_mode)
         self._command = list(executor_command)
         self._key = executor_key
         self._extra_env = dict(extra_env or {})
+        self._run_as = run_as
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- protocol -------------------------------------------------------------------------
@@ -83,8 +213,10 @@ class LocalRunner:
         directory = self._root / session_key(spec.session_id)
         with self._locked(directory):
             current = self._read(directory)
-            if current is not None and self._alive(current):
-                return current
+            if current is not None:
+                if self._leader_alive(current):
+                    return current
+                self._stop(current)  # what is left of a sandbox whose leader died goes first (L1)
             return self._spawn(directory, spec, generation)
 
     def status(self, handle: Handle) -> Health:
@@ -93,7 +225,7 @@ class LocalRunner:
         current = self._read(directory)
         if current is None or current.uid != handle.uid:
             return Health.GONE
-        return Health.RUNNING if self._alive(current) else Health.FAILED
+        return Health.RUNNING if self._leader_alive(current) else Health.FAILED
 
     def release(self, handle: Handle) -> None:
         directory = self._root / session_key(handle.session_id)
@@ -108,7 +240,7 @@ class LocalRunner:
     def find(self, session_id: str) -> Handle | None:
         self._reap()
         current = self._read(self._root / session_key(session_id))
-        return current if current is not None and self._alive(current) else None
+        return current if current is not None and self._members(current) else None
 
     def discard(self, session_id: str) -> None:
         """Remove the session's workspace once it is released for good (L16)."""
@@ -143,9 +275,15 @@ class LocalRunner:
     # -- helpers --------------------------------------------------------------------------
 
     def live(self) -> list[Handle]:
-        """Sandboxes whose process is alive (tests and the dev view count these)."""
+        """Sandboxes with any process left in their group (tests and the dev view count these)."""
         self._reap()
-        return [h for h in self.list_managed() if self._alive(h)]
+        processes = _processes()
+        return [h for h in self.list_managed() if self._members(h, processes)]
+
+    def processes(self, handle: Handle) -> list[int]:
+        """The pids of the sandbox's running processes (its whole session)."""
+        self._reap()
+        return [p.pid for p in self._members(handle)]
 
     def stop_all(self) -> None:
         """Stop every executor (dev mode's Ctrl-C; test clean-up)."""
@@ -154,13 +292,13 @@ class LocalRunner:
 
     @contextmanager
     def _locked(self, directory: Path) -> Iterator[None]:
-        directory.mkdir(parents=True, exist_ok=True)
-        with open(directory / "lock", "a+") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            try:
-                yield
-            finally:
-                fcntl.flock(lock, fcntl.LOCK_UN)
+        directory.mkdir(mode=self._dir_mode, exist_ok=True)
+        descriptor = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)  # closing releases the lock
 
     def _read(self, directory: Path) -> Handle | None:
         try:
@@ -176,15 +314,32 @@ class LocalRunner:
             created_at=float(data.get("created_at", 0.0)),
         )
 
-    def _alive(self, handle: Handle) -> bool:
+    @staticmethod
+    def _leader(handle: Handle) -> tuple[int, int]:
         pid, _, ticks = handle.uid.partition(":")
-        return _start_ticks(int(pid)) == int(ticks)
+        return int(pid), int(ticks)
+
+    def _leader_alive(self, handle: Handle) -> bool:
+        pid, ticks = self._leader(handle)
+        found = proc_stat(pid)
+        return found is not None and found.running and found.start_ticks == ticks
+
+    def _members(self, handle: Handle, processes: list[ProcStat] | None = None) -> list[ProcStat]:
+        pid, ticks = self._leader(handle)
+        return members(pid, ticks, processes)
+
+    def _private_directory(self, path: Path) -> None:
+        """A directory only the executor's user may enter (0700, owned by it)."""
+        path.mkdir(mode=0o700, exist_ok=True)
+        if self._run_as is not None:
+            os.chown(path, self._run_as.uid, self._run_as.gid)
+        os.chmod(path, 0o700)
 
     def _spawn(self, directory: Path, spec: SandboxSpec, generation: int) -> Handle:
         workspace = directory / "workspace"
-        workspace.mkdir(parents=True, exist_ok=True)
         home = directory / "home"
-        home.mkdir(exist_ok=True)
+        self._private_directory(workspace)
+        self._private_directory(home)
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(home),
@@ -200,8 +355,10 @@ class LocalRunner:
             "--environment-id",
             spec.environment_id,
         ]
+        run_as = self._run_as
+        log_descriptor = os.open(directory / "executor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            with open(directory / "executor.log", "ab") as output:
+            with os.fdopen(log_descriptor, "ab") as output:
                 child = subprocess.Popen(
                     argv,
                     cwd=workspace,
@@ -209,27 +366,34 @@ class LocalRunner:
                     stdin=subprocess.DEVNULL,
                     stdout=output,
                     stderr=subprocess.STDOUT,
-                    start_new_session=True,
+                    start_new_session=True,  # leader of its own session and process group
+                    user=run_as.uid if run_as else None,
+                    group=run_as.gid if run_as else None,
+                    extra_groups=[] if run_as else None,
+                    umask=0o077 if run_as else -1,
                 )
         except OSError as exc:
             raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: {exc.strerror}") from exc
         self._children[child.pid] = child
         created_at = time.time()
-        ticks = _start_ticks(child.pid) or 0
-        (directory / "session").write_text(spec.session_id)
+        started = proc_stat(child.pid)
+        ticks = started.start_ticks if started is not None else 0
+        _write_private(directory / "session", spec.session_id)
         name = f"executor-{session_key(spec.session_id)}-g{generation}"
-        (directory / "sandbox.json").write_text(
+        _write_private(
+            directory / "sandbox.json",
             json.dumps(
                 {
                     "session_id": spec.session_id,
                     "generation": generation,
                     "pid": child.pid,
+                    "pgid": child.pid,
                     "start_ticks": ticks,
                     "name": name,
                     "environment_id": spec.environment_id,
                     "created_at": created_at,
                 }
-            )
+            ),
         )
         log.info(
             "executor process started",
@@ -245,22 +409,32 @@ class LocalRunner:
         )
 
     def _stop(self, handle: Handle) -> None:
-        pid = int(handle.uid.partition(":")[0])
-        if not self._alive(handle):
-            return
-        try:
-            os.killpg(pid, signal.SIGTERM)
-        except ProcessLookupError:
-            return
-        deadline = time.monotonic() + _STOP_WAIT_SECONDS
-        while time.monotonic() < deadline:
-            self._reap()
-            if not self._alive(handle):
+        """SIGTERM to every process group of the sandbox's session; SIGKILL to what is left after
+        the grace period; return once no member runs (or warn after a bounded wait)."""
+        for sig, wait in ((signal.SIGTERM, _STOP_WAIT_SECONDS), (signal.SIGKILL, _KILL_WAIT_SECONDS)):
+            if not self._signal_members(handle, sig):
                 return
-            time.sleep(0.05)
-        with suppress(ProcessLookupError):
-            os.killpg(pid, signal.SIGKILL)
-        self._reap()
+            deadline = time.monotonic() + wait
+            while time.monotonic() < deadline:
+                self._reap()
+                if not self._members(handle):
+                    return
+                time.sleep(0.05)
+        left = [p.pid for p in self._members(handle)]
+        if left:
+            log.warning(
+                "executor processes survived SIGKILL",
+                extra={"session_id": handle.session_id, "sandbox": handle.name, "pids": left},
+            )
+
+    def _signal_members(self, handle: Handle, sig: int) -> bool:
+        """Signal each process group of the session (a group id cannot be reused while it has
+        members, unlike a bare pid). False when nothing of the sandbox runs."""
+        found = self._members(handle)
+        for pgid in sorted({p.pgid for p in found}):
+            with suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+        return bool(found)
 
     def _reap(self) -> None:
         for pid, child in list(self._children.items()):

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import json
 import os
+import pwd
+import shutil
 import signal
+import stat
+import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from controller.errors import RunnerRejected
+from controller import cli, wiring
+from controller.config import Settings
+from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
-from controller.runners.local import LocalRunner, session_key
-from tests.support.processes import wait_for
+from controller.runners.local import LocalRunner, RunAs, session_key
+from tests.support.codex import codex_binary
+from tests.support.processes import Managed, assert_no_process_left, wait_for
+from tests.support.simulator import StartSimulator
 
 EXECUTOR_KEY = "envkey-restricted-0123456789"
 CONTROLLER_API_KEY = "sk-controller-must-not-leak-42"
@@ -269,3 +279,329 @@ def test_the_workspace_outlives_the_process_until_discarded(runners: Runners) ->
     runner.discard("sess_1")
     assert not runner.keeps_workspace("sess_1")
     assert runner.workspaces() == []
+
+
+# -- executors are process groups -----------------------------------------------------------
+
+# Starts a child that outlives it, as the npm launcher starts the native codex; both record
+# their pids, then wait.
+FORKING_EXECUTOR = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+for pid in (os.getpid(), child.pid):
+    open(os.path.join({pids!r}, str(pid)), "w").close()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def session_pids(leader: int) -> list[int]:
+    """Running processes whose session id is ``leader`` (what a sandbox is)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                stat = (proc / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rindex(")") + 2 :].split()
+            if fields[0] not in "ZX" and int(fields[3]) == leader:
+                found.append(int(proc.name))
+    return sorted(found)
+
+
+def test_a_child_outliving_its_leader_is_failed_then_stopped_with_the_group(runners: Runners) -> None:
+    """L14/L17: when the executor's leader dies but a process it started lives on, the sandbox is
+    FAILED (replaced, not trusted) yet still found and listed as live; release stops the whole
+    group, and a new ensure first stops what is left of the old one (L1: never two)."""
+    (runners.script.parent / "forking.py").write_text(FORKING_EXECUTOR.format(pids=str(runners.pids_dir)))
+    runner = runners.new([sys.executable, str(runners.script.parent / "forking.py")])
+    handle = runner.ensure(spec(), 1)
+    wait_ready(runners)
+    leader = pid_of(handle)
+    wait_for(lambda: len(session_pids(leader)) == 2, 10, "the executor and its child")
+    orphan = next(p for p in session_pids(leader) if p != leader)
+    os.kill(leader, signal.SIGKILL)  # the launcher dies; its child does not
+    wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
+    assert session_pids(leader) == [orphan]
+    assert runner.find("sess_1") == handle and runner.live() == [handle] and runner.processes(handle) == [orphan]
+
+    replacement = runner.ensure(spec(), 2)
+    assert replacement.uid != handle.uid
+    wait_for(lambda: session_pids(leader) == [], 15, "the old group to be stopped before the new one starts")
+    runner.release(replacement)
+    wait_for(lambda: session_pids(pid_of(replacement)) == [], 15, "the new group to be stopped by release")
+    assert runner.live() == []
+
+
+def test_launcher_sigkill_then_release_leaves_no_codex_process(tmp_path: Path, start_simulator: StartSimulator) -> None:
+    """L17: the real npm ``codex`` launcher SIGKILLed while the native executor it started is
+    connected: the sandbox is FAILED, and release stops every process of its group (0 orphans)."""
+    binary = codex_binary()
+    sim = start_simulator()
+    with sim.openai() as api:
+        session = api.beta.agents.sessions.create(
+            environment={"type": "self_hosted", "workspace_directory": "/workspace"}, input="hello"
+        )
+    runner = LocalRunner(tmp_path / "state", [binary], sim.environment_key)
+    handle = runner.ensure(
+        SandboxSpec(
+            session_id=session.id, environment_id=session.environment.id, remote_url=session.environment.remote_url
+        ),
+        1,
+    )
+    leader = pid_of(handle)
+    try:
+        wait_for(lambda: sim.environment_status(session.environment.id) == "connected", 30, "codex to connect")
+        wait_for(lambda: len(session_pids(leader)) >= 2, 10, "the launcher and the native codex")
+        os.kill(leader, signal.SIGKILL)  # the launcher only
+        wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
+        survivors = session_pids(leader)
+        assert survivors, "the native codex died with its launcher: the orphan case was not exercised"
+        runner.release(handle)
+        wait_for(lambda: session_pids(leader) == [], 15, "no process of the executor's group to be left")
+        assert runner.live() == [] and runner.status(handle) is Health.GONE
+        wait_for(lambda: sim.environment_status(session.environment.id) == "disconnected", 15, "codex to disconnect")
+    finally:
+        runner.stop_all()
+        for pid in session_pids(leader):
+            os.kill(pid, signal.SIGKILL)
+    assert_no_process_left(tmp_path / "state")
+
+
+# -- the sandbox runs apart from the controller ---------------------------------------------
+
+requires_root = pytest.mark.skipif(
+    os.geteuid() != 0 and os.environ.get("CI") != "true", reason="switching to the executor user needs root"
+)
+
+# A "worker": holds the controller's secrets in its environment and starts two executors
+# as `nobody` through the runner, then waits (its pid is the executors' parent).
+WORKER = """
+import os, sys, time
+from controller.model import SandboxSpec
+from controller.runners.local import LocalRunner, RunAs
+state, script, uid, gid = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])  # argv[5]: python
+key = os.environ["CONTROLLER_EXECUTOR_KEY"]
+runner = LocalRunner(state, [sys.argv[5], script], key, run_as=RunAs(uid, gid, "x"))
+for sid in ("sess_a", "sess_b"):
+    runner.ensure(SandboxSpec(session_id=sid, environment_id="env_" + sid, remote_url="https://remote.test/env"), 1)
+print("started", flush=True)
+time.sleep(300)
+"""
+
+# The executor: tries what code in a sandbox would try, and reports what it was allowed.
+PROBE = """
+import json, os, sys, time
+state, secrets_file = {state!r}, {secrets_file!r}
+worker = os.getppid()
+given = open("/proc/self/environ", "rb").read().split(b"\\0")  # as started (Python may add LC_CTYPE)
+names = sorted(entry.split(b"=", 1)[0].decode() for entry in given if entry)
+results = {{"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "names": names}}
+def attempt(name, action):
+    try:
+        action()
+        results[name] = "allowed"
+    except PermissionError:
+        results[name] = "denied"
+    except OSError as exc:
+        results[name] = "error " + exc.__class__.__name__
+attempt("worker_environ", lambda: open(f"/proc/{{worker}}/environ", "rb").read())
+attempt("signal_worker", lambda: os.kill(worker, 0))
+attempt("secrets_file", lambda: open(secrets_file).read())
+attempt("list_state_directory", lambda: os.listdir(state))
+attempt("list_sessions", lambda: os.listdir(os.path.join(state, "sessions")))
+attempt("read_own_sandbox_json", lambda: open("../sandbox.json").read())
+attempt("reopen_own_log", lambda: open("../executor.log", "a"))
+attempt("write_own_workspace", lambda: open("mine.txt", "w").write("mine"))
+print("probe=" + json.dumps(results), flush=True)
+time.sleep(120)
+"""
+
+
+def python_for_others() -> str:
+    """A Python interpreter another user can run (this one may live under root's 0700 home)."""
+    for candidate in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
+        if candidate and Path(candidate).exists():
+            path = Path(candidate).resolve()
+            if all(os.stat(p).st_mode & stat.S_IXOTH for p in (path, *path.parents)):
+                return str(path)
+    pytest.fail("no Python interpreter that the executor user may run")
+
+
+@pytest.fixture
+def shared_base() -> Iterator[Path]:
+    """A directory the executor user can traverse (pytest's tmp_path is 0700 root), removed after."""
+    base = Path(tempfile.mkdtemp(prefix="sc-separation-"))
+    base.chmod(0o711)
+    try:
+        yield base
+    finally:
+        assert_no_process_left(base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+@requires_root
+def test_executor_as_another_user_cannot_read_the_workers_environ_or_secrets(shared_base: Path) -> None:
+    """L2: a worker running as root starts executors as `nobody`: the executor cannot read the
+    worker's /proc/<pid>/environ (which holds the controller's API key), signal it, read a
+    secrets file, list the state directory or other sessions, or read the runner's files;
+    it owns its own 0700 workspace. Its environment holds only what it needs."""
+    nobody = pwd.getpwnam("nobody")
+    state = shared_base / "state"
+    secrets_file = shared_base / "api-key"
+    secrets_file.write_text(CONTROLLER_API_KEY)
+    secrets_file.chmod(0o600)
+    probe = shared_base / "probe.py"
+    probe.write_text(PROBE.format(state=str(state), secrets_file=str(secrets_file)))
+    probe.chmod(0o644)
+    env = {
+        "PATH": os.environ["PATH"],
+        "CONTROLLER_API_KEY": CONTROLLER_API_KEY,
+        "CONTROLLER_WEBHOOK_SECRETS": "whsec-must-not-leak",
+        "CONTROLLER_EXECUTOR_KEY": EXECUTOR_KEY,
+    }
+    worker = Managed(
+        "worker",
+        [
+            sys.executable,
+            "-c",
+            WORKER,
+            str(state),
+            str(probe),
+            str(nobody.pw_uid),
+            str(nobody.pw_gid),
+            python_for_others(),
+        ],
+        env,
+        shared_base / "worker.log",
+    ).start()
+    runner = LocalRunner(state, ["unused"], EXECUTOR_KEY, run_as=RunAs(nobody.pw_uid, nobody.pw_gid, "nobody"))
+    try:
+        wait_for(lambda: "started" in worker.output(), 20, "the worker to start two executors")
+        assert CONTROLLER_API_KEY.encode() in Path(f"/proc/{worker.pid}/environ").read_bytes()  # what is at stake
+
+        def probed(session_id: str) -> dict[str, object] | None:
+            log = (state / "sessions" / session_key(session_id) / "executor.log").read_text()
+            line = next((x for x in log.splitlines() if x.startswith("probe=")), None)
+            return json.loads(line.removeprefix("probe=")) if line else None
+
+        for session_id in ("sess_a", "sess_b"):
+            results = wait_for(lambda s=session_id: probed(s), 20, "the executor's probe")
+            assert results == {
+                "uid": nobody.pw_uid,
+                "gid": nobody.pw_gid,
+                "groups": [],  # no supplementary groups
+                "names": ["CODEX_API_KEY", "HOME", "PATH", "SANDBOX_WORKSPACE"],
+                "worker_environ": "denied",
+                "signal_worker": "denied",
+                "secrets_file": "denied",
+                "list_state_directory": "denied",
+                "list_sessions": "denied",
+                "read_own_sandbox_json": "denied",
+                "reopen_own_log": "denied",
+                "write_own_workspace": "allowed",
+            }, results
+            workspace = state / "sessions" / session_key(session_id) / "workspace"
+            info = workspace.stat()
+            assert (info.st_uid, stat.S_IMODE(info.st_mode)) == (nobody.pw_uid, 0o700)
+            assert (workspace / "mine.txt").stat().st_uid == nobody.pw_uid
+            assert stat.S_IMODE((workspace / "mine.txt").stat().st_mode) == 0o600  # umask 077
+            assert stat.S_IMODE((state / "sessions" / session_key(session_id) / "sandbox.json").stat().st_mode) == 0o600
+        assert stat.S_IMODE(state.stat().st_mode) == 0o711
+        assert len(runner.live()) == 2
+    finally:
+        worker.stop()
+        runner.stop_all()
+    assert runner.live() == []
+
+
+def run_worker_cli(
+    env: dict[str, str], user: int | None = None, cwd: Path | None = None
+) -> subprocess.CompletedProcess[str]:
+    """``sandbox-controller worker`` with ``env`` (it must refuse before it reaches Redis)."""
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+    base.update(
+        CONTROLLER_REDIS_URL="redis://127.0.0.1:1/0",
+        CONTROLLER_API_KEY=CONTROLLER_API_KEY,
+        CONTROLLER_EXECUTOR_KEY=EXECUTOR_KEY,
+        **env,
+    )
+    return subprocess.run(
+        [sys.executable, "-m", "controller", "worker"],
+        env=base,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        stdin=subprocess.DEVNULL,
+    )
+
+
+@requires_root
+@pytest.mark.parametrize("flaw", ["owned by another uid", "world-writable", "group-writable", "a symlink"])
+def test_an_unsafe_state_directory_is_refused_with_exit_2(shared_base: Path, flaw: str) -> None:
+    """L2: a state directory this uid does not own, that others may write to, or a symlink
+    (someone else could plant a sandbox.json naming any process to stop) is refused: the
+    runner raises ConfigError and the worker exits 2 at start-up, touching nothing in it."""
+    nobody = pwd.getpwnam("nobody")
+    state = shared_base / "state"
+    if flaw == "a symlink":
+        (shared_base / "elsewhere").mkdir(mode=0o700)
+        state.symlink_to(shared_base / "elsewhere")
+    else:
+        state.mkdir()
+        state.chmod({"world-writable": 0o777, "group-writable": 0o770}.get(flaw, 0o700))
+        if flaw == "owned by another uid":
+            os.chown(state, nobody.pw_uid, nobody.pw_gid)
+    with pytest.raises(ConfigError) as raised:
+        LocalRunner(state, ["unused"], EXECUTOR_KEY)
+    assert str(state) in str(raised.value)
+    result = run_worker_cli({"CONTROLLER_LOCAL_STATE_DIRECTORY": str(state)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"local state directory {state}" in result.stderr
+    assert not (state / "sessions").exists()
+    assert CONTROLLER_API_KEY not in result.stdout + result.stderr
+
+
+@requires_root
+def test_a_fresh_state_directory_is_private_and_a_worker_accepts_it(shared_base: Path) -> None:
+    """L2: the runner creates its state directory 0700, or 0711 (enter, not list) when executors
+    run as another user; their workspaces are then the only things they may open in it."""
+    LocalRunner(shared_base / "same-user", ["unused"], EXECUTOR_KEY)
+    assert stat.S_IMODE((shared_base / "same-user").stat().st_mode) == 0o700
+    nobody = pwd.getpwnam("nobody")
+    LocalRunner(
+        shared_base / "separate", ["unused"], EXECUTOR_KEY, run_as=RunAs(nobody.pw_uid, nobody.pw_gid, "nobody")
+    )
+    assert stat.S_IMODE((shared_base / "separate").stat().st_mode) == 0o711
+    assert stat.S_IMODE((shared_base / "separate" / "sessions").stat().st_mode) == 0o711
+
+
+def test_a_worker_that_is_not_root_needs_the_same_user_opt_in(
+    shared_base: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """L2: a worker that cannot switch users refuses to run executors as its own uid unless told
+    to: `sandbox-controller worker` exits 2 naming CONTROLLER_LOCAL_EXECUTOR_SAME_USER; with the
+    opt-in the runner runs them as its own uid; the executor user is never root."""
+    for key in [k for k in os.environ if k.startswith("CONTROLLER_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("CONTROLLER_REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("CONTROLLER_API_KEY", CONTROLLER_API_KEY)
+    monkeypatch.setenv("CONTROLLER_EXECUTOR_KEY", EXECUTOR_KEY)
+    monkeypatch.setenv("CONTROLLER_LOCAL_STATE_DIRECTORY", str(shared_base / "state"))
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)  # as an unprivileged worker would be
+    assert cli.main(["worker"]) == 2
+    assert "CONTROLLER_LOCAL_EXECUTOR_SAME_USER=true" in capsys.readouterr().err
+    assert not (shared_base / "state").exists()
+
+    monkeypatch.setenv("CONTROLLER_LOCAL_EXECUTOR_SAME_USER", "true")
+    assert wiring.executor_user(Settings.from_env(os.environ)) is None
+
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.delenv("CONTROLLER_LOCAL_EXECUTOR_SAME_USER")
+    monkeypatch.setenv("CONTROLLER_LOCAL_EXECUTOR_USER", "root")
+    with pytest.raises(ConfigError, match="is root"):
+        wiring.executor_user(Settings.from_env(os.environ))
+    monkeypatch.setenv("CONTROLLER_LOCAL_EXECUTOR_USER", "no-such-user-here")
+    with pytest.raises(ConfigError, match="not a user"):
+        wiring.executor_user(Settings.from_env(os.environ))

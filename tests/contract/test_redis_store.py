@@ -20,9 +20,9 @@ from controller.inbox import Job, Outcome
 from controller.model import Handle, Record, Session
 from controller.store.base import Busy, Lease
 from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect
+from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
-from tests.support.fakes import FakeRunner
 
 _ids = itertools.count(1)
 

@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -80,3 +81,37 @@ class Managed:
 
 def python_module(module: str, *args: str) -> list[str]:
     return [sys.executable, "-m", module, *args]
+
+
+def processes_under(directory: Path) -> list[str]:
+    """Running processes whose working directory, command line or environment lies under
+    ``directory`` (executors run in their workspace with HOME beside it), as "pid: command"."""
+    needle = str(directory).encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            stat = (proc / "stat").read_text()
+            if stat[stat.rindex(")") + 2] in "ZX":
+                continue
+            cmdline = (proc / "cmdline").read_bytes()
+            environ = (proc / "environ").read_bytes()
+            cwd = os.readlink(proc / "cwd").encode()
+        except OSError:
+            continue
+        if needle in cmdline or needle in environ or cwd.startswith(needle):
+            command = cmdline.replace(b"\0", b" ").decode(errors="replace")[:160]
+            found.append(f"{proc.name}: {command}")
+    return found
+
+
+def assert_no_process_left(directory: Path, timeout: float = 15.0) -> None:
+    """Fail (after killing them) if processes of ``directory`` remain after a bounded wait."""
+    deadline = time.monotonic() + timeout
+    while (left := processes_under(directory)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    for entry in left:
+        with contextlib.suppress(ProcessLookupError, ValueError):
+            os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+    assert not left, f"processes left running under {directory}: {left}"

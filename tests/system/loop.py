@@ -18,7 +18,7 @@ import httpx
 from agents_simulator.dev import simulator_secrets
 from controller.runners.local import LocalRunner
 from controller.signing import sign_headers
-from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
+from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer
 
 WEBHOOK_SECRET = "whsec_" + "c2FuZGJveC1jb250cm9sbGVyLXRlc3Qtc2VjcmV0IQ=="
@@ -63,6 +63,9 @@ class Loop:
             CONTROLLER_EXECUTOR_COMMAND=self.codex,
             CONTROLLER_RUNNER="local",
             CONTROLLER_LOCAL_STATE_DIRECTORY=str(self.state_directory),
+            # codex lives under root's 0700 home, which `nobody` cannot read: executors run as
+            # the workers' uid here (the separate user is proven in tests/contract/test_local_runner.py).
+            CONTROLLER_LOCAL_EXECUTOR_SAME_USER="true",
             CONTROLLER_LEASE_TTL_SECONDS="5",
             CONTROLLER_QUEUE_VISIBILITY_TIMEOUT_SECONDS="20",
             CONTROLLER_EXECUTOR_GRACE_SECONDS="30",
@@ -149,13 +152,19 @@ class Loop:
         return all(w.alive() and "worker ready" in w.output() for w in self.workers)
 
     def stop(self) -> None:
-        for process in [*self.receivers, *self.workers, self.scheduler]:
-            if process is not None:
-                process.stop()
-        LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY).stop_all()
-        if self.simulator is not None:
-            self.simulator.stop()
-        self.redis.stop()
+        """Stop everything, then check that no executor (or any other process running in the
+        state directory) is left: every one must go with its whole process group."""
+        try:
+            for process in [*self.receivers, *self.workers, self.scheduler]:
+                if process is not None:
+                    process.stop()
+            if self.state_directory.exists():
+                LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY).stop_all()
+            if self.simulator is not None:
+                self.simulator.stop()
+            self.redis.stop()
+        finally:
+            assert_no_process_left(self.state_directory)
 
     def all_output(self) -> str:
         parts = []

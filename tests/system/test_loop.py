@@ -13,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from controller.runners.local import members
 from tests.support.processes import wait_for
 from tests.system.loop import EXECUTOR_KEY, Loop, assert_no_secret
 
@@ -109,7 +110,8 @@ def test_failed_session_releases_its_executor(loop: Loop) -> None:
     wait_for(lambda: loop.live_executors()[session["id"]] == 1, 60, "the executor to start")
     httpx.post(f"{loop.simulator_url}/admin/sessions/{session['id']}/fail", timeout=10).raise_for_status()
     wait_for(lambda: loop.live_executors()[session["id"]] == 0, 60, "the executor to be released")
-    assert loop.redis.client().hgetall(f"sc:rec:{session['id']}") == {}
+    # The runner stops the executor before the worker forgets the mapping: wait for that too.
+    wait_for(lambda: loop.redis.client().hgetall(f"sc:rec:{session['id']}") == {}, 30, "the mapping to go")
 
 
 def test_worker_killed_mid_task_still_starts_exactly_one_executor(loop: Loop) -> None:
@@ -198,9 +200,11 @@ def test_a_mapping_whose_executor_died_is_removed_on_the_next_sweep(loop: Loop) 
         session = loop.create_session(client)
     wait_for(lambda: _status(loop, session["id"]) == "idle", 60, "the turn to finish")
     handle = next(h for h in loop.runner().live() if h.session_id == session["id"])
-    os.kill(int(handle.uid.split(":")[0]), signal.SIGKILL)
+    leader, ticks = (int(part) for part in handle.uid.split(":"))
+    os.kill(leader, signal.SIGKILL)  # the npm launcher only: the native codex it started lives on
     wait_for(lambda: not loop.redis.client().exists(f"sc:rec:{session['id']}"), 60, "the sweep to drop the mapping")
     assert loop.live_executors()[session["id"]] == 0
+    assert members(leader, ticks) == [], "a process of the dead executor's group was left running"
 
 
 def test_redis_down_answers_503_and_the_senders_retry_is_processed(loop: Loop) -> None:

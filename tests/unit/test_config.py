@@ -281,3 +281,16 @@ def test_non_finite_numbers_are_rejected(raw: str) -> None:
         f"{PREFIX}API_TIMEOUT_SECONDS must be a number, got {raw!r}",
         f"{PREFIX}LEASE_TTL_SECONDS must be a number, got {raw!r}",
     ]
+
+
+def test_local_executor_user_settings() -> None:
+    """L2: executors run as `nobody` unless told otherwise; running them as the worker's own
+    uid is an explicit opt-in, spelled true/false."""
+    runner = Settings.from_env({}).runner
+    assert (runner.local_executor_user, runner.local_executor_same_user) == ("nobody", False)
+    runner = Settings.from_env(env(LOCAL_EXECUTOR_USER="sandbox", LOCAL_EXECUTOR_SAME_USER="true")).runner
+    assert (runner.local_executor_user, runner.local_executor_same_user) == ("sandbox", True)
+    assert Settings.from_env(env(LOCAL_EXECUTOR_SAME_USER="no")).runner.local_executor_same_user is False
+    assert problems_of(env(LOCAL_EXECUTOR_SAME_USER="maybe")) == [
+        f"{PREFIX}LOCAL_EXECUTOR_SAME_USER must be true or false, got 'maybe'"
+    ]

@@ -488,7 +488,11 @@ def test_body_timeout_comes_from_settings(inbox: FakeInbox, clock: FakeClock) ->
     [
         pytest.param("\ud800", "session_id is not encodable text (lone surrogate)", id="lone-surrogate"),
         pytest.param("sess_\udfff_x", "session_id is not encodable text (lone surrogate)", id="low-surrogate"),
-        pytest.param("s" * (MAX_SESSION_ID_CHARS + 1), f"session id is longer than {MAX_SESSION_ID_CHARS} characters", id="too-long"),
+        pytest.param(
+            "s" * (MAX_SESSION_ID_CHARS + 1),
+            f"session id is longer than {MAX_SESSION_ID_CHARS} characters",
+            id="too-long",
+        ),
     ],
 )
 def test_a_verified_delivery_that_can_never_be_queued_is_422(

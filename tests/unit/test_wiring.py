@@ -21,6 +21,7 @@ def settings(tmp_path: Path) -> Settings:
             PREFIX + "EXECUTOR_KEY": "envkey-test",
             PREFIX + "RUNNER": "local",
             PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+            PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",  # the executor user is not what this tests
         }
     )
 
