@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.codex import codex_binary
-from tests.support.processes import free_port
+from tests.support.processes import assert_no_process_left, free_port
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
@@ -41,30 +41,8 @@ def _run_dev(tmp_path: Path, env: dict[str, str]) -> str:
     )
     output = result.stdout + result.stderr
     assert result.returncode == 0, output
-    leftovers = _processes_touching(state)
-    assert leftovers == [], f"child processes left behind: {leftovers}"
+    assert_no_process_left(state)  # dev passes the state directory to every child it starts
     return output
-
-
-def _processes_touching(state: Path) -> list[str]:
-    """Processes whose command line, working directory or environment mention ``state``
-    (dev passes it to every child through CONTROLLER_LOCAL_STATE_DIRECTORY or argv; the
-    executors run inside it)."""
-    needle = str(state).encode()
-    found = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit() or int(proc.name) == os.getpid():
-            continue
-        try:
-            cmdline = (proc / "cmdline").read_bytes()
-            environ = (proc / "environ").read_bytes()
-            cwd = os.readlink(proc / "cwd").encode()
-        except OSError:
-            continue
-        if needle in cmdline or needle in environ or cwd.startswith(needle):
-            command = cmdline.replace(b"\0", b" ").decode(errors="replace")[:120]
-            found.append(f"{proc.name}: {command}")
-    return found
 
 
 def _clean_env() -> dict[str, str]:
