@@ -261,8 +261,11 @@ def test_registration_checks_key_and_environment(start_simulator: StartSimulator
         (True, True, 200),
     ]
     assert sim.environment_key not in str(records)
-    validate = httpx.post(f"{sim.base_url}/cloud/environment/{env_id}/validate")
-    assert validate.json() == {"valid": True}
+    # /validate says yes only to a handshake that shows what the harness issued (see test_executor_link.py).
+    validate_url = f"{sim.base_url}/cloud/environment/{env_id}/validate"
+    assert httpx.post(validate_url).status_code == 401
+    unissued = httpx.post(validate_url, headers={"authorization": f"Bearer {sim.environment_key}"}, json={})
+    assert unissued.json() == {"valid": False}
 
 
 def test_real_codex_registers_connects_and_drives_the_session(
