@@ -205,6 +205,7 @@ class Stream:
             self.fail(LinkLost(f"record {self._receive_seq} was skipped (got {data.seq})"))
             return
         self._receive_seq += 1
+        self.link.records_in += 1
         try:
             plaintext = self._transport.open(data.payload)
             messages = self._reassembler.feed(plaintext)
@@ -212,6 +213,7 @@ class Stream:
             self.fail(LinkLost(f"unreadable record: {exc}"))
             return
         for raw in messages:
+            self.link.largest_message_in = max(self.link.largest_message_in, len(raw))
             try:
                 message = json.loads(raw)
             except ValueError:
@@ -285,6 +287,7 @@ class Stream:
                 frame = relay.Frame(self.id, relay.Data(seq=self._send_seq, payload=sealed))
                 self._send_seq += 1
                 await self.link.send_frame(frame, locked=True)
+                self.link.records_out += 1
 
     async def request(self, method: str, params: dict[str, Any], timeout: float = REQUEST_TIMEOUT_SECONDS) -> Any:
         request_id = next(self._ids)
@@ -370,6 +373,25 @@ class Link:
         self.lost = False
         self.frames_in = 0
         self.frames_out = 0
+        self.streams_opened = 0
+        self.records_in = 0
+        self.records_out = 0
+        self.largest_message_in = 0
+        self.connected_at = time.time()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "environment_id": self.executor.environment_id,
+            "executor_registration_id": self.executor.registration_id,
+            "connected_at": self.connected_at,
+            "open_streams": len(self.streams),
+            "streams_opened": self.streams_opened,
+            "frames_in": self.frames_in,
+            "frames_out": self.frames_out,
+            "records_in": self.records_in,
+            "records_out": self.records_out,
+            "largest_message_in": self.largest_message_in,
+        }
 
     async def send_frame(self, frame: relay.Frame, locked: bool = False) -> None:
         if self.lost:
@@ -401,6 +423,7 @@ class Link:
         key, authorization = self.harness.credentials_for(self.executor)
         stream = Stream(self, authorization, key)
         self.streams[stream.id] = stream
+        self.streams_opened += 1
         try:
             await stream.open(timeout)
         except HarnessError as exc:
@@ -473,10 +496,10 @@ class Harness:
     def credentials_for(self, executor: ExecutorIdentity) -> tuple[noise.HybridKeyPair, str]:
         """The key pair and authorization the next handshake with ``executor`` presents."""
         authorization = "hka_" + secrets.token_urlsafe(24)
+        self._issued[authorization] = _Issued(executor.environment_id, executor.registration_id, self.key.public)
         if self.impostor_handshakes > 0:
             self.impostor_handshakes -= 1
-            return noise.HybridKeyPair(), authorization  # never issued, never published
-        self._issued[authorization] = _Issued(executor.environment_id, executor.registration_id, self.key.public)
+            return noise.HybridKeyPair(), authorization  # a key this API never published
         return self.key, authorization
 
     def validate(self, environment_id: str, body: Any) -> bool:
@@ -526,6 +549,9 @@ class Harness:
             links.remove(link)
         if not links:
             self._links.pop(link.executor.environment_id, None)
+
+    def links(self) -> list[Link]:
+        return [link for links in self._links.values() for link in links]
 
     def link(self, environment_id: str) -> Link | None:
         """The newest open link of an environment."""

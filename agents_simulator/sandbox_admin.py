@@ -7,6 +7,7 @@ the harness's key validations.
     POST /admin/environments/{id}/exec  {"argv", "cwd"?, "env"?, "timeout_seconds"?, "new_stream"?}
          run one command now, outside any turn (on a new stream when asked) → the result
     GET  /admin/validations                         every /validate call and the verdict
+    GET  /admin/links[?environment_id=]             open executor links: streams, frames, records
     POST /admin/harness/impostor  {"count"}         the next ``count`` handshakes present a harness
                                                     key the API never published (they are refused)
 """
@@ -41,6 +42,11 @@ def routes(sim: Simulator) -> list[Route]:
     async def validations(request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [v.to_json() for v in sim.harness.validations]})
 
+    async def links(request: Request) -> Response:
+        wanted = request.query_params.get("environment_id")
+        found = [link.to_json() for link in sim.harness.links() if not wanted or link.executor.environment_id == wanted]
+        return JSONResponse({"object": "list", "data": found})
+
     async def impostor(request: Request) -> Response:
         body = await json_body(request)
         count = body.get("count", 1) if isinstance(body, dict) else None
@@ -53,5 +59,6 @@ def routes(sim: Simulator) -> list[Route]:
         Route("/admin/sessions/{session_id}/turns", turns, methods=["GET", "POST"]),
         Route("/admin/environments/{environment_id}/exec", execute, methods=["POST"]),
         Route("/admin/validations", validations, methods=["GET"]),
+        Route("/admin/links", links, methods=["GET"]),
         Route("/admin/harness/impostor", impostor, methods=["POST"]),
     ]
