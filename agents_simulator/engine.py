@@ -10,6 +10,10 @@ Rules (mirroring the real API as the contract describes it):
 * No executor by the deadline → ``failed`` with an ``error`` and ``agent.session.failed``.
 * An executor dropping mid-turn makes the session ask for a connection again; dropping while
   idle only marks the environment ``disconnected``.
+* A turn first runs the commands scripted for it (``commands.py``) over the executor's link
+  (``harness.py``), then lasts ``turn_seconds``. A command without a usable link fails its
+  tool call and the turn goes on; one whose link drops while it runs is ``interrupted`` and
+  never started again (the re-run turn starts with the next command).
 * Input during a turn is folded into one more turn; ``agent.session.input.cancel`` ends it.
 * A failed session is final; deleting a session sends no webhook, closes its executor's
   WebSockets and forgets the environment (so a reconnecting executor re-registers, gets 404
