@@ -47,6 +47,8 @@ class CommandRun:
     cwd: str | None = None
     stdout: bytes = b""
     stderr: bytes = b""
+    stdout_total: int = 0  # bytes that came back; at most MAX_KEPT_OUTPUT of them are kept
+    stderr_total: int = 0
     exit_code: int | None = None
     error: str | None = None
     started_at: float | None = None
@@ -63,7 +65,9 @@ class CommandRun:
             "stdout": self.stdout.decode(errors="replace"),
             "stderr": self.stderr.decode(errors="replace"),
             "stdout_base64": base64.b64encode(self.stdout).decode(),
-            "stdout_bytes": len(self.stdout),
+            "stdout_bytes": self.stdout_total,
+            "stderr_bytes": self.stderr_total,
+            "output_truncated": self.stdout_total > len(self.stdout) or self.stderr_total > len(self.stderr),
             "exit_code": self.exit_code,
             "error": self.error,
             "started_at": self.started_at,
@@ -116,6 +120,11 @@ class TurnLog:
         for command in self.pending(session_id):
             command.status = CommandStatus.CANCELLED
             command.error = "the turn was cancelled before the command started"
+
+    def fail_pending(self, session_id: str, why: str) -> None:
+        for command in self.pending(session_id):
+            command.status = CommandStatus.FAILED
+            command.error = f"tool execution failed: {why}"
 
     def forget(self, session_id: str) -> None:
         self._turns.pop(session_id, None)

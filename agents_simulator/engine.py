@@ -159,6 +159,7 @@ class Simulator:
         session = self.get(session_id)
         self._stop_tasks(session.id)
         del self.sessions[session.id]
+        self.turn_log.forget(session.id)
         environment = self.environments.get(session.environment_id or "")
         if environment is not None:
             environment.deleted = True
@@ -332,7 +333,13 @@ class Simulator:
         except HarnessError as exc:
             self._finish(run, CommandStatus.FAILED, f"tool execution failed: {exc}", environment_id, session_id)
             return
+        except Exception as exc:  # a simulator bug must not leave the turn hanging in_progress
+            log.exception("command crashed", extra={"environment_id": environment_id})
+            why = f"tool execution failed: {type(exc).__name__}"
+            self._finish(run, CommandStatus.FAILED, why, environment_id, session_id)
+            return
         run.cwd = outcome.cwd
+        run.stdout_total, run.stderr_total = len(outcome.stdout), len(outcome.stderr)
         run.stdout, run.stderr, run.exit_code = keep(outcome.stdout), keep(outcome.stderr), outcome.exit_code
         self._finish(run, CommandStatus.COMPLETED, None, environment_id, session_id)
 
@@ -426,6 +433,7 @@ class Simulator:
 
     def _fail(self, session: SimSession, error: str) -> None:
         self._stop_tasks(session.id)
+        self.turn_log.fail_pending(session.id, f"the session failed: {error}")
         session.status = SessionStatus.FAILED
         session.wants_connection = False
         session.pending_inputs = 0

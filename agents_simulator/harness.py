@@ -157,8 +157,11 @@ class Stream:
     # -- opening -----------------------------------------------------------------------
 
     async def open(self, timeout: float = HANDSHAKE_TIMEOUT_SECONDS) -> None:
+        try:
+            message1 = self._initiator.write_message1(self._authorization.encode())
+        except noise.NoiseError as exc:
+            raise HarnessError(str(exc)) from exc
         await self.link.send_frame(relay.Frame(self.id, relay.Resume()))
-        message1 = self._initiator.write_message1(self._authorization.encode())
         await self.link.send_frame(relay.Frame(self.id, relay.Handshake(message1)))
         try:
             await asyncio.wait_for(asyncio.shield(self._ready), timeout)

@@ -196,6 +196,12 @@ class Initiator:
         self.state.mix_hash(responder.mlkem768)
 
     def write_message1(self, payload: bytes) -> bytes:
+        try:
+            return self._write_message1(payload)
+        except ValueError as exc:  # the responder's keys do not load, or a DH result is all zero
+            raise NoiseError(f"cannot write handshake message 1: {exc}") from exc
+
+    def _write_message1(self, payload: bytes) -> bytes:
         state, rs = self.state, self.responder
         out = []
         # skem: encapsulate to the responder's static ML-KEM key.

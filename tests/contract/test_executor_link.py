@@ -233,3 +233,18 @@ def test_a_command_without_a_working_link_fails_and_the_turn_completes() -> None
         assert command["status"] == "failed"
         assert command["error"].startswith("tool execution failed")
         assert command["exit_code"] is None
+
+
+def test_commands_of_a_turn_whose_sandbox_never_connects_fail_with_the_session() -> None:
+    """No executor connects within the connect timeout: the session fails, and the turn's
+    commands fail with it (never left pending, never run later)."""
+    with InProcessSimulator.on_free_port(connect_timeout_seconds=0.5) as sim:
+        with sim.http() as client:
+            session = client.post("/v1/agents/sessions", json={"environment": SELF_HOSTED}).json()
+        sim.admin("POST", f"/admin/sessions/{session['id']}/turns", {"commands": [NOTES]})
+        assert sim.session(session["id"])["status"] == "requires_action"
+        failed = sim.wait_for_status(session["id"], "failed", timeout=10)
+        [turn] = sim.admin("GET", f"/admin/sessions/{session['id']}/turns")["data"]
+        [command] = turn["commands"]
+        assert command["status"] == "failed"
+        assert command["error"] == f"tool execution failed: the session failed: {failed['error']}"
