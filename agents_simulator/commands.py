@@ -50,6 +50,7 @@ class CommandRun:
     stdout_total: int = 0  # bytes that came back; at most MAX_KEPT_OUTPUT of them are kept
     stderr_total: int = 0
     exit_code: int | None = None
+    sandbox_type: str | None = None  # as the executor reported it ("none": codex's own sandbox not used)
     error: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -69,6 +70,7 @@ class CommandRun:
             "stderr_bytes": self.stderr_total,
             "output_truncated": self.stdout_total > len(self.stdout) or self.stderr_total > len(self.stderr),
             "exit_code": self.exit_code,
+            "sandbox_type": self.sandbox_type,
             "error": self.error,
             "started_at": self.started_at,
             "finished_at": self.finished_at,

@@ -338,7 +338,7 @@ class Simulator:
             why = f"tool execution failed: {type(exc).__name__}"
             self._finish(run, CommandStatus.FAILED, why, environment_id, session_id)
             return
-        run.cwd = outcome.cwd
+        run.cwd, run.sandbox_type = outcome.cwd, outcome.sandbox_type
         run.stdout_total, run.stderr_total = len(outcome.stdout), len(outcome.stderr)
         run.stdout, run.stderr, run.exit_code = keep(outcome.stdout), keep(outcome.stderr), outcome.exit_code
         self._finish(run, CommandStatus.COMPLETED, None, environment_id, session_id)

@@ -87,6 +87,7 @@ def test_handshake_and_a_command_round_trip(
     assert result["cwd"] == str(workspace)
     assert (workspace / "notes.txt").read_text() == "hello\n"
     assert result["duration_seconds"] >= 0
+    assert result["sandbox_type"] == "none"  # codex's own sandboxed mode is not imitated
 
     [registration] = sim.registrations(env_id)
     [validation] = sim.admin("GET", "/admin/validations")["data"]
