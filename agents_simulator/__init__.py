@@ -1,4 +1,4 @@
-"""A local simulator of OpenAI's Agents API: sessions, signed webhooks, executor registration.
+"""A local simulator of OpenAI's Agents API: sessions, signed webhooks, executors and their work.
 
 Users run the whole loop on one machine with it, and every test tier uses it as the
 Agents API. Production modules never import it. One port serves everything::
@@ -19,8 +19,12 @@ Public API (``Authorization: Bearer <non-empty>``, or exactly ``--api-key``)
 
 Executor side (what ``codex exec-server --remote <remote_url>`` calls)
     POST   /cloud/environment/{id}/register     Bearer <environment key>; 401 / 404 / 200
-    POST   /cloud/environment/{id}/validate     200 {"valid": true}
-    WS     /cloud/environment/{id}/connect?token=…   held open, silent; ``connected`` while open
+    POST   /cloud/environment/{id}/validate     Bearer <environment key>; {"valid": true} only
+                                                for the harness key and an authorization the
+                                                simulator issued for that executor registration
+    WS     /cloud/environment/{id}/connect?token=…   ``connected`` while open; the simulator is
+                                                the harness on it (``harness.py``): relay
+                                                streams, Noise handshake, JSON-RPC commands
 
 Admin (no auth; loopback only)
     GET    /healthz
@@ -42,6 +46,13 @@ Admin (no auth; loopback only)
                                                     from now on (no webhook; tests of L2)
     GET    /admin/environments                       every environment with its status
     POST   /admin/environments/{id}/disconnect       close the executor's WebSockets
+    POST   /admin/sessions/{id}/turns  {"commands": [argv | {"argv", "cwd", "env", "timeout_seconds"}]}
+               input whose turn runs the commands in the sandbox → 202 the turn
+    GET    /admin/sessions/{id}/turns                scripted turns with stdout, stderr, exit code, timing
+    POST   /admin/environments/{id}/exec  {"argv", …, "new_stream"}   one command now, outside turns
+    GET    /admin/validations                        every /validate call and its verdict
+    GET    /admin/links[?environment_id=]            open executor links: streams, frames, records
+    POST   /admin/harness/impostor  {"count"}        the next handshakes present a key never published
 
 Every list answer is ``{"object": "list", "data": [...]}``. See ``engine.py`` for the
 session state machine and ``webhooks.py`` for delivery and retry behaviour.

@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from agents_simulator import admin, api, executor
+from agents_simulator import admin, api, executor, sandbox_admin
 from agents_simulator.config import SimulatorConfig
 from agents_simulator.engine import Simulator
 from agents_simulator.errors import ApiError
@@ -43,7 +43,7 @@ def create_app(config: SimulatorConfig, clock: Clock | None = None) -> Starlette
         return error_response(ApiError(exc.status_code, str(exc.detail)))
 
     routes: list[BaseRoute] = [Route("/healthz", healthz, methods=["GET"])]
-    routes += [*api.routes(sim), *executor.routes(sim), *admin.routes(sim)]
+    routes += [*api.routes(sim), *executor.routes(sim), *admin.routes(sim), *sandbox_admin.routes(sim)]
     app = Starlette(
         routes=routes,
         lifespan=lifespan,

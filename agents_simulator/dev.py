@@ -87,6 +87,12 @@ class View:
             if event == "executor disconnected":
                 self.say(source, event, env)
                 return
+            if event in ("command finished", "command failed"):
+                detail = f"{record.get('argv', '')} → exit {record.get('exit_code')}"
+                if event == "command failed":
+                    detail = f"{record.get('argv', '')} → {record.get('error', '')}"
+                self.say(source, "sandbox " + event, sid, detail)
+                return
             if event == "event" and record.get("type") in ("agent.session.idle", "agent.session.failed"):
                 self.say(source, "session " + str(record["type"]).rsplit(".", 1)[1], sid)
                 return
@@ -226,6 +232,7 @@ def main(args: argparse.Namespace) -> int:
         return 2
 
     executor = env.get("CONTROLLER_EXECUTOR_COMMAND") or find_codex()
+    stand_in = executor is None
     if executor is None:
         view.say("dev", "codex not installed", "", f"install it with: {CODEX_INSTALL}")
         view.say("dev", "using STAND-IN executor", "", "registers and holds the link; runs no commands")
@@ -307,7 +314,8 @@ def main(args: argparse.Namespace) -> int:
         view.say("receiver", "receiver up", f"{receiver_url}/webhooks")
 
         if simulate:
-            run_scenario(view, simulator_url, env["CONTROLLER_API_KEY"], sessions=args.sessions)
+            key = env["CONTROLLER_API_KEY"]
+            run_scenario(view, simulator_url, key, sessions=args.sessions, runs_commands=not stand_in)
             if args.exit_after_scenario:
                 return 0
         view.say("dev", "running", "", "Ctrl-C to stop")

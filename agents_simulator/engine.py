@@ -10,6 +10,10 @@ Rules (mirroring the real API as the contract describes it):
 * No executor by the deadline → ``failed`` with an ``error`` and ``agent.session.failed``.
 * An executor dropping mid-turn makes the session ask for a connection again; dropping while
   idle only marks the environment ``disconnected``.
+* A turn first runs the commands scripted for it (``commands.py``) over the executor's link
+  (``harness.py``), then lasts ``turn_seconds``. A command without a usable link fails its
+  tool call and the turn goes on; one whose link drops while it runs is ``interrupted`` and
+  never started again (the re-run turn starts with the next command).
 * Input during a turn is folded into one more turn; ``agent.session.input.cancel`` ends it.
 * A failed session is final; deleting a session sends no webhook, closes its executor's
   WebSockets and forgets the environment (so a reconnecting executor re-registers, gets 404
@@ -27,9 +31,11 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from agents_simulator import parse
+from agents_simulator.commands import CommandRun, CommandSpec, CommandStatus, Turn, TurnLog, keep
 from agents_simulator.config import SimulatorConfig
 from agents_simulator.errors import ApiError, injected, not_found, unauthorized
 from agents_simulator.faults import Faults
+from agents_simulator.harness import Harness, HarnessError, LinkLost
 from agents_simulator.state import (
     EnvironmentStatus,
     Registration,
@@ -57,6 +63,8 @@ class Simulator:
         self.sessions: dict[str, SimSession] = {}
         self.environments: dict[str, SimEnvironment] = {}
         self.registrations: list[Registration] = []
+        self.harness = Harness()
+        self.turn_log = TurnLog()
         policy = RetryPolicy(
             initial_seconds=config.webhook_retry_initial_seconds,
             max_seconds=config.webhook_retry_max_seconds,
@@ -151,6 +159,7 @@ class Simulator:
         session = self.get(session_id)
         self._stop_tasks(session.id)
         del self.sessions[session.id]
+        self.turn_log.forget(session.id)
         environment = self.environments.get(session.environment_id or "")
         if environment is not None:
             environment.deleted = True
@@ -215,6 +224,7 @@ class Simulator:
         assert environment is not None
         token = new_id("wstok")
         environment.tokens.add(token)
+        self.harness.registered(environment_id, registration.id, token, body)
         url = f"{self.config.websocket_base_url}/cloud/environment/{environment_id}/connect?token={token}"
         return {
             "environment_id": environment_id,
@@ -222,6 +232,9 @@ class Simulator:
             "security_profile": SECURITY_PROFILE,
             "executor_registration_id": registration.id,
         }
+
+    def environment_key_valid(self, bearer: str | None) -> bool:
+        return bearer is not None and hmac.compare_digest(bearer.encode(), self.config.environment_key.encode())
 
     def token_valid(self, environment_id: str, token: str) -> bool:
         environment = self.environments.get(environment_id)
@@ -270,6 +283,86 @@ class Simulator:
             await asyncio.wait([asyncio.ensure_future(close()) for close in closers], timeout=CLOSE_WAIT_SECONDS)
         return len(closers)
 
+    # --- commands in the sandbox ----------------------------------------------------------
+
+    def add_turn(self, session_id: str, specs: list[CommandSpec]) -> Turn:
+        """Input whose turn runs ``specs`` in the session's sandbox (like a message, then work)."""
+        session = self.get(session_id)
+        if session.status is SessionStatus.FAILED:
+            raise ApiError(409, f"Session '{session_id}' has failed and accepts no input.", code="session_failed")
+        if not session.self_hosted:
+            raise ApiError(400, "Only a self-hosted session has a sandbox to run commands in.")
+        turn = self.turn_log.add(session.id, specs)
+        self._request_turn(session)
+        return turn
+
+    async def run_command(self, environment_id: str, spec: CommandSpec, new_stream: bool = False) -> CommandRun:
+        """Run one command over the environment's newest link, outside any turn (admin, tests)."""
+        run = CommandRun(spec)
+        await self._execute(environment_id, run, new_stream)
+        return run
+
+    async def _run_commands(self, session: SimSession) -> None:
+        """The turn's commands, one after the other; a failure is recorded and the turn goes on."""
+        for run in self.turn_log.pending(session.id):
+            if session.status is not SessionStatus.IN_PROGRESS:
+                return
+            await self._execute(session.environment_id or "", run, new_stream=False, session_id=session.id)
+
+    async def _execute(
+        self, environment_id: str, run: CommandRun, new_stream: bool, session_id: str | None = None
+    ) -> None:
+        run.status = CommandStatus.RUNNING
+        run.started_at = self.clock.now()
+        try:
+            link = self.harness.link(environment_id)
+            if link is None:
+                raise HarnessError("the sandbox is not connected")
+            stream = await (link.open_stream() if new_stream else link.main_stream())
+            outcome = await stream.run(run.spec.argv, run.spec.cwd, run.spec.env, run.spec.timeout_seconds)
+        except asyncio.CancelledError:
+            # The turn was stopped under the command (its link dropped, it was cancelled, the
+            # session went): the command may have run; it is never started again.
+            why = "the turn stopped while the command ran (the executor's link dropped, or the turn was cancelled)"
+            self._finish(run, CommandStatus.INTERRUPTED, f"{why}; it is not run again", environment_id, session_id)
+            raise
+        except LinkLost as exc:
+            self._finish(run, CommandStatus.INTERRUPTED, f"{exc}; the command is not run again",
+                         environment_id, session_id)
+            return
+        except HarnessError as exc:
+            self._finish(run, CommandStatus.FAILED, f"tool execution failed: {exc}", environment_id, session_id)
+            return
+        except Exception as exc:  # a simulator bug must not leave the turn hanging in_progress
+            log.exception("command crashed", extra={"environment_id": environment_id})
+            why = f"tool execution failed: {type(exc).__name__}"
+            self._finish(run, CommandStatus.FAILED, why, environment_id, session_id)
+            return
+        run.cwd, run.sandbox_type = outcome.cwd, outcome.sandbox_type
+        run.stdout_total, run.stderr_total = len(outcome.stdout), len(outcome.stderr)
+        run.stdout, run.stderr, run.exit_code = keep(outcome.stdout), keep(outcome.stderr), outcome.exit_code
+        self._finish(run, CommandStatus.COMPLETED, None, environment_id, session_id)
+
+    def _finish(
+        self, run: CommandRun, status: CommandStatus, error: str | None, environment_id: str, session_id: str | None
+    ) -> None:
+        run.status = status
+        run.error = error
+        run.finished_at = self.clock.now()
+        log.info(
+            "command finished" if status is CommandStatus.COMPLETED else "command failed",
+            extra={
+                "session_id": session_id or "",
+                "environment_id": environment_id,
+                "argv": " ".join(run.spec.argv)[:200],
+                "status": status.value,
+                "exit_code": run.exit_code,
+                "stdout": run.stdout[:200].decode(errors="replace"),
+                "error": error,
+                "seconds": round(run.finished_at - (run.started_at or run.finished_at), 3),
+            },
+        )
+
     # --- the state machine ----------------------------------------------------------------
 
     def _request_turn(self, session: SimSession) -> None:
@@ -304,6 +397,7 @@ class Simulator:
             if session is None:
                 return
             session.pending_inputs = 0
+            await self._run_commands(session)
             await asyncio.sleep(self.config.turn_seconds)
             session = self.sessions.get(session_id)
             if session is None or session.status is not SessionStatus.IN_PROGRESS:
@@ -329,6 +423,7 @@ class Simulator:
 
     def _cancel(self, session: SimSession) -> None:
         session.pending_inputs = 0
+        self.turn_log.cancel(session.id)
         if session.status is SessionStatus.IN_PROGRESS or session.wants_connection:
             self._stop_tasks(session.id)
             session.wants_connection = False
@@ -338,6 +433,7 @@ class Simulator:
 
     def _fail(self, session: SimSession, error: str) -> None:
         self._stop_tasks(session.id)
+        self.turn_log.fail_pending(session.id, f"the session failed: {error}")
         session.status = SessionStatus.FAILED
         session.wants_connection = False
         session.pending_inputs = 0

@@ -3,7 +3,8 @@
 A few sessions with input (each asks for an environment connection), the action-required
 webhook of one delivered again three times at once (duplicates, concurrently), and one
 session forced to fail (its sandbox must be released). It then waits until every healthy
-session's turn has run to ``idle`` and prints what it saw.
+session's turn has run to ``idle``, sends one session a turn that runs a command in its
+sandbox (``sh -c 'echo hello > notes.txt; cat notes.txt'``), and prints what came back.
 """
 
 from __future__ import annotations
@@ -21,7 +22,19 @@ class Reporter(Protocol):
     def say(self, source: str, what: str, subject: str = "", detail: str = "") -> None: ...
 
 
-def run_scenario(view: Reporter, base_url: str, api_key: str, sessions: int = 3, timeout: float = 120.0) -> bool:
+COMMAND = ["sh", "-c", "echo hello > notes.txt; cat notes.txt"]
+
+
+def run_scenario(
+    view: Reporter,
+    base_url: str,
+    api_key: str,
+    sessions: int = 3,
+    timeout: float = 120.0,
+    runs_commands: bool = True,
+) -> bool:
+    """Play the scenario; ``runs_commands`` False: the executor is a stand-in, whose command
+    is expected to fail (it runs none)."""
     headers = {"Authorization": f"Bearer {api_key}", "OpenAI-Beta": "agents=v1"}
     with httpx.Client(base_url=base_url, headers=headers, timeout=10) as api:
         created = [_create(api, f"scenario input {n}") for n in range(sessions)]
@@ -52,7 +65,8 @@ def run_scenario(view: Reporter, base_url: str, api_key: str, sessions: int = 3,
             if registration["status_code"] == 200:
                 per_env[registration["environment_id"]] = per_env.get(registration["environment_id"], 0) + 1
         counts = [per_env.get(s["environment"]["id"], 0) for s in created]
-        verdict = "ok" if ok and all(c == 1 for c in counts) else "PROBLEM"
+        command_ok = _run_command(api, view, first, timeout) == runs_commands
+        verdict = "ok" if ok and command_ok and all(c == 1 for c in counts) else "PROBLEM"
         view.say(
             "scenario",
             f"scenario {verdict}",
@@ -60,6 +74,35 @@ def run_scenario(view: Reporter, base_url: str, api_key: str, sessions: int = 3,
             f"{sum(1 for s in ids if ok)}/{len(ids)} idle; registrations per session: {counts}",
         )
         return verdict == "ok"
+
+
+def _run_command(api: httpx.Client, view: Reporter, session_id: str, timeout: float) -> bool:
+    """A turn that runs ``COMMAND`` in the session's sandbox; whether its output came back."""
+    response = api.post(f"/admin/sessions/{session_id}/turns", json={"commands": [COMMAND]})
+    response.raise_for_status()
+    turn_id = response.json()["id"]
+    view.say("scenario", "turn with a command", session_id, " ".join(COMMAND))
+    finished: list[dict[str, Any]] = []
+
+    def done() -> bool:
+        for turn in api.get(f"/admin/sessions/{session_id}/turns").json()["data"]:
+            if turn["id"] == turn_id and turn["status"] == "finished":
+                finished.append(turn)
+                return True
+        return False
+
+    if not _wait(done, timeout, "the command's turn to finish"):
+        view.say("scenario", "command never finished", session_id)
+        return False
+    [command] = finished[0]["commands"]
+    if command["status"] != "completed":
+        view.say("scenario", "command failed", session_id, str(command["error"]))
+        return False
+    stdout = command["stdout"].strip().replace("\n", " | ")
+    seconds = command["duration_seconds"]
+    view.say("scenario", "command output", session_id, f"{stdout!r} (exit {command['exit_code']}, {seconds:.2f}s)")
+    view.say("scenario", "ran in", session_id, str(command["cwd"]))
+    return bool(command["exit_code"] == 0 and command["stdout"] == "hello\n")
 
 
 def _create(api: httpx.Client, text: str) -> dict[str, Any]:

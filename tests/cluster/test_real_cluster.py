@@ -16,8 +16,9 @@ chart installed with Helm 4's library (helm-python-sdk) pointing ``api.baseUrl``
 simulator and the simulator's webhooks at the receiver Service. The test creates a session
 (from a pod in the cluster), then checks: the signed webhook was delivered and accepted, a
 sandbox pod for the session appears in the sandbox namespace (Pod Security "restricted"),
-runs the runner image with the session's environment, and the real ``codex exec-server``
-registers with the simulator and connects.
+runs the runner image with the session's environment, the real ``codex exec-server``
+registers with the simulator and connects, and a command run over its link comes back from
+the node as the runner's non-root uid, in the session's workspace directory.
 
 One stand-in, said plainly: codex sends its key only to ``https://*.openai.com`` or a
 loopback host, so the simulator's ``remote_url`` is ``http://127.0.0.1:<port>``. Inside the
@@ -143,6 +144,18 @@ class Cluster:
         response = DynamicClient(self.api).request(
             "get",
             f"/api/v1/namespaces/{self.namespace}/services/{SIMULATOR}:http/proxy{path}",
+            serialize=False,
+        )
+        return json.loads(response.data)
+
+    def simulator_admin_post(self, path: str, body: dict[str, Any]) -> Any:
+        """POST to the simulator's admin API through the API server's service proxy."""
+        from kubernetes.dynamic import DynamicClient
+
+        response = DynamicClient(self.api).request(
+            "post",
+            f"/api/v1/namespaces/{self.namespace}/services/{SIMULATOR}:http/proxy{path}",
+            body=body,
             serialize=False,
         )
         return json.loads(response.data)
@@ -402,3 +415,14 @@ def test_one_session_through_the_installed_chart(cluster: Cluster) -> None:
         return any(e["id"] == environment_id and e["status"] == "connected" for e in environments)
 
     wait_for(connected, 120, "the executor's environment to be connected", interval=2.0)
+
+    # The sandbox works: a command runs on the node, as the runner's non-root uid, in the
+    # session's workspace directory, and its output comes back over the executor's link.
+    from controller.runners.kubernetes.manifests import RUNNER_UID
+
+    result = cluster.simulator_admin_post(
+        f"/admin/environments/{environment_id}/exec",
+        {"argv": ["sh", "-c", "echo hello > notes.txt; cat notes.txt; id -u; pwd"]},
+    )
+    assert result["status"] == "completed", result
+    assert result["stdout"] == f"hello\n{RUNNER_UID}\n{environment['workspace_directory']}\n"

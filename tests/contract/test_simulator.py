@@ -18,7 +18,7 @@ import pytest
 from openai.types.beta.agent_session import AgentSession
 
 from controller.signing import Verifier
-from tests.support.codex import codex_binary
+from tests.support.codex import codex_binary, start_exec_server
 from tests.support.processes import wait_for
 from tests.support.simulator import InProcessSimulator, StartSimulator, WebhookReceiver
 
@@ -261,8 +261,11 @@ def test_registration_checks_key_and_environment(start_simulator: StartSimulator
         (True, True, 200),
     ]
     assert sim.environment_key not in str(records)
-    validate = httpx.post(f"{sim.base_url}/cloud/environment/{env_id}/validate")
-    assert validate.json() == {"valid": True}
+    # /validate says yes only to a handshake that shows what the harness issued (see test_executor_link.py).
+    validate_url = f"{sim.base_url}/cloud/environment/{env_id}/validate"
+    assert httpx.post(validate_url).status_code == 401
+    unissued = httpx.post(validate_url, headers={"authorization": f"Bearer {sim.environment_key}"}, json={})
+    assert unissued.json() == {"valid": False}
 
 
 def test_real_codex_registers_connects_and_drives_the_session(
@@ -397,22 +400,7 @@ def test_in_process_simulator_runs_turns_and_cancels() -> None:
 
 def _start_codex(binary: str, remote_url: str, env_id: str, key: str, tmp_path: Path) -> subprocess.Popen[bytes]:
     """codex exec-server with the key only in its environment; output to a file under tmp_path."""
-    home = tmp_path / "codex-home"
-    home.mkdir(exist_ok=True)
-    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
-    env.update({"CODEX_API_KEY": key, "CODEX_HOME": str(home)})
-    log = open(tmp_path / f"codex-{env_id}.log", "ab")  # noqa: SIM115 - handed to the child
-    try:
-        process = subprocess.Popen(
-            [binary, "exec-server", "--remote", remote_url, "--environment-id", env_id],
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    finally:
-        log.close()
+    process = start_exec_server(binary, remote_url, env_id, key, tmp_path)
     _CODEX_PROCESSES.append(process)
     return process
 

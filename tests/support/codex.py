@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -28,3 +29,28 @@ def codex_binary() -> str:
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def start_exec_server(
+    binary: str, remote_url: str, environment_id: str, key: str, directory: Path, cwd: Path | None = None
+) -> subprocess.Popen[bytes]:
+    """``codex exec-server`` in its own process group, the key only in its environment, its output
+    in ``directory/codex-<environment>.log``; ``cwd`` is its working directory (a sandbox's
+    workspace). The caller ends the whole group."""
+    home = directory / "codex-home"
+    home.mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in os.environ.items() if k in ("PATH", "HOME", "LANG", "SSL_CERT_FILE")}
+    env.update({"CODEX_API_KEY": key, "CODEX_HOME": str(home)})
+    log = open(directory / f"codex-{environment_id}.log", "ab")  # noqa: SIM115 - handed to the child
+    try:
+        return subprocess.Popen(
+            [binary, "exec-server", "--remote", remote_url, "--environment-id", environment_id],
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=cwd,
+        )
+    finally:
+        log.close()

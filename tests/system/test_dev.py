@@ -51,7 +51,8 @@ def _clean_env() -> dict[str, str]:
 
 def test_dev_simulate_runs_the_scenario_with_the_real_executor(tmp_path: Path) -> None:
     """L1, L8: the scripted scenario (duplicates, concurrent resends, one failure) ends with
-    every session idle and one registration per session; Ctrl-C-style shutdown leaves nothing."""
+    every session idle and one registration per session, and a command run in one session's
+    sandbox brings its output back; Ctrl-C-style shutdown leaves nothing."""
     env = _clean_env()
     env["CONTROLLER_EXECUTOR_COMMAND"] = codex_binary()
     output = _run_dev(tmp_path, env)
@@ -60,6 +61,12 @@ def test_dev_simulate_runs_the_scenario_with_the_real_executor(tmp_path: Path) -
     assert "sandbox released" in output
     assert "executor registered" in output
     assert "STAND-IN" not in output
+    # A command ran in a sandbox and its output came back, in the sandbox's workspace.
+    assert "turn with a command" in output
+    assert "command output" in output and "'hello'" in output and "exit 0" in output
+    assert "sandbox command finished" in output
+    ran_in = next(line for line in output.splitlines() if "ran in" in line)
+    assert str(tmp_path / "state" / "sandboxes" / "sessions") in ran_in
 
 
 def test_dev_without_codex_says_how_to_install_and_uses_the_stand_in(tmp_path: Path) -> None:
@@ -71,3 +78,5 @@ def test_dev_without_codex_says_how_to_install_and_uses_the_stand_in(tmp_path: P
     assert "npm install -g @openai/codex@0.171.0" in output
     assert "STAND-IN" in output
     assert "scenario ok" in output
+    # The stand-in runs no commands: the turn's tool call fails, as on a sandbox that cannot.
+    assert "command failed" in output and "tool execution failed" in output

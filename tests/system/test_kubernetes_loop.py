@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from kubernetes import client
 
@@ -206,6 +207,39 @@ def test_a_terminating_pod_is_never_reused(kube_loop: KubeLoop) -> None:
         assert replacement.metadata.deletion_timestamp is None
     finally:
         kube_loop.kubelet.hold_deletions(False)
+
+
+def test_a_command_in_a_pod_runs_in_its_workspace_and_its_output_comes_back(kube_loop: KubeLoop) -> None:
+    """L8: a turn's command runs in the session's pod, in the workspace volume mounted at the
+    session's workspace_directory (the pod's workingDir), and its output comes back. The
+    pod asks for a non-root uid; the test kubelet runs containers as its own processes and
+    does not switch users, so the uid itself is proven only on a real node (tests/cluster)."""
+    loop = kube_loop.loop
+    session, _env, pod = _connected_session(kube_loop)
+    container = pod.spec.containers[0]
+    assert container.working_dir == "/workspace"
+    run_as = container.security_context.run_as_user or pod.spec.security_context.run_as_user
+    assert run_as and run_as != 0
+    commands = [["sh", "-c", "echo hello > notes.txt; cat notes.txt"], ["pwd"]]
+    response = httpx.post(
+        f"{loop.simulator_url}/admin/sessions/{session['id']}/turns", json={"commands": commands}, timeout=10
+    )
+    response.raise_for_status()
+    turn_id = response.json()["id"]
+
+    def finished() -> dict[str, Any] | None:
+        turns = httpx.get(f"{loop.simulator_url}/admin/sessions/{session['id']}/turns", timeout=10).json()["data"]
+        turn = next(t for t in turns if t["id"] == turn_id)
+        return dict(turn) if turn["status"] == "finished" else None
+
+    turn = wait_for(finished, 120, "the turn in the pod to finish", interval=0.5)
+    assert isinstance(turn, dict)
+    notes, pwd = turn["commands"]
+    workspace = kube_loop.kubelet.work_root / NAMESPACE / f"{pod.metadata.name}-{pod.metadata.uid[:8]}"
+    workspace = workspace / "volumes" / "workspace"
+    assert (notes["status"], notes["stdout"], notes["exit_code"]) == ("completed", "hello\n", 0), notes
+    assert pwd["stdout"] == f"{workspace}\n"
+    assert (workspace / "notes.txt").read_text() == "hello\n"
 
 
 def test_no_secret_in_any_output_or_pod(kube_loop: KubeLoop) -> None:
