@@ -24,7 +24,13 @@ from controller.config import PREFIX, Settings
 from controller.errors import ConfigError
 from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
-from controller.metrics import DECISIONS_TOTAL, SESSIONS_REFUSED_TOTAL, Counters, Metrics
+from controller.metrics import (
+    DECISIONS_TOTAL,
+    SANDBOXES_STOPPED_TOTAL,
+    SESSIONS_REFUSED_TOTAL,
+    Counters,
+    Metrics,
+)
 from controller.receiver import ReceiverServices, create_app
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
@@ -151,6 +157,9 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
         renew_every_seconds=settings.queue.lease_ttl_seconds / 3,
+        idle_timeout_seconds=settings.lifecycle.idle_timeout_seconds,
+        retention_seconds=settings.lifecycle.workspace_retention_seconds,
+        on_stop=lambda cause: metrics.inc(SANDBOXES_STOPPED_TOTAL, reason=cause),
     )
 
 

@@ -107,6 +107,7 @@ class FakeStore:
         self._state: dict[str, _State] = {}
         self.records: dict[str, Record] = {}
         self.abandoned: list[Lease] = []
+        self.timers: dict[str, float] = {}
 
     def _s(self, session_id: str) -> _State:
         return self._state.setdefault(session_id, _State())
@@ -185,6 +186,27 @@ class FakeStore:
     def session_ids(self) -> list[str]:
         with self._lock:
             return sorted(self.records)
+
+    def arm(self, lease: Lease, due_at: float | None) -> None:
+        with self._lock:
+            self._held(lease)
+            if due_at is None:
+                self.timers.pop(lease.session_id, None)
+            else:
+                self.timers[lease.session_id] = due_at
+
+    def timer(self, session_id: str) -> float | None:
+        with self._lock:
+            return self.timers.get(session_id)
+
+    def take_due_at(self, now: float, limit: int = 500) -> list[str]:
+        """``timers.Due.take_due`` at a given time (the Redis one reads Redis's clock)."""
+        with self._lock:
+            due = sorted((t, sid) for sid, t in self.timers.items() if t <= now)[:limit]
+            for _, sid in due:
+                del self.timers[sid]
+                self._s(sid).want += 1
+            return [sid for _, sid in due]
 
 
 @dataclass
