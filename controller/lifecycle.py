@@ -146,10 +146,14 @@ def decide(
         if record is None:
             return Decision(Verdict.IGNORE, "no environment_connection action pending")
         if health in (Health.GONE, Health.FAILED):
-            return Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
-        if past_lifetime:
-            return Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
-        return _idle(session, record, now, idle_timeout_seconds, lifetime_check)
+            decision = Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
+        elif past_lifetime:
+            decision = Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
+        else:
+            decision = _idle(session, record, now, idle_timeout_seconds, lifetime_check)
+        if decision.verdict is Verdict.STOP and retention_seconds > 0:  # the next look: the end of retention
+            decision = replace(decision, recheck_at=now + retention_seconds)
+        return decision
     cannot = _cannot_start(session, policy)
     if cannot is not None:
         return cannot

@@ -351,7 +351,11 @@ class World:
     in ``decisions`` (and also handed to ``on_decision`` when given)."""
 
     def __init__(
-        self, max_lifetime: float | None = None, on_decision: Callable[[str, Decision], None] | None = None
+        self,
+        max_lifetime: float | None = None,
+        on_decision: Callable[[str, Decision], None] | None = None,
+        idle_timeout: float = 0.0,
+        retention: float = 0.0,
     ) -> None:
         self.clock = FakeClock(T0)
         self.sessions = FakeSessions()
@@ -359,6 +363,7 @@ class World:
         self.runner = FakeRunner()
         self.decisions: list[tuple[str, Decision]] = []
         self.published: list[str] = []
+        self.stopped: list[str] = []
 
         def decided(session_id: str, decision: Decision) -> None:
             self.decisions.append((session_id, decision))
@@ -373,6 +378,9 @@ class World:
             grace_seconds=GRACE,
             max_lifetime_seconds=max_lifetime,
             on_decision=decided,
+            idle_timeout_seconds=idle_timeout,
+            retention_seconds=retention,
+            on_stop=self.stopped.append,
         )
 
     def deliver(self, session_id: str = "sess_1") -> list[Decision] | Busy:
@@ -401,6 +409,11 @@ class World:
         done = {sid: verdicts(work(sid, self.deps)) for sid in self.published}
         self.published.clear()
         return done
+
+    def fire_timers(self) -> dict[str, list[Verdict]]:
+        """What the active scheduler does each second: fire due timers, then work each session."""
+        due = self.store.take_due_at(self.clock.now())
+        return {sid: verdicts(work(sid, self.deps)) for sid in due}
 
     def count(self, call: str, session_id: str = "sess_1") -> int:
         """How often the runner saw ``call`` for a session."""

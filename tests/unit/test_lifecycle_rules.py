@@ -230,7 +230,7 @@ def test_sweep_enqueues_the_union_of_mapped_and_managed_once_each() -> None:
     world.store.records["sess_b"] = record("sess_b")  # mapped only (its sandbox vanished)
     world.orphan("sess_c")  # managed only (never recorded)
     result = world.sweep()
-    assert result == reconcile.Sweep(mapped=2, managed=2, enqueued=3)
+    assert result == reconcile.Sweep(mapped=2, managed=2, enqueued=3, running=2)
     assert sorted(world.published) == ["sess_a", "sess_b", "sess_c"]
     for sid in ("sess_a", "sess_b", "sess_c"):
         assert world.store.counters(sid) == (1, 0)
