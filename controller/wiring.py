@@ -26,12 +26,14 @@ from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
 from controller.metrics import (
     DECISIONS_TOTAL,
+    SANDBOXES_RUNNING,
     SANDBOXES_STOPPED_TOTAL,
     SESSIONS_REFUSED_TOTAL,
     Counters,
     Metrics,
 )
 from controller.receiver import ReceiverServices, create_app
+from controller.reconcile import Sweep
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
@@ -204,11 +206,18 @@ class SchedulerParts(NamedTuple):
     runner: Runner
     client: redis.Redis
     publish: Callable[[Job], None]
+    metrics: Metrics
+
+    def on_sweep(self, sweep: Sweep) -> None:
+        """``scheduler.run``'s ``on_sweep``: the running-sandboxes gauge follows each sweep."""
+        self.metrics.set(SANDBOXES_RUNNING, sweep.running)
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
-    return SchedulerParts(store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings))
+    return SchedulerParts(
+        store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings), Metrics()
+    )
 
 
 def receiver_app(settings: Settings) -> Starlette:

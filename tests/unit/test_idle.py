@@ -243,3 +243,22 @@ def test_fire_enqueues_each_due_session_once() -> None:
     assert due == ["sess_1"] and world.store.take_due_at(world.clock.now()) == []
     want, done = world.store.counters("sess_1")
     assert want == done + 1
+
+
+def test_stops_and_running_sandboxes_are_metrics() -> None:
+    """Visible: ``controller_sandboxes_stopped_total{reason}`` counts each cause; the scheduler's
+    ``on_sweep`` sets ``controller_sandboxes_running`` from the sweep."""
+    from controller.metrics import SANDBOXES_RUNNING, SANDBOXES_STOPPED_TOTAL, Metrics
+    from controller.reconcile import Sweep
+    from controller.wiring import SchedulerParts
+
+    metrics = Metrics()
+    for cause in Cause:
+        metrics.inc(SANDBOXES_STOPPED_TOTAL, reason=cause.value)
+    metrics.inc(SANDBOXES_STOPPED_TOTAL, reason="idle")
+    assert metrics.value(SANDBOXES_STOPPED_TOTAL, reason="idle") == 2
+    assert metrics.value(SANDBOXES_STOPPED_TOTAL, reason="replaced") == 1
+    parts = SchedulerParts(None, None, None, None, metrics)  # type: ignore[arg-type]
+    parts.on_sweep(Sweep(mapped=3, managed=4, enqueued=4, running=2))
+    assert metrics.value(SANDBOXES_RUNNING) == 2
+    assert "controller_sandboxes_running 2.0" in metrics.render().decode()
