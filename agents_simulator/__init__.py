@@ -40,7 +40,7 @@ Admin (no auth; loopback only)
     POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)
     POST   /admin/sessions/{id}/remote_url  {"remote_url"}   the session names this remote_url
                                                     from now on (no webhook; tests of L2)
-    GET    /admin/environments                       every environment with its status
+    GET    /admin/environments                       every environment with its status and open_connections
     POST   /admin/environments/{id}/disconnect       close the executor's WebSockets
 
 Every list answer is ``{"object": "list", "data": [...]}``. See ``engine.py`` for the
