@@ -12,6 +12,15 @@ environment_connection action starts compute), L14 (reconnect, don't duplicate),
 executor key goes only to an allowed ``remote_url``; ids are checked before they reach an
 argument list, a path or a label: ``trust.py``). A refused session is logged, counted through
 ``Deps.on_refusal`` and left alone.
+
+Stopping (L11–L13, L16): a running sandbox whose session is ``idle``, lists no
+environment_connection action and has not been active for the idle timeout is STOPped: the
+sandbox goes, its workspace and a stopped mapping stay, and the next connection request
+STARTs a new sandbox on that workspace; DISCARD removes the workspace once its retention is
+over. The decision is made only from a fresh read under the lease, never from an event.
+Every decision says when to look again (``Decision.recheck_at``: idle deadline, end of the
+executor's grace period, maximum lifetime, end of retention), and ``act`` arms that as the
+session's durable timer, fenced (``controller.timers``).
 """
 
 from __future__ import annotations
