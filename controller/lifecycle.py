@@ -171,15 +171,21 @@ def decide(
             Verdict.START, "connection requested; no sandbox", recheck_at=now + grace_seconds + MARGIN_SECONDS
         )
     replaced = Cause.REPLACED
+    fresh = now + grace_seconds + MARGIN_SECONDS  # a new sandbox is looked at again once its grace is over
     if record.environment_id != session.environment.id:
-        return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced)
+        return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced, recheck_at=fresh)
     if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
-        return Decision(Verdict.REPLACE, f"sandbox is {health.value if health else 'unknown'}", cause=replaced)
+        return Decision(
+            Verdict.REPLACE, f"sandbox is {health.value if health else 'unknown'}", cause=replaced, recheck_at=fresh
+        )
     if past_lifetime:  # a connection is wanted: a new sandbox, never a release with nothing started
         return Decision(
-            Verdict.REPLACE, "sandbox is past its maximum lifetime; connection requested", cause=Cause.LIFETIME
+            Verdict.REPLACE,
+            "sandbox is past its maximum lifetime; connection requested",
+            cause=Cause.LIFETIME,
+            recheck_at=fresh,
         )
-    soon = timers.earliest(lifetime_check, now + grace_seconds + MARGIN_SECONDS)
+    soon = timers.earliest(lifetime_check, fresh)
     if connected:
         update = replace(record, disconnected_at=None) if record.disconnected_at is not None else None
         return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=update)
@@ -194,7 +200,7 @@ def decide(
             recheck_at=timers.earliest(lifetime_check, since + grace_seconds + MARGIN_SECONDS),
             update=update,
         )
-    return Decision(Verdict.REPLACE, "executor not connected past the grace period", cause=replaced)
+    return Decision(Verdict.REPLACE, "executor not connected past the grace period", cause=replaced, recheck_at=fresh)
 
 
 def _cannot_start(session: Session, policy: trust.Policy) -> Decision | None:

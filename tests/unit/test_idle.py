@@ -140,6 +140,23 @@ def test_every_start_arms_a_recheck_at_the_end_of_the_grace_period() -> None:
     assert world.store.timer("sess_1") == T0 + GRACE + timers.RESOLUTION_SECONDS
 
 
+def test_a_crash_looping_sandbox_is_looked_at_again_after_each_replacement() -> None:
+    """L15: between a start and the next event, a timer re-checks the sandbox once its grace is
+    over; one that died meanwhile is replaced at once (and re-checked again), so a crash loop
+    cannot use up the API's five-minute connection window waiting for the sweep."""
+    world = started_world()
+    world.sessions.connected["env_1"] = False
+    for generation in (1, 2, 3):
+        saved = world.store.record("sess_1")
+        assert saved is not None and saved.handle.generation == generation
+        world.runner.set_health(saved.handle, Health.FAILED)  # the executor crashed right away
+        world.clock.advance(GRACE + timers.RESOLUTION_SECONDS)
+        assert world.fire_timers() == {"sess_1": [Verdict.REPLACE]}
+        assert world.store.timer("sess_1") == world.clock.now() + GRACE + timers.RESOLUTION_SECONDS
+    assert world.stopped == ["replaced"] * 3
+    assert world.runner.max_live["sess_1"] == 1
+
+
 def test_idle_session_is_stopped_by_its_timer_and_keeps_its_workspace() -> None:
     """L11/L12/L16: after the turn the session goes idle; its timer falls due at last_active_at +
     timeout; the worker re-reads, stops the sandbox, keeps the workspace, arms the retention."""

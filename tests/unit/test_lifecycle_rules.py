@@ -58,7 +58,10 @@ def test_max_lifetime_exactly_at_the_limit_keeps_past_it_stops_or_replaces(sessi
     decision = decide(session, rec, Health.RUNNING, True, clock.now(), GRACE, Routing(), LIFETIME)
     if session is WANTS:
         assert decision == Decision(
-            Verdict.REPLACE, "sandbox is past its maximum lifetime; connection requested", cause=Cause.LIFETIME
+            Verdict.REPLACE,
+            "sandbox is past its maximum lifetime; connection requested",
+            cause=Cause.LIFETIME,
+            recheck_at=clock.now() + GRACE + 1.0,
         )
     else:
         assert decision == Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
