@@ -44,7 +44,7 @@ Admin (no auth; loopback only)
     POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)
     POST   /admin/sessions/{id}/remote_url  {"remote_url"}   the session names this remote_url
                                                     from now on (no webhook; tests of L2)
-    GET    /admin/environments                       every environment with its status
+    GET    /admin/environments                       every environment with its status and open_connections
     POST   /admin/environments/{id}/disconnect       close the executor's WebSockets
     POST   /admin/sessions/{id}/turns  {"commands": [argv | {"argv", "cwd", "env", "timeout_seconds"}]}
                input whose turn runs the commands in the sandbox → 202 the turn

@@ -75,7 +75,12 @@ def routes(sim: Simulator) -> list[Route]:
 
     async def environments(request: Request) -> Response:
         return _listing(
-            {**environment_info_json(e), "session_id": e.session_id, "deleted": e.deleted}
+            {
+                **environment_info_json(e),
+                "session_id": e.session_id,
+                "deleted": e.deleted,
+                "open_connections": sim.open_connections(e.id),
+            }
             for e in sim.environments.values()
         )
 

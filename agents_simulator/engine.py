@@ -276,6 +276,10 @@ class Simulator:
             session.pending_inputs += 1
             self._ask_for_connection(session)
 
+    def open_connections(self, environment_id: str) -> int:
+        """How many executor WebSockets are open for the environment now (two means two executors)."""
+        return len(self._connections.get(environment_id, {}))
+
     async def disconnect_environment(self, environment_id: str) -> int:
         """Close every executor WebSocket of one environment; returns how many."""
         closers = list(self._connections.get(environment_id, {}).values())

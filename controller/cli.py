@@ -72,7 +72,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     settings = _settings("scheduler")
     parts = wiring.scheduler_parts(settings)
-    scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish)
+    scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish, on_sweep=parts.on_sweep)
     return 0
 
 

@@ -157,11 +157,16 @@ class KubernetesSettings:
 
 @dataclass(frozen=True)
 class LifecycleSettings:
-    idle_timeout_seconds: float = 600.0
-    """Stop a sandbox this long after its session went idle (L11). Parsed and validated, but
-    idle shutdown is not implemented yet: sandboxes are kept warm between turns."""
+    idle_timeout_seconds: float = 1800.0
+    """Stop a sandbox once its session has been idle this long (L11, L12): the worker re-reads
+    the session and stops only an ``idle`` one with no pending environment_connection action
+    whose ``last_active_at`` is at least this old; the workspace is kept. 0: keep warm."""
+    workspace_retention_seconds: float = 7 * 24 * 3600.0
+    """Discard a stopped session's workspace this long after its sandbox stopped (L16).
+    0: keep it until the session is deleted or fails."""
     max_lifetime_seconds: float = 0.0
-    """Release any sandbox older than this (0: no limit) (L17)."""
+    """Stop any sandbox older than this, or replace it while a connection is requested
+    (0: no limit) (L17)."""
     reconcile_interval_seconds: float = 300.0
     """How often the scheduler sweeps every mapped session and managed sandbox (L17)."""
 
@@ -325,6 +330,9 @@ class _Parser:
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
                     "IDLE_TIMEOUT_SECONDS", LifecycleSettings.idle_timeout_seconds, float, 0.0
+                ),
+                workspace_retention_seconds=self.number(
+                    "WORKSPACE_RETENTION_SECONDS", LifecycleSettings.workspace_retention_seconds, float, 0.0
                 ),
                 max_lifetime_seconds=self.number(
                     "MAX_LIFETIME_SECONDS", LifecycleSettings.max_lifetime_seconds, float, 0.0

@@ -8,9 +8,15 @@ action-required event). Fields the controller does not use are not checked, so a
 envelope that grows new fields keeps working.
 
 ``classify`` is a plain decision (L4, L9, L10): only an ``environment_connection``
-action and a failed session are enqueued; every other verified event is acknowledged
-and dropped, with a short, fixed ``reason`` fit for logs and metric labels. A session id
+action, a failed session, and an idle session are enqueued; every other verified event is
+acknowledged and dropped, with a short, fixed ``reason`` fit for logs and metric labels. A session id
 that does not match ``trust.ID_PATTERN`` is dropped before anything uses it (L2).
+
+``agent.session.idle`` is a timer signal (L11, L13): its job makes a worker re-read the session
+under its lease and arm the idle check (``last_active_at`` + the idle timeout). It never
+starts compute (only a pending ``environment_connection`` action does) and never stops
+anything by itself: an idle event can arrive after a new input's connection request was
+resolved but before its turn starts, and the re-read then sees the session at work.
 """
 
 from __future__ import annotations
@@ -62,7 +68,7 @@ SESSION_FAILED_RELEASE = Disposition(True, "session_failed")
 OTHER_REQUIRED_ACTION = Disposition(False, "other_required_action")
 SESSION_CREATED_NOT_EAGER = Disposition(False, "session_created")
 LATE_SIGNAL = Disposition(False, "late_signal")
-SESSION_IDLE_SIGNAL = Disposition(False, "session_idle")
+SESSION_IDLE_SIGNAL = Disposition(True, "session_idle")
 ENVIRONMENT_REPORT = Disposition(False, "environment_report")
 UNKNOWN_TYPE = Disposition(False, "unknown_type")
 NO_SESSION = Disposition(False, "no_session")
@@ -122,12 +128,12 @@ def _classify(event: Event) -> Disposition:
         return ENVIRONMENT_CONNECTION_REQUESTED if event.session_id else NO_SESSION
     if event.type == SESSION_FAILED:
         return SESSION_FAILED_RELEASE if event.session_id else NO_SESSION
+    if event.type == SESSION_IDLE:
+        return SESSION_IDLE_SIGNAL if event.session_id else NO_SESSION
     if event.type == SESSION_CREATED:
         return SESSION_CREATED_NOT_EAGER
     if event.type == SESSION_IN_PROGRESS:
         return LATE_SIGNAL
-    if event.type == SESSION_IDLE:
-        return SESSION_IDLE_SIGNAL
     if event.type.startswith(_ENVIRONMENT_PREFIXES):
         return ENVIRONMENT_REPORT
     return UNKNOWN_TYPE

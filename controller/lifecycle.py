@@ -12,16 +12,25 @@ environment_connection action starts compute), L14 (reconnect, don't duplicate),
 executor key goes only to an allowed ``remote_url``; ids are checked before they reach an
 argument list, a path or a label: ``trust.py``). A refused session is logged, counted through
 ``Deps.on_refusal`` and left alone.
+
+Stopping (L11–L13, L16): a running sandbox whose session is ``idle``, lists no
+environment_connection action and has not been active for the idle timeout is STOPped: the
+sandbox goes, its workspace and a stopped mapping stay, and the next connection request
+STARTs a new sandbox on that workspace; DISCARD removes the workspace once its retention is
+over. The decision is made only from a fresh read under the lease, never from an event.
+Every decision says when to look again (``Decision.recheck_at``: idle deadline, end of the
+executor's grace period, maximum lifetime, end of retention), and ``act`` arms that as the
+session's durable timer, fenced (``controller.timers``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Protocol
 
-from controller import logs, trust
+from controller import logs, timers, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
 from controller.errors import Fenced, Permanent
@@ -46,11 +55,23 @@ class Sessions(Protocol):
 
 
 class Verdict(StrEnum):
-    START = "start"  # no sandbox yet: start one
-    REPLACE = "replace"  # sandbox gone, failed, terminating or never connected: exactly one new one
-    KEEP = "keep"  # healthy sandbox: its executor reconnects by itself (L14)
-    RELEASE = "release"  # failed or deleted session: free its compute
+    START = "start"  # no sandbox yet (or a stopped one): start one
+    REPLACE = "replace"  # sandbox gone, failed, terminating, never connected or too old: exactly one new one
+    KEEP = "keep"  # healthy sandbox: its executor reconnects by itself (L14); or idle within the timeout
+    STOP = "stop"  # idle past the timeout (or too old, or dead) with no connection wanted: stop, keep the workspace
+    RELEASE = "release"  # failed or deleted session: free its compute and its workspace
+    DISCARD = "discard"  # a stopped session's workspace is past its retention: delete it
     IGNORE = "ignore"  # nothing to do (deleted without compute, action resolved, not ours)
+
+
+class Cause(StrEnum):
+    """Why a sandbox stopped (the ``reason`` label of ``controller_sandboxes_stopped_total``)."""
+
+    IDLE = "idle"
+    LIFETIME = "lifetime"
+    FAILED = "failed"
+    DELETED = "deleted"
+    REPLACED = "replaced"
 
 
 @dataclass(frozen=True)
@@ -59,6 +80,13 @@ class Decision:
     reason: str
     refused: str | None = None
     """Set when the session was refused (L2): the ``trust.Refusal`` kind, a fixed word."""
+    recheck_at: float | None = None
+    """When to look at the session again (Unix seconds; ``controller.timers``); None: only on
+    the next event or sweep. "Requeue, don't wait for the next event"."""
+    cause: Cause | None = None
+    """Why a sandbox stops (STOP, RELEASE, REPLACE)."""
+    update: Record | None = None
+    """The record as it should be stored after this decision, when it changed (KEEP)."""
 
 
 def refusal(found: trust.Refusal) -> Decision:
@@ -84,6 +112,10 @@ def not_ours(session: Session, routing: Routing) -> str | None:
     return None
 
 
+MARGIN_SECONDS = timers.RESOLUTION_SECONDS
+"""Rechecks of "past a limit" deadlines look one timer resolution after it (past, not at)."""
+
+
 def decide(
     session: Session | None,
     record: Record | None,
@@ -94,41 +126,137 @@ def decide(
     routing: Routing,
     max_lifetime_seconds: float | None = None,
     policy: trust.Policy = trust.DEFAULT_POLICY,
+    idle_timeout_seconds: float = 0.0,
+    retention_seconds: float = 0.0,
 ) -> Decision:
-    """What to do about one session, from what was observed (pure)."""
+    """What to do about one session, from what was observed (pure).
+
+    ``idle_timeout_seconds``: stop an idle session's sandbox this long after its last activity
+    (0: keep warm). ``retention_seconds``: discard a stopped session's workspace this long
+    after the stop (0: keep it until the session is deleted or fails).
+    """
     if session is None:
         if record is not None:
-            return Decision(Verdict.RELEASE, "session was deleted")
+            return Decision(Verdict.RELEASE, "session was deleted", cause=Cause.DELETED)
         return Decision(Verdict.IGNORE, "session was deleted")
     reason = not_ours(session, routing)
     if reason is not None:
         return Decision(Verdict.IGNORE, f"not ours: {reason}")
     if session.status is SessionStatus.FAILED:
         if record is not None:
-            return Decision(Verdict.RELEASE, "session failed")
+            return Decision(Verdict.RELEASE, "session failed", cause=Cause.FAILED)
         return Decision(Verdict.IGNORE, "session failed; no compute to release")
-    if record is not None and max_lifetime_seconds and now - record.started_at > max_lifetime_seconds:
-        return Decision(Verdict.RELEASE, "sandbox is past its maximum lifetime")
+    if record is not None and record.stopped:
+        return _stopped(session, record, now, grace_seconds, retention_seconds, policy)
+    deadline = record.started_at + max_lifetime_seconds if record is not None and max_lifetime_seconds else None
+    past_lifetime = deadline is not None and now > deadline
+    lifetime_check = deadline + MARGIN_SECONDS if deadline is not None else None
     if not session.wants_connection:
-        if record is not None and health in (Health.GONE, Health.FAILED):
-            return Decision(Verdict.RELEASE, f"sandbox is {health.value}; removing the mapping")
-        return Decision(Verdict.IGNORE, "no environment_connection action pending")
+        if record is None:
+            return Decision(Verdict.IGNORE, "no environment_connection action pending")
+        if health in (Health.GONE, Health.FAILED):
+            decision = Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
+        elif past_lifetime:
+            decision = Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
+        else:
+            decision = _idle(session, record, now, idle_timeout_seconds, lifetime_check)
+        if decision.verdict is Verdict.STOP and retention_seconds > 0:  # the next look: the end of retention
+            decision = replace(decision, recheck_at=now + retention_seconds)
+        return decision
+    cannot = _cannot_start(session, policy)
+    if cannot is not None:
+        return cannot
+    if record is None:
+        return Decision(
+            Verdict.START, "connection requested; no sandbox", recheck_at=now + grace_seconds + MARGIN_SECONDS
+        )
+    replaced = Cause.REPLACED
+    fresh = now + grace_seconds + MARGIN_SECONDS  # a new sandbox is looked at again once its grace is over
+    if record.environment_id != session.environment.id:
+        return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced, recheck_at=fresh)
+    if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
+        return Decision(
+            Verdict.REPLACE, f"sandbox is {health.value if health else 'unknown'}", cause=replaced, recheck_at=fresh
+        )
+    if past_lifetime:  # a connection is wanted: a new sandbox, never a release with nothing started
+        return Decision(
+            Verdict.REPLACE,
+            "sandbox is past its maximum lifetime; connection requested",
+            cause=Cause.LIFETIME,
+            recheck_at=fresh,
+        )
+    soon = timers.earliest(lifetime_check, fresh)
+    if connected:
+        update = replace(record, disconnected_at=None) if record.disconnected_at is not None else None
+        return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=update)
+    if connected is None:  # the link state is unknown (API error): never a reason to replace
+        return Decision(Verdict.KEEP, "executor link state unknown; looking again later", recheck_at=soon)
+    since = record.disconnected_at if record.disconnected_at is not None else now
+    if now - since <= grace_seconds:
+        update = replace(record, disconnected_at=since) if record.disconnected_at is None else None
+        return Decision(
+            Verdict.KEEP,
+            "sandbox is up; executor reconnects by itself",
+            recheck_at=timers.earliest(lifetime_check, since + grace_seconds + MARGIN_SECONDS),
+            update=update,
+        )
+    return Decision(Verdict.REPLACE, "executor not connected past the grace period", cause=replaced, recheck_at=fresh)
+
+
+def _cannot_start(session: Session, policy: trust.Policy) -> Decision | None:
+    """Why a session asking for a connection must not get a sandbox, or None when it may."""
     if session.environment.id is None or not session.environment.remote_url:
         return Decision(Verdict.IGNORE, "session lists no environment id or remote url")
     refused = trust.untrusted(session, policy)
     if refused is not None:  # L2: before anything could start or replace a sandbox
         return refusal(refused)
-    if record is None:
-        return Decision(Verdict.START, "connection requested; no sandbox")
-    if record.environment_id != session.environment.id:
-        return Decision(Verdict.REPLACE, "sandbox serves another environment id")
-    if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
-        return Decision(Verdict.REPLACE, f"sandbox is {health.value if health else 'unknown'}")
-    if connected:
-        return Decision(Verdict.KEEP, "executor is connected")
-    if now - record.started_at <= grace_seconds:
-        return Decision(Verdict.KEEP, "sandbox is up; executor reconnects by itself")
-    return Decision(Verdict.REPLACE, "executor not connected past the grace period")
+    return None
+
+
+def _idle(session: Session, record: Record, now: float, timeout: float, lifetime_check: float | None) -> Decision:
+    """A running sandbox whose session wants no connection: stop it only when the session is
+    idle, and has been for the whole timeout (L11, L12); never while it works."""
+    if timeout <= 0:
+        return Decision(
+            Verdict.IGNORE, "no environment_connection action pending; kept warm", recheck_at=lifetime_check
+        )
+    since = max(float(session.last_active_at or 0), record.started_at)
+    if session.status is SessionStatus.IDLE:
+        if now - since >= timeout:
+            return Decision(Verdict.STOP, f"idle for {now - since:.0f}s (idle timeout {timeout:g}s)", cause=Cause.IDLE)
+        return Decision(
+            Verdict.IGNORE,
+            "no environment_connection action pending; idle within the timeout",
+            recheck_at=timers.earliest(since + timeout, lifetime_check),
+        )
+    return Decision(
+        Verdict.IGNORE,
+        f"no environment_connection action pending; session is {session.status.value}, never stopped",
+        recheck_at=timers.earliest(now + timeout, lifetime_check),
+    )
+
+
+def _stopped(
+    session: Session, record: Record, now: float, grace_seconds: float, retention: float, policy: trust.Policy
+) -> Decision:
+    """A session whose sandbox was stopped with its workspace kept (L16)."""
+    assert record.stopped_at is not None
+    if session.wants_connection:
+        cannot = _cannot_start(session, policy)
+        if cannot is not None:
+            return cannot
+        return Decision(
+            Verdict.START,
+            "connection requested; starting on the kept workspace",
+            recheck_at=now + grace_seconds + MARGIN_SECONDS,
+        )
+    if retention <= 0:
+        return Decision(Verdict.IGNORE, "stopped; workspace kept until the session is deleted or fails")
+    if now - record.stopped_at >= retention:
+        return Decision(Verdict.DISCARD, f"stopped {now - record.stopped_at:.0f}s ago; workspace retention is over")
+    return Decision(
+        Verdict.IGNORE, "stopped; workspace kept for its retention", recheck_at=record.stopped_at + retention
+    )
 
 
 def released_for_good(session: Session | None) -> bool:
@@ -165,6 +293,12 @@ class Deps:
     choose_template: Callable[[Session], str | None] = lambda session: None
     renew_every_seconds: float | None = None
     """Renew the lease this often while working (a third of its TTL); None: never."""
+    idle_timeout_seconds: float = 0.0
+    """Stop an idle session's sandbox this long after its last activity; 0: keep warm (L11)."""
+    retention_seconds: float = 0.0
+    """Discard a stopped session's workspace this long after the stop; 0: keep it (L16)."""
+    on_stop: Callable[[str], None] = lambda cause: None
+    """Called with ``Decision.cause`` for each sandbox stopped, released or replaced (metrics)."""
 
 
 def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
@@ -248,6 +382,8 @@ def act(lease: Lease, deps: Deps) -> Decision:
         deps.routing,
         deps.max_lifetime_seconds,
         deps.trust_policy,
+        deps.idle_timeout_seconds,
+        deps.retention_seconds,
     )
     environment_id = session.environment.id if session else None
     if environment_id is not None and not trust.valid_id(environment_id):
@@ -259,29 +395,75 @@ def act(lease: Lease, deps: Deps) -> Decision:
                 "status": session.status.value if session else "deleted",
                 "verdict": decision.verdict.value,
                 "reason": decision.reason,
+                "recheck_at": decision.recheck_at,
             },
         )
         deps.on_decision(sid, decision)
         if decision.refused is not None:
             _refused(decision, deps)
-        elif decision.verdict in (Verdict.START, Verdict.REPLACE):
-            assert session is not None
-            _start(lease, session, record, deps)
-        elif decision.verdict is Verdict.RELEASE:
-            assert record is not None
-            deps.store.check(lease)
-            deps.runner.release(record.handle)
-            if released_for_good(session):
-                deps.runner.discard(sid)  # L16: the workspace goes with the session, not before
-            deps.store.forget(lease)
-            log.info("sandbox released", extra={"sandbox": record.handle.name})
-        elif record is None and released_for_good(session) and deps.runner.keeps_workspace(sid):
-            deps.runner.discard(sid)  # a workspace kept after its sandbox went (L16)
-        elif decision.verdict is Verdict.KEEP and adopted:
-            assert record is not None
-            deps.store.save(lease, record)
-            log.info("sandbox adopted", extra={"sandbox": record.handle.name})
+            return decision
+        _carry_out(lease, decision, session, record, adopted, deps)
+        deps.store.arm(lease, decision.recheck_at)  # fenced: the timer follows the latest decision
     return decision
+
+
+def _carry_out(
+    lease: Lease, decision: Decision, session: Session | None, record: Record | None, adopted: bool, deps: Deps
+) -> None:
+    sid = lease.session_id
+    if decision.verdict in (Verdict.START, Verdict.REPLACE):
+        assert session is not None
+        stopping = record is not None and not record.stopped
+        _start(lease, session, record, deps)
+        if stopping and decision.cause is not None:
+            assert record is not None
+            _stopped_log(decision, session, record, deps)
+    elif decision.verdict is Verdict.RELEASE:
+        assert record is not None
+        deps.store.check(lease)
+        deps.runner.release(record.handle)
+        if released_for_good(session):
+            deps.runner.discard(sid)  # L16: the workspace goes with the session, not before
+        deps.store.forget(lease)
+        log.info("sandbox released", extra={"sandbox": record.handle.name})
+        if not record.stopped:
+            _stopped_log(decision, session, record, deps)
+    elif decision.verdict is Verdict.STOP:
+        assert record is not None and session is not None
+        deps.store.check(lease)
+        deps.runner.release(record.handle)  # the sandbox goes; its workspace stays (L16)
+        deps.store.save(lease, replace(record, stopped_at=deps.clock.now(), disconnected_at=None))
+        _stopped_log(decision, session, record, deps)
+    elif decision.verdict is Verdict.DISCARD:
+        assert record is not None
+        deps.store.check(lease)
+        deps.runner.discard(sid)
+        deps.store.forget(lease)
+        log.info("workspace discarded", extra={"sandbox": record.handle.name})
+    elif record is None and released_for_good(session) and deps.runner.keeps_workspace(sid):
+        deps.runner.discard(sid)  # a workspace kept after its sandbox went (L16)
+    elif decision.update is not None or (decision.verdict is Verdict.KEEP and adopted):
+        assert record is not None
+        deps.store.save(lease, decision.update or record)
+        if adopted:
+            log.info("sandbox adopted", extra={"sandbox": record.handle.name})
+
+
+def _stopped_log(decision: Decision, session: Session | None, record: Record, deps: Deps) -> None:
+    """One line per sandbox stopped, with what the decision saw, and the count by cause."""
+    cause = decision.cause.value if decision.cause is not None else "unknown"
+    log.info(
+        "sandbox stopped",
+        extra={
+            "sandbox": record.handle.name,
+            "cause": cause,
+            "reason": decision.reason,
+            "last_active_at": session.last_active_at if session else None,
+            "idle_timeout_seconds": deps.idle_timeout_seconds,
+            "started_at": record.started_at,
+        },
+    )
+    deps.on_stop(cause)
 
 
 def _refused(decision: Decision, deps: Deps) -> None:
@@ -304,6 +486,7 @@ def _start(lease: Lease, session: Session, record: Record | None, deps: Deps) ->
             environment_id=spec.environment_id,
             handle=handle,
             started_at=deps.clock.now(),
+            disconnected_at=deps.clock.now(),  # not connected yet: the grace period starts now
         ),
     )
     log.info("sandbox started", extra={"sandbox": handle.name, "generation": handle.generation})

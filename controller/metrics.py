@@ -20,6 +20,12 @@ each worker or switch to prometheus_client's multiprocess mode.
                  process's own registry: workers serve no HTTP, so it is not scraped yet
                  (that needs prometheus_client's multiprocess mode and a port per worker).
 
+    controller_sandboxes_stopped_total{reason}
+        sandboxes a worker stopped, released or replaced (``Deps.on_stop``);
+        reason: idle | lifetime | failed | deleted | replaced (``lifecycle.Cause``)
+    controller_sandboxes_running
+        gauge: sandboxes the runner manages, as the active scheduler last counted them
+
 Labels are low-cardinality by construction: never ids, never values from a request.
 """
 
@@ -34,12 +40,15 @@ from prometheus_client import (
     PROCESS_COLLECTOR,
     CollectorRegistry,
     Counter,
+    Gauge,
     generate_latest,
 )
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
 DECISIONS_TOTAL = "controller_decisions_total"
+SANDBOXES_STOPPED_TOTAL = "controller_sandboxes_stopped_total"
+SANDBOXES_RUNNING = "controller_sandboxes_running"
 
 
 class Counters(Protocol):
@@ -76,7 +85,20 @@ class Metrics:
                 ("verdict",),
                 registry=self.registry,
             ),
+            SANDBOXES_STOPPED_TOTAL: Counter(
+                SANDBOXES_STOPPED_TOTAL,
+                "Sandboxes stopped, released or replaced, by reason.",
+                ("reason",),
+                registry=self.registry,
+            ),
         }
+        self._gauges: dict[str, Gauge] = {
+            SANDBOXES_RUNNING: Gauge(SANDBOXES_RUNNING, "Sandboxes the runner manages.", registry=self.registry),
+        }
+
+    def set(self, name: str, value: float) -> None:
+        """Set a named gauge; an unknown name is a bug (KeyError)."""
+        self._gauges[name].set(value)
 
     def inc(self, name: str, **labels: str) -> None:
         """Add one to a named counter; an unknown name or label set is a bug (ValueError/KeyError)."""
@@ -85,7 +107,7 @@ class Metrics:
 
     def value(self, name: str, **labels: str) -> float:
         """The current count (0 when never incremented), for tests and checks."""
-        sample = name if name.endswith("_total") else name + "_total"
+        sample = name if name.endswith("_total") or name in self._gauges else name + "_total"
         return self.registry.get_sample_value(sample, labels) or 0.0
 
     def render(self) -> bytes:

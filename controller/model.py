@@ -103,9 +103,23 @@ class Handle:
 
 @dataclass(frozen=True)
 class Record:
-    """The stored session→sandbox mapping (L1)."""
+    """The stored session→sandbox mapping (L1).
+
+    Its states: active (``stopped_at`` is None: the handle names a sandbox that should be
+    running) → stopped (the sandbox was stopped; the workspace is kept for the next one, L16)
+    → gone (the workspace was discarded and the mapping removed).
+    """
 
     session_id: str
     environment_id: str
     handle: Handle
     started_at: float
+    stopped_at: float | None = None
+    """When the sandbox was stopped with its workspace kept; None while it is active."""
+    disconnected_at: float | None = None
+    """When the executor was first seen without its link (since the start, for a new sandbox);
+    None once it was seen connected. The grace period before a replacement counts from here."""
+
+    @property
+    def stopped(self) -> bool:
+        return self.stopped_at is not None

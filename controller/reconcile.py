@@ -6,7 +6,9 @@ Deleting a session sends nothing, so only a sweep finds compute whose session is
 nobody recorded, or a kept workspace whose session is gone. The sweep decides nothing
 itself: it asks for work on each such session; the worker, holding the session's lease,
 re-reads it and decides with ``lifecycle.decide`` (release, adopt, discard, or leave
-alone). A start and a cleanup of one session therefore never interleave (L18).
+alone). A start and a cleanup of one session therefore never interleave (L18). Each of those
+decisions re-arms the session's durable timer, so the sweep also gives a timer back to a
+mapped session that lost its own (``controller.timers``).
 
 Exactly one scheduler sweeps at a time (``scheduler.Leadership``).
 """
@@ -28,14 +30,25 @@ class Sweep:
     mapped: int
     managed: int
     enqueued: int
+    running: int = 0
+    """Sandboxes the runner manages (live or not yet cleaned up): the running-sandboxes gauge."""
 
 
 def sweep(store: SessionStore, runner: Runner, enqueue: Callable[[str], None]) -> Sweep:
     mapped = set(store.session_ids())
-    managed = {handle.session_id for handle in runner.list_managed()} | set(runner.workspaces())
+    handles = runner.list_managed()
+    managed = {handle.session_id for handle in handles} | set(runner.workspaces())
     for session_id in sorted(mapped | managed):
         store.want(session_id)
         enqueue(session_id)
-    result = Sweep(mapped=len(mapped), managed=len(managed), enqueued=len(mapped | managed))
-    log.info("reconcile sweep", extra={"mapped": result.mapped, "managed": result.managed, "enqueued": result.enqueued})
+    result = Sweep(mapped=len(mapped), managed=len(managed), enqueued=len(mapped | managed), running=len(handles))
+    log.info(
+        "reconcile sweep",
+        extra={
+            "mapped": result.mapped,
+            "managed": result.managed,
+            "enqueued": result.enqueued,
+            "running": result.running,
+        },
+    )
     return result

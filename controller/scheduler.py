@@ -6,9 +6,11 @@ only when a leader misses two renewals in a row, and a standby takes over within
 of the leader stopping. A scheduler that cannot renew stops working until it wins the key
 again, so two never act at once.
 
-Each round the leader runs the recovery pass (``controller.recovery``, every
-``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the reconcile sweep
-(``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``).
+Each round the leader fires the durable timers that fell due (``controller.timers``, every
+``timers.RESOLUTION_SECONDS``: about one second), runs the recovery pass
+(``controller.recovery``, every ``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the
+reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``).
+A round is therefore at most a second long, and so is a third of the leadership's TTL.
 
 Redis or the broker being away is a state, not a crash: the loop logs "redis unavailable"
 with the reason and tries again next round; "another scheduler is active" is logged only
@@ -24,16 +26,23 @@ import time
 from collections.abc import Callable
 from enum import StrEnum
 from types import FrameType
+from typing import Protocol
 
 import kombu.exceptions
 import redis
 
-from controller import logs, reconcile, recovery
+from controller import logs, reconcile, recovery, timers
 from controller.config import Settings
 from controller.errors import QueueUnavailable, StoreUnavailable, Transient
 from controller.inbox import Job
 from controller.recovery import RecoverableStore
 from controller.runners.base import Runner
+from controller.timers import Due
+
+
+class SchedulerStore(RecoverableStore, Due, Protocol):
+    """The store as the scheduler needs it: leases, mappings, pending work and due timers."""
+
 
 log = logs.get(__name__)
 LEADER_KEY = "sc:scheduler:leader"
@@ -75,15 +84,18 @@ class Role(StrEnum):
 
 def run(
     settings: Settings,
-    store: RecoverableStore,
+    store: SchedulerStore,
     runner: Runner,
     client: redis.Redis,
     publish: Callable[[Job], None],
     stop: threading.Event | None = None,
+    on_sweep: Callable[[reconcile.Sweep], None] = lambda sweep: None,
 ) -> None:
+    """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge)."""
     sweep_every = settings.lifecycle.reconcile_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
-    tick = min(sweep_every, recover_every)
+    fire_every = timers.RESOLUTION_SECONDS
+    tick = min(sweep_every, recover_every, fire_every)
     leadership = Leadership(client, ttl_seconds=leadership_ttl_seconds(tick))
     stop = stop or threading.Event()
 
@@ -108,7 +120,7 @@ def run(
         extra={"interval_seconds": sweep_every, "recovery_interval_seconds": recover_every},
     )
     role: Role | None = None
-    next_sweep = next_recovery = 0.0
+    next_sweep = next_recovery = next_fire = 0.0
     while not stop.is_set():
         try:
             now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
@@ -123,17 +135,19 @@ def run(
         role = now_role
         if role is Role.LEADING:
             now = time.monotonic()
+            if now >= next_fire and _guarded("timers", lambda: timers.fire(store, enqueuer("timer"))):
+                next_fire = now + fire_every
             if now >= next_recovery and _guarded(
                 "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
             ):
                 next_recovery = now + recover_every
             if now >= next_sweep and _guarded(
-                "reconcile sweep", lambda: reconcile.sweep(store, runner, enqueuer("reconcile"))
+                "reconcile sweep", lambda: on_sweep(reconcile.sweep(store, runner, enqueuer("reconcile")))
             ):
                 next_sweep = now + sweep_every
             # Wake for whichever is due next (a failed step is retried after one tick).
-            due = min(next_sweep, next_recovery) - time.monotonic()
-            stop.wait(min(tick, max(0.1, due)) if due > 0 else tick)
+            wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
+            stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)
         else:
             stop.wait(tick)
     log.info("scheduler stopped")

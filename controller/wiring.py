@@ -24,8 +24,16 @@ from controller.config import PREFIX, Settings
 from controller.errors import ConfigError
 from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
-from controller.metrics import DECISIONS_TOTAL, SESSIONS_REFUSED_TOTAL, Counters, Metrics
+from controller.metrics import (
+    DECISIONS_TOTAL,
+    SANDBOXES_RUNNING,
+    SANDBOXES_STOPPED_TOTAL,
+    SESSIONS_REFUSED_TOTAL,
+    Counters,
+    Metrics,
+)
 from controller.receiver import ReceiverServices, create_app
+from controller.reconcile import Sweep
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
@@ -151,6 +159,9 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
         renew_every_seconds=settings.queue.lease_ttl_seconds / 3,
+        idle_timeout_seconds=settings.lifecycle.idle_timeout_seconds,
+        retention_seconds=settings.lifecycle.workspace_retention_seconds,
+        on_stop=lambda cause: metrics.inc(SANDBOXES_STOPPED_TOTAL, reason=cause),
     )
 
 
@@ -195,11 +206,18 @@ class SchedulerParts(NamedTuple):
     runner: Runner
     client: redis.Redis
     publish: Callable[[Job], None]
+    metrics: Metrics
+
+    def on_sweep(self, sweep: Sweep) -> None:
+        """``scheduler.run``'s ``on_sweep``: the running-sandboxes gauge follows each sweep."""
+        self.metrics.set(SANDBOXES_RUNNING, sweep.running)
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
-    return SchedulerParts(store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings))
+    return SchedulerParts(
+        store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings), Metrics()
+    )
 
 
 def receiver_app(settings: Settings) -> Starlette:

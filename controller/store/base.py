@@ -14,6 +14,9 @@ while it works, so the TTL can be short and a dead worker's sessions are free ag
 Wanted work is never dropped: ``want`` > done stays recorded until a ``complete`` catches up,
 whatever happens to the job that was queued for it; the scheduler's recovery pass
 (``controller.recovery``) enqueues such sessions again.
+
+Each session may also have one durable timer (``arm``): when it falls due, the active
+scheduler wants work on the session the same way (``controller.timers``).
 """
 
 from __future__ import annotations
@@ -72,4 +75,13 @@ class SessionStore(Protocol):
 
     def session_ids(self) -> list[str]:
         """Every session with a mapping (for reconciliation)."""
+        ...
+
+    def arm(self, lease: Lease, due_at: float | None) -> None:
+        """Fenced: set the session's one timer to ``due_at`` (Unix seconds), replacing any
+        earlier one; None removes it (``controller.timers``)."""
+        ...
+
+    def timer(self, session_id: str) -> float | None:
+        """When the session's timer is due, or None when it has none."""
         ...

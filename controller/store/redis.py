@@ -13,6 +13,8 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
     sc:requeues      per pending session, how often it was re-enqueued without a worker
                      taking it since (hash; paces the recovery pass during a long backlog)
     sc:seen:{wid}    de-duplication: "pending" while enqueueing, "done" after
+    sc:timers        each session's one durable timer (sorted set; score: due time, Unix ms;
+                     see ``controller.timers``): ``take_due`` pops due ones and wants work
 
 ``sc:want``/``sc:done`` are deleted by the ``complete`` that catches up with the last want of
 a session that has no mapping: nothing is pending then, and a later delivery simply starts
@@ -167,7 +169,34 @@ return taken
 """
 )
 
+_ARM = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+if ARGV[3] == '' then
+  redis.call('ZREM', KEYS[2], ARGV[2])
+else
+  redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
+end
+return 1
+"""
+
+# Pop due timers and want work on each, as ``_WANT`` does, in one step: a timer is never lost
+# between being taken and its work being recorded (the recovery pass enqueues what is wanted).
+_TAKE_DUE = (
+    _NOW_MS
+    + """
+local now = now_ms()
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', string.format('%d', now), 'LIMIT', 0, ARGV[1])
+for _, sid in ipairs(due) do
+  redis.call('ZREM', KEYS[1], sid)
+  redis.call('INCR', 'sc:want:' .. sid)
+  redis.call('ZADD', KEYS[2], string.format('%d', now + tonumber(ARGV[2])), sid)
+end
+return due
+"""
+)
+
 SESSIONS_KEY = "sc:sessions"
+TIMERS_KEY = "sc:timers"
 PENDING_KEY = "sc:pending"
 REQUEUES_KEY = "sc:requeues"
 FENCE_TTL_MS = 24 * 3600 * 1000
@@ -215,6 +244,8 @@ class RedisSessionStore:
         self._save = client.register_script(_SAVE)
         self._forget = client.register_script(_FORGET)
         self._take_overdue = client.register_script(_TAKE_OVERDUE)
+        self._arm = client.register_script(_ARM)
+        self._take_due = client.register_script(_TAKE_DUE)
 
     @property
     def lease_ttl_seconds(self) -> float:
@@ -302,6 +333,29 @@ class RedisSessionStore:
             members: set[str] = self._r.smembers(SESSIONS_KEY)  # type: ignore[assignment]
             return sorted(members)
 
+    def arm(self, lease: Lease, due_at: float | None) -> None:
+        sid = lease.session_id
+        due = "" if due_at is None else str(int(due_at * 1000))
+        with _translated("arm timer"):
+            ok = self._arm(keys=[f"sc:lease:{sid}", TIMERS_KEY], args=[lease.token, sid, due])
+        if not ok:
+            raise Fenced(f"lease of session {sid} lost; timer not armed")
+
+    def timer(self, session_id: str) -> float | None:
+        with _translated("read timer"):
+            score = self._r.zscore(TIMERS_KEY, session_id)
+        return None if score is None else float(score) / 1000
+
+    def take_due(self, limit: int) -> list[str]:
+        """Sessions whose timer is due: each timer removed, the session's work wanted (one step)."""
+        with _translated("take due timers"):
+            due: list[str] = self._take_due(keys=[TIMERS_KEY, PENDING_KEY], args=[limit, self._requeue_ms])
+        return list(due)
+
+    def timer_count(self) -> int:
+        with _translated("count timers"):
+            return int(self._r.zcard(TIMERS_KEY))
+
 
 def _record_fields(record: Record) -> dict[str, str]:
     return {
@@ -311,7 +365,13 @@ def _record_fields(record: Record) -> dict[str, str]:
         "uid": record.handle.uid,
         "handle_environment_id": record.handle.environment_id,
         "started_at": repr(record.started_at),
+        "stopped_at": "" if record.stopped_at is None else repr(record.stopped_at),
+        "disconnected_at": "" if record.disconnected_at is None else repr(record.disconnected_at),
     }
+
+
+def _optional_time(text: str | None) -> float | None:
+    return float(text) if text else None
 
 
 def _record_from(session_id: str, data: dict[str, str]) -> Record:
@@ -326,6 +386,8 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
             environment_id=data.get("handle_environment_id", ""),
         ),
         started_at=float(data.get("started_at", "0")),
+        stopped_at=_optional_time(data.get("stopped_at")),
+        disconnected_at=_optional_time(data.get("disconnected_at")),
     )
 
 

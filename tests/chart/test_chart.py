@@ -655,6 +655,48 @@ def test_env_names_are_settings_the_controller_reads(chart: Any) -> None:
     assert seen == expected, sorted(expected - seen)
 
 
+# Settings the controller reads that the chart leaves unset on purpose, each with its reason.
+NOT_SET_BY_THE_CHART = {
+    "CONTROLLER_API_KEY": "the chart mounts the key as a file: CONTROLLER_API_KEY_FILE",
+    "CONTROLLER_WEBHOOK_SECRETS": "the chart mounts the secrets as a file: CONTROLLER_WEBHOOK_SECRETS_FILE",
+    "CONTROLLER_EXECUTOR_KEY": "the Kubernetes runner hands the key to pods through a Secret (L2)",
+    "CONTROLLER_EXECUTOR_KEY_FILE": "the Kubernetes runner hands the key to pods through a Secret (L2)",
+    "CONTROLLER_EXECUTOR_COMMAND": "local runner only (pods run the image's entrypoint)",
+    "CONTROLLER_LOCAL_STATE_DIRECTORY": "local runner only",
+    "CONTROLLER_LOCAL_EXECUTOR_USER": "local runner only",
+    "CONTROLLER_LOCAL_EXECUTOR_SAME_USER": "local runner only",
+}
+
+
+def test_chart_sets_exactly_the_settings_the_config_reads(chart: Any) -> None:
+    """The chart's environment names (over every values file in ci/) equal the settings
+    controller.config reads (``KEYS``, taken from the parser), except the listed ones."""
+    assert set(NOT_SET_BY_THE_CHART) <= KEYS, sorted(set(NOT_SET_BY_THE_CHART) - KEYS)
+    seen: set[str] = set()
+    for _, values in CASES:
+        seen |= env_names(render(chart, values))
+    assert seen == KEYS - set(NOT_SET_BY_THE_CHART), (
+        sorted(KEYS - set(NOT_SET_BY_THE_CHART) - seen),
+        sorted(seen - KEYS),
+    )
+
+
+def test_lifecycle_values_reach_the_settings(chart: Any) -> None:
+    """L11/L16/L17: idle timeout, workspace retention, maximum lifetime and the scheduler's
+    intervals are chart values, with the config's defaults."""
+    from controller.config import LifecycleSettings, QueueSettings
+
+    objects = render(chart, CREDENTIALS)
+    data = one(objects, "ConfigMap", _full(objects))["data"]
+    assert float(data["CONTROLLER_IDLE_TIMEOUT_SECONDS"]) == LifecycleSettings.idle_timeout_seconds == 1800
+    assert float(data["CONTROLLER_WORKSPACE_RETENTION_SECONDS"]) == LifecycleSettings.workspace_retention_seconds
+    assert float(data["CONTROLLER_MAX_LIFETIME_SECONDS"]) == LifecycleSettings.max_lifetime_seconds
+    assert float(data["CONTROLLER_RECONCILE_INTERVAL_SECONDS"]) == LifecycleSettings.reconcile_interval_seconds
+    assert float(data["CONTROLLER_RECOVERY_INTERVAL_SECONDS"]) == QueueSettings.recovery_interval_seconds
+    assert float(data["CONTROLLER_RECOVERY_AFTER_SECONDS"]) == QueueSettings.recovery_after_seconds
+    assert float(data["CONTROLLER_LEASE_TTL_SECONDS"]) == QueueSettings.lease_ttl_seconds
+
+
 def test_config_map_values(chart: Any) -> None:
     """The ConfigMap carries the runner's settings, with units as the controller parses them."""
     objects = render(chart, load_values(CI_DIR / "production-values.yaml"))

@@ -216,3 +216,55 @@ def test_a_persistent_workspace_outlives_its_pod_until_discarded(kube_world: Kub
     wait_for(lambda: not runner.keeps_workspace(spec.session_id), 30, "the PVC to be deleted")
     assert spec.session_id not in runner.workspaces()
     assert runner.keeps_workspace("sess_never_seen") is False
+
+
+def test_an_idle_stop_deletes_the_pod_keeps_the_pvc_and_the_next_start_mounts_it(kube_world: KubeWorld) -> None:
+    """L11/L16: the lifecycle's idle STOP (fake clock and session, real runner and API server)
+    deletes the pod and keeps the session's PVC; the next environment_connection starts a new
+    pod of the next generation that mounts that same claim; nothing is discarded."""
+    from controller import lifecycle
+    from controller.clock import FakeClock
+    from controller.lifecycle import Deps, Verdict
+    from controller.model import Environment, RequiredAction, Session, SessionStatus
+    from controller.runners.kubernetes import names
+    from controller.trust import Policy
+    from tests.support.fakes import FakeSessions, FakeStore
+
+    runner = _runner(kube_world, template=replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"))
+    spec = _session(kube_world)
+    clock = FakeClock(1_700_000_000.0)
+    sessions, store = FakeSessions(), FakeStore()
+    environment = Environment("self_hosted", spec.environment_id, spec.remote_url, spec.workspace_directory)
+    wants = Session(
+        spec.session_id,
+        SessionStatus.REQUIRES_ACTION,
+        environment,
+        (RequiredAction("environment_connection", spec.environment_id),),
+    )
+    deps = Deps(sessions, store, runner, clock, idle_timeout_seconds=60, trust_policy=Policy(("127.0.0.1",)))
+
+    def deliver() -> list[Verdict]:
+        store.want(spec.session_id)
+        result = lifecycle.work(spec.session_id, deps)
+        assert isinstance(result, list)
+        return [d.verdict for d in result]
+
+    sessions.put(wants)
+    assert deliver() == [Verdict.START]
+    first = _pods(kube_world, kube_world.namespace, spec)
+    assert len(first) == 1
+    sessions.put(replace(wants, status=SessionStatus.IDLE, required_actions=(), last_active_at=int(clock.now())))
+    clock.advance(60)
+    assert deliver() == [Verdict.STOP]
+    wait_for(lambda: not _pods(kube_world, kube_world.namespace, spec), 30, "the pod to be deleted")
+    assert runner.keeps_workspace(spec.session_id)
+    sessions.put(wants)
+    assert deliver() == [Verdict.START]
+    [second] = _pods(kube_world, kube_world.namespace, spec)
+    assert second.metadata.uid != first[0].metadata.uid
+    claims = [v.persistent_volume_claim.claim_name for v in second.spec.volumes if v.persistent_volume_claim]
+    assert claims == [names.pvc_name(spec.session_id)]
+    record = store.record(spec.session_id)
+    assert record is not None and record.handle.generation == 2 and not record.stopped
+    runner.release(record.handle)
+    runner.discard(spec.session_id)

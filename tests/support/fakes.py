@@ -107,6 +107,7 @@ class FakeStore:
         self._state: dict[str, _State] = {}
         self.records: dict[str, Record] = {}
         self.abandoned: list[Lease] = []
+        self.timers: dict[str, float] = {}
 
     def _s(self, session_id: str) -> _State:
         return self._state.setdefault(session_id, _State())
@@ -185,6 +186,27 @@ class FakeStore:
     def session_ids(self) -> list[str]:
         with self._lock:
             return sorted(self.records)
+
+    def arm(self, lease: Lease, due_at: float | None) -> None:
+        with self._lock:
+            self._held(lease)
+            if due_at is None:
+                self.timers.pop(lease.session_id, None)
+            else:
+                self.timers[lease.session_id] = due_at
+
+    def timer(self, session_id: str) -> float | None:
+        with self._lock:
+            return self.timers.get(session_id)
+
+    def take_due_at(self, now: float, limit: int = 500) -> list[str]:
+        """``timers.Due.take_due`` at a given time (the Redis one reads Redis's clock)."""
+        with self._lock:
+            due = sorted((t, sid) for sid, t in self.timers.items() if t <= now)[:limit]
+            for _, sid in due:
+                del self.timers[sid]
+                self._s(sid).want += 1
+            return [sid for _, sid in due]
 
 
 @dataclass
@@ -329,7 +351,11 @@ class World:
     in ``decisions`` (and also handed to ``on_decision`` when given)."""
 
     def __init__(
-        self, max_lifetime: float | None = None, on_decision: Callable[[str, Decision], None] | None = None
+        self,
+        max_lifetime: float | None = None,
+        on_decision: Callable[[str, Decision], None] | None = None,
+        idle_timeout: float = 0.0,
+        retention: float = 0.0,
     ) -> None:
         self.clock = FakeClock(T0)
         self.sessions = FakeSessions()
@@ -337,6 +363,7 @@ class World:
         self.runner = FakeRunner()
         self.decisions: list[tuple[str, Decision]] = []
         self.published: list[str] = []
+        self.stopped: list[str] = []
 
         def decided(session_id: str, decision: Decision) -> None:
             self.decisions.append((session_id, decision))
@@ -351,6 +378,9 @@ class World:
             grace_seconds=GRACE,
             max_lifetime_seconds=max_lifetime,
             on_decision=decided,
+            idle_timeout_seconds=idle_timeout,
+            retention_seconds=retention,
+            on_stop=self.stopped.append,
         )
 
     def deliver(self, session_id: str = "sess_1") -> list[Decision] | Busy:
@@ -379,6 +409,11 @@ class World:
         done = {sid: verdicts(work(sid, self.deps)) for sid in self.published}
         self.published.clear()
         return done
+
+    def fire_timers(self) -> dict[str, list[Verdict]]:
+        """What the active scheduler does each second: fire due timers, then work each session."""
+        due = self.store.take_due_at(self.clock.now())
+        return {sid: verdicts(work(sid, self.deps)) for sid in due}
 
     def count(self, call: str, session_id: str = "sess_1") -> int:
         """How often the runner saw ``call`` for a session."""

@@ -193,16 +193,17 @@ def test_deleting_a_session_releases_its_executor_on_the_next_sweep(loop: Loop) 
     wait_for(lambda: not loop.redis.client().exists(f"sc:rec:{session['id']}"), 30, "the mapping to go")
 
 
-def test_a_mapping_whose_executor_died_is_removed_on_the_next_sweep(loop: Loop) -> None:
-    """L17: every mapping without compute is removed: an executor that died while its
-    session was idle leaves a mapping that the sweep cleans up (and starts nothing)."""
+def test_a_mapping_whose_executor_died_is_marked_stopped_on_the_next_sweep(loop: Loop) -> None:
+    """L16/L17: no mapping claims compute that is gone: an executor that died while its session
+    was idle leaves a mapping that the sweep marks stopped (its workspace kept for the next
+    sandbox, until its retention ends), and starts nothing."""
     with loop.api() as client:
         session = loop.create_session(client)
     wait_for(lambda: _status(loop, session["id"]) == "idle", 60, "the turn to finish")
     handle = next(h for h in loop.runner().live() if h.session_id == session["id"])
     leader, ticks = (int(part) for part in handle.uid.split(":"))
     os.kill(leader, signal.SIGKILL)  # the npm launcher only: the native codex it started lives on
-    wait_for(lambda: not loop.redis.client().exists(f"sc:rec:{session['id']}"), 60, "the sweep to drop the mapping")
+    wait_for(lambda: loop.redis.client().hget(f"sc:rec:{session['id']}", "stopped_at"), 60, "the sweep to stop it")
     assert loop.live_executors()[session["id"]] == 0
     assert members(leader, ticks) == [], "a process of the dead executor's group was left running"
 

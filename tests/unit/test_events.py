@@ -39,11 +39,17 @@ def test_other_required_actions_are_dropped(name: str) -> None:
 
 @pytest.mark.parametrize(
     ("name", "reason"),
-    [("created", "session_created"), ("in_progress", "late_signal"), ("idle", "session_idle")],
+    [("created", "session_created"), ("in_progress", "late_signal")],
 )
 def test_late_signals_never_start_compute(name: str, reason: str) -> None:
-    """L9: created, in_progress and idle never enqueue a start (eager mode is not implemented)."""
+    """L9: created and in_progress never enqueue a start (eager mode is not implemented)."""
     assert disposition_of(name) == Disposition(False, reason)
+
+
+def test_idle_is_enqueued_as_a_timer_signal() -> None:
+    """L11/L13: an idle event asks for a look (the worker re-reads and arms the idle check);
+    whether anything starts or stops is decided from the re-read session, never from the event."""
+    assert disposition_of("idle") == Disposition(True, "session_idle")
 
 
 @pytest.mark.parametrize(
@@ -69,10 +75,11 @@ def test_unknown_types_are_acknowledged(name: str) -> None:
     assert disposition_of(name) == Disposition(False, "unknown_type")
 
 
-def test_only_two_kinds_are_ever_enqueued() -> None:
-    """L4, L9, L10: across every sample, exactly the connection request and the failure enqueue."""
+def test_only_three_kinds_are_ever_enqueued() -> None:
+    """L4, L9, L10, L13: across every sample, exactly the connection request, the failure and the
+    idle signal (a timer signal: it asks for a look, never for compute) enqueue."""
     enqueued = {name for name in SAMPLE_ENVELOPES if disposition_of(name).enqueue}
-    assert enqueued == {"environment_connection", "failed"}
+    assert enqueued == {"environment_connection", "failed", "idle"}
 
 
 def test_parse_keeps_ids_and_raw_data() -> None:

@@ -47,19 +47,42 @@ def test_keep_when_healthy_and_connected(health: Health) -> None:
 
 
 def test_grace_edge_exactly_at_grace_keeps_past_grace_replaces() -> None:
-    """L14: a running but unconnected sandbox is kept up to the grace period, replaced after."""
+    """L14: a running but unconnected sandbox is kept up to the grace period, replaced after
+    (a new sandbox is recorded as not connected since its start)."""
     clock = FakeClock(T0)
-    rec = record(started_at=clock.now())
+    rec = replace(record(started_at=clock.now()), disconnected_at=clock.now())
     clock.advance(GRACE)
     assert verdict(make_session(), rec, Health.RUNNING, connected=False, now=clock.now()) is Verdict.KEEP
     clock.advance(0.001)
     assert verdict(make_session(), rec, Health.RUNNING, connected=False, now=clock.now()) is Verdict.REPLACE
 
 
-def test_unknown_connection_past_grace_replaces() -> None:
-    """L14: connection unknown (API could not tell) counts as not connected once past grace."""
-    assert verdict(make_session(), record(), Health.RUNNING, connected=None, now=T0 + GRACE) is Verdict.KEEP
-    assert verdict(make_session(), record(), Health.RUNNING, connected=None, now=T0 + GRACE + 1) is Verdict.REPLACE
+def test_unknown_connection_never_replaces() -> None:
+    """L14/L15: an unknown link state (the API could not tell) is no reason to replace a sandbox,
+    however long it has been down; the decision looks again within the grace period."""
+    down = replace(record(), disconnected_at=T0)
+    for rec in (record(), down):
+        decision = decide(make_session(), rec, Health.RUNNING, None, T0 + 10 * GRACE, GRACE, ROUTING)
+        assert decision.verdict is Verdict.KEEP
+        assert decision.recheck_at is not None and decision.recheck_at <= T0 + 11 * GRACE + 1
+
+
+def test_grace_counts_from_the_first_observed_disconnect_not_from_the_start() -> None:
+    """L14/L15: an executor that was connected and dropped its link a second ago is kept for
+    the grace period from that moment, even though the sandbox is older than the grace period;
+    the first observation is stored on the record (``update``) and a recheck is armed."""
+    old = record(started_at=T0)
+    now = T0 + 8 * GRACE
+    first = decide(make_session(), old, Health.RUNNING, False, now, GRACE, ROUTING)
+    assert first.verdict is Verdict.KEEP
+    assert first.update == replace(old, disconnected_at=now)
+    assert first.recheck_at is not None and now + GRACE < first.recheck_at <= now + GRACE + 1
+    seen = first.update
+    assert decide(make_session(), seen, Health.RUNNING, False, now + GRACE, GRACE, ROUTING).verdict is Verdict.KEEP
+    late = decide(make_session(), seen, Health.RUNNING, False, now + GRACE + 0.5, GRACE, ROUTING)
+    assert late.verdict is Verdict.REPLACE
+    back = decide(make_session(), seen, Health.RUNNING, True, now + 1, GRACE, ROUTING)
+    assert back.verdict is Verdict.KEEP and back.update == replace(seen, disconnected_at=None)
 
 
 @pytest.mark.parametrize("health", [Health.GONE, Health.FAILED, Health.TERMINATING, None])

@@ -13,7 +13,7 @@ import pytest
 
 from controller import reconcile
 from controller.clock import FakeClock
-from controller.lifecycle import Decision, Routing, Verdict, decide, work
+from controller.lifecycle import Cause, Decision, Routing, Verdict, decide, work
 from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
 from controller.store.base import Busy
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
@@ -45,15 +45,26 @@ def verdict(
 @pytest.mark.parametrize(
     ("session", "before"), [(WANTS, Verdict.KEEP), (IDLE, Verdict.IGNORE)], ids=["connection-pending", "idle"]
 )
-def test_max_lifetime_exactly_at_the_limit_keeps_past_it_releases(session, before: Verdict) -> None:
-    """L17: a sandbox is released once it is past its maximum lifetime, not at it."""
+def test_max_lifetime_exactly_at_the_limit_keeps_past_it_stops_or_replaces(session, before: Verdict) -> None:
+    """L17/L15: a sandbox is stopped once it is past its maximum lifetime, not at it; while a
+    connection is requested it is replaced, never released with nothing started."""
     clock = FakeClock(T0)
     rec = record(started_at=clock.now())
     clock.advance(LIFETIME)
-    assert verdict(session, rec, Health.RUNNING, now=clock.now(), max_lifetime=LIFETIME) is before
+    at_limit = decide(session, rec, Health.RUNNING, True, clock.now(), GRACE, Routing(), LIFETIME)
+    assert at_limit.verdict is before
+    assert at_limit.recheck_at is not None and T0 + LIFETIME < at_limit.recheck_at <= T0 + LIFETIME + 1
     clock.advance(0.001)
     decision = decide(session, rec, Health.RUNNING, True, clock.now(), GRACE, Routing(), LIFETIME)
-    assert decision == Decision(Verdict.RELEASE, "sandbox is past its maximum lifetime")
+    if session is WANTS:
+        assert decision == Decision(
+            Verdict.REPLACE,
+            "sandbox is past its maximum lifetime; connection requested",
+            cause=Cause.LIFETIME,
+            recheck_at=clock.now() + GRACE + 1.0,
+        )
+    else:
+        assert decision == Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
 
 
 @pytest.mark.parametrize("no_limit", [0, 0.0, None])
@@ -83,11 +94,12 @@ def test_max_lifetime_does_not_override_routing() -> None:
 @pytest.mark.parametrize(
     "status", [SessionStatus.IDLE, SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION, SessionStatus.UNKNOWN]
 )
-def test_mapping_of_a_gone_or_failed_sandbox_is_released(health: Health, status: SessionStatus) -> None:
-    """L17: with no connection pending, a mapping whose sandbox is gone or failed is removed."""
+def test_mapping_of_a_gone_or_failed_sandbox_is_stopped(health: Health, status: SessionStatus) -> None:
+    """L16/L17: with no connection pending, a mapping whose sandbox is gone or failed becomes a
+    stopped one (the workspace is kept; its retention removes it)."""
     session = make_session(status=status, actions=("function_call",) if status is SessionStatus.REQUIRES_ACTION else ())
     decision = decide(session, record(), health, None, T0, GRACE, Routing())
-    assert decision == Decision(Verdict.RELEASE, f"sandbox is {health.value}; removing the mapping")
+    assert decision == Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
 
 
 @pytest.mark.parametrize("health", [Health.GONE, Health.FAILED])
@@ -145,8 +157,9 @@ def test_orphan_of_an_idle_session_is_neither_stopped_nor_duplicated() -> None:
     assert "sess_1" in world.runner.live
 
 
-def test_max_lifetime_release_in_work() -> None:
-    """L17: the worker releases a sandbox past its maximum lifetime and removes the mapping."""
+def test_max_lifetime_replace_in_work() -> None:
+    """L15/L17: past its maximum lifetime while a connection is requested, the sandbox is
+    replaced by exactly one new one (never released with nothing started)."""
     world = World(max_lifetime=LIFETIME)
     world.sessions.put(make_session())
     world.sessions.connected["env_1"] = True
@@ -154,9 +167,11 @@ def test_max_lifetime_release_in_work() -> None:
     world.clock.advance(LIFETIME)
     assert verdicts(world.deliver()) == [Verdict.KEEP]
     world.clock.advance(1)
-    assert verdicts(world.deliver()) == [Verdict.RELEASE]
-    assert world.runner.live == {} and world.store.record("sess_1") is None
-    assert world.count("release") == 1
+    assert verdicts(world.deliver()) == [Verdict.REPLACE]
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.handle.generation == 2 and not saved.stopped
+    assert world.count("release") == 1 and world.count("ensure") == 2
+    assert world.runner.max_live["sess_1"] == 1
 
 
 def test_mapping_of_a_vanished_sandbox_is_removed() -> None:
@@ -165,8 +180,9 @@ def test_mapping_of_a_vanished_sandbox_is_removed() -> None:
     world.sessions.put(IDLE)
     handle = world.mapped()
     world.runner.live.clear()  # gone without the controller
-    assert verdicts(world.deliver()) == [Verdict.RELEASE]
-    assert world.store.record("sess_1") is None
+    assert verdicts(world.deliver()) == [Verdict.STOP]
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.stopped
     assert world.count("ensure") == 0
     assert ("release", "sess_1", handle.generation) in world.runner.calls  # releasing what is gone is fine
 
@@ -177,8 +193,9 @@ def test_crashed_sandbox_of_a_live_session_keeps_its_workspace() -> None:
     world.sessions.put(IDLE)
     handle = world.mapped()
     world.runner.set_health(handle, Health.FAILED)
-    assert verdicts(world.deliver()) == [Verdict.RELEASE]
-    assert world.store.record("sess_1") is None
+    assert verdicts(world.deliver()) == [Verdict.STOP]
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.stopped
     assert world.count("release") == 1
     assert world.count("discard") == 0
 
@@ -189,7 +206,7 @@ def test_max_lifetime_release_of_a_live_session_keeps_its_workspace() -> None:
     world.sessions.put(IDLE)
     world.mapped()
     world.clock.advance(LIFETIME + 1)
-    assert verdicts(world.deliver()) == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.STOP]
     assert world.runner.live == {}
     assert world.count("discard") == 0
 
@@ -216,7 +233,7 @@ def test_sweep_enqueues_the_union_of_mapped_and_managed_once_each() -> None:
     world.store.records["sess_b"] = record("sess_b")  # mapped only (its sandbox vanished)
     world.orphan("sess_c")  # managed only (never recorded)
     result = world.sweep()
-    assert result == reconcile.Sweep(mapped=2, managed=2, enqueued=3)
+    assert result == reconcile.Sweep(mapped=2, managed=2, enqueued=3, running=2)
     assert sorted(world.published) == ["sess_a", "sess_b", "sess_c"]
     for sid in ("sess_a", "sess_b", "sess_c"):
         assert world.store.counters(sid) == (1, 0)
@@ -243,7 +260,7 @@ def test_sweep_of_nothing_enqueues_nothing() -> None:
 
 
 def test_sweep_then_work_cleans_up_what_deleting_sessions_left_behind() -> None:
-    """L17: deleted → released; failed → released; vanished sandbox → mapping removed; live → kept."""
+    """L17: deleted → released; failed → released; vanished sandbox → stopped (workspace kept); live → kept."""
     world = World()
     world.sessions.connected["env_1"] = True
     world.mapped("sess_deleted")
@@ -261,14 +278,14 @@ def test_sweep_then_work_cleans_up_what_deleting_sessions_left_behind() -> None:
         "sess_failed": [Verdict.RELEASE],
         "sess_live": [Verdict.KEEP],
         "sess_orphan": [Verdict.RELEASE],
-        "sess_vanished": [Verdict.RELEASE],
+        "sess_vanished": [Verdict.STOP],
     }
     assert set(world.runner.live) == {"sess_live"}
-    assert world.store.session_ids() == ["sess_live"]
+    assert world.store.session_ids() == ["sess_live", "sess_vanished"]
     assert all(c[0] != "ensure" for c in world.runner.calls)
 
     world.sweep()  # the next round finds only what is left
-    assert world.published == ["sess_live"]
+    assert sorted(world.published) == ["sess_live", "sess_vanished"]
 
 
 def test_sweep_during_a_start_is_coordinated_by_the_lease() -> None:
@@ -296,18 +313,18 @@ def test_sweep_during_a_start_is_coordinated_by_the_lease() -> None:
 
 
 def test_a_kept_workspace_whose_session_is_deleted_later_is_discarded_by_the_sweep() -> None:
-    """L16, L17: the sandbox of an idle session died, so its mapping went but its workspace
-    stayed; when the session is deleted later, the sweep still finds the workspace and the
-    worker discards it (no record needed)."""
+    """L16, L17: the sandbox of an idle session died, so its mapping became a stopped one and its
+    workspace stayed; when the session is deleted later, the sweep finds it and the worker
+    releases the mapping and discards the workspace."""
     world = World()
     world.sessions.put(IDLE)
     handle = world.mapped()
     world.runner.set_health(handle, Health.FAILED)
-    assert verdicts(world.deliver()) == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.STOP]
     assert world.runner.workspaces() == ["sess_1"]
     del world.sessions.sessions["sess_1"]  # deleted: the API now answers 404
     world.sweep()
-    assert world.work_published() == {"sess_1": [Verdict.IGNORE]}
+    assert world.work_published() == {"sess_1": [Verdict.RELEASE]}
     assert world.count("discard") == 1
     assert world.runner.workspaces() == []
 
@@ -319,6 +336,6 @@ def test_an_adopted_orphan_keeps_its_real_age_for_the_maximum_lifetime() -> None
     world.sessions.put(IDLE)
     orphan = world.orphan()
     world.runner.live["sess_1"].handle = replace(orphan, created_at=T0 - 500.0)
-    assert verdicts(world.deliver()) == [Verdict.RELEASE]
+    assert verdicts(world.deliver()) == [Verdict.STOP]
     assert world.count("release") == 1
     assert world.count("discard") == 0  # the session lives on: its workspace stays (L16)

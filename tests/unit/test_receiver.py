@@ -111,7 +111,6 @@ def test_duplicate_delivery_is_acknowledged_once(client: TestClient, inbox: Fake
         ("mcp_approval_request", "other_required_action"),
         ("created", "session_created"),
         ("in_progress", "late_signal"),
-        ("idle", "session_idle"),
         ("environment.connected", "environment_report"),
         ("environment.ready", "environment_report"),
         ("response.completed", "unknown_type"),
@@ -280,7 +279,7 @@ def test_failed_submit_is_processed_on_retry(client: TestClient, inbox: FakeInbo
 def test_ignored_events_are_acknowledged_even_when_inbox_is_down(client: TestClient, inbox: FakeInbox) -> None:
     """L4, L5: dropping needs no queue, so it never turns into a 503."""
     inbox.unavailable = True
-    assert post(client, "idle").status_code == 200
+    assert post(client, "in_progress").status_code == 200
 
 
 class BrokenInbox(FakeInbox):
@@ -328,7 +327,7 @@ def test_one_log_line_per_outcome_with_bound_ids(client: TestClient, log_output:
     headers, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_a")
     client.post("/webhooks", content=body, headers=headers)
     client.post("/webhooks", content=body, headers=headers)
-    post(client, "idle", webhook_id="msg_b")
+    post(client, "in_progress", webhook_id="msg_b")
     client.post("/webhooks", content=body, headers={**headers, "webhook-signature": "v1,Zm9yZ2Vk"})
     client.get("/healthz")
 
@@ -344,7 +343,7 @@ def test_one_log_line_per_outcome_with_bound_ids(client: TestClient, log_output:
         "evt_test",
         "sess_1",
     )
-    assert (lines[2]["webhook_id"], lines[2]["reason"]) == ("msg_b", "session_idle")
+    assert (lines[2]["webhook_id"], lines[2]["reason"]) == ("msg_b", "late_signal")
     assert "webhook_id" not in lines[3]  # unverified header values are not logged
     output = log_output.getvalue()
     for needle in (
@@ -359,10 +358,12 @@ def test_one_log_line_per_outcome_with_bound_ids(client: TestClient, log_output:
 def test_metrics_endpoint(client: TestClient) -> None:
     """L5: outcomes are counted and exposed for Prometheus."""
     post(client, "environment_connection")
+    post(client, "in_progress", webhook_id="msg_late")
     post(client, "idle", webhook_id="msg_idle")
     text = client.get("/metrics").text
     assert 'controller_webhooks_total{outcome="enqueued",reason="environment_connection"} 1.0' in text
-    assert 'controller_webhooks_total{outcome="ignored",reason="session_idle"} 1.0' in text
+    assert 'controller_webhooks_total{outcome="ignored",reason="late_signal"} 1.0' in text
+    assert 'controller_webhooks_total{outcome="enqueued",reason="session_idle"} 1.0' in text
 
 
 def test_services_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
@@ -514,10 +515,10 @@ def test_a_verified_delivery_that_can_never_be_queued_is_422(
 
 def test_an_unqueueable_session_id_that_is_ignored_anyway_is_200(client: TestClient, inbox: FakeInbox) -> None:
     """L9: an event that asks for no work is acknowledged whatever its session id holds."""
-    headers, raw = signed(json.dumps(session_event("agent.session.idle", "\ud800")).encode())
+    headers, raw = signed(json.dumps(session_event("agent.session.in_progress", "\ud800")).encode())
     assert client.post("/webhooks", content=raw, headers=headers).json() == {
         "status": "ignored",
-        "reason": "session_idle",
+        "reason": "late_signal",
     }
     assert inbox.attempts == 0
 

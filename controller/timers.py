@@ -1,0 +1,62 @@
+"""Durable timers: "look at this session again at time T", carried out by the active scheduler.
+
+A decision can say when to look again (``lifecycle.Decision.recheck_at``: an idle deadline,
+the end of an executor's grace period, the maximum lifetime, the end of a kept workspace's
+retention). The worker arms that time under the session's lease (``SessionStore.arm``, fenced:
+a worker that lost its lease arms nothing). Each session has at most one timer, the next time
+anything about it needs a look; arming again replaces it, and arming ``None`` removes it.
+
+Timers live in the store (Redis: the sorted set ``sc:timers``, session id → due time), not in
+the queue: a Celery ETA or countdown job would sit in one worker's memory for hours and
+collide with the broker's visibility timeout. The active scheduler calls ``fire`` about once a
+second; ``Due.take_due`` removes the due timers *and* asks for work on each session in one
+atomic step, exactly as a webhook's ``want`` does. So a timer is never lost between the two:
+if the scheduler dies before it enqueues, the work is still wanted and the recovery pass
+(``controller.recovery``) enqueues it. The worker then re-reads the session under its lease
+and decides afresh; a timer never stops anything by itself (L12, L13).
+
+Every sweep (``controller.reconcile``) works every mapped session again, and each decision
+re-arms, so a mapped session that lost its timer (a Redis restart without its append-only
+file) gets one back within one sweep.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from controller import logs
+
+log = logs.get(__name__)
+
+BATCH = 500
+RESOLUTION_SECONDS = 1.0
+"""How often the active scheduler serves due timers (their resolution)."""
+
+
+class Due(Protocol):
+    def take_due(self, limit: int) -> list[str]:
+        """Up to ``limit`` sessions whose timer is due: each timer is removed and the session's
+        work is wanted (as ``SessionStore.want`` would), in one atomic step."""
+        ...
+
+
+def earliest(*times: float | None) -> float | None:
+    """The earliest of the given times, ignoring None; None when there is none."""
+    present = [t for t in times if t is not None]
+    return min(present) if present else None
+
+
+def fire(due: Due, enqueue: Callable[[str], None], batch: int = BATCH, max_batches: int = 20) -> int:
+    """Enqueue a job for every session whose timer is due; returns how many."""
+    fired = 0
+    for _ in range(max_batches):
+        taken = due.take_due(batch)
+        for session_id in taken:
+            enqueue(session_id)
+            fired += 1
+        if len(taken) < batch:
+            break
+    if fired:
+        log.info("timers fired", extra={"fired": fired})
+    return fired
