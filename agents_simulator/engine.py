@@ -28,6 +28,7 @@ from typing import Any
 
 from agents_simulator import parse
 from agents_simulator.config import SimulatorConfig
+from agents_simulator.endpoints import Endpoints
 from agents_simulator.errors import ApiError, injected, not_found, unauthorized
 from agents_simulator.faults import Faults
 from agents_simulator.state import (
@@ -64,7 +65,10 @@ class Simulator:
             max_attempts=config.webhook_max_attempts,
             timeout_seconds=config.webhook_timeout_seconds,
         )
-        self.webhooks = WebhookSender(config.webhook_urls, config.webhook_secret, policy, self.clock)
+        self.endpoints = Endpoints(self.clock)
+        self.webhooks = WebhookSender(
+            config.webhook_urls, config.webhook_secret, policy, self.clock, self.endpoints.targets
+        )
         self._connections: dict[str, dict[int, CloseConnection]] = {}
         self._turns: dict[str, asyncio.Task[None]] = {}
         self._deadlines: dict[str, asyncio.Task[None]] = {}

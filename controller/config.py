@@ -194,6 +194,7 @@ class Settings:
             "worker": ["redis", "api_key", "executor_key"],
             "scheduler": ["redis", "executor_key"],
             "dev": ["secrets", "api_key", "executor_key"],
+            "webhook": ["api_key"],
         }[role]
         if "redis" in needs and not self.queue.redis_url:
             problems.append(f"{PREFIX}REDIS_URL is required for `{role}`")
