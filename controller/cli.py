@@ -1,4 +1,4 @@
-"""``sandbox-controller``: serve | worker | scheduler | webhook | dev | simulator | check-config.
+"""``sandbox-controller``: serve | worker | scheduler | webhook | status | explain | dev | simulator | check-config.
 
 Settings come from ``CONTROLLER_*`` variables (see ``config.py``), parsed once here; a bad
 configuration prints every problem and exits with status 2.
@@ -16,7 +16,7 @@ from pathlib import Path
 
 import uvicorn
 
-from controller import __version__, logs, queue, scheduler, server, wiring
+from controller import __version__, fleet, logs, queue, scheduler, server, wiring
 from controller.config import Secret, Settings
 from controller.errors import ConfigError, ControllerError
 from controller.events import HANDLED_TYPES
@@ -79,6 +79,56 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     parts = wiring.scheduler_parts(settings)
     scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish)
     return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = _settings("scheduler")  # the store and the runner, as the scheduler reads them
+    parts = wiring.fleet_parts(settings)
+    rows = fleet.status(parts.store, parts.store, parts.runner, settings.runner.kind, time.time())
+    totals = fleet.totals(rows)
+    if args.json:
+        print(json.dumps({"sessions": [r.to_json() for r in rows], "totals": totals}, indent=2))
+        return 0
+    print(f"{'SESSION':<34} {'RUNNER':<10} {'SANDBOX':<40} {'GEN':>3} {'AGE':>8} {'HEALTH':<11} LAST DECISION")
+    for r in rows:
+        last = f"{r.last.verdict}: {r.last.reason}" if r.last else "-"
+        age = _duration(r.age_seconds)
+        print(f"{r.session_id:<34} {r.runner:<10} {r.sandbox:<40} {r.generation:>3} {age:>8} {r.health:<11} {last}")
+    health = ", ".join(f"{k} {v}" for k, v in totals["by_health"].items()) or "none"
+    verdicts = ", ".join(f"{k} {v}" for k, v in totals["by_last_verdict"].items()) or "none"
+    print(f"{totals['sessions']} session(s) with a sandbox; health: {health}; last decisions: {verdicts}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    settings = _settings("worker")  # the API, the store and the runner, as a worker reads them
+    deps = wiring.worker_deps(settings)
+    found = fleet.explain(args.session_id, deps)
+    last = wiring.store(settings).last_decision(args.session_id)
+    last_json = None if last is None else {"verdict": last.verdict, "reason": last.reason, "at": last.at}
+    if args.json:
+        decision = {"verdict": found.decision.verdict.value, "reason": found.decision.reason}
+        body = {"session_id": found.session_id, "decision": decision, "observed": found.observed, "last": last_json}
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"session {found.session_id}: {found.decision.verdict.value} — {found.decision.reason}")
+    for key, value in found.observed.items():
+        print(f"  {key}: {json.dumps(value)}")
+    if last is None:
+        print("  last decision by a worker: none recorded")
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last.at))
+        print(f"  last decision by a worker: {last.verdict} — {last.reason} ({when})")
+    print("(read only: nothing was started, released or saved)")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
 
 
 def _webhook_api() -> HttpWebhookEndpoints:
@@ -303,6 +353,17 @@ def build_parser() -> argparse.ArgumentParser:
     scheduler.set_defaults(func=cmd_scheduler)
 
     _add_webhook_commands(sub)
+
+    status = sub.add_parser("status", help="every session with a sandbox, its health and last decision")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=cmd_status)
+
+    explain = sub.add_parser(
+        "explain", help="what the controller would decide about a session now, and why (read only)"
+    )
+    explain.add_argument("session_id", metavar="SESSION_ID")
+    explain.add_argument("--json", action="store_true", help="print JSON")
+    explain.set_defaults(func=cmd_explain)
     _add_development_commands(sub)
 
     check = sub.add_parser("check-config", help="print the effective configuration, secrets masked")

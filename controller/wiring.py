@@ -18,10 +18,10 @@ import redis
 from celery import Celery, signals
 from starlette.applications import Starlette
 
-from controller import queue, worker
-from controller.clock import SystemClock
+from controller import logs, queue, worker
+from controller.clock import Clock, SystemClock
 from controller.config import PREFIX, Settings
-from controller.errors import ConfigError
+from controller.errors import ConfigError, StoreUnavailable
 from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
 from controller.metrics import DECISIONS_TOTAL, SESSIONS_REFUSED_TOTAL, Counters, Metrics
@@ -34,6 +34,8 @@ from controller.runners.local import LocalRunner, RunAs
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisInbox, RedisSessionStore, connect
 from controller.trust import Policy
+
+log = logs.get(__name__)
 
 
 def secret_values(settings: Settings) -> list[str]:
@@ -129,10 +131,33 @@ def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
     return on_decision
 
 
+def remember_decisions(decisions: RedisSessionStore, clock: Clock) -> Callable[[str, Decision], None]:
+    """``Deps.on_decision``: note the latest decision per session for ``status`` and ``explain``.
+    A failed note is logged and does not fail the work (it reports; it decides nothing)."""
+
+    def on_decision(session_id: str, decision: Decision) -> None:
+        try:
+            decisions.note_decision(session_id, decision.verdict.value, decision.reason, clock.now())
+        except StoreUnavailable:
+            log.warning("could not note the decision", extra={"session_id": session_id})
+
+    return on_decision
+
+
+def each(*calls: Callable[[str, Decision], None]) -> Callable[[str, Decision], None]:
+    def on_decision(session_id: str, decision: Decision) -> None:
+        for call in calls:
+            call(session_id, decision)
+
+    return on_decision
+
+
 def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
     metrics = counters if counters is not None else Metrics()
     templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
+    session_store = store(settings)
+    clock = SystemClock()
     return Deps(
         sessions=HttpSessions(
             settings.api.base_url,
@@ -140,13 +165,13 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
             timeout_seconds=settings.api.timeout_seconds,
             max_attempts=settings.api.max_attempts,
         ),
-        store=store(settings),
+        store=session_store,
         runner=runner(settings, templates),
-        clock=SystemClock(),
+        clock=clock,
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
         max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
-        on_decision=count_decisions(metrics),
+        on_decision=each(count_decisions(metrics), remember_decisions(session_store, clock)),
         choose_template=templates.choose,
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
@@ -188,6 +213,16 @@ def worker_app(settings: Settings) -> Celery:
 def publisher(settings: Settings) -> Callable[[Job], None]:
     """Publish jobs to the queue (the receiver's inbox and the scheduler use it)."""
     return queue.publisher(queue.make_app(settings))
+
+
+class FleetParts(NamedTuple):
+    store: RedisSessionStore
+    runner: Runner
+
+
+def fleet_parts(settings: Settings) -> FleetParts:
+    """What ``status`` reads: the mapping and last decisions, and the runner's view of each sandbox."""
+    return FleetParts(store(settings), runner(settings))
 
 
 class SchedulerParts(NamedTuple):
