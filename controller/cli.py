@@ -20,6 +20,7 @@ from controller import __version__, fleet, logs, queue, scheduler, server, wirin
 from controller.config import Secret, Settings
 from controller.errors import ConfigError, ControllerError
 from controller.events import HANDLED_TYPES
+from controller.metrics import serve_metrics
 from controller.webhook_endpoints import DEFAULT_NAME, OVERLAP_SECONDS, Endpoint, HttpWebhookEndpoints, register
 from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret, SecretFile, SecretStore, kube_core_api
 
@@ -57,6 +58,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
     if settings.runner.kind == "local":
         wiring.local_runner(settings)  # an unsafe state directory or executor user: exit 2 now, not per task
+    if settings.metrics.port:
+        wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)
     app.worker_main(
         [
@@ -77,6 +80,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     settings = _settings("scheduler")
     parts = wiring.scheduler_parts(settings)
+    if settings.metrics.port:
+        serve_metrics(wiring.scheduler_metrics(settings, parts).registry, args.metrics_host, settings.metrics.port)
     scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish)
     return 0
 
@@ -334,22 +339,46 @@ def _add_webhook_commands(sub: argparse._SubParsersAction[argparse.ArgumentParse
     delete.set_defaults(func=cmd_webhook_delete)
 
 
+def _metrics_host(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        help="address of GET /metrics, served on CONTROLLER_METRICS_PORT (default 0.0.0.0)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sandbox-controller", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the webhook receiver")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=8080)
+    serve = sub.add_parser(
+        "serve",
+        help="run the webhook receiver",
+        description="Serve POST /webhooks, GET /healthz, /readyz and /metrics. Needs CONTROLLER_REDIS_URL "
+        "and CONTROLLER_WEBHOOK_SECRETS (or CONTROLLER_WEBHOOK_SECRETS_FILE).",
+    )
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     serve.set_defaults(func=cmd_serve)
 
-    worker = sub.add_parser("worker", help="run a Celery worker")
-    worker.add_argument("--concurrency", type=int, default=2)
-    worker.add_argument("--hostname", default="worker@%h")
+    worker = sub.add_parser(
+        "worker",
+        help="run a Celery worker",
+        description="Consume the queue: look each session up and start, keep or release its sandbox. Needs "
+        "CONTROLLER_REDIS_URL, CONTROLLER_API_KEY and, with the local runner, CONTROLLER_EXECUTOR_KEY.",
+    )
+    worker.add_argument("--concurrency", type=int, default=2, help="pool processes working jobs at once (default 2)")
+    worker.add_argument("--hostname", default="worker@%h", help="Celery node name (default worker@%%h: this host)")
+    _metrics_host(worker)
     worker.set_defaults(func=cmd_worker)
 
-    scheduler = sub.add_parser("scheduler", help="sweep and recover on timers (one active at a time)")
+    scheduler = sub.add_parser(
+        "scheduler",
+        help="sweep and recover on timers (one active at a time)",
+        description="Needs CONTROLLER_REDIS_URL and, with the local runner, CONTROLLER_EXECUTOR_KEY.",
+    )
+    _metrics_host(scheduler)
     scheduler.set_defaults(func=cmd_scheduler)
 
     _add_webhook_commands(sub)

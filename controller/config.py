@@ -167,6 +167,13 @@ class LifecycleSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    port: int = 0
+    """Port of ``GET /metrics`` for workers and the scheduler (0, the default: not served; the
+    Helm chart sets 9090). The receiver serves its own ``/metrics`` on its HTTP port."""
+
+
+@dataclass(frozen=True)
 class Settings:
     webhook: WebhookSettings = WebhookSettings()
     receiver: ReceiverSettings = ReceiverSettings()
@@ -176,6 +183,7 @@ class Settings:
     runner: RunnerSettings = RunnerSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
+    metrics: MetricsSettings = MetricsSettings()
     log_level: str = "INFO"
 
     @classmethod
@@ -334,6 +342,7 @@ class _Parser:
                     "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0
                 ),
             ),
+            metrics=self.metrics(),
             log_level=level,
         )
         self.check_credentials_differ(settings)
@@ -356,6 +365,12 @@ class _Parser:
 
     def words(self, name: str) -> tuple[str, ...]:
         return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())
+
+    def metrics(self) -> MetricsSettings:
+        port = self.number("METRICS_PORT", MetricsSettings.port, int, 0)
+        if port > 65535:
+            self.problems.append(f"{PREFIX}METRICS_PORT must be at most 65535, got {port}")
+        return MetricsSettings(port=port)
 
     def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float) -> T:
         raw = self.get(PREFIX + name, "").strip()

@@ -8,10 +8,15 @@ built in Celery's ``worker_process_init`` signal, after the fork, so no connecti
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shlex
+import shutil
+import tempfile
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import redis
@@ -24,7 +29,18 @@ from controller.config import PREFIX, Settings
 from controller.errors import ConfigError, StoreUnavailable
 from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
-from controller.metrics import DECISIONS_TOTAL, SESSIONS_REFUSED_TOTAL, Counters, Metrics
+from controller.metrics import (
+    API_REQUESTS_TOTAL,
+    DECISIONS_TOTAL,
+    SESSIONS_REFUSED_TOTAL,
+    Counters,
+    Metrics,
+    QueueCollector,
+    multiprocess_registry,
+    process_exited,
+    serve_metrics,
+    use_multiprocess,
+)
 from controller.receiver import ReceiverServices, create_app
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
@@ -164,6 +180,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
             settings.api.api_key.reveal(),
             timeout_seconds=settings.api.timeout_seconds,
             max_attempts=settings.api.max_attempts,
+            on_response=count_api_requests(metrics),
         ),
         store=session_store,
         runner=runner(settings, templates),
@@ -200,14 +217,54 @@ class ProcessDeps:
         return self._deps
 
 
-def worker_app(settings: Settings) -> Celery:
-    """The Celery app with the ``sync_session`` task; each pool process builds its own ``Deps``."""
+def count_api_requests(counters: Counters) -> Callable[[str, str], None]:
+    """``HttpSessions``' ``on_response``: count Agents API requests by operation and status."""
+
+    def on_response(operation: str, status: str) -> None:
+        counters.inc(API_REQUESTS_TOTAL, operation=operation, status=status)
+
+    return on_response
+
+
+def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
+    """The Celery app with the ``sync_session`` task; each pool process builds its own ``Deps``.
+
+    ``metrics`` is shared by every pool process: created here, before the fork, it counts in
+    each child's own files when multiprocess mode is on (``metrics.use_multiprocess``).
+    """
     app = queue.make_app(settings)
-    deps = ProcessDeps(lambda: worker_deps(settings))
+    counted = metrics if metrics is not None else Metrics()
+    deps = ProcessDeps(lambda: worker_deps(settings, counted))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)
+    signals.worker_process_shutdown.connect(_pool_process_exited, weak=False)
     signals.worker_ready.connect(worker.announce_ready, weak=False)
-    worker.register(app, settings.queue.task_max_retries, deps)
+    worker.register(app, settings.queue.task_max_retries, deps, counted)
     return app
+
+
+def serve_worker_metrics(settings: Settings, host: str) -> None:
+    """Multiprocess mode in a fresh directory (``PROMETHEUS_MULTIPROC_DIR`` when set, emptied;
+    else a temporary one removed at exit), and ``GET /metrics`` summing every pool process.
+    Call before ``worker_app`` creates any metric."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = Path(given) if given else Path(tempfile.mkdtemp(prefix="sandbox-controller-metrics-"))
+    if not given:
+        atexit.register(shutil.rmtree, directory, True)
+    use_multiprocess(directory)
+    serve_metrics(multiprocess_registry(), host, settings.metrics.port)
+    log.info("metrics served", extra={"port": settings.metrics.port})
+
+
+def _pool_process_exited(pid: int | None = None, **_: Any) -> None:
+    process_exited(pid or os.getpid())
+
+
+def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
+    """The scheduler's registry: the standard process metrics plus the queue gauges, read at scrape."""
+    found = Metrics()
+    depth = partial(parts.client.llen, queue.QUEUE)
+    found.registry.register(QueueCollector(depth, parts.store.pending_count))
+    return found
 
 
 def publisher(settings: Settings) -> Callable[[Job], None]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,6 +21,8 @@ from celery import Celery, Task
 
 from controller import lifecycle, logs, queue
 from controller.errors import Fenced, Permanent, Transient
+from controller.lifecycle import Verdict
+from controller.metrics import DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
 from controller.store.base import Busy
 
 log = logs.get(__name__)
@@ -36,13 +39,20 @@ def backoff_seconds(retries: int, hint: float | None) -> float:
     return max(hint or 0.0, random.uniform(ceiling / 2, ceiling))
 
 
-def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps]) -> None:
-    """Add the task to ``app``; ``deps()`` gives the worker process's dependencies."""
+def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps], metrics: Metrics | None = None) -> None:
+    """Add the task to ``app``; ``deps()`` gives the worker process's dependencies; ``metrics``
+    counts busy leases and observes delivery → sandbox start."""
 
     @app.task(  # type: ignore[untyped-decorator]
         name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries
     )
-    def sync_session(self: Task, session_id: str, webhook_id: str | None = None, event_type: str | None = None) -> None:
+    def sync_session(
+        self: Task,
+        session_id: str,
+        webhook_id: str | None = None,
+        event_type: str | None = None,
+        received_at: float | None = None,
+    ) -> None:
         with logs.bind(session_id=session_id, webhook_id=webhook_id, task_id=self.request.id):
             log.info(
                 "task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": self.request.retries}
@@ -68,7 +78,12 @@ def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps]) 
                 log.warning("will retry", extra={"reason": str(exc), "countdown": round(delay, 2)})
                 raise self.retry(countdown=delay, exc=exc) from exc
             if isinstance(result, Busy):
+                if metrics is not None:
+                    metrics.inc(LEASE_BUSY_TOTAL)
                 delay = min(result.retry_after, 2.0) + random.uniform(0, 0.5)
                 log.info("session busy elsewhere; will look again", extra={"countdown": round(delay, 2)})
                 raise self.retry(countdown=delay, max_retries=None)
+            started = any(d.verdict in (Verdict.START, Verdict.REPLACE) for d in result)
+            if started and received_at and metrics is not None:
+                metrics.observe(DELIVERY_TO_START_SECONDS, max(0.0, time.time() - received_at))
             log.info("task done", extra={"rounds": len(result)})
