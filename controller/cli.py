@@ -33,10 +33,30 @@ def _settings(role: str | None = None) -> Settings:
     return settings
 
 
+ROLES = ("serve", "worker", "scheduler")
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Print the effective settings, then whether each process would start with them.
+
+    Exit 2: the settings themselves are invalid (nothing would start). Exit 1: valid, but a
+    role asked about lacks something it needs (listed). Exit 0: every role asked about would start.
+    """
     settings = Settings.from_env(os.environ)
     print(json.dumps(settings.describe(), indent=2))
-    return 0
+    roles = ROLES if args.role == "all" else (args.role,)
+    refused = 0
+    for role in roles:
+        try:
+            settings.require(role)
+        except ConfigError as exc:
+            refused += 1
+            print(f"{role}: would refuse to start (exit 2):", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  - {problem}", file=sys.stderr)
+        else:
+            print(f"{role}: ready", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -348,7 +368,11 @@ def _metrics_host(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sandbox-controller", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sandbox-controller",
+        description="Run self-hosted sandboxes for OpenAI's Agents API. Settings come from CONTROLLER_* "
+        "environment variables; `sandbox-controller check-config` shows them and what each process needs.",
+    )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -395,7 +419,16 @@ def build_parser() -> argparse.ArgumentParser:
     explain.set_defaults(func=cmd_explain)
     _add_development_commands(sub)
 
-    check = sub.add_parser("check-config", help="print the effective configuration, secrets masked")
+    check = sub.add_parser(
+        "check-config",
+        help="print the effective configuration (secrets masked) and what each process would refuse",
+        description="Prints the settings as parsed, then for each process whether it would start. Exit status: "
+        "0 every role asked about would start; 1 one would refuse (the reasons are listed); 2 the settings "
+        "are invalid.",
+    )
+    check.add_argument(
+        "--role", choices=(*ROLES, "all"), default="all", help="the process to check for (default: all three)"
+    )
     check.set_defaults(func=cmd_check_config)
     return parser
 
