@@ -145,7 +145,7 @@ class RunnerSettings:
 class KubernetesSettings:
     namespace: str = "sandboxes"
     """Namespace the sandbox pods run in (labelled to enforce Pod Security "restricted")."""
-    image: str = "sandbox-controller-runner:0.1.0"
+    image: str = "sandbox-controller/sandbox-runner:0.171.0"
     """The runner image (runner_image/) of the default template."""
     executor_key_secret: str = "sandbox-executor-key"
     """Secret in the sandbox namespace holding the environment key under ``executor-key`` (L2)."""
