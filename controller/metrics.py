@@ -24,6 +24,10 @@ each worker or switch to prometheus_client's multiprocess mode.
         from the receiver taking a delivery (the job carries that time) to the worker having
         started and recorded its sandbox; observed for jobs that came from a delivery. Worker
         and receiver clocks are compared: keep their nodes in time sync.
+    controller_delivery_to_executor_connected_seconds (histogram)
+        from the same delivery to the Agents API reporting the environment connected: after a
+        start, a watch job asks every second for up to five minutes (L15's window), so it is
+        precise to about a second
     controller_lease_busy_total
         jobs a worker put back because another worker held the session's lease
     controller_agents_api_requests_total{operation, status}
@@ -70,6 +74,7 @@ WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
 DECISIONS_TOTAL = "controller_decisions_total"
 DELIVERY_TO_START_SECONDS = "controller_delivery_to_sandbox_start_seconds"
+DELIVERY_TO_CONNECTED_SECONDS = "controller_delivery_to_executor_connected_seconds"
 LEASE_BUSY_TOTAL = "controller_lease_busy_total"
 API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
 QUEUE_DEPTH = "controller_queue_depth"
@@ -96,6 +101,12 @@ class Metrics:
             DELIVERY_TO_START_SECONDS: Histogram(
                 DELIVERY_TO_START_SECONDS,
                 "Seconds from the receiver taking a delivery to its sandbox being started.",
+                buckets=START_BUCKETS,
+                registry=self.registry,
+            ),
+            DELIVERY_TO_CONNECTED_SECONDS: Histogram(
+                DELIVERY_TO_CONNECTED_SECONDS,
+                "Seconds from the receiver taking a delivery to the Agents API reporting its executor connected.",
                 buckets=START_BUCKETS,
                 registry=self.registry,
             ),

@@ -19,6 +19,7 @@ from controller.config import Settings
 from controller.inbox import Job
 
 TASK_SYNC_SESSION = "controller.sync_session"
+TASK_WATCH_CONNECTION = "controller.watch_connection"
 QUEUE = "sandbox-controller"
 
 

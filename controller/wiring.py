@@ -238,7 +238,7 @@ def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
     signals.worker_process_init.connect(deps.on_process_init, weak=False)
     signals.worker_process_shutdown.connect(_pool_process_exited, weak=False)
     signals.worker_ready.connect(worker.announce_ready, weak=False)
-    worker.register(app, settings.queue.task_max_retries, deps, counted)
+    worker.register(app, settings.queue.task_max_retries, deps, counted, watch_connections=bool(settings.metrics.port))
     return app
 
 

@@ -22,10 +22,13 @@ from celery import Celery, Task
 from controller import lifecycle, logs, queue
 from controller.errors import Fenced, Permanent, Transient
 from controller.lifecycle import Verdict
-from controller.metrics import DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
+from controller.metrics import DELIVERY_TO_CONNECTED_SECONDS, DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
 from controller.store.base import Busy
 
 log = logs.get(__name__)
+CONNECTION_WINDOW_SECONDS = 300.0
+"""How long a watch job waits for a started executor to connect (the API's window, L15)."""
+WATCH_EVERY_SECONDS = 1.0
 
 
 def announce_ready(**_: Any) -> None:
@@ -39,9 +42,16 @@ def backoff_seconds(retries: int, hint: float | None) -> float:
     return max(hint or 0.0, random.uniform(ceiling / 2, ceiling))
 
 
-def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps], metrics: Metrics | None = None) -> None:
-    """Add the task to ``app``; ``deps()`` gives the worker process's dependencies; ``metrics``
-    counts busy leases and observes delivery → sandbox start."""
+def register(
+    app: Celery,
+    max_retries: int,
+    deps: Callable[[], lifecycle.Deps],
+    metrics: Metrics | None = None,
+    watch_connections: bool = False,
+) -> None:
+    """Add the tasks to ``app``; ``deps()`` gives the worker process's dependencies; ``metrics``
+    counts busy leases and observes delivery → sandbox start, and, with ``watch_connections``
+    (metrics are served), delivery → executor connected."""
 
     @app.task(  # type: ignore[untyped-decorator]
         name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries
@@ -86,4 +96,38 @@ def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps], 
             started = any(d.verdict in (Verdict.START, Verdict.REPLACE) for d in result)
             if started and received_at and metrics is not None:
                 metrics.observe(DELIVERY_TO_START_SECONDS, max(0.0, time.time() - received_at))
+                if watch_connections:
+                    _watch(session_id, received_at)
             log.info("task done", extra={"rounds": len(result)})
+
+    def _watch(session_id: str, received_at: float) -> None:
+        """Start a watch job for the sandbox just started (only to measure; never decides)."""
+        record = deps().store.record(session_id)
+        if record is None:
+            return
+        watch_connection.apply_async(
+            args=[record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS],
+            countdown=WATCH_EVERY_SECONDS,
+            queue=queue.QUEUE,
+        )
+
+    @app.task(  # type: ignore[untyped-decorator]
+        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False
+    )
+    def watch_connection(self: Task, environment_id: str, received_at: float, deadline: float) -> None:
+        """Observe delivery → executor connected once the API reports the environment connected;
+        ask again every second until ``deadline``. A lost watch job loses one observation only."""
+        connected = deps().sessions.environment_connected(environment_id)
+        now = time.time()
+        if connected:
+            if metrics is not None:
+                metrics.observe(DELIVERY_TO_CONNECTED_SECONDS, max(0.0, now - received_at))
+            log.info(
+                "executor connected",
+                extra={"environment_id": environment_id, "after_seconds": round(now - received_at, 2)},
+            )
+            return
+        if now + WATCH_EVERY_SECONDS > deadline:
+            log.warning("executor not connected within the window", extra={"environment_id": environment_id})
+            return
+        raise self.retry(countdown=WATCH_EVERY_SECONDS)

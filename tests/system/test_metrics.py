@@ -90,6 +90,8 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
         if any(d["state"] == "pending" for d in deliveries(loop)):
             return None
         lines = log_lines(loop, workers)
+        if sum(1 for line in lines if line.get("event") == "executor connected") < SESSIONS:
+            return None  # the watch jobs have not all seen their executor connected yet
         started = sum(1 for line in lines if line.get("event") == "task started")
         finished = sum(1 for line in lines if line.get("event") in TASK_ENDINGS)
         scheduler = scrape(loop.metrics_ports["scheduler"])
@@ -135,6 +137,13 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
     assert summed("controller_delivery_to_sandbox_start_seconds_sum") > 0
     assert summed("controller_delivery_to_sandbox_start_seconds_bucket", le="+Inf") == SESSIONS
 
+    connected = [line for line in worker_lines if line.get("event") == "executor connected"]
+    assert len(connected) == SESSIONS
+    assert summed("controller_delivery_to_executor_connected_seconds_count") == SESSIONS
+    assert summed("controller_delivery_to_executor_connected_seconds_sum") >= summed(
+        "controller_delivery_to_sandbox_start_seconds_sum"
+    )  # an executor connects after its sandbox started
+
     reads = sum(1 for line in looked_up if line["status"] != "deleted")
     assert summed("controller_agents_api_requests_total", operation="retrieve_session", status="200") == reads
     assert summed("controller_agents_api_requests_total", status="500") == 0
@@ -148,5 +157,6 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
 
     print(
         f"\nFIGURE metrics scrape: {attempts} deliveries, decisions {dict(verdicts)}, "
-        f"delivery→start mean {summed('controller_delivery_to_sandbox_start_seconds_sum') / SESSIONS:.2f}s"
+        f"delivery→start mean {summed('controller_delivery_to_sandbox_start_seconds_sum') / SESSIONS:.2f}s, "
+        f"delivery→connected mean {summed('controller_delivery_to_executor_connected_seconds_sum') / SESSIONS:.2f}s"
     )
