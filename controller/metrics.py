@@ -26,8 +26,8 @@ each worker or switch to prometheus_client's multiprocess mode.
         and receiver clocks are compared: keep their nodes in time sync.
     controller_delivery_to_executor_connected_seconds (histogram)
         from the same delivery to the Agents API reporting the environment connected: after a
-        start, a watch job asks every second for up to five minutes (L15's window), so it is
-        precise to about a second
+        start, a watch job asks after 0.5 s and then less often (√2 times later each time, at
+        most every 5 s) for up to five minutes (L15's window); late by at most a third of itself
     controller_lease_busy_total
         jobs a worker put back because another worker held the session's lease
     controller_agents_api_requests_total{operation, status}

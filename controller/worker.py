@@ -28,7 +28,13 @@ from controller.store.base import Busy
 log = logs.get(__name__)
 CONNECTION_WINDOW_SECONDS = 300.0
 """How long a watch job waits for a started executor to connect (the API's window, L15)."""
-WATCH_EVERY_SECONDS = 1.0
+WATCH_FIRST_SECONDS, WATCH_MAX_SECONDS = 0.5, 5.0
+"""A watch job asks after 0.5 s, then √2 times later each time, at most every 5 s: about ten
+requests for a 20-second connection, and the measure is late by at most a third of itself."""
+
+
+def watch_delay(asked: int) -> float:
+    return float(min(WATCH_MAX_SECONDS, WATCH_FIRST_SECONDS * 2 ** (asked / 2)))
 
 
 def announce_ready(**_: Any) -> None:
@@ -107,7 +113,7 @@ def register(
             return
         watch_connection.apply_async(
             args=[record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS],
-            countdown=WATCH_EVERY_SECONDS,
+            countdown=watch_delay(0),
             queue=queue.QUEUE,
         )
 
@@ -116,7 +122,7 @@ def register(
     )
     def watch_connection(self: Task, environment_id: str, received_at: float, deadline: float) -> None:
         """Observe delivery → executor connected once the API reports the environment connected;
-        ask again every second until ``deadline``. A lost watch job loses one observation only."""
+        ask again (``watch_delay``) until ``deadline``. A lost watch job loses one observation only."""
         connected = deps().sessions.environment_connected(environment_id)
         now = time.time()
         if connected:
@@ -127,7 +133,8 @@ def register(
                 extra={"environment_id": environment_id, "after_seconds": round(now - received_at, 2)},
             )
             return
-        if now + WATCH_EVERY_SECONDS > deadline:
+        delay = watch_delay(self.request.retries + 1)
+        if now + delay > deadline:
             log.warning("executor not connected within the window", extra={"environment_id": environment_id})
             return
-        raise self.retry(countdown=WATCH_EVERY_SECONDS)
+        raise self.retry(countdown=delay)

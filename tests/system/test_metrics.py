@@ -84,12 +84,26 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
 
     workers = [w.name for w in loop.workers]
 
+    def workers_scraped() -> list[dict[tuple[str, tuple[tuple[str, str], ...]], float]]:
+        return [scrape(loop.metrics_ports[name]) for name in workers]
+
     def settled() -> tuple[Any, ...] | None:
-        """Scrapes once nothing is in flight: every delivery answered, the queue empty, every
-        task done (a task logs "task done" or a give-up for each "task started")."""
-        if any(d["state"] == "pending" for d in deliveries(loop)):
+        """A consistent snapshot: every turn over and every delivery answered (the simulator
+        sends nothing more), the queue empty, every task ended, and the workers' counts the same
+        before and after their log lines were read (the scheduler's sweeps keep asking for
+        work every few seconds, so the loop is never idle for long)."""
+        with loop.api() as client:
+            if any(client.get(f"/v1/agents/sessions/{s['id']}").json()["status"] != "idle" for s in sessions):
+                return None
+        sent = deliveries(loop)
+        if any(d["state"] == "pending" for d in sent):
             return None
+        receiver = scrape(loop.receiver_ports[0])
+        before = workers_scraped()
         lines = log_lines(loop, workers)
+        after = workers_scraped()
+        if before != after:
+            return None  # a worker did something while its lines were read
         if sum(1 for line in lines if line.get("event") == "executor connected") < SESSIONS:
             return None  # the watch jobs have not all seen their executor connected yet
         started = sum(1 for line in lines if line.get("event") == "task started")
@@ -101,19 +115,13 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
             or total(scheduler, "controller_work_pending")
         ):
             return None
-        return (
-            scrape(loop.receiver_ports[0]),
-            [scrape(loop.metrics_ports[name]) for name in workers],
-            scheduler,
-            lines,
-        )
+        return sent, receiver, after, scheduler, lines
 
     found = wait_for(settled, 120, "the loop to settle", interval=0.5)
     assert isinstance(found, tuple)
-    receiver, per_worker, scheduler, worker_lines = found
+    sent, receiver, per_worker, scheduler, worker_lines = found
 
     # The receiver: one count per POST, by outcome, as the simulator and this test sent them.
-    sent = deliveries(loop)
     attempts = sum(len(d["attempts"]) for d in sent) + len(duplicates)
     assert total(receiver, "controller_webhooks_total") == attempts
     receiver_outcomes = Counter(str(line["outcome"]) for line in loop.receivers[0].log_lines() if "outcome" in line)
