@@ -253,3 +253,16 @@ def test_official_client_reads_every_webhook_answer(start_simulator: StartSimula
     assert deleted.deleted and deleted.object == "webhook_endpoint.deleted"
     with pytest.raises(openai.NotFoundError):
         client.webhooks.retrieve(created.id)
+
+
+def test_api_failures_are_reported_by_what_to_do(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:
+    """A 503 is ApiUnavailable (try again), a 4xx ApiRejected (fix the call); either exits 1
+    with the reason and writes no secret file."""
+    simulator, cli, receiver, secrets_file = world
+    simulator.admin("POST", "/admin/faults", {"target": "list_webhook_endpoints", "status": 503, "count": 1})
+    busy = cli("register", "--url", receiver.url, "--secret-file", str(secrets_file), check=False)
+    assert busy.returncode == 1 and "ApiUnavailable" in busy.stderr and "503" in busy.stderr
+    assert not secrets_file.exists()
+    bad = cli("register", "--url", "ftp://nowhere", check=False)
+    assert bad.returncode == 1 and "ApiRejected" in bad.stderr and "400" in bad.stderr
+    assert cli("register", "--url", receiver.url, "--secret-file", str(secrets_file)).returncode == 0
