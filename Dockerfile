@@ -26,7 +26,7 @@ RUN groupadd --gid 10001 controller \
 # Test tier only: the controller plus the simulator (`sandbox-controller simulator ...`).
 FROM base AS simulator
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
 COPY agents_simulator ./agents_simulator
 RUN pip install . \
@@ -41,7 +41,7 @@ CMD ["simulator", "--help"]
 # The production image (the default target): the controller package alone.
 FROM base AS controller
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
 RUN pip install . \
  && rm -rf /src \

@@ -16,6 +16,16 @@ Public API (``Authorization: Bearer <non-empty>``, or exactly ``--api-key``)
     DELETE /v1/agents/sessions/{id}             delete (no webhook; closes the executor's WebSockets)
     POST   /v1/agents/sessions/{id}/events      input → 202 (honours Idempotency-Key)
     GET    /v1/agents/environments/{id}         ``agent.environment`` with ``status``
+    POST   /v1/webhook_endpoints                create {name, url, event_types} → with ``signing_secret``
+    GET    /v1/webhook_endpoints                cursor list, newest first (after, limit)
+    GET    /v1/webhook_endpoints/{id}           retrieve (``signing_secret_hint`` only)
+    POST   /v1/webhook_endpoints/{id}           update name / url / event_types
+    DELETE /v1/webhook_endpoints/{id}           delete
+    POST   /v1/webhook_endpoints/{id}/rotate_secret   new secret; ``keep_old_secret_active_for_24_hours``
+                                                signs with both meanwhile
+    POST   /v1/webhook_endpoints/{id}/test      post one signed sample event now → its status code
+    GET    /v1/webhook_event_types              the event types an endpoint may subscribe to
+    (Events reach every configured --webhook-url and every endpoint subscribed to their type.)
 
 Executor side (what ``codex exec-server --remote <remote_url>`` calls)
     POST   /cloud/environment/{id}/register     Bearer <environment key>; 401 / 404 / 200
@@ -39,7 +49,10 @@ Admin (no auth; loopback only)
     POST   /admin/faults  {"target", "status", "count", "retry_after"}
                the next ``count`` calls of ``target`` answer ``status`` (429/5xx with Retry-After
                when given). Targets: create_session, retrieve_session, list_sessions,
-               delete_session, create_events, retrieve_environment, register, validate
+               delete_session, create_events, retrieve_environment, register, validate,
+               create_webhook_endpoint, list_webhook_endpoints, retrieve_webhook_endpoint,
+               update_webhook_endpoint, delete_webhook_endpoint, rotate_webhook_secret,
+               test_webhook_endpoint, list_webhook_event_types
     DELETE /admin/faults                             disarm all
     POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)
     POST   /admin/sessions/{id}/remote_url  {"remote_url"}   the session names this remote_url

@@ -1,4 +1,4 @@
-"""The public ``/v1`` routes: sessions, session events, environments."""
+"""The public ``/v1`` routes: sessions, session events, environments, webhook endpoints."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from agents_simulator import endpoints
 from agents_simulator.engine import Simulator
 from agents_simulator.errors import bad_request, injected
 from agents_simulator.http import json_body, require_api_key
@@ -47,6 +48,7 @@ def routes(sim: Simulator) -> list[Route]:
         return JSONResponse(environment_info_json(sim.environment(request.path_params["environment_id"])))
 
     return [
+        *endpoints.routes(sim.endpoints, guard, sim.config.webhook_timeout_seconds),
         Route("/v1/agents/sessions", sessions, methods=["GET", "POST"]),
         Route("/v1/agents/sessions/{session_id}", session, methods=["GET", "DELETE"]),
         Route("/v1/agents/sessions/{session_id}/events", events, methods=["POST"]),

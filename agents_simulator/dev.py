@@ -210,7 +210,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     view = View()
+    temporary = args.state_directory is None  # made here, so removed here (unless the run failed)
     state = Path(args.state_directory or tempfile.mkdtemp(prefix="sandbox-controller-dev-"))
+    code = _run(args, view, state)
+    if temporary and code == 0:
+        shutil.rmtree(state, ignore_errors=True)
+        view.say("dev", "state directory removed", str(state), "pass --state-directory to keep it")
+    elif temporary:
+        view.say("dev", "state directory kept", str(state), "its logs/ say what went wrong")
+    return code
+
+
+def _run(args: argparse.Namespace, view: View, state: Path) -> int:
     (state / "logs").mkdir(parents=True, exist_ok=True)
     processes = Processes(view, state / "logs")
     env = {k: v for k, v in os.environ.items()}
@@ -256,6 +267,7 @@ def main(args: argparse.Namespace) -> int:
                 )
                 return 2
             port = free_port()
+            view.say("redis", "starting embedded redis")
             (state / "redis").mkdir(exist_ok=True)
             processes.start(
                 "redis",
@@ -284,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
             env["CONTROLLER_API_BASE_URL"] = simulator_url
             # The simulator's sessions name it (on loopback) as their remote_url: trust that host.
             env.setdefault("CONTROLLER_REMOTE_URL_ALLOWLIST", "127.0.0.1")
+            view.say("api", "starting the Agents API simulator")
             processes.start(
                 "api",
                 [
@@ -304,6 +317,7 @@ def main(args: argparse.Namespace) -> int:
             wait_for(lambda: httpx.get(f"{simulator_url}/admin/events", timeout=1).status_code == 200, 30, "simulator")
             view.say("api", "simulator up", simulator_url)
 
+        view.say("dev", "starting receiver and worker", "", "waiting until the receiver is ready")
         processes.start(
             "receiver",
             [sys.executable, "-m", "controller", "serve", "--host", "127.0.0.1", "--port", str(args.port)],

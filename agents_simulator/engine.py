@@ -33,6 +33,7 @@ from typing import Any
 from agents_simulator import parse
 from agents_simulator.commands import CommandRun, CommandSpec, CommandStatus, Turn, TurnLog, keep
 from agents_simulator.config import SimulatorConfig
+from agents_simulator.endpoints import Endpoints
 from agents_simulator.errors import ApiError, injected, not_found, unauthorized
 from agents_simulator.faults import Faults
 from agents_simulator.harness import Harness, HarnessError, LinkLost
@@ -72,7 +73,10 @@ class Simulator:
             max_attempts=config.webhook_max_attempts,
             timeout_seconds=config.webhook_timeout_seconds,
         )
-        self.webhooks = WebhookSender(config.webhook_urls, config.webhook_secret, policy, self.clock)
+        self.endpoints = Endpoints(self.clock)
+        self.webhooks = WebhookSender(
+            config.webhook_urls, config.webhook_secret, policy, self.clock, self.endpoints.targets
+        )
         self._connections: dict[str, dict[int, CloseConnection]] = {}
         self._turns: dict[str, asyncio.Task[None]] = {}
         self._deadlines: dict[str, asyncio.Task[None]] = {}
@@ -331,8 +335,9 @@ class Simulator:
             self._finish(run, CommandStatus.INTERRUPTED, f"{why}; it is not run again", environment_id, session_id)
             raise
         except LinkLost as exc:
-            self._finish(run, CommandStatus.INTERRUPTED, f"{exc}; the command is not run again",
-                         environment_id, session_id)
+            self._finish(
+                run, CommandStatus.INTERRUPTED, f"{exc}; the command is not run again", environment_id, session_id
+            )
             return
         except HarnessError as exc:
             self._finish(run, CommandStatus.FAILED, f"tool execution failed: {exc}", environment_id, session_id)

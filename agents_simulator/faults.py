@@ -15,6 +15,14 @@ TARGETS = frozenset(
         "retrieve_environment",
         "register",
         "validate",
+        "create_webhook_endpoint",
+        "list_webhook_endpoints",
+        "retrieve_webhook_endpoint",
+        "update_webhook_endpoint",
+        "delete_webhook_endpoint",
+        "rotate_webhook_secret",
+        "test_webhook_endpoint",
+        "list_webhook_event_types",
     }
 )
 

@@ -12,12 +12,13 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 
+from agents_simulator.endpoints import Target
 from agents_simulator.state import new_id
 from controller.clock import Clock
 from controller.signing import sign_headers
@@ -97,11 +98,20 @@ class Delivery:
 
 
 class WebhookSender:
-    """Publishes events to every configured URL; keeps every event and delivery for inspection."""
+    """Publishes events to every configured URL and to every registered endpoint subscribed to
+    the event's type (``targets``); keeps every event and delivery for inspection."""
 
-    def __init__(self, urls: tuple[str, ...], secret: str | None, policy: RetryPolicy, clock: Clock) -> None:
+    def __init__(
+        self,
+        urls: tuple[str, ...],
+        secret: str | None,
+        policy: RetryPolicy,
+        clock: Clock,
+        targets: Callable[[str], list[Target]] | None = None,
+    ) -> None:
         self._urls = urls
         self._secret = secret
+        self._targets = targets
         self._policy = policy
         self._clock = clock
         self._client: httpx.AsyncClient | None = None
@@ -147,19 +157,25 @@ class WebhookSender:
 
     def _deliver_everywhere(self, event: StoredEvent, resend: bool) -> list[Delivery]:
         started = []
-        for url in self._urls:
-            delivery = Delivery(new_id("dlv"), event.id, event.type, url, resend)
+        configured = [Target(url, self._configured_secrets) for url in self._urls]
+        registered = self._targets(event.type) if self._targets is not None else []
+        for target in configured + registered:
+            delivery = Delivery(new_id("dlv"), event.id, event.type, target.url, resend)
             self.deliveries.append(delivery)
-            task = asyncio.get_running_loop().create_task(self._run(event, delivery))
+            task = asyncio.get_running_loop().create_task(self._run(event, delivery, target.secrets))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
             started.append(delivery)
         return started
 
-    async def _run(self, event: StoredEvent, delivery: Delivery) -> None:
+    def _configured_secrets(self) -> Sequence[str]:
+        assert self._secret is not None
+        return [self._secret]
+
+    async def _run(self, event: StoredEvent, delivery: Delivery, secrets: Callable[[], Sequence[str]]) -> None:
         first = self._clock.now()
         while True:
-            if await self._attempt(event, delivery):
+            if await self._attempt(event, delivery, secrets()):
                 delivery.state = "delivered"
                 return
             failures = len(delivery.attempts)
@@ -171,14 +187,14 @@ class WebhookSender:
                 return
             await asyncio.sleep(delay)
 
-    async def _attempt(self, event: StoredEvent, delivery: Delivery) -> bool:
-        assert self._client is not None and self._secret is not None
+    async def _attempt(self, event: StoredEvent, delivery: Delivery, secrets: Sequence[str]) -> bool:
+        assert self._client is not None
         now = self._clock.now()
         timestamp = int(now)
         attempt = Attempt(number=len(delivery.attempts) + 1, started_at=now, webhook_timestamp=timestamp)
         delivery.attempts.append(attempt)
         headers = {"content-type": "application/json", "user-agent": "sandbox-controller-simulator"}
-        headers.update(sign_headers(self._secret, event.id, timestamp, event.body))
+        headers.update(sign_headers(secrets, event.id, timestamp, event.body))
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:

@@ -1,4 +1,4 @@
-"""``sandbox-controller``: serve | worker | scheduler | dev | simulator | check-config.
+"""``sandbox-controller``: serve | worker | scheduler | webhook | status | explain | dev | simulator | check-config.
 
 Settings come from ``CONTROLLER_*`` variables (see ``config.py``), parsed once here; a bad
 configuration prints every problem and exits with status 2.
@@ -10,13 +10,15 @@ import argparse
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 
 import uvicorn
 
-from controller import __version__, logs, queue, scheduler, server, wiring
+from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring
 from controller.config import Settings
-from controller.errors import ConfigError
+from controller.errors import ConfigError, ControllerError
+from controller.metrics import serve_metrics
 
 
 def _settings(role: str | None = None) -> Settings:
@@ -27,10 +29,30 @@ def _settings(role: str | None = None) -> Settings:
     return settings
 
 
+ROLES = ("serve", "worker", "scheduler")
+
+
 def cmd_check_config(args: argparse.Namespace) -> int:
+    """Print the effective settings, then whether each process would start with them.
+
+    Exit 2: the settings themselves are invalid (nothing would start). Exit 1: valid, but a
+    role asked about lacks something it needs (listed). Exit 0: every role asked about would start.
+    """
     settings = Settings.from_env(os.environ)
     print(json.dumps(settings.describe(), indent=2))
-    return 0
+    roles = ROLES if args.role == "all" else (args.role,)
+    refused = 0
+    for role in roles:
+        try:
+            settings.require(role)
+        except ConfigError as exc:
+            refused += 1
+            print(f"{role}: would refuse to start (exit 2):", file=sys.stderr)
+            for problem in exc.problems:
+                print(f"  - {problem}", file=sys.stderr)
+        else:
+            print(f"{role}: ready", file=sys.stderr)
+    return 1 if refused else 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -52,6 +74,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
     if settings.runner.kind == "local":
         wiring.local_runner(settings)  # an unsafe state directory or executor user: exit 2 now, not per task
+    if settings.metrics.port:
+        wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)
     app.worker_main(
         [
@@ -72,31 +96,137 @@ def cmd_worker(args: argparse.Namespace) -> int:
 def cmd_scheduler(args: argparse.Namespace) -> int:
     settings = _settings("scheduler")
     parts = wiring.scheduler_parts(settings)
+    if settings.metrics.port:
+        serve_metrics(wiring.scheduler_metrics(settings, parts).registry, args.metrics_host, settings.metrics.port)
     scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish, on_sweep=parts.on_sweep)
     return 0
 
 
+def cmd_status(args: argparse.Namespace) -> int:
+    settings = _settings("scheduler")  # the store and the runner, as the scheduler reads them
+    parts = wiring.fleet_parts(settings)
+    rows = fleet.status(parts.store, parts.store, parts.runner, settings.runner.kind, time.time())
+    totals = fleet.totals(rows)
+    if args.json:
+        print(json.dumps({"sessions": [r.to_json() for r in rows], "totals": totals}, indent=2))
+        return 0
+    header = f"{'SESSION':<34} {'RUNNER':<10} {'SANDBOX':<40} {'GEN':>3} {'AGE':>8} {'HEALTH':<11} {'NEXT TIMER':>10}"
+    print(f"{header} LAST DECISION")
+    for r in rows:
+        last = f"{r.last.verdict}: {r.last.reason}" if r.last else "-"
+        age = _duration(r.age_seconds)
+        timer = "-" if r.next_timer_in_seconds is None else _duration(r.next_timer_in_seconds)
+        print(
+            f"{r.session_id:<34} {r.runner:<10} {r.sandbox:<40} {r.generation:>3} {age:>8} {r.health:<11} "
+            f"{timer:>10} {last}"
+        )
+    health = ", ".join(f"{k} {v}" for k, v in totals["by_health"].items()) or "none"
+    verdicts = ", ".join(f"{k} {v}" for k, v in totals["by_last_verdict"].items()) or "none"
+    print(f"{totals['sessions']} session(s) with a sandbox; health: {health}; last decisions: {verdicts}")
+    return 0
+
+
+def cmd_explain(args: argparse.Namespace) -> int:
+    settings = _settings("worker")  # the API, the store and the runner, as a worker reads them
+    deps = wiring.worker_deps(settings)
+    found = fleet.explain(args.session_id, deps)
+    last = wiring.store(settings).last_decision(args.session_id)
+    last_json = None if last is None else {"verdict": last.verdict, "reason": last.reason, "at": last.at}
+    if args.json:
+        decision = {"verdict": found.decision.verdict.value, "reason": found.decision.reason}
+        body = {"session_id": found.session_id, "decision": decision, "observed": found.observed, "last": last_json}
+        print(json.dumps(body, indent=2))
+        return 0
+    print(f"session {found.session_id}: {found.decision.verdict.value} — {found.decision.reason}")
+    for key, value in found.observed.items():
+        print(f"  {key}: {json.dumps(value)}")
+    if last is None:
+        print("  last decision by a worker: none recorded")
+    else:
+        when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last.at))
+        print(f"  last decision by a worker: {last.verdict} — {last.reason} ({when})")
+    print("(read only: nothing was started, released or saved)")
+    return 0
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _metrics_host(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--metrics-host",
+        default="0.0.0.0",
+        help="address of GET /metrics, served on CONTROLLER_METRICS_PORT (default 0.0.0.0)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="sandbox-controller", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="sandbox-controller",
+        description="Run self-hosted sandboxes for OpenAI's Agents API. Settings come from CONTROLLER_* "
+        "environment variables; `sandbox-controller check-config` shows them and what each process needs.",
+    )
     parser.add_argument("--version", action="version", version=__version__)
     sub = parser.add_subparsers(dest="command", required=True)
 
-    serve = sub.add_parser("serve", help="run the webhook receiver")
-    serve.add_argument("--host", default="0.0.0.0")
-    serve.add_argument("--port", type=int, default=8080)
+    serve = sub.add_parser(
+        "serve",
+        help="run the webhook receiver",
+        description="Serve POST /webhooks, GET /healthz, /readyz and /metrics. Needs CONTROLLER_REDIS_URL "
+        "and CONTROLLER_WEBHOOK_SECRETS (or CONTROLLER_WEBHOOK_SECRETS_FILE).",
+    )
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
+    serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     serve.set_defaults(func=cmd_serve)
 
-    worker = sub.add_parser("worker", help="run a Celery worker")
-    worker.add_argument("--concurrency", type=int, default=2)
-    worker.add_argument("--hostname", default="worker@%h")
+    worker = sub.add_parser(
+        "worker",
+        help="run a Celery worker",
+        description="Consume the queue: look each session up and start, keep or release its sandbox. Needs "
+        "CONTROLLER_REDIS_URL, CONTROLLER_API_KEY and, with the local runner, CONTROLLER_EXECUTOR_KEY.",
+    )
+    worker.add_argument("--concurrency", type=int, default=2, help="pool processes working jobs at once (default 2)")
+    worker.add_argument("--hostname", default="worker@%h", help="Celery node name (default worker@%%h: this host)")
+    _metrics_host(worker)
     worker.set_defaults(func=cmd_worker)
 
-    scheduler = sub.add_parser("scheduler", help="sweep and recover on timers (one active at a time)")
+    scheduler = sub.add_parser(
+        "scheduler",
+        help="sweep and recover on timers (one active at a time)",
+        description="Needs CONTROLLER_REDIS_URL and, with the local runner, CONTROLLER_EXECUTOR_KEY.",
+    )
+    _metrics_host(scheduler)
     scheduler.set_defaults(func=cmd_scheduler)
 
+    webhook_cli.add_commands(sub)
+
+    status = sub.add_parser("status", help="every session with a sandbox, its health and last decision")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(func=cmd_status)
+
+    explain = sub.add_parser(
+        "explain", help="what the controller would decide about a session now, and why (read only)"
+    )
+    explain.add_argument("session_id", metavar="SESSION_ID")
+    explain.add_argument("--json", action="store_true", help="print JSON")
+    explain.set_defaults(func=cmd_explain)
     _add_development_commands(sub)
 
-    check = sub.add_parser("check-config", help="print the effective configuration, secrets masked")
+    check = sub.add_parser(
+        "check-config",
+        help="print the effective configuration (secrets masked) and what each process would refuse",
+        description="Prints the settings as parsed, then for each process whether it would start. Exit status: "
+        "0 every role asked about would start; 1 one would refuse (the reasons are listed); 2 the settings "
+        "are invalid.",
+    )
+    check.add_argument(
+        "--role", choices=(*ROLES, "all"), default="all", help="the process to check for (default: all three)"
+    )
     check.set_defaults(func=cmd_check_config)
     return parser
 
@@ -131,6 +261,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         print(f"sandbox-controller: {exc}", file=sys.stderr)
         return 2
+    except ControllerError as exc:  # a command's call failed: say why (ids only, never secrets)
+        print(f"sandbox-controller: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
     except KeyboardInterrupt:
         return 130
     return code

@@ -145,7 +145,7 @@ class RunnerSettings:
 class KubernetesSettings:
     namespace: str = "sandboxes"
     """Namespace the sandbox pods run in (labelled to enforce Pod Security "restricted")."""
-    image: str = "sandbox-controller-runner:0.1.0"
+    image: str = "sandbox-controller/sandbox-runner:0.171.0"
     """The runner image (runner_image/) of the default template."""
     executor_key_secret: str = "sandbox-executor-key"
     """Secret in the sandbox namespace holding the environment key under ``executor-key`` (L2)."""
@@ -172,6 +172,13 @@ class LifecycleSettings:
 
 
 @dataclass(frozen=True)
+class MetricsSettings:
+    port: int = 0
+    """Port of ``GET /metrics`` for workers and the scheduler (0, the default: not served; the
+    Helm chart sets 9090). The receiver serves its own ``/metrics`` on its HTTP port."""
+
+
+@dataclass(frozen=True)
 class Settings:
     webhook: WebhookSettings = WebhookSettings()
     receiver: ReceiverSettings = ReceiverSettings()
@@ -181,6 +188,7 @@ class Settings:
     runner: RunnerSettings = RunnerSettings()
     kubernetes: KubernetesSettings = KubernetesSettings()
     lifecycle: LifecycleSettings = LifecycleSettings()
+    metrics: MetricsSettings = MetricsSettings()
     log_level: str = "INFO"
 
     @classmethod
@@ -199,6 +207,7 @@ class Settings:
             "worker": ["redis", "api_key", "executor_key"],
             "scheduler": ["redis", "executor_key"],
             "dev": ["secrets", "api_key", "executor_key"],
+            "webhook": ["api_key"],
         }[role]
         if "redis" in needs and not self.queue.redis_url:
             problems.append(f"{PREFIX}REDIS_URL is required for `{role}`")
@@ -341,6 +350,7 @@ class _Parser:
                     "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0
                 ),
             ),
+            metrics=self.metrics(),
             log_level=level,
         )
         self.check_credentials_differ(settings)
@@ -363,6 +373,12 @@ class _Parser:
 
     def words(self, name: str) -> tuple[str, ...]:
         return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())
+
+    def metrics(self) -> MetricsSettings:
+        port = self.number("METRICS_PORT", MetricsSettings.port, int, 0)
+        if port > 65535:
+            self.problems.append(f"{PREFIX}METRICS_PORT must be at most 65535, got {port}")
+        return MetricsSettings(port=port)
 
     def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float) -> T:
         raw = self.get(PREFIX + name, "").strip()

@@ -39,6 +39,11 @@ SESSION_FAILED = "agent.session.failed"
 SESSION_TYPES = frozenset({SESSION_CREATED, SESSION_ACTION_REQUIRED, SESSION_IN_PROGRESS, SESSION_IDLE, SESSION_FAILED})
 """Known event types whose ``data.id`` is a session id (required)."""
 
+HANDLED_TYPES = (SESSION_ACTION_REQUIRED, SESSION_FAILED, SESSION_IDLE)
+"""The event types ``classify`` can enqueue: exactly what a webhook endpoint for this
+controller subscribes to (``sandbox-controller webhook register``). A unit test holds this
+tuple and ``classify`` to each other."""
+
 _ENVIRONMENT_PREFIXES = ("agent.environment.", "environment.")
 
 

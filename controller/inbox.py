@@ -9,7 +9,7 @@ delivery whose enqueue failed is processed.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Protocol
 
@@ -22,6 +22,9 @@ class Job:
     webhook_id: str
     event_type: str
     event_id: str = ""
+    received_at: float = field(default=0.0, compare=False)
+    """When the receiver took the delivery (Unix seconds; 0 for jobs the scheduler makes). Not
+    part of a job's identity: two deliveries of one event make the same job."""
 
 
 class Outcome(StrEnum):

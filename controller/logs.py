@@ -21,7 +21,9 @@ _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_c
 _MIN_REDACT_LENGTH = 6
 
 _NOISY = ("httpx", "httpcore", "urllib3", "kubernetes", "celery", "kombu", "amqp", "uvicorn.access")
-_STANDARD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName"}
+_STANDARD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "asctime", "taskName", "color_message"}
+"""Record attributes that are not event fields. ``color_message`` is uvicorn's copy of the
+message with ANSI colour escapes, meant for terminals: the JSON line keeps ``event`` only."""
 
 
 @contextlib.contextmanager

@@ -25,12 +25,37 @@ each worker or switch to prometheus_client's multiprocess mode.
         reason: idle | lifetime | failed | deleted | replaced (``lifecycle.Cause``)
     controller_sandboxes_running
         gauge: sandboxes the runner manages, as the active scheduler last counted them
+    controller_delivery_to_sandbox_start_seconds (histogram)
+        from the receiver taking a delivery (the job carries that time) to the worker having
+        started and recorded its sandbox; observed for jobs that came from a delivery. Worker
+        and receiver clocks are compared: keep their nodes in time sync.
+    controller_delivery_to_executor_connected_seconds (histogram)
+        from the same delivery to the Agents API reporting the environment connected: after a
+        start, a watch job asks after 0.5 s and then less often (√2 times later each time, at
+        most every 5 s) for up to five minutes (L15's window); late by at most a third of itself
+    controller_lease_busy_total
+        jobs a worker put back because another worker held the session's lease
+    controller_agents_api_requests_total{operation, status}
+        operation: retrieve_session | retrieve_environment; status: the HTTP status code, or
+        ``timeout`` | ``transport_error``
+    controller_queue_depth, controller_work_pending, controller_timers_pending (gauges, read at
+        scrape by the scheduler): jobs waiting in the queue; sessions whose wanted work is not
+        done yet; durable timers armed
+
+Who serves what: the receiver its own ``GET /metrics``; the scheduler and each worker
+``GET /metrics`` on ``CONTROLLER_METRICS_PORT`` (``serve_metrics``). A worker's pool
+processes count in prometheus_client's multiprocess mode (``use_multiprocess``: one
+directory per worker, emptied at start) and its main process serves their sum.
 
 Labels are low-cardinality by construction: never ids, never values from a request.
 """
 
 from __future__ import annotations
 
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Protocol
 
 from prometheus_client import (
@@ -41,14 +66,30 @@ from prometheus_client import (
     CollectorRegistry,
     Counter,
     Gauge,
+    Histogram,
     generate_latest,
+    multiprocess,
+    start_http_server,
+    values,
 )
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from controller.errors import ConfigError
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
 DECISIONS_TOTAL = "controller_decisions_total"
 SANDBOXES_STOPPED_TOTAL = "controller_sandboxes_stopped_total"
 SANDBOXES_RUNNING = "controller_sandboxes_running"
+DELIVERY_TO_START_SECONDS = "controller_delivery_to_sandbox_start_seconds"
+DELIVERY_TO_CONNECTED_SECONDS = "controller_delivery_to_executor_connected_seconds"
+LEASE_BUSY_TOTAL = "controller_lease_busy_total"
+API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
+QUEUE_DEPTH = "controller_queue_depth"
+WORK_PENDING = "controller_work_pending"
+TIMERS_PENDING = "controller_timers_pending"
+START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
 class Counters(Protocol):
@@ -66,7 +107,22 @@ class Metrics:
             for standard in (PROCESS_COLLECTOR, PLATFORM_COLLECTOR, GC_COLLECTOR):
                 registry.register(standard)  # process_*, python_info, python_gc_*
         self.registry = registry
+        self._histograms: dict[str, Histogram] = {
+            DELIVERY_TO_START_SECONDS: Histogram(
+                DELIVERY_TO_START_SECONDS,
+                "Seconds from the receiver taking a delivery to its sandbox being started.",
+                buckets=START_BUCKETS,
+                registry=self.registry,
+            ),
+            DELIVERY_TO_CONNECTED_SECONDS: Histogram(
+                DELIVERY_TO_CONNECTED_SECONDS,
+                "Seconds from the receiver taking a delivery to the Agents API reporting its executor connected.",
+                buckets=START_BUCKETS,
+                registry=self.registry,
+            ),
+        }
         self._counters: dict[str, Counter] = {
+            **_operations_counters(self.registry),
             WEBHOOKS_TOTAL: Counter(
                 WEBHOOKS_TOTAL,
                 "Webhook deliveries by outcome and reason.",
@@ -92,12 +148,14 @@ class Metrics:
                 registry=self.registry,
             ),
         }
-        self._gauges: dict[str, Gauge] = {
-            SANDBOXES_RUNNING: Gauge(SANDBOXES_RUNNING, "Sandboxes the runner manages.", registry=self.registry),
-        }
+        self._gauges: dict[str, Gauge] = {}
 
     def set(self, name: str, value: float) -> None:
-        """Set a named gauge; an unknown name is a bug (KeyError)."""
+        """Set a named gauge; an unknown name is a bug (KeyError). Gauges are registered on first
+        use, so processes that never set one (workers, whose pool processes would each report a
+        zero of their own in multiprocess mode) do not expose it."""
+        if name not in self._gauges:
+            self._gauges[name] = Gauge(name, GAUGE_HELP[name], registry=self.registry)
         self._gauges[name].set(value)
 
     def inc(self, name: str, **labels: str) -> None:
@@ -113,3 +171,88 @@ class Metrics:
     def render(self) -> bytes:
         """The registry in the Prometheus text format."""
         return generate_latest(self.registry)
+
+    def observe(self, name: str, value: float, **labels: str) -> None:
+        """Record one observation in a named histogram; an unknown name is a bug (KeyError)."""
+        histogram = self._histograms[name]
+        (histogram.labels(**labels) if labels else histogram).observe(value)
+
+
+GAUGE_HELP = {SANDBOXES_RUNNING: "Sandboxes the runner manages, as the active scheduler last counted them."}
+
+
+def _operations_counters(registry: CollectorRegistry) -> dict[str, Counter]:
+    return {
+        LEASE_BUSY_TOTAL: Counter(
+            LEASE_BUSY_TOTAL, "Jobs put back because another worker held the session's lease.", registry=registry
+        ),
+        API_REQUESTS_TOTAL: Counter(
+            API_REQUESTS_TOTAL,
+            "Agents API requests by operation and HTTP status (or timeout / transport_error).",
+            ("operation", "status"),
+            registry=registry,
+        ),
+    }
+
+
+class QueueCollector(Collector):
+    """``controller_queue_depth``, ``controller_work_pending`` and ``controller_timers_pending``,
+    read when scraped; a gauge whose source cannot be read (Redis away) is left out of that scrape."""
+
+    def __init__(
+        self, depth: Callable[[], int], pending: Callable[[], int], timers: Callable[[], int] | None = None
+    ) -> None:
+        self._depth, self._pending, self._timers = depth, pending, timers
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        readers = [
+            (QUEUE_DEPTH, "Jobs waiting in the queue.", self._depth),
+            (WORK_PENDING, "Sessions whose wanted work is not done yet.", self._pending),
+        ]
+        if self._timers is not None:
+            readers.append((TIMERS_PENDING, "Durable timers armed (one per session at most).", self._timers))
+        for name, help_text, read in readers:
+            try:
+                value = read()
+            except Exception:
+                continue
+            yield GaugeMetricFamily(name, help_text, value=value)
+
+
+def use_multiprocess(directory: Path) -> None:
+    """Count in prometheus_client's multiprocess mode under ``directory`` (emptied first: counts
+    of a previous run must not add up with this one's). Call before any metric is created in
+    this process tree (the worker calls it before building its Celery app)."""
+    if directory.exists():
+        for entry in directory.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+    directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(directory)
+    # The library picks its value class when first imported; pick again now that the
+    # directory is set (metrics created from here on write to per-process files).
+    values.ValueClass = values.get_value_class()  # type: ignore[no-untyped-call]
+
+
+def process_exited(pid: int) -> None:
+    """A pool process is gone: drop its live-gauge files (its counters stay summed)."""
+    if os.environ.get("PROMETHEUS_MULTIPROC_DIR"):
+        multiprocess.mark_process_dead(pid)  # type: ignore[no-untyped-call]
+
+
+def multiprocess_registry() -> CollectorRegistry:
+    """A registry that sums every process's files in the multiprocess directory."""
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    return registry
+
+
+def serve_metrics(registry: CollectorRegistry, host: str, port: int) -> None:
+    """``GET /metrics`` for ``registry`` on ``host:port``, from a daemon thread of this process;
+    a port that cannot be bound is a configuration problem (exit 2), reported once."""
+    try:
+        start_http_server(port, addr=host, registry=registry)
+    except OSError as exc:
+        raise ConfigError([f"cannot serve metrics on {host}:{port}: {exc.strerror or exc}"]) from exc

@@ -19,6 +19,7 @@ from controller.config import Settings
 from controller.inbox import Job
 
 TASK_SYNC_SESSION = "controller.sync_session"
+TASK_WATCH_CONNECTION = "controller.watch_connection"
 QUEUE = "sandbox-controller"
 
 
@@ -57,11 +58,9 @@ def publisher(app: Celery) -> Callable[[Job], None]:
     """The inbox's publish function: put one job on the queue (raises if the broker refuses)."""
 
     def publish(job: Job) -> None:
-        app.send_task(
-            TASK_SYNC_SESSION,
-            args=[job.session_id],
-            kwargs={"webhook_id": job.webhook_id, "event_type": job.event_type},
-            queue=QUEUE,
-        )
+        kwargs: dict[str, object] = {"webhook_id": job.webhook_id, "event_type": job.event_type}
+        if job.received_at:
+            kwargs["received_at"] = job.received_at  # for delivery → sandbox start latency
+        app.send_task(TASK_SYNC_SESSION, args=[job.session_id], kwargs=kwargs, queue=QUEUE)
 
     return publish

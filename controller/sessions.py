@@ -8,7 +8,7 @@ timeouts, 429 and 5xx honouring ``Retry-After``); Celery retries for longer at t
 from __future__ import annotations
 
 import random
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 from urllib.parse import quote
 
@@ -85,7 +85,10 @@ class HttpSessions:
         transport: httpx.BaseTransport | None = None,
         backoff_initial_seconds: float = 0.5,
         backoff_cap_seconds: float = 8.0,
+        on_response: Callable[[str, str], None] | None = None,
     ) -> None:
+        self._on_response = on_response or (lambda operation, status: None)
+        """Told (operation, status) after every request: the status code, ``timeout`` or ``transport_error``."""
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {api_key}", **BETA_HEADER, "User-Agent": "sandbox-controller"},
@@ -103,7 +106,11 @@ class HttpSessions:
         self._client.close()
 
     def get(self, session_id: str) -> Session | None:
-        data = self._get_json(f"/v1/agents/sessions/{quote(session_id, safe='')}", what=f"session {session_id}")
+        data = self._get_json(
+            f"/v1/agents/sessions/{quote(session_id, safe='')}",
+            what=f"session {session_id}",
+            operation="retrieve_session",
+        )
         if data is None:
             return None
         try:
@@ -114,7 +121,9 @@ class HttpSessions:
     def environment_connected(self, environment_id: str) -> bool | None:
         try:
             data = self._get_json(
-                f"/v1/agents/environments/{quote(environment_id, safe='')}", what=f"environment {environment_id}"
+                f"/v1/agents/environments/{quote(environment_id, safe='')}",
+                what=f"environment {environment_id}",
+                operation="retrieve_environment",
             )
         except (ApiUnavailable, ApiRejected):
             return None
@@ -122,18 +131,21 @@ class HttpSessions:
             return None
         return data.get("status") == "connected"
 
-    def _get_json(self, path: str, what: str) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = self._retrying(self._get_once, path, what)
+    def _get_json(self, path: str, what: str, operation: str) -> dict[str, Any] | None:
+        result: dict[str, Any] | None = self._retrying(self._get_once, path, what, operation)
         return result
 
-    def _get_once(self, path: str, what: str) -> dict[str, Any] | None:
+    def _get_once(self, path: str, what: str, operation: str) -> dict[str, Any] | None:
         try:
             response = self._client.get(path)
         except httpx.TimeoutException as exc:
+            self._on_response(operation, "timeout")
             raise ApiUnavailable(f"timed out reading {what}") from exc
         except httpx.TransportError as exc:
+            self._on_response(operation, "transport_error")
             raise ApiUnavailable(f"could not reach the Agents API reading {what}: {type(exc).__name__}") from exc
         status = response.status_code
+        self._on_response(operation, str(status))
         if status == 404:
             return None
         if status == 429 or status >= 500:

@@ -18,7 +18,7 @@ import base64
 import binascii
 import hashlib
 import hmac
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from controller.errors import SignatureError
@@ -45,12 +45,14 @@ def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
     return "v1," + base64.b64encode(digest).decode("ascii")
 
 
-def sign_headers(secret: str, webhook_id: str, timestamp: int, body: bytes) -> dict[str, str]:
-    """The three headers a sender attaches (used by the simulator and tests)."""
+def sign_headers(secret: str | Sequence[str], webhook_id: str, timestamp: int, body: bytes) -> dict[str, str]:
+    """The three headers a sender attaches (used by the simulator and tests). Several secrets
+    (a rotation's overlap) give one space-separated ``v1,`` entry each, newest first."""
+    secrets = [secret] if isinstance(secret, str) else list(secret)
     return {
         "webhook-id": webhook_id,
         "webhook-timestamp": str(timestamp),
-        "webhook-signature": sign(secret_key(secret), webhook_id, timestamp, body),
+        "webhook-signature": " ".join(sign(secret_key(s), webhook_id, timestamp, body) for s in secrets),
     }
 
 

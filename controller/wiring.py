@@ -8,29 +8,40 @@ built in Celery's ``worker_process_init`` signal, after the fork, so no connecti
 
 from __future__ import annotations
 
+import atexit
 import os
 import pwd
 import shlex
+import shutil
+import tempfile
 from collections.abc import Callable
+from functools import partial
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import redis
 from celery import Celery, signals
 from starlette.applications import Starlette
 
-from controller import queue, worker
-from controller.clock import SystemClock
+from controller import logs, queue, worker
+from controller.clock import Clock, SystemClock
 from controller.config import PREFIX, Settings
-from controller.errors import ConfigError
+from controller.errors import ConfigError, StoreUnavailable
 from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
 from controller.metrics import (
+    API_REQUESTS_TOTAL,
     DECISIONS_TOTAL,
     SANDBOXES_RUNNING,
     SANDBOXES_STOPPED_TOTAL,
     SESSIONS_REFUSED_TOTAL,
     Counters,
     Metrics,
+    QueueCollector,
+    multiprocess_registry,
+    process_exited,
+    serve_metrics,
+    use_multiprocess,
 )
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
@@ -42,6 +53,8 @@ from controller.runners.local import LocalRunner, RunAs
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisInbox, RedisSessionStore, connect
 from controller.trust import Policy
+
+log = logs.get(__name__)
 
 
 def secret_values(settings: Settings) -> list[str]:
@@ -137,24 +150,48 @@ def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
     return on_decision
 
 
+def remember_decisions(decisions: RedisSessionStore, clock: Clock) -> Callable[[str, Decision], None]:
+    """``Deps.on_decision``: note the latest decision per session for ``status`` and ``explain``.
+    A failed note is logged and does not fail the work (it reports; it decides nothing)."""
+
+    def on_decision(session_id: str, decision: Decision) -> None:
+        try:
+            decisions.note_decision(session_id, decision.verdict.value, decision.reason, clock.now())
+        except StoreUnavailable:
+            log.warning("could not note the decision", extra={"session_id": session_id})
+
+    return on_decision
+
+
+def each(*calls: Callable[[str, Decision], None]) -> Callable[[str, Decision], None]:
+    def on_decision(session_id: str, decision: Decision) -> None:
+        for call in calls:
+            call(session_id, decision)
+
+    return on_decision
+
+
 def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
     metrics = counters if counters is not None else Metrics()
     templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
+    session_store = store(settings)
+    clock = SystemClock()
     return Deps(
         sessions=HttpSessions(
             settings.api.base_url,
             settings.api.api_key.reveal(),
             timeout_seconds=settings.api.timeout_seconds,
             max_attempts=settings.api.max_attempts,
+            on_response=count_api_requests(metrics),
         ),
-        store=store(settings),
+        store=session_store,
         runner=runner(settings, templates),
-        clock=SystemClock(),
+        clock=clock,
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
         max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
-        on_decision=count_decisions(metrics),
+        on_decision=each(count_decisions(metrics), remember_decisions(session_store, clock)),
         choose_template=templates.choose,
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
@@ -186,19 +223,69 @@ class ProcessDeps:
         return self._deps
 
 
-def worker_app(settings: Settings) -> Celery:
-    """The Celery app with the ``sync_session`` task; each pool process builds its own ``Deps``."""
+def count_api_requests(counters: Counters) -> Callable[[str, str], None]:
+    """``HttpSessions``' ``on_response``: count Agents API requests by operation and status."""
+
+    def on_response(operation: str, status: str) -> None:
+        counters.inc(API_REQUESTS_TOTAL, operation=operation, status=status)
+
+    return on_response
+
+
+def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
+    """The Celery app with the ``sync_session`` task; each pool process builds its own ``Deps``.
+
+    ``metrics`` is shared by every pool process: created here, before the fork, it counts in
+    each child's own files when multiprocess mode is on (``metrics.use_multiprocess``).
+    """
     app = queue.make_app(settings)
-    deps = ProcessDeps(lambda: worker_deps(settings))
+    counted = metrics if metrics is not None else Metrics()
+    deps = ProcessDeps(lambda: worker_deps(settings, counted))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)
+    signals.worker_process_shutdown.connect(_pool_process_exited, weak=False)
     signals.worker_ready.connect(worker.announce_ready, weak=False)
-    worker.register(app, settings.queue.task_max_retries, deps)
+    worker.register(app, settings.queue.task_max_retries, deps, counted, watch_connections=bool(settings.metrics.port))
     return app
+
+
+def serve_worker_metrics(settings: Settings, host: str) -> None:
+    """Multiprocess mode in a fresh directory (``PROMETHEUS_MULTIPROC_DIR`` when set, emptied;
+    else a temporary one removed at exit), and ``GET /metrics`` summing every pool process.
+    Call before ``worker_app`` creates any metric."""
+    given = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    directory = Path(given) if given else Path(tempfile.mkdtemp(prefix="sandbox-controller-metrics-"))
+    if not given:
+        atexit.register(shutil.rmtree, directory, True)
+    use_multiprocess(directory)
+    serve_metrics(multiprocess_registry(), host, settings.metrics.port)
+    log.info("metrics served", extra={"port": settings.metrics.port})
+
+
+def _pool_process_exited(pid: int | None = None, **_: Any) -> None:
+    process_exited(pid or os.getpid())
+
+
+def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
+    """The scheduler's registry: the standard process metrics plus the queue gauges, read at scrape."""
+    found = parts.metrics  # the registry ``on_sweep`` sets the running-sandboxes gauge in
+    depth = partial(parts.client.llen, queue.QUEUE)
+    found.registry.register(QueueCollector(depth, parts.store.pending_count, parts.store.timer_count))
+    return found
 
 
 def publisher(settings: Settings) -> Callable[[Job], None]:
     """Publish jobs to the queue (the receiver's inbox and the scheduler use it)."""
     return queue.publisher(queue.make_app(settings))
+
+
+class FleetParts(NamedTuple):
+    store: RedisSessionStore
+    runner: Runner
+
+
+def fleet_parts(settings: Settings) -> FleetParts:
+    """What ``status`` reads: the mapping and last decisions, and the runner's view of each sandbox."""
+    return FleetParts(store(settings), runner(settings))
 
 
 class SchedulerParts(NamedTuple):

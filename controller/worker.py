@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -20,9 +21,20 @@ from celery import Celery, Task
 
 from controller import lifecycle, logs, queue
 from controller.errors import Fenced, Permanent, Transient
+from controller.lifecycle import Verdict
+from controller.metrics import DELIVERY_TO_CONNECTED_SECONDS, DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
 from controller.store.base import Busy
 
 log = logs.get(__name__)
+CONNECTION_WINDOW_SECONDS = 300.0
+"""How long a watch job waits for a started executor to connect (the API's window, L15)."""
+WATCH_FIRST_SECONDS, WATCH_MAX_SECONDS = 0.5, 5.0
+"""A watch job asks after 0.5 s, then √2 times later each time, at most every 5 s: about ten
+requests for a 20-second connection, and the measure is late by at most a third of itself."""
+
+
+def watch_delay(asked: int) -> float:
+    return float(min(WATCH_MAX_SECONDS, WATCH_FIRST_SECONDS * 2 ** (asked / 2)))
 
 
 def announce_ready(**_: Any) -> None:
@@ -36,13 +48,27 @@ def backoff_seconds(retries: int, hint: float | None) -> float:
     return max(hint or 0.0, random.uniform(ceiling / 2, ceiling))
 
 
-def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps]) -> None:
-    """Add the task to ``app``; ``deps()`` gives the worker process's dependencies."""
+def register(
+    app: Celery,
+    max_retries: int,
+    deps: Callable[[], lifecycle.Deps],
+    metrics: Metrics | None = None,
+    watch_connections: bool = False,
+) -> None:
+    """Add the tasks to ``app``; ``deps()`` gives the worker process's dependencies; ``metrics``
+    counts busy leases and observes delivery → sandbox start, and, with ``watch_connections``
+    (metrics are served), delivery → executor connected."""
 
     @app.task(  # type: ignore[untyped-decorator]
         name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries
     )
-    def sync_session(self: Task, session_id: str, webhook_id: str | None = None, event_type: str | None = None) -> None:
+    def sync_session(
+        self: Task,
+        session_id: str,
+        webhook_id: str | None = None,
+        event_type: str | None = None,
+        received_at: float | None = None,
+    ) -> None:
         with logs.bind(session_id=session_id, webhook_id=webhook_id, task_id=self.request.id):
             log.info(
                 "task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": self.request.retries}
@@ -68,7 +94,47 @@ def register(app: Celery, max_retries: int, deps: Callable[[], lifecycle.Deps]) 
                 log.warning("will retry", extra={"reason": str(exc), "countdown": round(delay, 2)})
                 raise self.retry(countdown=delay, exc=exc) from exc
             if isinstance(result, Busy):
+                if metrics is not None:
+                    metrics.inc(LEASE_BUSY_TOTAL)
                 delay = min(result.retry_after, 2.0) + random.uniform(0, 0.5)
                 log.info("session busy elsewhere; will look again", extra={"countdown": round(delay, 2)})
                 raise self.retry(countdown=delay, max_retries=None)
+            started = any(d.verdict in (Verdict.START, Verdict.REPLACE) for d in result)
+            if started and received_at and metrics is not None:
+                metrics.observe(DELIVERY_TO_START_SECONDS, max(0.0, time.time() - received_at))
+                if watch_connections:
+                    _watch(session_id, received_at)
             log.info("task done", extra={"rounds": len(result)})
+
+    def _watch(session_id: str, received_at: float) -> None:
+        """Start a watch job for the sandbox just started (only to measure; never decides)."""
+        record = deps().store.record(session_id)
+        if record is None:
+            return
+        watch_connection.apply_async(
+            args=[record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS],
+            countdown=watch_delay(0),
+            queue=queue.QUEUE,
+        )
+
+    @app.task(  # type: ignore[untyped-decorator]
+        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False
+    )
+    def watch_connection(self: Task, environment_id: str, received_at: float, deadline: float) -> None:
+        """Observe delivery → executor connected once the API reports the environment connected;
+        ask again (``watch_delay``) until ``deadline``. A lost watch job loses one observation only."""
+        connected = deps().sessions.environment_connected(environment_id)
+        now = time.time()
+        if connected:
+            if metrics is not None:
+                metrics.observe(DELIVERY_TO_CONNECTED_SECONDS, max(0.0, now - received_at))
+            log.info(
+                "executor connected",
+                extra={"environment_id": environment_id, "after_seconds": round(now - received_at, 2)},
+            )
+            return
+        delay = watch_delay(self.request.retries + 1)
+        if now + delay > deadline:
+            log.warning("executor not connected within the window", extra={"environment_id": environment_id})
+            return
+        raise self.retry(countdown=delay)

@@ -40,6 +40,7 @@ import redis
 
 from controller import logs
 from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller.fleet import LastDecision
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record
 from controller.store.base import Busy, Lease
@@ -200,6 +201,7 @@ TIMERS_KEY = "sc:timers"
 PENDING_KEY = "sc:pending"
 REQUEUES_KEY = "sc:requeues"
 FENCE_TTL_MS = 24 * 3600 * 1000
+DECISION_TTL_SECONDS = 7 * 24 * 3600
 
 
 def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
@@ -355,6 +357,25 @@ class RedisSessionStore:
     def timer_count(self) -> int:
         with _translated("count timers"):
             return int(self._r.zcard(TIMERS_KEY))
+
+    # -- the last decision per session (read by `status` and `explain`) --------------------
+
+    def note_decision(self, session_id: str, verdict: str, reason: str, at: float) -> None:
+        """Keep the latest decision about a session: a small hash beside the record, not fenced
+        (it reports, it decides nothing), kept ``DECISION_TTL_SECONDS`` after the last one."""
+        key = f"sc:decision:{session_id}"
+        with _translated("note decision"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.hset(key, mapping={"verdict": verdict, "reason": reason, "at": repr(at)})
+            pipe.expire(key, DECISION_TTL_SECONDS)
+            pipe.execute()
+
+    def last_decision(self, session_id: str) -> LastDecision | None:
+        with _translated("read decision"):
+            data: dict[str, str] = self._r.hgetall(f"sc:decision:{session_id}")  # type: ignore[assignment]
+        if not data:
+            return None
+        return LastDecision(data.get("verdict", ""), data.get("reason", ""), float(data.get("at", "0")))
 
 
 def _record_fields(record: Record) -> dict[str, str]:

@@ -247,7 +247,8 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
     values = load_values(CI_DIR / "production-values.yaml")
     notes = chart.render(values, name=RELEASE, namespace=NAMESPACE)["sandbox-controller/templates/NOTES.txt"]
     assert "https://hooks.example.com/webhooks" in notes
-    assert "/v1/webhook_endpoints" in notes and "signing_secret" in notes
+    assert "sandbox-controller webhook register --url https://<your host>/webhooks" in notes
+    assert f"--kube-secret {NAMESPACE}/" in notes
 
 
 # -- guards -------------------------------------------------------------------------------------

@@ -5,9 +5,9 @@ Runs only with ``SANDBOX_CONTROLLER_CLUSTER_TESTS=1`` and ``KUBECONFIG`` naming 
 is opt-in by design. Images come from the environment and must be pullable by the nodes
 (``kind load docker-image ...`` / ``k3d image import ...``)::
 
-    SANDBOX_CONTROLLER_IMAGE=sandbox-controller:dev            # docker build -t ... .
-    SANDBOX_CONTROLLER_SIMULATOR_IMAGE=sandbox-controller-simulator:dev  # docker build --target simulator -t ... .
-    SANDBOX_CONTROLLER_RUNNER_IMAGE=sandbox-runner:0.171.0     # make -C runner_image image
+    SANDBOX_CONTROLLER_IMAGE=sandbox-controller/sandbox-controller:dev        # docker build -t ... .
+    SANDBOX_CONTROLLER_SIMULATOR_IMAGE=sandbox-controller/simulator:dev      # docker build --target simulator -t ... .
+    SANDBOX_CONTROLLER_RUNNER_IMAGE=sandbox-controller/sandbox-runner:0.171.0  # make -C runner_image image
     SANDBOX_CONTROLLER_CLUSTER_TESTS=1 KUBECONFIG=~/.kube/config scripts/test cluster
 
 What runs, all in one fresh namespace: the Agents API simulator (``sandbox-controller

@@ -59,8 +59,13 @@ build() { # <module dir> <package> <output name> [extra ldflags]
   local mod_dir="$1" pkg="$2" out="$3" ldx="${4:-}" tmp
   tmp="$(mktemp "${bin_dir}/.${out}.XXXXXX")"
   echo "envtest/build.sh: building ${pkg} -> ${bin_dir}/${out}" >&2
-  local start=$SECONDS
-  (cd "${mod_dir}" && nice -n "${nice_level}" go build -trimpath -ldflags="-s -w ${ldx}" -o "${tmp}" "${pkg}")
+  local start=$SECONDS ticker
+  # A cold build takes minutes (kube-apiserver: ~10 on 2 cores): say it is still going.
+  ( while sleep 60; do echo "envtest/build.sh: still building ${out} ($(( (SECONDS - start) / 60 )) min)" >&2; done ) &
+  ticker=$!
+  (cd "${mod_dir}" && nice -n "${nice_level}" go build -trimpath -ldflags="-s -w ${ldx}" -o "${tmp}" "${pkg}") \
+    || { kill "${ticker}" 2>/dev/null; exit 1; }
+  kill "${ticker}" 2>/dev/null || true
   chmod 0755 "${tmp}"
   mv -f "${tmp}" "${bin_dir}/${out}" # atomic: a half-built file is never seen
   echo "envtest/build.sh: built ${out} in $((SECONDS - start))s" >&2

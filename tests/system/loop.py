@@ -49,6 +49,8 @@ class Loop:
         self.receivers: list[Managed] = []
         self.workers: list[Managed] = []
         self.scheduler: Managed | None = None
+        self.metrics_ports: dict[str, int] = {}
+        """``GET /metrics`` of each worker and the scheduler (by process name), on loopback."""
 
     # -- processes ------------------------------------------------------------------------
 
@@ -94,10 +96,15 @@ class Loop:
             )
         for index in range(self.worker_count):
             self.start_worker(index)
+        self.metrics_ports["scheduler"] = free_port()
         self.scheduler = Managed(
             "scheduler",
-            python_module("controller", "scheduler"),
-            {**self.controller_env(), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3"},
+            python_module("controller", "scheduler", "--metrics-host", "127.0.0.1"),
+            {
+                **self.controller_env(),
+                "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3",
+                "CONTROLLER_METRICS_PORT": str(self.metrics_ports["scheduler"]),
+            },
             self.directory / "scheduler.log",
         ).start()
         for port in self.receiver_ports:
@@ -137,12 +144,20 @@ class Loop:
         wait_for(lambda: port_open(self.simulator_port), 30, "simulator")
 
     def start_worker(self, index: int) -> Managed:
+        port = self.metrics_ports[f"worker{index}"] = free_port()
         worker = Managed(
             f"worker{index}",
             python_module(
-                "controller", "worker", "--concurrency", "2", "--hostname", f"w{index}-{uuid.uuid4().hex[:6]}@test"
+                "controller",
+                "worker",
+                "--concurrency",
+                "2",
+                "--hostname",
+                f"w{index}-{uuid.uuid4().hex[:6]}@test",
+                "--metrics-host",
+                "127.0.0.1",
             ),
-            self.controller_env(),
+            {**self.controller_env(), "CONTROLLER_METRICS_PORT": str(port)},
             self.directory / f"worker{index}.log",
         ).start()
         self.workers.append(worker)

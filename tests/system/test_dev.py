@@ -16,8 +16,9 @@ from tests.support.processes import assert_no_process_left, free_port
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 
-def _run_dev(tmp_path: Path, env: dict[str, str]) -> str:
+def _run_dev(tmp_path: Path, env: dict[str, str], keep_state: bool = True) -> str:
     state = tmp_path / "state"
+    keep = ["--state-directory", str(state)] if keep_state else []
     result = subprocess.run(
         [
             sys.executable,
@@ -30,8 +31,7 @@ def _run_dev(tmp_path: Path, env: dict[str, str]) -> str:
             str(free_port()),
             "--simulator-port",
             str(free_port()),
-            "--state-directory",
-            str(state),
+            *keep,
         ],
         env=env,
         capture_output=True,
@@ -80,3 +80,15 @@ def test_dev_without_codex_says_how_to_install_and_uses_the_stand_in(tmp_path: P
     assert "scenario ok" in output
     # The stand-in runs no commands: the turn's tool call fails, as on a sandbox that cannot.
     assert "command failed" in output and "tool execution failed" in output
+
+
+def test_dev_removes_the_state_directory_it_made(tmp_path: Path) -> None:
+    """Without --state-directory, dev's temporary directory goes when the run ends cleanly."""
+    env = _clean_env()
+    env["CONTROLLER_EXECUTOR_COMMAND"] = codex_binary()
+    env["TMPDIR"] = str(tmp_path / "tmp")
+    (tmp_path / "tmp").mkdir()
+    output = _run_dev(tmp_path, env, keep_state=False)
+    assert "scenario ok" in output and "state directory removed" in output
+    assert list((tmp_path / "tmp").glob("sandbox-controller-dev-*")) == []
+    assert_no_process_left(tmp_path / "tmp")

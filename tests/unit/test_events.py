@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controller.errors import BadPayload
-from controller.events import Disposition, Event, classify, parse
+from controller.events import HANDLED_TYPES, Disposition, Event, classify, parse
 from tests.support.deliveries import SAMPLE_ENVELOPES, envelope
 
 ENQUEUE_CONNECTION = Disposition(True, "environment_connection")
@@ -80,6 +80,14 @@ def test_only_three_kinds_are_ever_enqueued() -> None:
     idle signal (a timer signal: it asks for a look, never for compute) enqueue."""
     enqueued = {name for name in SAMPLE_ENVELOPES if disposition_of(name).enqueue}
     assert enqueued == {"environment_connection", "failed", "idle"}
+
+
+def test_handled_types_are_exactly_what_classify_enqueues() -> None:
+    """L4: the webhook subscription (``HANDLED_TYPES``) and ``classify`` are one truth: every type
+    some sample enqueues is subscribed, and every subscribed type has a sample that enqueues."""
+    enqueued_types = {SAMPLE_ENVELOPES[name]["type"] for name in SAMPLE_ENVELOPES if disposition_of(name).enqueue}
+    assert enqueued_types == set(HANDLED_TYPES)
+    assert len(HANDLED_TYPES) == len(set(HANDLED_TYPES))
 
 
 def test_parse_keeps_ids_and_raw_data() -> None:

@@ -52,7 +52,7 @@ def _find(where: Path) -> list[str]:
 
 def test_the_default_image_target_copies_the_controller_package_only() -> None:
     copied = _default_target_copies()
-    assert sorted(copied) == ["README.md", "controller", "pyproject.toml"]
+    assert sorted(copied) == ["LICENSE", "README.md", "controller", "pyproject.toml"]  # LICENSE: pyproject names it
     assert not any(SIMULATOR in source for source in copied)
 
 

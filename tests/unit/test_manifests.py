@@ -66,7 +66,7 @@ EXPECTED_POD: dict[str, Any] = {
         "containers": [
             {
                 "name": "executor",
-                "image": "sandbox-controller-runner:0.1.0",
+                "image": "sandbox-controller/sandbox-runner:0.171.0",
                 "env": [
                     {"name": "REMOTE_URL", "value": "https://api.example.test/v1/agents/env"},
                     {"name": "ENVIRONMENT_ID", "value": "env_1"},

@@ -85,6 +85,7 @@ def test_environment_connection_is_enqueued(client: TestClient, inbox: FakeInbox
     response = post(client, "environment_connection", webhook_id="msg_conn")
     assert (response.status_code, response.json()) == (200, {"status": "enqueued"})
     assert inbox.jobs == [Job("sess_1", "msg_conn", "agent.session.action_required", "evt_test")]
+    assert inbox.jobs[0].received_at == NOW  # the receiver's clock: delivery → start latency starts here
     assert metrics.value(WEBHOOKS_TOTAL, outcome="enqueued", reason="environment_connection") == 1
 
 

@@ -25,7 +25,7 @@ class SandboxTemplate:
     """How one kind of sandbox pod looks. Chosen per session (metadata key or agent id)."""
 
     name: str = "default"
-    image: str = "sandbox-controller-runner:0.1.0"
+    image: str = "sandbox-controller/sandbox-runner:0.171.0"
     image_pull_policy: str | None = None
     resources: dict[str, dict[str, str]] = field(
         default_factory=lambda: {

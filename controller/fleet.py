@@ -1,0 +1,165 @@
+"""What is running and why, read only: ``sandbox-controller status`` and ``explain``.
+
+``status`` lists every mapped session with its sandbox (runner, name, generation, age,
+health) and the last decision a worker made about it (``LastDecision``, noted through
+``Deps.on_decision``). ``explain`` observes one session the way ``lifecycle.act`` does and
+asks ``lifecycle.decide`` what it says now — it takes no lease and starts, releases, saves
+and discards nothing: a sandbox found without a record is considered (as ``act`` would adopt
+it) but not recorded. A unit test holds ``explain`` to what ``act`` decides.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from controller.lifecycle import Decision, Deps, decide
+from controller.model import Health, Record
+from controller.runners.base import Runner
+from controller.store.base import SessionStore
+
+
+@dataclass(frozen=True)
+class LastDecision:
+    verdict: str
+    reason: str
+    at: float
+    """When it was made (Unix seconds)."""
+
+
+class DecisionLog(Protocol):
+    def last_decision(self, session_id: str) -> LastDecision | None: ...
+
+    def timer(self, session_id: str) -> float | None:
+        """When the session's durable timer falls due (Unix seconds), if it has one."""
+        ...
+
+
+@dataclass(frozen=True)
+class Row:
+    session_id: str
+    environment_id: str
+    runner: str
+    sandbox: str
+    generation: int
+    age_seconds: float
+    health: str
+    last: LastDecision | None
+    next_timer_in_seconds: float | None = None
+    """Seconds until the session's timer falls due (negative: overdue); None without a timer."""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "session_id": self.session_id,
+            "environment_id": self.environment_id,
+            "runner": self.runner,
+            "sandbox": self.sandbox,
+            "generation": self.generation,
+            "age_seconds": round(self.age_seconds, 1),
+            "health": self.health,
+            "last_decision": (
+                {"verdict": self.last.verdict, "reason": self.last.reason, "at": self.last.at} if self.last else None
+            ),
+            "next_timer_in_seconds": (
+                None if self.next_timer_in_seconds is None else round(self.next_timer_in_seconds, 1)
+            ),
+        }
+
+
+def status(store: SessionStore, decisions: DecisionLog, runner: Runner, runner_kind: str, now: float) -> list[Row]:
+    """One row per mapped session (a mapping removed meanwhile is skipped)."""
+    rows = []
+    for session_id in store.session_ids():
+        record = store.record(session_id)
+        if record is None:
+            continue
+        rows.append(
+            Row(
+                session_id=session_id,
+                environment_id=record.environment_id,
+                runner=runner_kind,
+                sandbox=record.handle.name,
+                generation=record.handle.generation,
+                age_seconds=max(0.0, now - record.started_at),
+                health=runner.status(record.handle).value,
+                last=decisions.last_decision(session_id),
+                next_timer_in_seconds=_seconds_until(decisions.timer(session_id), now),
+            )
+        )
+    return rows
+
+
+def _seconds_until(due_at: float | None, now: float) -> float | None:
+    return None if due_at is None else due_at - now
+
+
+def totals(rows: list[Row]) -> dict[str, Any]:
+    return {
+        "sessions": len(rows),
+        "by_health": dict(sorted(Counter(r.health for r in rows).items())),
+        "by_last_verdict": dict(sorted(Counter(r.last.verdict if r.last else "none" for r in rows).items())),
+    }
+
+
+@dataclass(frozen=True)
+class Explanation:
+    session_id: str
+    decision: Decision
+    observed: dict[str, Any]
+
+
+def explain(session_id: str, deps: Deps) -> Explanation:
+    """What ``decide`` says about the session now, from what ``act`` would observe."""
+    session = deps.sessions.get(session_id)
+    record = deps.store.record(session_id)
+    found_unrecorded = False
+    if record is None:
+        found = deps.runner.find(session_id)
+        if found is not None:
+            record = Record(session_id, found.environment_id, found, found.created_at or deps.clock.now())
+            found_unrecorded = True
+    health = deps.runner.status(record.handle) if record else None
+    connected = None
+    if record and session and session.wants_connection and health in (Health.RUNNING, Health.STARTING):
+        connected = deps.sessions.environment_connected(record.environment_id)
+    now = deps.clock.now()
+    decision = decide(
+        session,
+        record,
+        health,
+        connected,
+        now,
+        deps.grace_seconds,
+        deps.routing,
+        deps.max_lifetime_seconds,
+        deps.trust_policy,
+    )
+    observed: dict[str, Any] = {
+        "session": (
+            None
+            if session is None
+            else {
+                "status": session.status.value,
+                "wants_connection": session.wants_connection,
+                "environment_type": session.environment.type,
+                "environment_id": session.environment.id,
+            }
+        ),
+        "sandbox": (
+            None
+            if record is None
+            else {
+                "name": record.handle.name,
+                "generation": record.handle.generation,
+                "environment_id": record.environment_id,
+                "age_seconds": round(max(0.0, now - record.started_at), 1),
+                "recorded": not found_unrecorded,
+            }
+        ),
+        "health": health.value if health else None,
+        "executor_connected": connected,
+        "grace_seconds": deps.grace_seconds,
+        "max_lifetime_seconds": deps.max_lifetime_seconds,
+    }
+    return Explanation(session_id, decision, observed)

@@ -1,0 +1,88 @@
+"""The chart's metrics: worker and scheduler pods expose the port the controller serves, and the
+optional ServiceMonitor, PrometheusRule and Grafana dashboard use only metrics the controller
+exports (off by default)."""
+
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+from controller.metrics import GAUGE_HELP, Metrics
+from tests.chart.test_chart import CREDENTIALS, NAMESPACE, chart, helm, merge, of_kind, one, render  # noqa: F401
+
+ALL_ON = {"metrics": {k: {"enabled": True} for k in ("serviceMonitor", "prometheusRule", "grafanaDashboard")}}
+
+
+def exported() -> set[str]:
+    """Every sample name the controller's registry can produce (counters with _total,
+    histograms with _bucket/_sum/_count), plus the scheduler's queue gauges."""
+    names = {
+        "controller_queue_depth",
+        "controller_work_pending",
+        "controller_timers_pending",
+        *GAUGE_HELP,
+    }  # gauges made on first use
+    for family in Metrics().registry.collect():
+        if family.name.startswith("controller_"):
+            base = family.name
+            names |= {base, base + "_total", base + "_bucket", base + "_sum", base + "_count"}
+    return names
+
+
+def used_in(expression: str) -> set[str]:
+    return set(re.findall(r"\bcontroller_[a-z_]+\b", expression))
+
+
+def test_metrics_objects_are_off_by_default(chart: Any) -> None:  # noqa: F811
+    objects = render(chart, CREDENTIALS)
+    assert not [o for o in objects if o["kind"] in ("ServiceMonitor", "PrometheusRule")]
+    assert not [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+
+
+def test_worker_and_scheduler_expose_the_port_the_controller_serves(chart: Any) -> None:  # noqa: F811
+    objects = render(chart, CREDENTIALS)
+    [config] = [o for o in of_kind(objects, "ConfigMap") if "CONTROLLER_RUNNER" in o.get("data", {})]
+    assert config["data"]["CONTROLLER_METRICS_PORT"] == "9090"
+    for component in ("worker", "scheduler"):
+        [container] = one(objects, "Deployment", f"demo-sandbox-controller-{component}")["spec"]["template"]["spec"][
+            "containers"
+        ]
+        assert {"name": "metrics", "containerPort": 9090, "protocol": "TCP"} in container["ports"]
+    off = render(chart, merge(CREDENTIALS, {"metrics": {"port": 0}}))
+    [worker] = one(off, "Deployment", "demo-sandbox-controller-worker")["spec"]["template"]["spec"]["containers"]
+    assert "ports" not in worker
+
+
+def test_service_monitor_scrapes_receiver_workers_and_scheduler(chart: Any) -> None:  # noqa: F811
+    objects = render(chart, merge(CREDENTIALS, ALL_ON))
+    [monitor] = of_kind(objects, "ServiceMonitor")
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http", "metrics"]
+    selector = monitor["spec"]["selector"]["matchLabels"]
+    services = [s for s in of_kind(objects, "Service") if selector.items() <= s["metadata"]["labels"].items()]
+    ports = {
+        (s["metadata"]["labels"]["app.kubernetes.io/component"], p["name"])
+        for s in services
+        for p in s["spec"]["ports"]
+    }
+    assert {("receiver", "http"), ("worker", "metrics"), ("scheduler", "metrics")} <= ports
+    for service in services:
+        if any(p["name"] == "metrics" for p in service["spec"]["ports"]):
+            component = service["metadata"]["labels"]["app.kubernetes.io/component"]
+            assert service["spec"]["selector"]["app.kubernetes.io/component"] == component
+
+
+def test_rules_and_dashboard_use_only_exported_metrics(chart: Any) -> None:  # noqa: F811
+    objects = render(chart, merge(CREDENTIALS, ALL_ON))
+    [rule] = of_kind(objects, "PrometheusRule")
+    expressions = [r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]]
+    [dashboard_map] = [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
+    assert dashboard_map["metadata"]["labels"]["grafana_dashboard"] == "1"
+    dashboard = json.loads(dashboard_map["data"]["sandbox-controller.json"])
+    expressions += [t["expr"] for p in dashboard["panels"] for t in p["targets"]]
+    used = set().union(*(used_in(e) for e in expressions))
+    known = exported()
+    assert used - known == set()
+    for wanted in ("controller_decisions_total", "controller_delivery_to_sandbox_start_seconds_bucket"):
+        assert wanted in used
+    assert all(f'namespace="{NAMESPACE}"' in e for e in expressions if "controller_" in e and "$namespace" not in e)

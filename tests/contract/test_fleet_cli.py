@@ -1,0 +1,117 @@
+"""``sandbox-controller status`` and ``explain`` against real redis-server and the simulator:
+the worker's decisions are noted in Redis, ``status`` lists the mapped sessions with them, and
+``explain`` answers what ``decide`` says now without changing anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+
+from controller import wiring
+from controller.clock import SystemClock
+from controller.lifecycle import Decision, Verdict
+from controller.model import Handle, Record
+from controller.store.base import Lease
+from controller.store.redis import DECISION_TTL_SECONDS, RedisSessionStore
+from tests.support.processes import assert_no_process_left
+from tests.support.redis_server import RedisServer
+from tests.support.simulator import StartSimulator
+
+pytestmark = pytest.mark.timeout(120)
+
+SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
+
+
+def run(env: dict[str, str], *args: str) -> Any:
+    done = subprocess.run(
+        [sys.executable, "-m", "controller", *args, "--json"], env=env, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    return json.loads(done.stdout)
+
+
+def test_decisions_are_noted_and_read_back(server: RedisServer) -> None:
+    """The worker's ``on_decision`` keeps the latest decision per session, with a TTL."""
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    store = RedisSessionStore(client, lease_ttl_seconds=5)
+    note = wiring.remember_decisions(store, SystemClock())
+    note("sess_noted", Decision(Verdict.START, "connection requested; no sandbox"))
+    note("sess_noted", Decision(Verdict.KEEP, "executor is connected"))
+    last = store.last_decision("sess_noted")
+    assert last is not None and (last.verdict, last.reason) == ("keep", "executor is connected")
+    assert abs(last.at - time.time()) < 60
+    assert 0 < client.ttl("sc:decision:sess_noted") <= DECISION_TTL_SECONDS
+    assert store.last_decision("sess_unknown") is None
+    assert store.record("sess_noted") is None  # a note is not a mapping
+
+
+def test_status_and_explain_read_and_never_act(
+    server: RedisServer, start_simulator: StartSimulator, tmp_path: Path
+) -> None:
+    """L1: explain of a session asking for a connection says start, yet nothing is started,
+    wanted or recorded; with a recorded sandbox that is gone, status shows it with the worker's
+    last decision and explain says replace — and still nothing changes."""
+    simulator = start_simulator()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+    env.update(
+        CONTROLLER_REDIS_URL=server.url,
+        CONTROLLER_API_KEY=simulator.api_key,
+        CONTROLLER_API_BASE_URL=simulator.base_url,
+        CONTROLLER_EXECUTOR_KEY=simulator.environment_key,
+        CONTROLLER_RUNNER="local",
+        CONTROLLER_LOCAL_STATE_DIRECTORY=str(tmp_path / "sandboxes"),
+        CONTROLLER_LOCAL_EXECUTOR_SAME_USER="true",
+        CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
+    )
+    session = simulator.openai().beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
+    simulator.wait_for_status(session.id, "requires_action")
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    keys_before = sorted(client.keys("sc:*"))
+
+    explained = run(env, "explain", session.id)
+    assert explained["decision"] == {"verdict": "start", "reason": "connection requested; no sandbox"}
+    assert explained["observed"]["session"]["wants_connection"] is True
+    assert explained["observed"]["sandbox"] is None and explained["last"] is None
+    assert sorted(client.keys("sc:*")) == keys_before
+    assert run(env, "status") == {
+        "sessions": [],
+        "totals": {"sessions": 0, "by_health": {}, "by_last_verdict": {}},
+    }
+
+    # A worker recorded a sandbox (its process has since gone) and noted its decision.
+    store = RedisSessionStore(client, lease_ttl_seconds=5)
+    store.want(session.id)
+    lease = store.acquire(session.id)
+    assert isinstance(lease, Lease)
+    environment_id = str(session.environment.id)
+    handle = Handle(session.id, "sandbox-gone", 3, uid="999999999", environment_id=environment_id)
+    store.save(lease, Record(session.id, environment_id, handle, time.time() - 90))
+    store.complete(lease)
+    wiring.remember_decisions(store, SystemClock())(session.id, Decision(Verdict.START, "connection requested"))
+    keys_before = sorted(client.keys("sc:*"))
+    record_before = client.hgetall(f"sc:rec:{session.id}")
+
+    status = run(env, "status")
+    [row] = status["sessions"]
+    assert (row["session_id"], row["runner"], row["sandbox"]) == (session.id, "local", "sandbox-gone")
+    assert row["generation"] == 3
+    assert row["health"] == "gone" and row["age_seconds"] >= 90
+    assert row["last_decision"]["verdict"] == "start"
+    assert status["totals"] == {"sessions": 1, "by_health": {"gone": 1}, "by_last_verdict": {"start": 1}}
+
+    explained = run(env, "explain", session.id)
+    assert explained["decision"] == {"verdict": "replace", "reason": "sandbox is gone"}
+    assert explained["last"]["verdict"] == "start"
+    assert sorted(client.keys("sc:*")) == keys_before
+    assert client.hgetall(f"sc:rec:{session.id}") == record_before
+    sessions = tmp_path / "sandboxes" / "sessions"  # the local runner's per-session directories
+    assert not sessions.exists() or not any(sessions.iterdir())
+    assert_no_process_left(tmp_path)

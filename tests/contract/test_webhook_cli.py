@@ -1,0 +1,268 @@
+"""``sandbox-controller webhook register|rotate|test|list|delete`` against the simulator, with
+the official ``openai`` client as the judge of what the API holds, and a real receiver
+(``sandbox-controller serve`` on loopback, with redis-server) taking the deliveries."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import openai
+import pytest
+
+from controller.events import HANDLED_TYPES
+from controller.signing import Verifier, sign_headers
+from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
+from tests.support.redis_server import RedisServer
+from tests.support.simulator import SimulatorProcess, StartSimulator, WebhookReceiver, new_webhook_secret
+
+pytestmark = pytest.mark.timeout(120)
+
+
+class Cli:
+    def __init__(self, simulator: SimulatorProcess) -> None:
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+        self.env.update(CONTROLLER_API_KEY=simulator.api_key, CONTROLLER_API_BASE_URL=simulator.base_url)
+
+    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        done = subprocess.run(
+            [sys.executable, "-m", "controller", "webhook", *args],
+            env=self.env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if check:
+            assert done.returncode == 0, done.stdout + done.stderr
+        return done
+
+
+class Receiver:
+    """``sandbox-controller serve`` reading its secrets from a file, as the chart mounts them."""
+
+    def __init__(self, directory: Path, redis: RedisServer, secrets_file: Path) -> None:
+        self.directory, self.redis, self.secrets_file = directory, redis, secrets_file
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/webhooks"
+        self.process: Managed | None = None
+
+    def start(self) -> Receiver:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+        env.update(CONTROLLER_REDIS_URL=self.redis.url, CONTROLLER_WEBHOOK_SECRETS_FILE=str(self.secrets_file))
+        argv = python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(self.port))
+        self.process = Managed("receiver", argv, env, self.directory / "receiver.log").start()
+        wait_for(lambda: port_open(self.port), 30, "the receiver to listen")
+        return self
+
+    def restart(self) -> None:
+        self.stop()
+        self.start()
+
+    def stop(self) -> None:
+        if self.process is not None:
+            self.process.stop()
+
+    def post_signed(self, secret: str) -> int:
+        """A delivery signed with ``secret`` alone; the receiver's status."""
+        body = json.dumps(
+            {
+                "id": f"evt_{uuid.uuid4().hex}",
+                "object": "event",
+                "created_at": int(time.time()),
+                "type": "agent.session.action_required",
+                "data": {"id": f"sess_{uuid.uuid4().hex}", "required_action": {"type": "function_call"}},
+            }
+        ).encode()
+        headers = {
+            "content-type": "application/json",
+            **sign_headers(secret, f"wh_{uuid.uuid4().hex}", int(time.time()), body),
+        }
+        return httpx.post(self.url, content=body, headers=headers, timeout=10).status_code
+
+
+@pytest.fixture
+def world(
+    start_simulator: StartSimulator, server: RedisServer, tmp_path: Path
+) -> Iterator[tuple[SimulatorProcess, Cli, Receiver, Path]]:
+    simulator = start_simulator()
+    secrets_file = tmp_path / "secrets" / "webhook-secrets"
+    receiver = Receiver(tmp_path, server, secrets_file)
+    try:
+        yield simulator, Cli(simulator), receiver, secrets_file
+    finally:
+        receiver.stop()
+        assert_no_process_left(tmp_path)
+
+
+def test_register_is_idempotent_and_subscribes_exactly_the_handled_types(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path],
+) -> None:
+    """L4: the endpoint subscribes exactly the types the controller enqueues; a second register
+    changes nothing and shows no secret; the secret file is created 0600 and holds only it."""
+    simulator, cli, receiver, secrets_file = world
+    client = simulator.openai()
+
+    first = cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    [endpoint] = list(client.webhooks.list())
+    assert endpoint.url == receiver.url
+    assert sorted(endpoint.event_types) == sorted(HANDLED_TYPES)
+    assert endpoint.id in first.stdout
+    assert stat.S_IMODE(secrets_file.stat().st_mode) == 0o600
+    secret = secrets_file.read_text().strip()
+    assert secret.startswith("whsec_") and "," not in secret
+    assert endpoint.signing_secret_hint is not None and endpoint.signing_secret_hint.endswith(secret[-4:])
+    assert secret not in first.stdout + first.stderr
+
+    again = cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    assert "unchanged" in again.stdout
+    assert [e.id for e in client.webhooks.list()] == [endpoint.id]
+    assert secrets_file.read_text().strip() == secret  # the secret stands; the file is untouched
+
+    # An endpoint someone subscribed to other types is brought back to exactly the handled ones.
+    client.webhooks.update(endpoint.id, event_types=["agent.session.idle"])
+    fixed = cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    assert "updated" in fixed.stdout
+    assert sorted(client.webhooks.retrieve(endpoint.id).event_types) == sorted(HANDLED_TYPES)
+
+
+def test_register_without_a_file_shows_the_secret_once(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:
+    """Without --secret-file or --kube-secret the secret is printed, on the creating run only."""
+    simulator, cli, receiver, _ = world
+    first = cli("register", "--url", receiver.url)
+    shown = [line for line in first.stdout.splitlines() if line.startswith("whsec_")]
+    assert len(shown) == 1
+    hint = simulator.openai().webhooks.list().data[0].signing_secret_hint
+    assert hint is not None and hint.endswith(shown[0][-4:])
+    assert "whsec_" not in cli("register", "--url", receiver.url).stdout
+
+
+def test_test_reports_whether_the_receiver_took_it(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:
+    """`webhook test` says "received" (exit 0) when the receiver verified the API's test event,
+    and "NOT received" (exit 1) when it refused it (here: it holds another secret)."""
+    _, cli, receiver, secrets_file = world
+    cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    receiver.start()
+    ok = cli("test", "--url", receiver.url)
+    assert "received" in ok.stdout and "NOT" not in ok.stdout
+
+    secrets_file.write_text(new_webhook_secret())
+    receiver.restart()
+    refused = cli("test", "--url", receiver.url, check=False)
+    assert refused.returncode == 1
+    assert "answered 401" in refused.stdout and "NOT received" in refused.stdout
+
+
+def test_rotate_keeps_both_secrets_valid_through_the_overlap(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path],
+) -> None:
+    """After `rotate`, a receiver still holding only the old secret takes the API's deliveries
+    (the API signs with both), and one restarted on the NEW,OLD value the command wrote accepts
+    deliveries signed with either alone; `--finish` leaves only the new one."""
+    simulator, cli, receiver, secrets_file = world
+    client = simulator.openai()
+    cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    old = secrets_file.read_text().strip()
+    receiver.start()
+
+    rotated = cli("rotate", "--url", receiver.url, "--secret-file", str(secrets_file))
+    new, kept = secrets_file.read_text().strip().split(",")
+    assert kept == old and new != old and new.startswith("whsec_")
+    assert "until" in rotated.stdout and "--finish" in rotated.stdout
+    assert old not in rotated.stdout and new not in rotated.stdout
+    hint = client.webhooks.list().data[0].signing_secret_hint
+    assert hint is not None and hint.endswith(new[-4:])
+
+    assert "received" in cli("test", "--url", receiver.url).stdout  # still on the old secret only
+
+    receiver.restart()  # now reading NEW,OLD
+    assert receiver.post_signed(old) == 200
+    assert receiver.post_signed(new) == 200
+    assert receiver.post_signed(new_webhook_secret()) == 401
+    assert "received" in cli("test", "--url", receiver.url).stdout
+
+    cli("rotate", "--finish", "--secret-file", str(secrets_file))
+    assert secrets_file.read_text().strip() == new
+    receiver.restart()
+    assert receiver.post_signed(new) == 200
+    assert receiver.post_signed(old) == 401
+
+
+def test_list_and_delete_agree_with_the_official_client(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:
+    """`list` shows what the client created; `delete` removes it so the client gets 404."""
+    simulator, cli, receiver, _ = world
+    client = simulator.openai()
+    other = client.webhooks.create(name="other", url="http://127.0.0.1:9/else", event_types=["agent.session.idle"])
+    cli("register", "--url", receiver.url)
+
+    listed = json.loads(cli("list", "--json").stdout)
+    assert {e["id"] for e in listed} == {e.id for e in client.webhooks.list()}
+    text = cli("list").stdout
+    assert "2 endpoint(s)" in text and "event types differ" in text  # only the foreign one differs
+    assert text.count("event types differ") == 1
+
+    cli("delete", "--url", receiver.url)
+    assert [e.id for e in client.webhooks.list()] == [other.id]
+    cli("delete", "--id", other.id)
+    with pytest.raises(openai.NotFoundError):
+        client.webhooks.retrieve(other.id)
+    missing = cli("delete", "--url", receiver.url, check=False)
+    assert missing.returncode == 2 and "no webhook endpoint" in missing.stderr
+
+
+def test_official_client_reads_every_webhook_answer(start_simulator: StartSimulator) -> None:
+    """The simulator's webhook endpoints parse into the client's typed objects; `test` posts
+    one sample event signed with the endpoint's secret (both secrets during an overlap)."""
+    simulator = start_simulator()
+    client = simulator.openai()
+    with WebhookReceiver(script=[503]) as listener:
+        created = client.webhooks.create(name="n", url=listener.url, event_types=["agent.session.failed"])
+        assert created.signing_secret.startswith("whsec_")
+        assert client.webhooks.retrieve(created.id).updated_at == created.updated_at
+        unchanged = client.webhooks.update(created.id, event_types=["agent.session.failed"])
+        assert unchanged.updated_at == created.updated_at  # an unchanged update does not advance it
+        assert "agent.session.action_required" in client.webhooks.event_types.list().data
+
+        failed = client.webhooks.test(created.id, event_type="agent.session.failed")
+        assert (failed.status_code, failed.webhook_endpoint_id) == (503, created.id)  # the answer, passed on
+        rotated = client.webhooks.rotate_secret(created.id, keep_old_secret_active_for_24_hours=True)
+        assert rotated.signing_secret != created.signing_secret
+        result = client.webhooks.test(created.id, event_type="agent.session.failed")
+        assert (result.object, result.status_code, result.event_type) == (
+            "webhook_endpoint.test",
+            200,
+            "agent.session.failed",
+        )
+        last = listener.snapshot()[-1]
+        assert last.event["type"] == "agent.session.failed"
+        for secret in (created.signing_secret, rotated.signing_secret):
+            Verifier([secret]).verify(last.headers, last.body, time.time())
+
+        client.webhooks.rotate_secret(created.id)  # no overlap: the previous secret is dropped at once
+        client.webhooks.test(created.id, event_type="agent.session.failed")
+        assert len(listener.snapshot()[-1].headers["webhook-signature"].split()) == 1
+
+    deleted = client.webhooks.delete(created.id)
+    assert deleted.deleted and deleted.object == "webhook_endpoint.deleted"
+    with pytest.raises(openai.NotFoundError):
+        client.webhooks.retrieve(created.id)
+
+
+def test_api_failures_are_reported_by_what_to_do(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:
+    """A 503 is ApiUnavailable (try again), a 4xx ApiRejected (fix the call); either exits 1
+    with the reason and writes no secret file."""
+    simulator, cli, receiver, secrets_file = world
+    simulator.admin("POST", "/admin/faults", {"target": "list_webhook_endpoints", "status": 503, "count": 1})
+    busy = cli("register", "--url", receiver.url, "--secret-file", str(secrets_file), check=False)
+    assert busy.returncode == 1 and "ApiUnavailable" in busy.stderr and "503" in busy.stderr
+    assert not secrets_file.exists()
+    bad = cli("register", "--url", "ftp://nowhere", check=False)
+    assert bad.returncode == 1 and "ApiRejected" in bad.stderr and "400" in bad.stderr
+    assert cli("register", "--url", receiver.url, "--secret-file", str(secrets_file)).returncode == 0

@@ -1,0 +1,134 @@
+"""``status`` and ``explain``: they report what ``act`` would do, and they never act."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from controller import fleet
+from controller.fleet import LastDecision
+from controller.model import Health, SessionStatus
+from tests.support.fakes import GRACE, World, make_session
+
+
+def _fresh(world: World) -> None:
+    world.sessions.put(make_session())
+
+
+def _mapped_healthy(world: World) -> None:
+    world.sessions.put(make_session())
+    world.mapped()
+    world.sessions.connected["env_1"] = True
+
+
+def _mapped_dead(world: World) -> None:
+    world.sessions.put(make_session())
+    world.mapped()
+    world.runner.live["sess_1"].health = Health.FAILED
+
+
+def _never_connected(world: World) -> None:
+    world.sessions.put(make_session())
+    world.mapped()
+    world.clock.advance(GRACE + 1)
+
+
+def _deleted_with_sandbox(world: World) -> None:
+    world.mapped()
+
+
+def _failed_session(world: World) -> None:
+    world.sessions.put(make_session(status=SessionStatus.FAILED, actions=()))
+    world.mapped()
+
+
+def _orphan(world: World) -> None:
+    world.sessions.put(make_session())
+    world.orphan()
+    world.sessions.connected["env_1"] = True
+
+
+def _not_ours(world: World) -> None:
+    world.sessions.put(make_session(workspace="/elsewhere"))
+
+
+SCENARIOS: dict[str, Callable[[World], None]] = {
+    "fresh": _fresh,
+    "mapped_healthy": _mapped_healthy,
+    "mapped_dead": _mapped_dead,
+    "never_connected": _never_connected,
+    "deleted_with_sandbox": _deleted_with_sandbox,
+    "failed_session": _failed_session,
+    "orphan": _orphan,
+    "not_ours": _not_ours,
+}
+
+
+@pytest.mark.parametrize("name", SCENARIOS)
+def test_explain_says_what_act_then_does_and_does_nothing_itself(name: str) -> None:
+    """L1: explain reads only — no runner call, no record written, no work wanted — and its
+    verdict and reason are exactly those of the worker's next round on the same observations."""
+    world = World()
+    SCENARIOS[name](world)
+    records_before = dict(world.store.records)
+    counters_before = world.store.counters("sess_1")
+
+    explained = fleet.explain("sess_1", world.deps)
+
+    assert world.runner.calls == []
+    assert world.store.records == records_before
+    assert world.store.counters("sess_1") == counters_before
+    assert world.decisions == []  # on_decision is the worker's, not explain's
+    world.deliver()
+    [(_, acted)] = world.decisions
+    assert (explained.decision.verdict, explained.decision.reason) == (acted.verdict, acted.reason)
+
+
+def test_explain_shows_what_it_observed() -> None:
+    """The observations behind the verdict are part of the answer."""
+    world = World()
+    _orphan(world)
+    found = fleet.explain("sess_1", world.deps)
+    assert found.observed["sandbox"]["recorded"] is False
+    assert found.observed["health"] == "running"
+    assert found.observed["executor_connected"] is True
+    assert found.observed["session"]["wants_connection"] is True
+
+
+class _Decisions:
+    def __init__(self, known: dict[str, LastDecision], timers: dict[str, float] | None = None) -> None:
+        self.known = known
+        self.timers = timers or {}
+
+    def last_decision(self, session_id: str) -> LastDecision | None:
+        return self.known.get(session_id)
+
+    def timer(self, session_id: str) -> float | None:
+        return self.timers.get(session_id)
+
+
+def test_status_lists_every_mapped_session_with_its_last_decision() -> None:
+    """Each mapped session appears once, with its sandbox's health and age; totals add up."""
+    world = World()
+    world.mapped("sess_1")
+    world.clock.advance(30)
+    world.mapped("sess_2")
+    world.runner.live["sess_2"].health = Health.FAILED
+    last = {"sess_1": LastDecision("keep", "executor is connected", world.clock.now())}
+    timers = {"sess_1": world.clock.now() + 65}
+
+    rows = fleet.status(world.store, _Decisions(last, timers), world.runner, "local", world.clock.now() + 5)
+
+    by_id = {r.session_id: r for r in rows}
+    assert set(by_id) == {"sess_1", "sess_2"}
+    assert (by_id["sess_1"].health, by_id["sess_1"].age_seconds, by_id["sess_1"].generation) == ("running", 35, 1)
+    assert by_id["sess_1"].last == last["sess_1"]
+    assert (by_id["sess_2"].health, by_id["sess_2"].last) == ("failed", None)
+    assert (by_id["sess_1"].next_timer_in_seconds, by_id["sess_2"].next_timer_in_seconds) == (60, None)
+    assert fleet.totals(rows) == {
+        "sessions": 2,
+        "by_health": {"failed": 1, "running": 1},
+        "by_last_verdict": {"keep": 1, "none": 1},
+    }
+    assert world.runner.calls == []
