@@ -222,6 +222,9 @@ class RealNode:
             ["ip", "link", "add", "scc0", "type", "bridge"],
             ["ip", "addr", "add", f"{NODE_IP}/24", "dev", "scc0"],
             ["ip", "link", "set", "scc0", "up"],
+            # The node's own connections to Service addresses (the simulator's webhooks) need a
+            # route before kube-proxy's OUTPUT rules rewrite them to a pod.
+            ["ip", "route", "add", SERVICE_CIDR, "dev", "scc0"],
             ["sysctl", "-qw", "net.ipv4.ip_forward=1"],
         ):
             _run(self._in_netns(*argv))
