@@ -23,6 +23,8 @@ NAMESPACE = "scc"
 SANDBOX_NAMESPACE = f"{NAMESPACE}-sandboxes"
 SIM_PORT = 8090
 SIMULATOR_ENV = "SANDBOX_CONTROLLER_SIMULATOR_"
+PERSISTENT_TEMPLATE = "persistent-workspace"
+SANDBOX_RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
 
 
 def _require_node_tier() -> None:
@@ -77,7 +79,21 @@ def _values(world_images: dict[str, Image], api_key: str, environment_key: str, 
         # The three credentials.
         "webhook": {"signingSecrets": [webhook_secret]},
         "apiKey": {"value": api_key},
-        "sandbox": {"executorKey": {"value": environment_key}, "image": repo_tag("sandbox-runner")},
+        "sandbox": {
+            "executorKey": {"value": environment_key},
+            "image": repo_tag("sandbox-runner"),
+            # Sessions that ask for it (metadata sandbox_template) get a workspace volume (a PVC,
+            # bound to one of the node's hostPath PersistentVolumes).
+            "templates": {
+                # The node has 2 CPUs: the default request (250m) fits six sandboxes beside the
+                # controller; the tier runs ten at once.
+                "default": {"resources": SANDBOX_RESOURCES},
+                PERSISTENT_TEMPLATE: {
+                    "resources": SANDBOX_RESOURCES,
+                    "workspacePersistence": {"enabled": True, "size": "1Gi"},
+                },
+            },
+        },
         # The locally built images (imported into containerd; nothing is pulled).
         "image": repo_tag("sandbox-controller"),
         "redis": {"image": repo_tag("redis")},

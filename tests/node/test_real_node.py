@@ -31,7 +31,7 @@ import pytest
 
 from controller.runners.kubernetes import names
 from tests.cluster.test_real_cluster import FORWARDER
-from tests.node.conftest import NAMESPACE, RELEASE, SANDBOX_NAMESPACE, SIM_PORT, Installed
+from tests.node.conftest import NAMESPACE, PERSISTENT_TEMPLATE, RELEASE, SANDBOX_NAMESPACE, SIM_PORT, Installed
 from tests.node.node import NODE_IP
 from tests.support.processes import wait_for
 
@@ -110,12 +110,12 @@ def _admin(world: Installed, path: str) -> list[dict[str, Any]]:
     return data
 
 
-def _create_session(world: Installed) -> dict[str, Any]:
+def _create_session(world: Installed, template: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"agent": {"model": "node-test"}, "environment": {"type": "self_hosted"}, "input": "hi"}
+    if template:
+        body["metadata"] = {"sandbox_template": template}
     with _simulator(world) as sim:
-        response = sim.post(
-            "/v1/agents/sessions",
-            json={"agent": {"model": "node-test"}, "environment": {"type": "self_hosted"}, "input": "hi"},
-        )
+        response = sim.post("/v1/agents/sessions", json=body)
     response.raise_for_status()
     session: dict[str, Any] = response.json()
     return session
@@ -152,9 +152,9 @@ def _delivered_at(world: Installed, session_id: str) -> float | None:
     return None
 
 
-def _one_session(world: Installed, timeout: float = 300) -> dict[str, Any]:
+def _one_session(world: Installed, timeout: float = 300, template: str | None = None) -> dict[str, Any]:
     """Create a session and follow it to a connected executor; returns the timeline."""
-    session = _create_session(world)
+    session = _create_session(world, template)
     session_id, environment_id = session["id"], session["environment"]["id"]
     delivered = wait_for(lambda: _delivered_at(world, session_id), timeout, "the webhook to be accepted", interval=0.2)
     pod = wait_for(lambda: _running(world, session_id), timeout, "the sandbox pod to run", interval=0.2)
@@ -229,37 +229,52 @@ def test_a_signed_webhook_becomes_a_connected_executor_in_a_container(world: Ins
 
 
 def test_a_killed_sandbox_pod_is_replaced_exactly_once(world: Installed) -> None:
-    """L6: the sandbox pod deleted under a connected session → exactly one new pod, whose
-    executor registers again."""
+    """L14: the sandbox pod of a connected session is killed (deleted at once); the next
+    connection request gets exactly one new pod (the next generation), whose executor
+    registers again."""
     timeline = _one_session(world)
     session_id, environment_id = timeline["session_id"], timeline["environment_id"]
-    before = len(_registered(world, environment_id))
+    assert len(_registered(world, environment_id)) == 1
     world.core.delete_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE, grace_period_seconds=0)
-
-    def replacement() -> Any:
-        pod = _running(world, session_id)
-        return pod if pod is not None and pod.metadata.name != timeline["pod"] else None
-
-    new_pod = wait_for(replacement, 300, "a replacement sandbox pod to run", interval=0.5)
-    wait_for(lambda: len(_registered(world, environment_id)) > before, 300, "the replacement to register", 0.5)
+    wait_for(lambda: not _connected(world, environment_id), 120, "the kill to drop the executor's link", 0.5)
+    with _simulator(world) as sim:
+        sim.post(
+            f"/v1/agents/sessions/{session_id}/events",
+            json={
+                "events": [
+                    {
+                        "type": "agent.session.input.message",
+                        "input": [{"role": "user", "type": "message", "content": "again"}],
+                    }
+                ]
+            },
+        ).raise_for_status()
+    wait_for(lambda: len(_registered(world, environment_id)) == 2, 300, "the replacement to register", 0.5)
     wait_for(lambda: _connected(world, environment_id), 120, "the replacement to connect", interval=0.5)
-    # Settle, then count: one replacement, not two.
-    time.sleep(5)
+    time.sleep(5)  # settle, then count: one replacement, not two
     live = [p for p in _pods(world, session_id) if not p.metadata.deletion_timestamp]
-    assert [p.metadata.name for p in live] == [new_pod.metadata.name]
+    assert [p.metadata.labels[names.GENERATION_LABEL] for p in live] == ["2"]
+    assert live[0].metadata.name != timeline["pod"] and live[0].status.phase == "Running"
+    assert len(_registered(world, environment_id)) == 2
 
 
 def test_a_failed_session_releases_its_pod_and_volume(world: Installed) -> None:
     """L16: a failed session → its sandbox pod and workspace volume are deleted."""
-    timeline = _one_session(world)
+    timeline = _one_session(world, template=PERSISTENT_TEMPLATE)
     session_id = timeline["session_id"]
+
+    def claims() -> list[Any]:
+        items: list[Any] = world.core.list_namespaced_persistent_volume_claim(
+            SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
+        ).items
+        return items
+
+    [claim] = claims()
+    assert claim.status.phase == "Bound"  # the running pod mounts it
     httpx.post(f"{world.simulator_url}/admin/sessions/{session_id}/fail", json={"error": "node test"}, timeout=10)
 
     def gone() -> bool:
-        pvcs = world.core.list_namespaced_persistent_volume_claim(
-            SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
-        ).items
-        return not _pods(world, session_id) and not pvcs
+        return not _pods(world, session_id) and not claims()
 
     wait_for(gone, 180, "the failed session's pod and volume to be deleted", interval=0.5)
 
@@ -276,7 +291,7 @@ def test_ten_sessions_at_once(world: Installed) -> None:
         except BaseException as exc:
             errors.append(exc)
 
-    threads = [threading.Thread(target=one) for _ in range(10)]
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(10)]
     for thread in threads:
         thread.start()
     for thread in threads:
