@@ -61,7 +61,7 @@ cat >"${CONTAINERS_STORAGE_CONF}" <<EOF
 [storage]
 driver = "overlay"
 graphroot = "${node_cache}/podman-storage"
-runroot = "/run/sandbox-controller-podman"
+runroot = "/run/sandbox-controller-podman-$(printf '%s' "${node_cache}" | sha256sum | cut -c1-8)"
 EOF
 
 hash_of() { # files/dirs... -> short sha256 over names and contents
