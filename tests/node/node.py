@@ -663,9 +663,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
         return [f"{pid}: {what}" for pid, what in self._processes()]
 
     def _kill_shims(self) -> None:
+        """Kill what containerd left (shims, container processes), not the daemons still to be
+        stopped in order (the API server and etcd)."""
+        daemons = {d.proc.pid for d in self._daemons if d.proc.poll() is None}
         for pid, _ in self._processes():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            if pid not in daemons:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
 
     _kill_cgroup_processes = _kill_shims
 
