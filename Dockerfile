@@ -9,19 +9,31 @@
 #   docker build --target simulator -t sandbox-controller-simulator:dev .
 #
 # Pinned base (override with --build-arg PYTHON_IMAGE=python:3.11.13-slim-bookworm@sha256:...
-# where your registry policy asks for digests). Runs as uid/gid 10001, matching the chart's
-# podSecurityContext; nothing is written at run time except /tmp (an emptyDir in the chart,
-# whose root filesystem is read-only).
+# where your registry policy asks for digests). Any base with Python >= 3.11 and its venv module
+# works: the real-node test tier builds this file from a Debian base it bootstrapped itself
+# (tests/node/images.sh). Runs as uid/gid 10001, matching the chart's podSecurityContext;
+# nothing is written at run time except /tmp (an emptyDir in the chart, whose root filesystem
+# is read-only).
+#
+# Offline builds: PIP_FIND_LINKS names a directory of wheels (the project's dependencies and
+# setuptools) mounted into the build, e.g. `podman build -v "$PWD/wheels:/wheels:ro"
+# --build-arg PIP_FIND_LINKS=/wheels`; pip then reads nothing but that directory.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 FROM ${PYTHON_IMAGE} AS base
 
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
-    PIP_DISABLE_PIP_VERSION_CHECK=1
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    PATH=/opt/venv/bin:$PATH
+ARG PIP_FIND_LINKS=""
+ENV PIP_FIND_LINKS=${PIP_FIND_LINKS}
 
+# The package lives in its own virtual environment (distribution Pythons refuse system-wide pip
+# installs); /opt/venv/bin is first on PATH, so `sandbox-controller` and `python` are its own.
 RUN groupadd --gid 10001 controller \
- && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin controller
+ && useradd --uid 10001 --gid 10001 --no-create-home --home-dir /tmp --shell /usr/sbin/nologin controller \
+ && python3 -m venv /opt/venv
 
 # Test tier only: the controller plus the simulator (`sandbox-controller simulator ...`).
 FROM base AS simulator
@@ -29,7 +41,7 @@ WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
 COPY agents_simulator ./agents_simulator
-RUN pip install . \
+RUN pip install ${PIP_FIND_LINKS:+--no-index} . \
  && rm -rf /src \
  && sandbox-controller simulator --help >/dev/null
 ENV HOME=/tmp
@@ -43,7 +55,7 @@ FROM base AS controller
 WORKDIR /src
 COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
-RUN pip install . \
+RUN pip install ${PIP_FIND_LINKS:+--no-index} . \
  && rm -rf /src \
  && sandbox-controller --version
 

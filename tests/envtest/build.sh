@@ -5,6 +5,7 @@
 # they are already there.
 #
 #   tests/envtest/build.sh          # build if missing, print the bin dir
+#   tests/envtest/build.sh --node   # also kubelet, kube-scheduler, kube-controller-manager, kube-proxy
 #   tests/envtest/build.sh --print  # only print the bin dir (no build)
 #
 # Env:
@@ -27,7 +28,18 @@ if [[ "${1:-}" == "--print" ]]; then
   exit 0
 fi
 
-if [[ "${ENVTEST_FORCE:-0}" != "1" && -x "${bin_dir}/kube-apiserver" && -x "${bin_dir}/etcd" ]]; then
+# The binaries wanted: the API server tier needs two; the real-node tier (tests/node)
+# also needs a kubelet, a scheduler and a controller-manager, built in the same module.
+wanted=(etcd kube-apiserver)
+if [[ "${1:-}" == "--node" ]]; then
+  wanted+=(kubelet kube-scheduler kube-controller-manager kube-proxy)
+fi
+all_present() {
+  local b
+  for b in "${wanted[@]}"; do [[ -x "${bin_dir}/${b}" ]] || return 1; done
+}
+
+if [[ "${ENVTEST_FORCE:-0}" != "1" ]] && all_present; then
   echo "${bin_dir}"
   exit 0
 fi
@@ -43,7 +55,7 @@ mkdir -p "${bin_dir}"
 if command -v flock >/dev/null 2>&1; then
   exec 9>"${bin_dir}/.build.lock"
   flock 9
-  if [[ "${ENVTEST_FORCE:-0}" != "1" && -x "${bin_dir}/kube-apiserver" && -x "${bin_dir}/etcd" ]]; then
+  if [[ "${ENVTEST_FORCE:-0}" != "1" ]] && all_present; then
     echo "${bin_dir}"
     exit 0
   fi
@@ -59,30 +71,37 @@ build() { # <module dir> <package> <output name> [extra ldflags]
   local mod_dir="$1" pkg="$2" out="$3" ldx="${4:-}" tmp
   tmp="$(mktemp "${bin_dir}/.${out}.XXXXXX")"
   echo "envtest/build.sh: building ${pkg} -> ${bin_dir}/${out}" >&2
-  local start=$SECONDS ticker
-  # A cold build takes minutes (kube-apiserver: ~10 on 2 cores): say it is still going.
-  ( while sleep 60; do echo "envtest/build.sh: still building ${out} ($(( (SECONDS - start) / 60 )) min)" >&2; done ) &
-  ticker=$!
-  (cd "${mod_dir}" && nice -n "${nice_level}" go build -trimpath -ldflags="-s -w ${ldx}" -o "${tmp}" "${pkg}") \
-    || { kill "${ticker}" 2>/dev/null; exit 1; }
+  local start=$SECONDS
+  # A cold kubelet build is quiet for ~10 minutes: say something every minute so
+  # CI logs show it is alive.
+  ( while sleep 60; do echo "envtest/build.sh: still building ${out} ($((SECONDS - start))s)" >&2; done ) &
+  local ticker=$!
+  if ! (cd "${mod_dir}" && nice -n "${nice_level}" go build -trimpath -ldflags="-s -w ${ldx}" -o "${tmp}" "${pkg}"); then
+    kill "${ticker}" 2>/dev/null || true
+    return 1
+  fi
   kill "${ticker}" 2>/dev/null || true
+  wait "${ticker}" 2>/dev/null || true
   chmod 0755 "${tmp}"
   mv -f "${tmp}" "${bin_dir}/${out}" # atomic: a half-built file is never seen
   echo "envtest/build.sh: built ${out} in $((SECONDS - start))s" >&2
 }
 
-trap 'rm -f "${bin_dir}"/.kube-apiserver.* "${bin_dir}"/.etcd.*' EXIT
+trap 'rm -f "${bin_dir}"/.kube-* "${bin_dir}"/.etcd.* "${bin_dir}"/.kubelet.*' EXIT
 
 if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/etcd" ]]; then
   build "${here}/etcd" go.etcd.io/etcd/server/v3 etcd
 fi
-if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/kube-apiserver" ]]; then
-  # Stamp the version the way kubernetes' own build does (else /version
-  # reports v0.0.0-master). Link-time only: does not invalidate GOCACHE.
-  v=k8s.io/component-base/version
-  minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
-  build "${here}/kube" k8s.io/kubernetes/cmd/kube-apiserver kube-apiserver \
-    "-X ${v}.gitVersion=${KUBE_VERSION} -X ${v}.gitMajor=1 -X ${v}.gitMinor=${minor} -X ${v}.gitTreeState=clean"
-fi
+# Stamp the version the way kubernetes' own build does (else /version
+# reports v0.0.0-master). Link-time only: does not invalidate GOCACHE.
+v=k8s.io/component-base/version
+minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
+stamp="-X ${v}.gitVersion=${KUBE_VERSION} -X ${v}.gitMajor=1 -X ${v}.gitMinor=${minor} -X ${v}.gitTreeState=clean"
+for b in "${wanted[@]}"; do
+  [[ "${b}" == etcd ]] && continue
+  if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/${b}" ]]; then
+    build "${here}/kube" "k8s.io/kubernetes/cmd/${b}" "${b}" "${stamp}"
+  fi
+done
 
 echo "${bin_dir}"

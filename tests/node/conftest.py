@@ -1,0 +1,162 @@
+"""The real-node world: images built without a registry, a real node in a network namespace,
+the chart installed on it with Helm's own engine, and the Agents API simulator inside the
+namespace (see tests/node/node.py for the node itself)."""
+
+from __future__ import annotations
+
+import base64
+import os
+import secrets
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from tests.node.node import NODE_IP, Daemon, Image, RealNode, load_images, real_node, say
+from tests.support.processes import wait_for
+
+RELEASE = "demo"
+NAMESPACE = "scc"
+SANDBOX_NAMESPACE = f"{NAMESPACE}-sandboxes"
+SIM_PORT = 8090
+SIMULATOR_ENV = "SANDBOX_CONTROLLER_SIMULATOR_"
+PERSISTENT_TEMPLATE = "persistent-workspace"
+SANDBOX_RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
+
+
+def _require_node_tier() -> None:
+    missing = []
+    if os.geteuid() != 0:
+        missing.append("root")
+    if not os.path.isdir("/sys/fs/cgroup/memory"):
+        missing.append("cgroup v1 memory hierarchy")
+    if missing:
+        message = f"the real-node tier needs {', '.join(missing)}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(message)
+        pytest.skip(message)
+
+
+@pytest.fixture(scope="session")
+def images() -> list[Image]:
+    _require_node_tier()
+    return load_images()
+
+
+@pytest.fixture(scope="session")
+def node(images: list[Image]) -> Iterator[RealNode]:
+    with real_node(images) as started:
+        yield started
+
+
+@dataclass
+class Installed:
+    node: RealNode
+    api: Any
+    core: Any
+    simulator: Daemon
+    api_key: str
+    environment_key: str
+    webhook_secret: str
+    receiver_url: str
+    install_seconds: float
+    images: dict[str, Image] = field(default_factory=dict)
+
+    @property
+    def simulator_url(self) -> str:
+        return f"http://{NODE_IP}:{SIM_PORT}"
+
+
+def _values(world_images: dict[str, Image], api_key: str, environment_key: str, webhook_secret: str) -> dict[str, Any]:
+    def repo_tag(name: str) -> dict[str, str]:
+        repository, _, tag = world_images[name].ref.rpartition(":")
+        return {"repository": repository, "tag": tag}
+
+    return {
+        # The three credentials.
+        "webhook": {"signingSecrets": [webhook_secret]},
+        "apiKey": {"value": api_key},
+        "sandbox": {
+            "executorKey": {"value": environment_key},
+            "image": repo_tag("sandbox-runner"),
+            # Sessions that ask for it (metadata sandbox_template) get a workspace volume (a PVC,
+            # bound to one of the node's hostPath PersistentVolumes).
+            "templates": {
+                # The node has 2 CPUs: the default request (250m) fits six sandboxes beside the
+                # controller; the tier runs ten at once.
+                "default": {"resources": SANDBOX_RESOURCES},
+                PERSISTENT_TEMPLATE: {
+                    "resources": SANDBOX_RESOURCES,
+                    "workspacePersistence": {"enabled": True, "size": "1Gi"},
+                },
+            },
+        },
+        # The locally built images (imported into containerd; nothing is pulled).
+        "image": repo_tag("sandbox-controller"),
+        "redis": {"image": repo_tag("redis")},
+        # The Agents API stand-in, inside the node's network namespace.
+        "api": {"baseUrl": f"http://{NODE_IP}:{SIM_PORT}"},
+        # The simulator's remote_url is loopback (codex sends its key only there or to OpenAI):
+        # in the sandbox pod a forwarder carries it to the simulator (tests/node/test_real_node.py).
+        "remoteUrlAllowlist": ["127.0.0.1"],
+    }
+
+
+@pytest.fixture(scope="session")
+def installed(node: RealNode, images: list[Image]) -> Iterator[Installed]:
+    import helm_python as helm  # loaded only now: its threads start inside the namespace
+    from kubernetes import client
+
+    from tests.chart.test_chart import CHART
+
+    by_name = {image.name: image for image in images}
+    api_key = f"sk-node-{secrets.token_hex(16)}"
+    environment_key = f"envkey-node-{secrets.token_hex(16)}"
+    webhook_secret = "whsec_" + base64.b64encode(secrets.token_bytes(24)).decode()
+    api = node.api_client()
+    core = client.CoreV1Api(api)
+    core.create_namespace({"metadata": {"name": NAMESPACE}})
+    values = _values(by_name, api_key, environment_key, webhook_secret)
+    say("helm install (Helm's own engine), waiting for the release's pods")
+    start = time.monotonic()
+    with helm.Chart.load(str(CHART)) as chart, helm.Config(kubeconfig_path=node.kubeconfig, namespace=NAMESPACE) as cfg:
+        release = cfg.install(chart, RELEASE, values, namespace=NAMESPACE, wait="watcher", timeout=600)
+        assert release["status"] == "deployed", release
+        install_seconds = time.monotonic() - start
+        say(f"chart deployed in {install_seconds:.0f}s")
+        service = core.read_namespaced_service(f"{RELEASE}-sandbox-controller-receiver", NAMESPACE)
+        receiver_url = f"http://{service.spec.cluster_ip}:{service.spec.ports[0].port}/webhooks"
+        simulator = node.spawn(
+            "simulator",
+            [
+                sys.executable, "-m", "agents_simulator", "--host", NODE_IP, "--port", str(SIM_PORT),
+                "--webhook-url", receiver_url, "--turn-seconds", "1",
+                "--webhook-retry-initial-seconds", "1", "--webhook-retry-max-seconds", "5",
+            ],
+            env={
+                SIMULATOR_ENV + "WEBHOOK_SECRET": webhook_secret,
+                SIMULATOR_ENV + "ENVIRONMENT_KEY": environment_key,
+                SIMULATOR_ENV + "API_KEY": api_key,
+                "PYTHONPATH": str(CHART.parents[1]),
+            },
+        )  # fmt: skip
+
+        def healthy() -> bool:
+            simulator.check()
+            import httpx
+
+            return httpx.get(f"http://{NODE_IP}:{SIM_PORT}/healthz", timeout=2).status_code == 200
+
+        wait_for(healthy, 30, "the simulator to answer inside the namespace", interval=0.5)
+        world = Installed(
+            node, api, core, simulator, api_key, environment_key, webhook_secret, receiver_url, install_seconds, by_name
+        )
+        try:
+            yield world
+        finally:
+            simulator.stop()
+            cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
+            api.close()

@@ -1,0 +1,332 @@
+"""The chart on a real node: containerd + runc + the real kubelet v1.37 in a network namespace,
+the images built here without a registry, the whole loop with the real ``codex exec-server``.
+
+One stand-in, said plainly (as in the opt-in cluster tier): codex sends its key only to
+``https://*.openai.com`` or a loopback host, so the simulator's ``remote_url`` is
+``http://127.0.0.1:<port>``. Inside a sandbox pod that is the pod itself; the test therefore
+adds an ephemeral container to each sandbox pod (same network namespace, "restricted"-compliant,
+the controller image running a few lines of stdlib Python) that forwards the pod's loopback port
+to the simulator at the node's address. In production that hop is the pod's HTTPS route to the
+API. The sandbox pod policy does not see it: it checks pod creation and updates, and the
+controller's Role cannot add ephemeral containers (only this admin test does).
+
+NetworkPolicy is not enforced by the bridge CNI plugin here: nothing in this tier claims it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import statistics
+import threading
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from controller.runners.kubernetes import names
+from tests.cluster.test_real_cluster import FORWARDER
+from tests.node.conftest import NAMESPACE, PERSISTENT_TEMPLATE, RELEASE, SANDBOX_NAMESPACE, SIM_PORT, Installed
+from tests.node.node import NODE_IP
+from tests.support.processes import wait_for
+
+pytestmark = [pytest.mark.timeout(1800)]
+
+# The run's figures (for BENCHMARKS.md), beside the cached images, not in the work tree.
+CACHE = Path(os.environ.get("SANDBOX_CONTROLLER_CACHE", Path.home() / ".cache" / "sandbox-controller"))
+FIGURES = CACHE / "node" / "figures.json"
+
+
+def _restricted() -> dict[str, Any]:
+    return {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "runAsNonRoot": True,
+        "readOnlyRootFilesystem": True,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+class Forwarders:
+    """Adds the loopback forwarder to every sandbox pod as soon as it exists."""
+
+    def __init__(self, world: Installed) -> None:
+        self.world = world
+        self.done: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="forwarders", daemon=True)
+
+    def __enter__(self) -> Forwarders:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.3):
+            with contextlib.suppress(Exception):
+                for pod in self.world.core.list_namespaced_pod(
+                    SANDBOX_NAMESPACE, label_selector=names.managed_selector()
+                ).items:
+                    if pod.metadata.uid in self.done or pod.metadata.deletion_timestamp:
+                        continue
+                    remote = next(e.value for e in pod.spec.containers[0].env if e.name == "REMOTE_URL")
+                    port = remote.rsplit(":", 1)[1].split("/")[0]
+                    forwarder = {
+                        "name": "loopback-to-simulator",
+                        "image": self.world.images["sandbox-controller"].ref,
+                        "command": ["python", "-c", FORWARDER, NODE_IP, str(SIM_PORT), port],
+                        "securityContext": _restricted(),
+                    }
+                    self.world.core.patch_namespaced_pod_ephemeralcontainers(
+                        pod.metadata.name, SANDBOX_NAMESPACE, {"spec": {"ephemeralContainers": [forwarder]}}
+                    )
+                    self.done.add(pod.metadata.uid)
+
+
+@pytest.fixture
+def world(installed: Installed) -> Iterator[Installed]:
+    with Forwarders(installed):
+        yield installed
+
+
+def _simulator(world: Installed) -> httpx.Client:
+    return httpx.Client(
+        base_url=world.simulator_url,
+        timeout=10,
+        headers={"authorization": f"Bearer {world.api_key}", "openai-beta": "agents=v1"},
+    )
+
+
+def _admin(world: Installed, path: str) -> list[dict[str, Any]]:
+    data: list[dict[str, Any]] = httpx.get(world.simulator_url + path, timeout=10).json()["data"]
+    return data
+
+
+def _create_session(world: Installed, template: str | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {"agent": {"model": "node-test"}, "environment": {"type": "self_hosted"}, "input": "hi"}
+    if template:
+        body["metadata"] = {"sandbox_template": template}
+    with _simulator(world) as sim:
+        response = sim.post("/v1/agents/sessions", json=body)
+    response.raise_for_status()
+    session: dict[str, Any] = response.json()
+    return session
+
+
+def _pods(world: Installed, session_id: str) -> list[Any]:
+    items: list[Any] = world.core.list_namespaced_pod(
+        SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
+    ).items
+    return items
+
+
+def _running(world: Installed, session_id: str) -> Any:
+    running = [p for p in _pods(world, session_id) if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
+    return running[0] if running else None
+
+
+def _registered(world: Installed, environment_id: str) -> list[dict[str, Any]]:
+    registrations = _admin(world, f"/admin/registrations?environment_id={environment_id}")
+    return [r for r in registrations if r["status_code"] == 200]
+
+
+def _connected(world: Installed, environment_id: str) -> bool:
+    return any(e["id"] == environment_id and e["status"] == "connected" for e in _admin(world, "/admin/environments"))
+
+
+def _delivered_at(world: Installed, session_id: str) -> float | None:
+    events = _admin(world, "/admin/events")
+    mine = {e["id"] for e in events if e["type"] == "agent.session.action_required" and e["data"]["id"] == session_id}
+    for delivery in _admin(world, "/admin/deliveries?type=agent.session.action_required"):
+        if delivery["event_id"] in mine and delivery["state"] == "delivered":
+            ok = [a for a in delivery["attempts"] if a["status_code"] and 200 <= a["status_code"] < 300]
+            return float(ok[0]["started_at"] + (ok[0]["duration_seconds"] or 0.0))
+    return None
+
+
+def _one_session(world: Installed, timeout: float = 300, template: str | None = None) -> dict[str, Any]:
+    """Create a session and follow it to a connected executor; returns the timeline."""
+    session = _create_session(world, template)
+    session_id, environment_id = session["id"], session["environment"]["id"]
+    delivered = wait_for(lambda: _delivered_at(world, session_id), timeout, "the webhook to be accepted", interval=0.2)
+    pod = wait_for(lambda: _running(world, session_id), timeout, "the sandbox pod to run", interval=0.2)
+    running_at = time.time()
+    [first, *_] = wait_for(lambda: _registered(world, environment_id), timeout, "the executor to register", 0.2)
+    wait_for(lambda: _connected(world, environment_id), timeout, "the executor to connect", interval=0.5)
+    return {
+        "session_id": session_id,
+        "environment_id": environment_id,
+        "pod": pod.metadata.name,
+        "key_matched": first["key_matched"],
+        "delivered_at": delivered,
+        "running_at": running_at,
+        "registered_at": float(first["received_at"]),
+    }
+
+
+# -- the chart --------------------------------------------------------------------------------
+
+
+def test_the_chart_runs_as_real_containers(installed: Installed) -> None:
+    """helm install with default values plus the three credentials: receiver, workers,
+    scheduler and Redis run as real containers from the locally built images, under the
+    chart's ServiceAccounts; the sandbox namespace enforces Pod Security "restricted"."""
+    core = installed.core
+    pods = core.list_namespaced_pod(NAMESPACE).items
+    components: dict[str, list[Any]] = {}
+    for pod in pods:
+        component = pod.metadata.labels.get("app.kubernetes.io/component", "")
+        components.setdefault(component, []).append(pod)
+    assert {"receiver", "worker", "scheduler", "redis"} <= set(components), sorted(components)
+    controller_ref = installed.images["sandbox-controller"].ref
+    for component in ("receiver", "worker", "scheduler", "redis"):
+        for pod in components[component]:
+            assert pod.status.phase == "Running", (pod.metadata.name, pod.status.phase)
+            [status] = [s for s in pod.status.container_statuses if s.name == pod.spec.containers[0].name]
+            assert status.ready and status.state.running and status.container_id.startswith("containerd://")
+            expected = installed.images["redis"].ref if component == "redis" else controller_ref
+            assert pod.spec.containers[0].image == expected
+            if component != "redis":
+                assert pod.spec.service_account_name.startswith(f"{RELEASE}-sandbox-controller")
+    labels = core.read_namespace(SANDBOX_NAMESPACE).metadata.labels
+    assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+    # Enforced by the API server: a root pod is refused in the sandbox namespace.
+    from kubernetes.client.exceptions import ApiException
+
+    with pytest.raises(ApiException) as refused:
+        core.create_namespaced_pod(
+            SANDBOX_NAMESPACE,
+            {"metadata": {"name": "root-pod"}, "spec": {"containers": [{"name": "c", "image": controller_ref}]}},
+            dry_run="All",
+        )
+    assert refused.value.status in (400, 403, 422)
+    assert "restricted" in refused.value.body or "sandbox pods" in refused.value.body
+
+
+# -- the whole loop ---------------------------------------------------------------------------
+
+
+def test_a_signed_webhook_becomes_a_connected_executor_in_a_container(world: Installed) -> None:
+    """Webhook (signed) → receiver Service → worker → sandbox pod (runner image, restricted)
+    → the real codex exec-server registers with the key from the Secret and connects."""
+    timeline = _one_session(world)
+    assert timeline["key_matched"] is True
+    pod = world.core.read_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE)
+    container = pod.spec.containers[0]
+    assert container.image == world.images["sandbox-runner"].ref
+    env = {e.name: e for e in container.env}
+    assert env["ENVIRONMENT_ID"].value == timeline["environment_id"]
+    assert env["CODEX_API_KEY"].value is None and env["CODEX_API_KEY"].value_from.secret_key_ref
+    assert pod.spec.automount_service_account_token is False
+
+
+def test_a_killed_sandbox_pod_is_replaced_exactly_once(world: Installed) -> None:
+    """L14: the sandbox pod of a connected session is killed (deleted at once); the next
+    connection request gets exactly one new pod (the next generation), whose executor
+    registers again."""
+    timeline = _one_session(world)
+    session_id, environment_id = timeline["session_id"], timeline["environment_id"]
+    assert len(_registered(world, environment_id)) == 1
+    world.core.delete_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE, grace_period_seconds=0)
+    wait_for(lambda: not _connected(world, environment_id), 120, "the kill to drop the executor's link", 0.5)
+    with _simulator(world) as sim:
+        sim.post(
+            f"/v1/agents/sessions/{session_id}/events",
+            json={
+                "events": [
+                    {
+                        "type": "agent.session.input.message",
+                        "input": [{"role": "user", "type": "message", "content": "again"}],
+                    }
+                ]
+            },
+        ).raise_for_status()
+    wait_for(lambda: len(_registered(world, environment_id)) == 2, 300, "the replacement to register", 0.5)
+    wait_for(lambda: _connected(world, environment_id), 120, "the replacement to connect", interval=0.5)
+    time.sleep(5)  # settle, then count: one replacement, not two
+    live = [p for p in _pods(world, session_id) if not p.metadata.deletion_timestamp]
+    assert [p.metadata.labels[names.GENERATION_LABEL] for p in live] == ["2"]
+    assert live[0].metadata.name != timeline["pod"] and live[0].status.phase == "Running"
+    assert len(_registered(world, environment_id)) == 2
+
+
+def test_a_failed_session_releases_its_pod_and_volume(world: Installed) -> None:
+    """L16: a failed session → its sandbox pod and workspace volume are deleted."""
+    timeline = _one_session(world, template=PERSISTENT_TEMPLATE)
+    session_id = timeline["session_id"]
+
+    def claims() -> list[Any]:
+        items: list[Any] = world.core.list_namespaced_persistent_volume_claim(
+            SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
+        ).items
+        return items
+
+    [claim] = claims()
+    assert claim.status.phase == "Bound"  # the running pod mounts it
+    httpx.post(f"{world.simulator_url}/admin/sessions/{session_id}/fail", json={"error": "node test"}, timeout=10)
+
+    def gone() -> bool:
+        return not _pods(world, session_id) and not claims()
+
+    wait_for(gone, 180, "the failed session's pod and volume to be deleted", interval=0.5)
+
+
+def test_ten_sessions_at_once(world: Installed) -> None:
+    """Ten sessions created together: ten sandbox pods, ten registrations, each with the
+    key from the Secret. The timelines are the tier's figures (printed, and kept in the cache)."""
+    results: list[dict[str, Any]] = []
+    errors: list[BaseException] = []
+
+    def one() -> None:
+        try:
+            results.append(_one_session(world, timeout=600))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=one, daemon=True) for _ in range(10)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=900)
+    assert not errors, errors
+    assert len(results) == 10
+    assert len({r["pod"] for r in results}) == 10
+    assert all(r["key_matched"] for r in results)
+    _record_figures(world, results)
+
+
+def _percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    index = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[index]
+
+
+def _record_figures(world: Installed, results: list[dict[str, Any]]) -> None:
+    to_running = [r["running_at"] - r["delivered_at"] for r in results]
+    to_registered = [r["registered_at"] - r["delivered_at"] for r in results]
+    figures = {
+        "run": uuid.uuid4().hex[:8],
+        "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "sessions": len(results),
+        "delivery_to_running_p50_s": round(statistics.median(to_running), 2),
+        "delivery_to_running_p99_s": round(_percentile(to_running, 0.99), 2),
+        "delivery_to_registered_p50_s": round(statistics.median(to_registered), 2),
+        "delivery_to_registered_p99_s": round(_percentile(to_registered, 0.99), 2),
+        "node_ready_s": round(world.node.timings.get("node_ready", 0.0), 1),
+        "chart_install_s": round(world.install_seconds, 1),
+        "images": {
+            name: {"size_bytes": image.size_bytes, "build_seconds": image.build_seconds}
+            for name, image in world.images.items()
+        },
+    }
+    print("node figures: " + json.dumps(figures))
+    FIGURES.parent.mkdir(parents=True, exist_ok=True)
+    FIGURES.write_text(json.dumps(figures, indent=2) + "\n")
