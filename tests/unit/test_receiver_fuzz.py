@@ -13,7 +13,7 @@ from starlette.testclient import TestClient
 
 from controller.clock import FakeClock
 from controller.errors import BadPayload, SignatureError
-from controller.events import MALFORMED_SESSION_ID, classify, parse
+from controller.events import HANDLED_TYPES, MALFORMED_SESSION_ID, classify, parse
 from controller.inbox import Job
 from controller.receiver import ReceiverServices, Unqueueable, check_queueable, create_app
 from controller.signing import Verifier, secret_key, sign
@@ -185,10 +185,7 @@ def test_any_delivery_gets_2xx_or_4xx_and_only_genuine_work_is_queued(
 
 def classify_job_ok(job: Job) -> bool:
     check_queueable(job)
-    return valid_id(job.session_id) and job.event_type in {
-        "agent.session.action_required",
-        "agent.session.failed",
-    }
+    return valid_id(job.session_id) and job.event_type in HANDLED_TYPES
 
 
 @settings(max_examples=100, deadline=None)
