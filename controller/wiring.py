@@ -273,9 +273,10 @@ def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
     return found
 
 
-def publisher(settings: Settings) -> Callable[[Job], None]:
-    """Publish jobs to the queue (the receiver's inbox and the scheduler use it)."""
-    return queue.publisher(queue.make_app(settings))
+def publisher(settings: Settings, to: str = queue.QUEUE) -> Callable[[Job], None]:
+    """Publish jobs to a queue: the webhook queue (the receiver's inbox), or the maintenance
+    queue (the scheduler's sweep, recovery and timers)."""
+    return queue.publisher(queue.make_app(settings), to)
 
 
 class FleetParts(NamedTuple):
@@ -303,7 +304,11 @@ class SchedulerParts(NamedTuple):
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
     return SchedulerParts(
-        store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings), Metrics()
+        store(settings),
+        runner(settings),
+        connect(settings.queue.redis_url),
+        publisher(settings, queue.MAINTENANCE_QUEUE),
+        Metrics(),
     )
 
 
