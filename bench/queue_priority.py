@@ -66,11 +66,11 @@ def phase(loop: Loop, name: str, target: str, sweep_size: int, sessions: int, in
     settings = Settings.from_env({PREFIX + "REDIS_URL": loop.redis.url})
     client = connect(loop.redis.url)
     store = RedisSessionStore(client, lease_ttl_seconds=30)
-    publish = queue.publisher(queue.make_app(settings), target)
+    publish = queue.batch_publisher(queue.make_app(settings), target)
     swept = [f"sess_sweep_{name}_{n:06d}" for n in range(sweep_size)]
     began = time.perf_counter()
     runner: Any = Workspaces(swept)
-    reconcile.sweep(store, runner, lambda sid: publish(Job(sid, "", "reconcile")))
+    reconcile.sweep(store, runner, lambda sids: publish([Job(sid, "", "reconcile") for sid in sids]))
     sweep_seconds = time.perf_counter() - began
     depth_at_first = int(client.llen(queue.QUEUE)) + int(client.llen(queue.MAINTENANCE_QUEUE))
     created: list[str] = []

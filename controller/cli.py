@@ -101,7 +101,15 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     parts = wiring.scheduler_parts(settings)
     if settings.metrics.port:
         serve_metrics(wiring.scheduler_metrics(settings, parts).registry, args.metrics_host, settings.metrics.port)
-    scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish, on_sweep=parts.on_sweep)
+    scheduler.run(
+        settings,
+        parts.store,
+        parts.runner,
+        parts.client,
+        parts.publish,
+        on_sweep=parts.on_sweep,
+        publish_many=parts.publish_many,
+    )
     return 0
 
 

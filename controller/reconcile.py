@@ -15,7 +15,7 @@ Exactly one scheduler sweeps at a time (``scheduler.Leadership``).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controller import logs
@@ -23,6 +23,7 @@ from controller.runners.base import Runner
 from controller.store.base import SessionStore
 
 log = logs.get(__name__)
+BATCH = 1000
 
 
 @dataclass(frozen=True)
@@ -34,13 +35,18 @@ class Sweep:
     """Sandboxes the runner manages (live or not yet cleaned up): the running-sandboxes gauge."""
 
 
-def sweep(store: SessionStore, runner: Runner, enqueue: Callable[[str], None]) -> Sweep:
+def sweep(store: SessionStore, runner: Runner, enqueue: Callable[[Sequence[str]], None], batch: int = BATCH) -> Sweep:
+    """Want work on, then enqueue, every such session, ``batch`` sessions at a time: one store
+    round trip and one queue round trip per batch (each session's work is wanted before its
+    job exists, as for a webhook)."""
     mapped = set(store.session_ids())
     handles = runner.list_managed()
     managed = {handle.session_id for handle in handles} | set(runner.workspaces())
-    for session_id in sorted(mapped | managed):
-        store.want(session_id)
-        enqueue(session_id)
+    ordered = sorted(mapped | managed)
+    for start in range(0, len(ordered), batch):
+        chunk = ordered[start : start + batch]
+        store.want_many(chunk)
+        enqueue(chunk)
     result = Sweep(mapped=len(mapped), managed=len(managed), enqueued=len(mapped | managed), running=len(handles))
     log.info(
         "reconcile sweep",

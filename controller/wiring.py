@@ -14,7 +14,7 @@ import pwd
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -295,6 +295,7 @@ class SchedulerParts(NamedTuple):
     client: redis.Redis
     publish: Callable[[Job], None]
     metrics: Metrics
+    publish_many: Callable[[Sequence[Job]], None]
 
     def on_sweep(self, sweep: Sweep) -> None:
         """``scheduler.run``'s ``on_sweep``: the running-sandboxes gauge follows each sweep."""
@@ -303,12 +304,14 @@ class SchedulerParts(NamedTuple):
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
+    app = queue.make_app(settings)
     return SchedulerParts(
         store(settings),
         runner(settings),
         connect(settings.queue.redis_url),
-        publisher(settings, queue.MAINTENANCE_QUEUE),
+        queue.publisher(app, queue.MAINTENANCE_QUEUE),
         Metrics(),
+        queue.batch_publisher(app, queue.MAINTENANCE_QUEUE),
     )
 
 

@@ -1,7 +1,9 @@
 """Webhook jobs never wait behind maintenance: a real Celery worker on a real redis-server
 takes the webhook queue first (``controller.queue``).
 
-The worker is the product's app and worker arguments with a task that records the order it
+The sweep's jobs are published as the scheduler publishes them (``queue.batch_publisher``: one
+pipeline per batch), so this also proves a real worker consumes those messages. The worker is
+the product's app and worker arguments with a task that records the order it
 works sessions in (``tests.support.order_worker``), one pool process. The first maintenance job
 holds that process until the test releases it, so the order is decided by the queues alone.
 """
@@ -30,8 +32,7 @@ def test_webhook_jobs_published_after_a_sweep_are_worked_before_it(server: Redis
     maintenance = queue.publisher(app, queue.MAINTENANCE_QUEUE)
     webhook = queue.publisher(app, queue.QUEUE)
     maintenance(Job(GATE, "", "reconcile"))
-    for n in range(SWEEP):
-        maintenance(Job(f"sweep-{n}", "", "reconcile"))
+    queue.batch_publisher(app, queue.MAINTENANCE_QUEUE)([Job(f"sweep-{n}", "", "reconcile") for n in range(SWEEP)])
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, PREFIX + "REDIS_URL": server.url, "PYTHONPATH": root, "SANDBOX_TEST_DIR": str(tmp_path)}
     worker = Managed("worker", python_module("tests.support.order_worker"), env, tmp_path / "worker.log", cwd=tmp_path)
@@ -52,6 +53,7 @@ def test_webhook_jobs_published_after_a_sweep_are_worked_before_it(server: Redis
     # taken before the webhooks were published (none, in practice); then every webhook job.
     assert len(hooks) == WEBHOOKS, order[: WEBHOOKS + 5]
     assert hooks[-1] <= WEBHOOKS + 1, order[: WEBHOOKS + 5]
+    assert "sweep-0" in order  # the batched messages are ones a real worker consumes, in order
     assert client_left(server) > 0  # the sweep is still queued: it waited for the webhooks
     assert_no_process_left(tmp_path)
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller import reconcile
@@ -131,6 +131,10 @@ class FakeStore:
             s = self._s(session_id)
             s.want += 1
             return s.want
+
+    def want_many(self, session_ids: Sequence[str]) -> None:
+        for session_id in session_ids:
+            self.want(session_id)
 
     def acquire(self, session_id: str) -> Lease | Busy | None:
         with self._lock:
@@ -402,7 +406,7 @@ class World:
         return handle
 
     def sweep(self) -> reconcile.Sweep:
-        return reconcile.sweep(self.store, self.runner, self.published.append)
+        return reconcile.sweep(self.store, self.runner, self.published.extend)
 
     def work_published(self) -> dict[str, list[Verdict]]:
         """Work every session the sweep published, as the queue would."""
