@@ -134,6 +134,12 @@ def run(
     )
     role: Role | None = None
     next_sweep = next_recovery = next_fire = 0.0
+    sweeps = 0  # passes since this process started: the first, and every FULL_EVERY-th, is full
+
+    def sweep_once() -> None:
+        full = sweeps % reconcile.FULL_EVERY == 0
+        on_sweep(reconcile.sweep(store, runner, enqueue_reconcile, full=full))
+
     while not stop.is_set():
         try:
             now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
@@ -154,10 +160,9 @@ def run(
                 "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
             ):
                 next_recovery = now + recover_every
-            if now >= next_sweep and _guarded(
-                "reconcile sweep", lambda: on_sweep(reconcile.sweep(store, runner, enqueue_reconcile))
-            ):
+            if now >= next_sweep and _guarded("reconcile sweep", sweep_once):
                 next_sweep = now + sweep_every
+                sweeps += 1
             # Wake for whichever is due next (a failed step is retried after one tick).
             wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
             stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)

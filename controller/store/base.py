@@ -90,3 +90,7 @@ class SessionStore(Protocol):
     def timer(self, session_id: str) -> float | None:
         """When the session's timer is due, or None when it has none."""
         ...
+
+    def armed(self) -> set[str]:
+        """Every session with a timer (one read: the sweep leaves these to their timers)."""
+        ...

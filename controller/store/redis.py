@@ -363,6 +363,11 @@ class RedisSessionStore:
             due: list[str] = self._take_due(keys=[TIMERS_KEY, PENDING_KEY], args=[limit, self._requeue_ms])
         return list(due)
 
+    def armed(self) -> set[str]:
+        with _translated("list timers"):
+            members: list[str] = self._r.zrange(TIMERS_KEY, 0, -1)  # type: ignore[assignment]
+        return set(members)
+
     def timer_count(self) -> int:
         with _translated("count timers"):
             return int(self._r.zcard(TIMERS_KEY))

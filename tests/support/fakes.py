@@ -203,6 +203,10 @@ class FakeStore:
         with self._lock:
             return self.timers.get(session_id)
 
+    def armed(self) -> set[str]:
+        with self._lock:
+            return set(self.timers)
+
     def take_due_at(self, now: float, limit: int = 500) -> list[str]:
         """``timers.Due.take_due`` at a given time (the Redis one reads Redis's clock)."""
         with self._lock:
