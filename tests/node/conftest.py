@@ -24,6 +24,9 @@ SANDBOX_NAMESPACE = f"{NAMESPACE}-sandboxes"
 SIM_PORT = 8090
 SIMULATOR_ENV = "SANDBOX_CONTROLLER_SIMULATOR_"
 PERSISTENT_TEMPLATE = "persistent-workspace"
+# Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
+# test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
+IDLE_TIMEOUT_SECONDS = 30
 SANDBOX_RESOURCES = {"requests": {"cpu": "50m", "memory": "256Mi"}, "limits": {"cpu": "1", "memory": "2Gi"}}
 
 
@@ -97,6 +100,8 @@ def _values(world_images: dict[str, Image], api_key: str, environment_key: str, 
         # The locally built images (imported into containerd; nothing is pulled).
         "image": repo_tag("sandbox-controller"),
         "redis": {"image": repo_tag("redis")},
+        # Idle sessions' sandboxes stop quickly here (see IDLE_TIMEOUT_SECONDS).
+        "lifecycle": {"idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS},
         # The Agents API stand-in, inside the node's network namespace.
         "api": {"baseUrl": f"http://{NODE_IP}:{SIM_PORT}"},
         # The simulator's remote_url is loopback (codex sends its key only there or to OpenAI):

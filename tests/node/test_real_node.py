@@ -30,8 +30,17 @@ import httpx
 import pytest
 
 from controller.runners.kubernetes import names
+from controller.runners.kubernetes.manifests import RUNNER_UID
 from tests.cluster.test_real_cluster import FORWARDER
-from tests.node.conftest import NAMESPACE, PERSISTENT_TEMPLATE, RELEASE, SANDBOX_NAMESPACE, SIM_PORT, Installed
+from tests.node.conftest import (
+    IDLE_TIMEOUT_SECONDS,
+    NAMESPACE,
+    PERSISTENT_TEMPLATE,
+    RELEASE,
+    SANDBOX_NAMESPACE,
+    SIM_PORT,
+    Installed,
+)
 from tests.node.node import NODE_IP
 from tests.support.processes import wait_for
 
@@ -277,6 +286,122 @@ def test_a_failed_session_releases_its_pod_and_volume(world: Installed) -> None:
         return not _pods(world, session_id) and not claims()
 
     wait_for(gone, 180, "the failed session's pod and volume to be deleted", interval=0.5)
+
+
+def _turn(world: Installed, session_id: str, commands: list[list[str]]) -> str:
+    """A simulated turn carrying commands, run by the simulator over the executor's link."""
+    response = httpx.post(
+        f"{world.simulator_url}/admin/sessions/{session_id}/turns", json={"commands": commands}, timeout=10
+    )
+    response.raise_for_status()
+    return str(response.json()["id"])
+
+
+def _finished_turn(world: Installed, session_id: str, turn_id: str, timeout: float = 300) -> dict[str, Any]:
+    def finished() -> dict[str, Any] | None:
+        turns = httpx.get(f"{world.simulator_url}/admin/sessions/{session_id}/turns", timeout=10).json()["data"]
+        turn = next(t for t in turns if t["id"] == turn_id)
+        return dict(turn) if turn["status"] == "finished" else None
+
+    found = wait_for(finished, timeout, f"turn {turn_id} to finish", interval=0.5)
+    assert isinstance(found, dict)
+    return found
+
+
+def _status(world: Installed, session_id: str) -> str:
+    with _simulator(world) as sim:
+        return str(sim.get(f"/v1/agents/sessions/{session_id}").json()["status"])
+
+
+def _claims(world: Installed, session_id: str) -> list[Any]:
+    items: list[Any] = world.core.list_namespaced_persistent_volume_claim(
+        SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
+    ).items
+    return items
+
+
+def _worker_log_lines(world: Installed) -> list[dict[str, Any]]:
+    """The JSON log lines of every worker pod of the release."""
+    lines: list[dict[str, Any]] = []
+    workers = world.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=worker").items
+    for pod in workers:
+        for container in pod.spec.containers:
+            text = world.core.read_namespaced_pod_log(pod.metadata.name, NAMESPACE, container=container.name)
+            for line in text.splitlines():
+                with contextlib.suppress(ValueError):
+                    parsed = json.loads(line)
+                    if isinstance(parsed, dict):
+                        lines.append(parsed)
+    return lines
+
+
+def _stops(world: Installed, session_id: str) -> list[dict[str, Any]]:
+    return [
+        line
+        for line in _worker_log_lines(world)
+        if line.get("event") == "sandbox stopped" and line.get("session_id") == session_id
+    ]
+
+
+def test_a_command_runs_as_the_runners_non_root_uid_in_the_workspace(world: Installed) -> None:
+    """Issue 12: a command run by the simulator over the executor's link, in a sandbox pod on
+    the real node, runs as the runner's non-root uid (the image's USER and the pod's
+    runAsUser) in the session's workspace directory (the pod's workingDir and volume)."""
+    timeline = _one_session(world)
+    session_id = timeline["session_id"]
+    pod = world.core.read_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE)
+    wait_for(lambda: _status(world, session_id) == "idle", 120, "the first turn to end idle", interval=0.5)
+    turn = _finished_turn(world, session_id, _turn(world, session_id, [["id", "-u"], ["id", "-g"], ["pwd"]]))
+    uid, gid, pwd = turn["commands"]
+    for command in (uid, gid, pwd):
+        assert (command["status"], command["exit_code"]) == ("completed", 0), command
+    assert RUNNER_UID != 0
+    assert uid["stdout"] == f"{RUNNER_UID}\n"
+    assert gid["stdout"] == f"{RUNNER_UID}\n"
+    workspace = pod.spec.containers[0].working_dir
+    assert workspace == "/workspace"  # the session's environment.workspace_directory (the chart's routing value)
+    assert pwd["stdout"] == f"{workspace}\n"
+    assert pwd["cwd"] == workspace
+    mounts = {m.mount_path: m.name for m in pod.spec.containers[0].volume_mounts}
+    assert mounts[workspace] == "workspace"
+
+
+def test_idle_stop_deletes_the_pod_keeps_the_volume_and_the_next_pod_finds_the_file(world: Installed) -> None:
+    """L11, L16: in a session of the persistent-workspace template a command writes
+    ``notes.txt`` into the workspace; the session goes idle, and once the idle timeout has
+    passed the controller stops the sandbox (logged with cause idle): the pod is deleted and the
+    workspace PVC stays Bound. The next input asks for a connection: a new pod mounts the same
+    claim, and its command reads the file written before the stop."""
+    timeline = _one_session(world, template=PERSISTENT_TEMPLATE)
+    session_id, environment_id = timeline["session_id"], timeline["environment_id"]
+    [claim] = _claims(world, session_id)
+    written = _finished_turn(world, session_id, _turn(world, session_id, [["sh", "-c", "echo kept > notes.txt"]]))
+    [write] = written["commands"]
+    assert (write["status"], write["exit_code"]) == ("completed", 0), write
+
+    # Idle, then past the timeout: the pod goes, the volume stays.
+    wait_for(lambda: _status(world, session_id) == "idle", 120, "the turn to end idle", interval=0.5)
+    wait_for(lambda: not _pods(world, session_id), IDLE_TIMEOUT_SECONDS + 180, "the idle stop to delete the pod", 1)
+    [stop] = wait_for(lambda: _stops(world, session_id), 60, "the worker to log the stop", interval=1)
+    assert stop["cause"] == "idle" and stop["idle_timeout_seconds"] == IDLE_TIMEOUT_SECONDS, stop
+    assert _status(world, session_id) == "idle"
+    wait_for(lambda: not _connected(world, environment_id), 60, "the executor's link to drop", interval=0.5)
+    [kept] = _claims(world, session_id)
+    assert kept.metadata.uid == claim.metadata.uid and kept.status.phase == "Bound"
+    assert kept.metadata.deletion_timestamp is None
+
+    # The next input: a new pod on the same claim reads the file.
+    read = _finished_turn(world, session_id, _turn(world, session_id, [["cat", "notes.txt"]]), timeout=600)
+    [cat] = read["commands"]
+    assert (cat["status"], cat["stdout"], cat["exit_code"]) == ("completed", "kept\n", 0), cat
+    assert len(_registered(world, environment_id)) == 2  # a new executor registered afresh
+    # The new pod (it may be on its way out already: the session is idle again).
+    [pod] = [p for p in _pods(world, session_id) if p.metadata.name != timeline["pod"]]
+    assert pod.metadata.labels[names.GENERATION_LABEL] == "2"
+    [volume] = [v for v in pod.spec.volumes if v.name == "workspace"]
+    assert volume.persistent_volume_claim.claim_name == claim.metadata.name
+    [still] = _claims(world, session_id)
+    assert still.metadata.uid == claim.metadata.uid
 
 
 def test_ten_sessions_at_once(world: Installed) -> None:

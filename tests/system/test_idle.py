@@ -25,6 +25,7 @@ from controller.runners.local import proc_stat, session_key
 from tests.support.codex import codex_binary
 from tests.support.processes import Managed, python_module, wait_for
 from tests.system.loop import Loop
+from tests.system.test_work import _finished_turn, _turn
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
@@ -199,6 +200,36 @@ def test_stop_then_a_new_connection_finds_the_file_written_before_the_stop(loop:
     wait_for(lambda: loop.live_executors()[sid] == 1, 30, "the new executor to run")
     assert (workspace / "notes.txt").read_text() == "written before the stop\n"
     assert executors_in(workspace) == 1  # the new executor works in that same directory
+    wait_idle(loop, sid)
+
+
+def test_a_file_written_by_a_command_in_turn_1_is_read_in_turn_2_after_an_idle_stop(loop: Loop) -> None:
+    """L11, L16 (issue 12): turn 1's command, run by the simulator over the executor's link,
+    writes a file in the workspace; the session goes idle and its timer stops the executor
+    (cause idle); turn 2's input asks for a connection, a new executor starts on the same
+    workspace, and turn 2's command reads the file."""
+    with loop.api() as client:
+        session = loop.create_session(client, input_text=None)
+    sid, environment_id = session["id"], session["environment"]["id"]
+    first = _finished_turn(loop, sid, _turn(loop, sid, [["sh", "-c", "echo kept > notes.txt"]]))
+    [write] = first["commands"]
+    assert (write["status"], write["exit_code"]) == ("completed", 0), write
+    assert write["cwd"] == str(workspace_of(loop, sid))
+
+    wait_idle(loop, sid)
+    [stop] = wait_for(lambda: stops(loop, sid), 60, "the idle stop")
+    assert stop["cause"] == "idle"
+    wait_for(lambda: loop.live_executors()[sid] == 0, 30, "the executor to be gone")
+    wait_for(lambda: loop.environment_status(environment_id) == "disconnected", 30, "the link to drop")
+    assert len(starts(loop, sid)) == 1
+
+    second = _finished_turn(loop, sid, _turn(loop, sid, [["cat", "notes.txt"]]))
+    [read] = second["commands"]
+    assert (read["status"], read["stdout"], read["exit_code"]) == ("completed", "kept\n", 0), read
+    assert read["cwd"] == write["cwd"]
+    assert len(starts(loop, sid)) == 2  # a new executor served turn 2
+    registered = [r for r in loop.registrations() if r["environment_id"] == environment_id and r["status_code"] == 200]
+    assert len(registered) == 2
     wait_idle(loop, sid)
 
 
