@@ -161,7 +161,7 @@ class Metrics:
     def inc(self, name: str, **labels: str) -> None:
         """Add one to a named counter; an unknown name or label set is a bug (ValueError/KeyError)."""
         counter = self._counters[name]
-        counter.labels(**labels).inc()
+        (counter.labels(**labels) if labels else counter).inc()  # a counter without labels has no .labels()
 
     def value(self, name: str, **labels: str) -> float:
         """The current count (0 when never incremented), for tests and checks."""

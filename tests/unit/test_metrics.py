@@ -14,6 +14,7 @@ from controller.errors import ApiUnavailable, ConfigError
 from controller.metrics import (
     API_REQUESTS_TOTAL,
     DELIVERY_TO_START_SECONDS,
+    LEASE_BUSY_TOTAL,
     QUEUE_DEPTH,
     SANDBOXES_RUNNING,
     TIMERS_PENDING,
@@ -130,3 +131,12 @@ def test_a_metrics_port_in_use_is_a_configuration_error() -> None:
         port = taken.getsockname()[1]
         with pytest.raises(ConfigError, match="cannot serve metrics"):
             serve_metrics(Metrics().registry, "127.0.0.1", port)
+
+
+def test_a_counter_without_labels_counts() -> None:
+    """controller_lease_busy_total has no labels: counting it must not raise (a worker's task
+    did, each time it found a session busy)."""
+    metrics = Metrics()
+    metrics.inc(LEASE_BUSY_TOTAL)
+    metrics.inc(LEASE_BUSY_TOTAL)
+    assert metrics.value(LEASE_BUSY_TOTAL) == 2
