@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
-from controller import logs
+from controller import logs, timers
 from controller.store.base import SessionStore
 
 log = logs.get(__name__)
@@ -46,14 +46,7 @@ class Recovered:
 
 def recover(backlog: Backlog, enqueue: Callable[[str], None], batch: int = BATCH, max_batches: int = 20) -> Recovered:
     """Enqueue every overdue session (at most ``batch * max_batches`` per pass)."""
-    enqueued = 0
-    for _ in range(max_batches):
-        overdue = backlog.take_overdue(batch)
-        for session_id in overdue:
-            enqueue(session_id)
-            enqueued += 1
-        if len(overdue) < batch:
-            break
+    enqueued = timers.drain(backlog.take_overdue, enqueue, batch, max_batches)
     if enqueued:
         log.warning("wanted work re-enqueued: no job was going to do it", extra={"enqueued": enqueued})
     return Recovered(enqueued=enqueued)

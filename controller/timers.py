@@ -47,16 +47,23 @@ def earliest(*times: float | None) -> float | None:
     return min(present) if present else None
 
 
-def fire(due: Due, enqueue: Callable[[str], None], batch: int = BATCH, max_batches: int = 20) -> int:
-    """Enqueue a job for every session whose timer is due; returns how many."""
-    fired = 0
+def drain(take: Callable[[int], list[str]], enqueue: Callable[[str], None], batch: int, max_batches: int) -> int:
+    """Enqueue every session ``take`` hands out, ``batch`` at a time, until it has fewer left
+    (at most ``batch * max_batches`` per call); returns how many were enqueued."""
+    enqueued = 0
     for _ in range(max_batches):
-        taken = due.take_due(batch)
+        taken = take(batch)
         for session_id in taken:
             enqueue(session_id)
-            fired += 1
+            enqueued += 1
         if len(taken) < batch:
             break
+    return enqueued
+
+
+def fire(due: Due, enqueue: Callable[[str], None], batch: int = BATCH, max_batches: int = 20) -> int:
+    """Enqueue a job for every session whose timer is due; returns how many."""
+    fired = drain(due.take_due, enqueue, batch, max_batches)
     if fired:
         log.info("timers fired", extra={"fired": fired})
     return fired
