@@ -1,10 +1,18 @@
-"""How long the scheduler's reconcile sweep takes as the number of sessions grows.
+"""How long the scheduler's reconcile sweep takes as the number of sessions grows: the sweep
+as it was (one Redis call after another) against the batched sweep, side by side.
 
 For each size N: a fresh real redis-server holds N session → sandbox mappings (written as a
 worker writes them: want, lease, fenced save, complete), a runner reports N healthy managed
-sandboxes, and the sweep (``controller.reconcile.sweep``) asks for work on every session and
-publishes one job each to the real Celery queue on that Redis. The sweep is timed three
-times per size (the median is reported) and the queue holds exactly N jobs per sweep.
+sandboxes, and each sweep asks for work on every session and publishes one job each to the
+real Celery queue on that Redis:
+
+  one by one   the sweep before batching, kept here verbatim as the baseline: ``want`` then
+               ``send_task`` per session, each its own round trip
+  batched      ``controller.reconcile.sweep`` as the scheduler runs it: ``want_many`` (one
+               pipeline of scripts) and ``queue.batch_publisher`` (one pipeline) per 1,000
+
+Each is timed three times per size, alternating (the median is reported), and the queue holds
+exactly N jobs per sweep.
 
     .venv/bin/python bench/sweep_time.py [--sizes 100,300,1000,3000,10000]
 """
@@ -21,6 +29,8 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from collections.abc import Callable
 
 from bench.plots import markdown_table, save_png
 from controller import logs, queue, reconcile
@@ -51,7 +61,18 @@ class HealthyRunner:
         return Health.RUNNING
 
 
-def measure(size: int, directory: Path) -> tuple[float, int]:
+def one_by_one(store: RedisSessionStore, runner: Any, enqueue: Callable[[str], None]) -> int:
+    """The sweep before batching (its loop, verbatim): one ``want`` and one publish per session."""
+    mapped = set(store.session_ids())
+    handles = runner.list_managed()
+    managed = {handle.session_id for handle in handles} | set(runner.workspaces())
+    for session_id in sorted(mapped | managed):
+        store.want(session_id)
+        enqueue(session_id)
+    return len(mapped | managed)
+
+
+def measure(size: int, directory: Path) -> tuple[float, float]:
     server = RedisServer(directory / f"redis-{size}").start()
     try:
         client = connect(server.url)
@@ -67,17 +88,24 @@ def measure(size: int, directory: Path) -> tuple[float, int]:
             store.complete(lease)
             handles.append(handle)
         settings = Settings.from_env({PREFIX + "REDIS_URL": server.url})
-        publish = queue.publisher(queue.make_app(settings))
+        app = queue.make_app(settings)
+        publish = queue.publisher(app, queue.MAINTENANCE_QUEUE)
+        publish_many = queue.batch_publisher(app, queue.MAINTENANCE_QUEUE)
         runner: Any = HealthyRunner(handles)
-        timings = []
+        before, after = [], []
         for _ in range(RUNS):
             started = time.perf_counter()
-            result = reconcile.sweep(store, runner, lambda sid: publish(Job(sid, "", "reconcile")))
-            timings.append(time.perf_counter() - started)
+            assert one_by_one(store, runner, lambda sid: publish(Job(sid, "", "reconcile"))) == size
+            before.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            result = reconcile.sweep(
+                store, runner, lambda sids: publish_many([Job(sid, "", "reconcile") for sid in sids])
+            )
+            after.append(time.perf_counter() - started)
             assert result.enqueued == size
-        queued = int(client.llen(queue.QUEUE))
-        assert queued == RUNS * size, (queued, size)
-        return statistics.median(timings), queued
+        queued = int(client.llen(queue.MAINTENANCE_QUEUE))
+        assert queued == 2 * RUNS * size, (queued, size)
+        return statistics.median(before), statistics.median(after)
     finally:
         server.stop()
 
@@ -89,20 +117,31 @@ def main() -> int:
     logs.setup("WARNING")
     sizes = [int(s) for s in args.sizes.split(",")]
     directory = Path(tempfile.mkdtemp(prefix="bench-sweep-"))
-    seconds: list[float] = []
+    before: list[float] = []
+    after: list[float] = []
     try:
         for size in sizes:
-            median, _ = measure(size, directory)
-            seconds.append(median)
-            print(f"{size:>6} sessions: sweep {median:7.3f} s  ({median / size * 1000:.3f} ms per session)", flush=True)
+            old, new = measure(size, directory)
+            before.append(old)
+            after.append(new)
+            print(
+                f"{size:>6} sessions: one by one {old:7.3f} s ({old / size * 1000:.3f} ms each), "
+                f"batched {new:7.3f} s ({new / size * 1000:.3f} ms each)",
+                flush=True,
+            )
     finally:
         shutil.rmtree(directory, ignore_errors=True)
-    rows = [[str(n), f"{s:.3f}", f"{s / n * 1000:.3f}", f"{n / s:.0f}"] for n, s in zip(sizes, seconds, strict=True)]
-    print(f"\nmedian of {RUNS} sweeps per size; real redis-server and Celery publish on loopback\n")
-    print(markdown_table(["sessions", "sweep (s)", "per session (ms)", "sessions / s"], rows))
+    rows = [
+        [str(n), f"{b:.3f}", f"{a:.3f}", f"{a / n * 1000:.3f}", f"{n / a:.0f}", f"{b / a:.1f}×"]
+        for n, b, a in zip(sizes, before, after, strict=True)
+    ]
+    print(f"\nmedian of {RUNS} sweeps per size and path, alternating; real redis-server, Celery publish, loopback\n")
+    header = ["sessions", "one by one (s)", "batched (s)", "batched per session (ms)", "batched per s", "speed-up"]
+    print(markdown_table(header, rows))
 
     def draw(axes: Any) -> None:
-        axes.plot(sizes, seconds, marker="o", label="reconcile sweep (median of 3)")
+        axes.plot(sizes, before, marker="o", label="one by one (before)")
+        axes.plot(sizes, after, marker="o", label="batched (reconcile.sweep)")
         axes.set_xscale("log")
         axes.set_yscale("log")
         axes.set_xlabel("mapped sessions (log scale)")

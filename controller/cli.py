@@ -70,6 +70,21 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
+def worker_argv(concurrency: int, hostname: str) -> list[str]:
+    """The Celery worker's arguments: both queues, the webhook queue first (``controller.queue``)."""
+    return [
+        "--quiet",  # no banner: stdout carries JSON lines only
+        "worker",
+        f"--concurrency={concurrency}",
+        f"--queues={','.join(queue.CONSUMED)}",  # webhook jobs first
+        f"--hostname={hostname}",
+        "--without-gossip",
+        "--without-mingle",
+        "--without-heartbeat",
+        "--loglevel=INFO",
+    ]
+
+
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
     if settings.runner.kind == "local":
@@ -77,19 +92,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if settings.metrics.port:
         wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)
-    app.worker_main(
-        [
-            "--quiet",  # no banner: stdout carries JSON lines only
-            "worker",
-            f"--concurrency={args.concurrency}",
-            f"--queues={queue.QUEUE}",
-            f"--hostname={args.hostname}",
-            "--without-gossip",
-            "--without-mingle",
-            "--without-heartbeat",
-            "--loglevel=INFO",
-        ]
-    )
+    app.worker_main(worker_argv(args.concurrency, args.hostname))
     return 0
 
 
@@ -98,7 +101,15 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     parts = wiring.scheduler_parts(settings)
     if settings.metrics.port:
         serve_metrics(wiring.scheduler_metrics(settings, parts).registry, args.metrics_host, settings.metrics.port)
-    scheduler.run(settings, parts.store, parts.runner, parts.client, parts.publish, on_sweep=parts.on_sweep)
+    scheduler.run(
+        settings,
+        parts.store,
+        parts.runner,
+        parts.client,
+        parts.publish,
+        on_sweep=parts.on_sweep,
+        publish_many=parts.publish_many,
+    )
     return 0
 
 

@@ -206,7 +206,7 @@ class QueueCollector(Collector):
 
     def collect(self) -> Iterator[GaugeMetricFamily]:
         readers = [
-            (QUEUE_DEPTH, "Jobs waiting in the queue.", self._depth),
+            (QUEUE_DEPTH, "Webhook jobs waiting in the queue (not the maintenance queue).", self._depth),
             (WORK_PENDING, "Sessions whose wanted work is not done yet.", self._pending),
         ]
         if self._timers is not None:

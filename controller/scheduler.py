@@ -23,7 +23,7 @@ import secrets
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from enum import StrEnum
 from types import FrameType
 from typing import Protocol
@@ -90,8 +90,10 @@ def run(
     publish: Callable[[Job], None],
     stop: threading.Event | None = None,
     on_sweep: Callable[[reconcile.Sweep], None] = lambda sweep: None,
+    publish_many: Callable[[Sequence[Job]], None] | None = None,
 ) -> None:
-    """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge)."""
+    """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge); ``publish_many``
+    publishes the sweep's batches (one ``publish`` per job without it)."""
     sweep_every = settings.lifecycle.reconcile_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
     fire_every = timers.RESOLUTION_SECONDS
@@ -115,12 +117,29 @@ def run(
 
         return enqueue
 
+    def enqueue_reconcile(session_ids: Sequence[str]) -> None:
+        jobs = [Job(session_id=sid, webhook_id="", event_type="reconcile") for sid in session_ids]
+        try:
+            if publish_many is not None:
+                publish_many(jobs)
+            else:
+                for job in jobs:
+                    publish(job)
+        except _BROKER_ERRORS as exc:
+            raise QueueUnavailable(f"broker refused reconcile jobs: {exc}", retry_after=2) from exc
+
     log.info(
         "scheduler started",
         extra={"interval_seconds": sweep_every, "recovery_interval_seconds": recover_every},
     )
     role: Role | None = None
     next_sweep = next_recovery = next_fire = 0.0
+    sweeps = 0  # passes since this process started: the first, and every FULL_EVERY-th, is full
+
+    def sweep_once() -> None:
+        full = sweeps % reconcile.FULL_EVERY == 0
+        on_sweep(reconcile.sweep(store, runner, enqueue_reconcile, full=full))
+
     while not stop.is_set():
         try:
             now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
@@ -141,10 +160,9 @@ def run(
                 "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
             ):
                 next_recovery = now + recover_every
-            if now >= next_sweep and _guarded(
-                "reconcile sweep", lambda: on_sweep(reconcile.sweep(store, runner, enqueuer("reconcile")))
-            ):
+            if now >= next_sweep and _guarded("reconcile sweep", sweep_once):
                 next_sweep = now + sweep_every
+                sweeps += 1
             # Wake for whichever is due next (a failed step is retried after one tick).
             wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
             stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)

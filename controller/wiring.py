@@ -14,7 +14,7 @@ import pwd
 import shlex
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -273,9 +273,10 @@ def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
     return found
 
 
-def publisher(settings: Settings) -> Callable[[Job], None]:
-    """Publish jobs to the queue (the receiver's inbox and the scheduler use it)."""
-    return queue.publisher(queue.make_app(settings))
+def publisher(settings: Settings, to: str = queue.QUEUE) -> Callable[[Job], None]:
+    """Publish jobs to a queue: the webhook queue (the receiver's inbox), or the maintenance
+    queue (the scheduler's sweep, recovery and timers)."""
+    return queue.publisher(queue.make_app(settings), to)
 
 
 class FleetParts(NamedTuple):
@@ -294,6 +295,7 @@ class SchedulerParts(NamedTuple):
     client: redis.Redis
     publish: Callable[[Job], None]
     metrics: Metrics
+    publish_many: Callable[[Sequence[Job]], None]
 
     def on_sweep(self, sweep: Sweep) -> None:
         """``scheduler.run``'s ``on_sweep``: the running-sandboxes gauge follows each sweep."""
@@ -302,8 +304,14 @@ class SchedulerParts(NamedTuple):
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
+    app = queue.make_app(settings)
     return SchedulerParts(
-        store(settings), runner(settings), connect(settings.queue.redis_url), publisher(settings), Metrics()
+        store(settings),
+        runner(settings),
+        connect(settings.queue.redis_url),
+        queue.publisher(app, queue.MAINTENANCE_QUEUE),
+        Metrics(),
+        queue.batch_publisher(app, queue.MAINTENANCE_QUEUE),
     )
 
 

@@ -21,6 +21,7 @@ scheduler wants work on the session the same way (``controller.timers``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -45,6 +46,10 @@ class Busy:
 class SessionStore(Protocol):
     def want(self, session_id: str) -> int:
         """Ask for (more) work on a session; returns the new work generation."""
+        ...
+
+    def want_many(self, session_ids: Sequence[str]) -> None:
+        """``want`` each session, in as few round trips as the store can (the sweep's batches)."""
         ...
 
     def acquire(self, session_id: str) -> Lease | Busy | None:
@@ -84,4 +89,8 @@ class SessionStore(Protocol):
 
     def timer(self, session_id: str) -> float | None:
         """When the session's timer is due, or None when it has none."""
+        ...
+
+    def armed(self) -> set[str]:
+        """Every session with a timer (one read: the sweep leaves these to their timers)."""
         ...

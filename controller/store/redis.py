@@ -32,7 +32,7 @@ it guards happen atomically. redis-py errors are translated here, once.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -257,6 +257,15 @@ class RedisSessionStore:
         with _translated("want"):
             return int(self._want(keys=[f"sc:want:{session_id}", PENDING_KEY], args=[session_id, self._requeue_ms]))
 
+    def want_many(self, session_ids: Sequence[str]) -> None:
+        """One pipeline (one round trip) of ``want`` scripts; each stays atomic on its own."""
+        if not session_ids:
+            return
+        with _translated("want"), self._r.pipeline(transaction=False) as pipe:
+            for sid in session_ids:
+                self._want(keys=[f"sc:want:{sid}", PENDING_KEY], args=[sid, self._requeue_ms], client=pipe)
+            pipe.execute()
+
     def acquire(self, session_id: str) -> Lease | Busy | None:
         sid = session_id
         keys = [f"sc:lease:{sid}", f"sc:fence:{sid}", f"sc:want:{sid}", f"sc:done:{sid}", PENDING_KEY, REQUEUES_KEY]
@@ -353,6 +362,11 @@ class RedisSessionStore:
         with _translated("take due timers"):
             due: list[str] = self._take_due(keys=[TIMERS_KEY, PENDING_KEY], args=[limit, self._requeue_ms])
         return list(due)
+
+    def armed(self) -> set[str]:
+        with _translated("list timers"):
+            members: list[str] = self._r.zrange(TIMERS_KEY, 0, -1)  # type: ignore[assignment]
+        return set(members)
 
     def timer_count(self) -> int:
         with _translated("count timers"):

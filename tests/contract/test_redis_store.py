@@ -319,6 +319,21 @@ def test_pending_index_follows_want_and_done(client: redis.Redis, sid: str) -> N
     assert client.zscore(PENDING_KEY, sid) is None
 
 
+def test_want_many_wants_each_session_as_want_does(client: redis.Redis, sid: str) -> None:
+    """L17: the sweep's batched want records work on every session, one generation more each."""
+    store = store_of(client)
+    sids = [f"{sid}_{n}" for n in range(250)]
+    store.want(sids[0])  # one already wanted: its generation goes on from there
+    store.want_many(sids)
+    store.want_many([])
+    assert all(client.zscore(PENDING_KEY, s) is not None for s in sids)
+    assert [int(client.get(f"sc:want:{s}")) for s in sids[:3]] == [2, 1, 1]  # type: ignore[arg-type]
+    lease = take(store, sids[0])
+    assert lease.wanted == 2
+    assert store.complete(lease) is None
+    assert isinstance(store.acquire(sids[-1]), Lease)
+
+
 def test_take_overdue_hands_out_lost_work_once_and_skips_held_and_queued(client: redis.Redis, sid: str) -> None:
     """L1: the recovery index returns a session whose work is wanted, whose lease is free and
     whose last enqueue is older than the grace period; not one merely queued, not one held."""

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from controller import scheduler
+from controller import reconcile, scheduler
 from controller.config import Settings
 from controller.errors import StoreUnavailable
 from controller.inbox import Job
@@ -200,6 +200,36 @@ def test_run_sweeps_and_publishes_every_mapped_and_managed_session(
         mapped = sid in check.session_ids()
         assert int(one.client.get(f"sc:want:{sid}") or 0) == n_rounds + (1 if mapped else 0)
     assert runner.calls == []  # the sweep itself starts and stops nothing
+
+
+def test_after_its_first_full_sweep_the_scheduler_leaves_timed_sessions_to_their_timers(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: the first sweep enqueues every session; later ones (until the next full one) skip a
+    mapped session whose timer is armed, and still enqueue the untimed and the unrecorded."""
+    expected, runner = sessions
+    timed = f"sess_t{next(_ids)}"
+    store = RedisSessionStore(clients(), lease_ttl_seconds=30)
+    store.want(timed)
+    lease = store.acquire(timed)
+    assert isinstance(lease, Lease)
+    store.save(lease, Record(timed, "env_1", Handle(timed, f"sbx-{timed}-g1", 1, uid="u1"), started_at=time.time()))
+    store.arm(lease, time.time() + 3600)
+    assert store.complete(lease) is None
+    runner.ensure(SandboxSpec(timed, "env_1", "https://api.example.test/v1/agents/env"), 1)
+    runner.calls.clear()
+    one = Scheduler(clients(), runner).start()
+
+    def swept(sid: str) -> int:
+        return sum(1 for j in one.published if j.event_type == "reconcile" and j.session_id == sid)
+
+    try:
+        wait_for(lambda: all(swept(sid) >= 3 for sid in expected), timeout=20, what="three sweeps")
+    finally:
+        one.halt()
+    assert reconcile.FULL_EVERY > 4  # the rounds seen here hold one full sweep: the first
+    assert swept(timed) == 1
+    assert store.timer(timed) is not None  # left armed: its timer brings it back
 
 
 def test_second_scheduler_stands_by_while_the_first_leads(

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller import reconcile
@@ -132,6 +132,10 @@ class FakeStore:
             s.want += 1
             return s.want
 
+    def want_many(self, session_ids: Sequence[str]) -> None:
+        for session_id in session_ids:
+            self.want(session_id)
+
     def acquire(self, session_id: str) -> Lease | Busy | None:
         with self._lock:
             s = self._s(session_id)
@@ -198,6 +202,10 @@ class FakeStore:
     def timer(self, session_id: str) -> float | None:
         with self._lock:
             return self.timers.get(session_id)
+
+    def armed(self) -> set[str]:
+        with self._lock:
+            return set(self.timers)
 
     def take_due_at(self, now: float, limit: int = 500) -> list[str]:
         """``timers.Due.take_due`` at a given time (the Redis one reads Redis's clock)."""
@@ -402,7 +410,7 @@ class World:
         return handle
 
     def sweep(self) -> reconcile.Sweep:
-        return reconcile.sweep(self.store, self.runner, self.published.append)
+        return reconcile.sweep(self.store, self.runner, self.published.extend)
 
     def work_published(self) -> dict[str, list[Verdict]]:
         """Work every session the sweep published, as the queue would."""

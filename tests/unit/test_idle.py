@@ -275,7 +275,7 @@ def test_stops_and_running_sandboxes_are_metrics() -> None:
     metrics.inc(SANDBOXES_STOPPED_TOTAL, reason="idle")
     assert metrics.value(SANDBOXES_STOPPED_TOTAL, reason="idle") == 2
     assert metrics.value(SANDBOXES_STOPPED_TOTAL, reason="replaced") == 1
-    parts = SchedulerParts(None, None, None, None, metrics)  # type: ignore[arg-type]
+    parts = SchedulerParts(None, None, None, None, metrics, None)  # type: ignore[arg-type]
     parts.on_sweep(Sweep(mapped=3, managed=4, enqueued=4, running=2))
     assert metrics.value(SANDBOXES_RUNNING) == 2
     assert "controller_sandboxes_running 2.0" in metrics.render().decode()

@@ -240,6 +240,30 @@ def test_sweep_enqueues_the_union_of_mapped_and_managed_once_each() -> None:
     assert world.store.counters("sess_other") == (0, 0)
 
 
+def test_a_partial_sweep_leaves_timed_sessions_to_their_timers() -> None:
+    """L17: between full sweeps, a mapped session with a timer armed is left to that timer (a
+    running sandbox, a kept workspace); a mapped session without one and a sandbox or workspace
+    without a mapping are enqueued."""
+    world = World()
+    world.mapped("sess_timed")
+    world.store.timers["sess_timed"] = 1_000.0
+    world.mapped("sess_untimed")
+    world.orphan("sess_orphan")
+    world.store.timers["sess_orphan"] = 1_000.0  # a timer without a mapping does not excuse it
+    world.store.records["sess_kept"] = record("sess_kept")  # stopped, workspace kept, retention timer
+    world.store.timers["sess_kept"] = 1_000.0
+    world.runner.kept_workspaces.update({"sess_kept", "sess_unrecorded_workspace"})
+    result = reconcile.sweep(world.store, world.runner, world.published.extend, full=False)
+    assert sorted(world.published) == ["sess_orphan", "sess_unrecorded_workspace", "sess_untimed"]
+    assert result.enqueued == 3 and result.left_to_timers == 2
+    assert world.store.counters("sess_timed") == (0, 0)
+    world.published.clear()
+    full = reconcile.sweep(world.store, world.runner, world.published.extend, full=True)
+    every = ["sess_kept", "sess_orphan", "sess_timed", "sess_unrecorded_workspace", "sess_untimed"]
+    assert sorted(world.published) == every
+    assert full.left_to_timers == 0
+
+
 def test_sweep_decides_nothing_itself() -> None:
     """L17/L18: the sweep reads no session, starts and stops nothing, and leaves every mapping as it was."""
     world = World()

@@ -1,0 +1,41 @@
+"""A real Celery worker on the product's queue settings whose task only records the order it
+works sessions in (the Redis list ``ORDER``), for tests and benchmarks of queue ordering.
+
+It runs with the product's app (``queue.make_app``) and worker arguments (``cli.worker_argv``:
+the same queues in the same order); only the task body differs. The session ``GATE`` blocks
+its pool process until ``RELEASE`` is pushed, so a test can hold the worker busy while it
+queues jobs.
+
+    python -m tests.support.order_worker   (CONTROLLER_REDIS_URL in the environment)
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import redis
+
+from controller import cli, queue
+from controller.config import Settings
+
+ORDER, GATE, RELEASE = "test:order", "gate", "test:release"
+
+
+def main() -> None:
+    settings = Settings.from_env(dict(os.environ))
+    assert settings.queue.redis_url is not None
+    app = queue.make_app(settings)
+    client = redis.Redis.from_url(settings.queue.redis_url)
+
+    @app.task(name=queue.TASK_SYNC_SESSION)  # type: ignore[untyped-decorator]
+    def sync_session(session_id: str, **_: Any) -> None:
+        client.rpush(ORDER, session_id)
+        if session_id == GATE:
+            client.blpop([RELEASE], timeout=120)
+
+    app.worker_main(cli.worker_argv(concurrency=1, hostname=f"order-{os.getpid()}@%h"))
+
+
+if __name__ == "__main__":
+    main()
