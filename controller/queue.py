@@ -42,6 +42,7 @@ def make_app(settings: Settings) -> Celery:
     app = Celery("sandbox-controller", set_as_current=False)
     app.conf.update(
         broker_url=settings.queue.redis_url,
+        broker_transport="controller.broker:Transport",  # survives a broker outage (see there)
         broker_connection_retry_on_startup=True,
         broker_transport_options={
             "visibility_timeout": settings.queue.visibility_timeout_seconds,

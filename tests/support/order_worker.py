@@ -6,7 +6,8 @@ the same queues in the same order); only the task body differs. The session ``GA
 its pool process until ``RELEASE`` is pushed, so a test can hold the worker busy while it
 queues jobs.
 
-    python -m tests.support.order_worker   (CONTROLLER_REDIS_URL in the environment)
+    python -m tests.support.order_worker   (CONTROLLER_REDIS_URL in the environment;
+                                            ORDER_WORKER_CONCURRENCY pool processes, default 1)
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from controller import cli, queue
 from controller.config import Settings
 
 ORDER, GATE, RELEASE = "test:order", "gate", "test:release"
+CONCURRENCY = "ORDER_WORKER_CONCURRENCY"
 
 
 def main() -> None:
@@ -34,7 +36,8 @@ def main() -> None:
         if session_id == GATE:
             client.blpop([RELEASE], timeout=120)
 
-    app.worker_main(cli.worker_argv(concurrency=1, hostname=f"order-{os.getpid()}@%h"))
+    concurrency = int(os.environ.get(CONCURRENCY, "1"))
+    app.worker_main(cli.worker_argv(concurrency=concurrency, hostname=f"order-{os.getpid()}@%h"))
 
 
 if __name__ == "__main__":
