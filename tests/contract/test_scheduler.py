@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from controller import reconcile, scheduler
+from controller import scheduler
 from controller.config import Settings
 from controller.errors import StoreUnavailable
 from controller.inbox import Job
@@ -227,7 +227,7 @@ def test_after_its_first_full_sweep_the_scheduler_leaves_timed_sessions_to_their
         wait_for(lambda: all(swept(sid) >= 3 for sid in expected), timeout=20, what="three sweeps")
     finally:
         one.halt()
-    assert reconcile.FULL_EVERY > 4  # the rounds seen here hold one full sweep: the first
+    assert settings().lifecycle.full_sweep_interval_seconds > 20 * INTERVAL  # one full sweep here: the first
     assert swept(timed) == 1
     assert store.timer(timed) is not None  # left armed: its timer brings it back
 
