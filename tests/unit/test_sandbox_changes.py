@@ -76,3 +76,45 @@ def test_after_a_new_list_gone_and_changed_sandboxes_ask_for_a_look() -> None:
     assert look_again_after_list(known, listed) == ["sess_failed", "sess_gone", "sess_twice"]
     assert look_again_after_list({}, listed) == ["sess_failed", "sess_twice"]
     assert look_again_after_list(known, [known[uid] for uid in known]) == []
+
+
+def test_a_pod_is_seen_as_the_lifecycle_reads_it() -> None:
+    """The watch's view of a pod: its session id annotation, uid, health (as the runner's
+    ``status`` reports it), Ready condition and restarts summed over its containers."""
+    from kubernetes import client
+
+    from controller.runners.kubernetes import names
+    from controller.runners.kubernetes.watch import sighting
+
+    def pod(phase: str, ready: str, restarts: int, terminated: bool = False) -> client.V1Pod:
+        state = client.V1ContainerState(
+            terminated=client.V1ContainerStateTerminated(exit_code=1) if terminated else None
+        )
+        return client.V1Pod(
+            metadata=client.V1ObjectMeta(
+                name="sbx-1", uid="uid-1", annotations={names.SESSION_ID_ANNOTATION: "sess_1"}
+            ),
+            status=client.V1PodStatus(
+                phase=phase,
+                conditions=[client.V1PodCondition(type="Ready", status=ready)],
+                container_statuses=[
+                    client.V1ContainerStatus(
+                        name="executor",
+                        image="i",
+                        image_id="",
+                        ready=ready == "True",
+                        restart_count=restarts,
+                        state=state,
+                    )
+                ],
+            ),
+        )
+
+    assert sighting(pod("Running", "True", 2)) == Sighting("sess_1", "uid-1", Health.RUNNING, ready=True, restarts=2)
+    assert sighting(pod("Pending", "False", 0)) == Sighting("sess_1", "uid-1", Health.STARTING)
+    assert sighting(pod("Running", "False", 0, terminated=True)).health is Health.FAILED
+    assert sighting(pod("Failed", "False", 0)).health is Health.FAILED
+    unannotated = client.V1Pod(
+        metadata=client.V1ObjectMeta(name="x", uid="u"), status=client.V1PodStatus(phase="Running")
+    )
+    assert sighting(unannotated) == Sighting("", "u", Health.RUNNING)

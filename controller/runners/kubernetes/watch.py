@@ -38,6 +38,8 @@ from controller.sandbox_changes import Sighting, look_again, look_again_after_li
 log = logs.get(__name__)
 TIMEOUT_SECONDS = 300
 """The server closes each watch after this; the next one resumes from the last resource version."""
+LIST_TIMEOUT_SECONDS = 120
+"""A list that has not answered after this is given up and tried again."""
 BACKOFF_SECONDS = (0.5, 30.0)
 """First and longest wait before retrying after an error (doubling, with jitter)."""
 
@@ -113,29 +115,39 @@ class PodWatch:
     def run(self, notify: Callable[[str], None]) -> None:
         log.info("pod watch started", extra={"namespace": self._ns})
         failures = 0
-        while not self._stop.is_set():
-            try:
-                if self.resource_version is None:
-                    self._list(notify)
-                self._watch(notify)
-                failures = 0
-            except ApiException as exc:
-                if exc.status == 410:
-                    log.info("pod watch expired; listing the pods again", extra={"namespace": self._ns})
-                    self.resource_version = None
-                    continue
-                failures += 1
-                self._failed(failures, f"HTTP {exc.status}: {exc.reason}", exc.status)
-            except (Urllib3Error, OSError, ValueError) as exc:
-                if self._stop.is_set():
-                    break  # ``stop`` cut the connection
-                failures += 1
-                self._failed(failures, type(exc).__name__, None)
-        self._live.clear()
+        try:
+            while not self._stop.is_set():
+                try:
+                    if self.resource_version is None:
+                        self._list(notify)
+                    self._watch(notify)
+                    failures = 0
+                except ApiException as exc:
+                    if exc.status == 410:
+                        log.info("pod watch expired; listing the pods again", extra={"namespace": self._ns})
+                        self.resource_version = None
+                        continue
+                    failures += 1
+                    self._failed(failures, f"HTTP {exc.status}: {exc.reason}", exc.status)
+                except (Urllib3Error, OSError, ValueError) as exc:
+                    if self._stop.is_set():
+                        break  # ``stop`` cut the connection
+                    failures += 1
+                    self._failed(failures, type(exc).__name__, None)
+                except Exception as exc:  # a bug or an untranslated error: say so, keep watching
+                    if self._stop.is_set():
+                        break
+                    failures += 1
+                    log.exception("pod watch failed unexpectedly", extra={"error_type": type(exc).__name__})
+                    self._failed(failures, type(exc).__name__, None)
+        finally:
+            self._live.clear()  # nobody watches now: partial sweeps must not count on it
         log.info("pod watch stopped", extra={"namespace": self._ns})
 
     def _list(self, notify: Callable[[str], None]) -> None:
-        pods = self._api.list_namespaced_pod(self._ns, label_selector=names.managed_selector())
+        pods = self._api.list_namespaced_pod(
+            self._ns, label_selector=names.managed_selector(), _request_timeout=LIST_TIMEOUT_SECONDS
+        )
         self.lists += 1
         listed = [sighting(pod) for pod in pods.items]
         changed = look_again_after_list(self.known, listed)
