@@ -33,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
+from functools import partial
 from types import FrameType
 from typing import Protocol
 
@@ -197,13 +198,14 @@ def run(
     next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
     watching = False
 
-    def sweep_once() -> None:
+    def sweep_once(now: float) -> None:
+        """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
+        every 3600 s with a pass every 300 s is exactly every 12th)."""
         nonlocal next_full
-        started = time.monotonic()
-        full = started >= next_full
+        full = now >= next_full
         on_sweep(reconcile.sweep(store, runner, enqueue_many, full=full, watched=watch is not None and watch.live()))
         if full:
-            next_full = started + full_every
+            next_full = now + full_every
 
     try:
         while not stop.is_set():
@@ -233,7 +235,7 @@ def run(
                     "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
                 ):
                     next_recovery = now + recover_every
-                if now >= next_sweep and _guarded("reconcile sweep", sweep_once):
+                if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, now)):
                     next_sweep = now + sweep_every
                 # Wake for whichever is due next (a failed step is retried after one tick).
                 wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
