@@ -109,6 +109,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         parts.publish,
         on_sweep=parts.on_sweep,
         publish_many=parts.publish_many,
+        watch=parts.watch,
     )
     return 0
 

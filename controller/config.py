@@ -153,6 +153,10 @@ class KubernetesSettings:
     """JSON file of named sandbox templates (see runners/kubernetes/templates.py)."""
     runtime_class: str | None = None
     """RuntimeClass of the default template, e.g. gvisor."""
+    watch_pods: bool = True
+    """The active scheduler watches the sandbox pods and has the session of a pod that was
+    deleted, failed, restarted or became Ready looked at at once; partial sweeps then leave
+    sessions whose pod is watched to the watch. Needs ``watch`` on pods (the chart's Role)."""
 
 
 @dataclass(frozen=True)
@@ -169,6 +173,10 @@ class LifecycleSettings:
     (0: no limit) (L17)."""
     reconcile_interval_seconds: float = 300.0
     """How often the scheduler sweeps every mapped session and managed sandbox (L17)."""
+    full_sweep_interval_seconds: float = 3600.0
+    """How often a sweep is full: it works every mapped session, even one whose timer or pod
+    watch would bring it back (the safety net for a session deleted while its sandbox is quiet:
+    deleting a session sends no webhook, L17). The first sweep after a scheduler starts is full."""
 
 
 @dataclass(frozen=True)
@@ -335,6 +343,7 @@ class _Parser:
                 executor_key_secret=self.text("KUBERNETES_EXECUTOR_KEY_SECRET", KubernetesSettings.executor_key_secret),
                 templates_file=self.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
                 runtime_class=self.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
+                watch_pods=self.flag("KUBERNETES_WATCH_PODS", KubernetesSettings.watch_pods),
             ),
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
@@ -348,6 +357,9 @@ class _Parser:
                 ),
                 reconcile_interval_seconds=self.number(
                     "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0
+                ),
+                full_sweep_interval_seconds=self.number(
+                    "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0
                 ),
             ),
             metrics=self.metrics(),

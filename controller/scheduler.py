@@ -9,8 +9,16 @@ again, so two never act at once.
 Each round the leader fires the durable timers that fell due (``controller.timers``, every
 ``timers.RESOLUTION_SECONDS``: about one second), runs the recovery pass
 (``controller.recovery``, every ``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the
-reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``).
+reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``;
+a full one every ``CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS``, and the first).
 A round is therefore at most a second long, and so is a third of the leadership's TTL.
+
+With the Kubernetes runner the leader also watches the sandbox pods (``watch``:
+``runners.kubernetes.watch``, started when this process wins leadership and stopped when it
+loses it). The watch hands over the sessions whose pod changed in a way that matters; each
+round the leader wants work on them and enqueues them on the maintenance queue, exactly as a
+sweep does (``store.want_many``, then the batch publisher), so de-duplication and leases are
+the same. While the watch is live, partial sweeps leave sessions whose pod is there to it.
 
 Redis or the broker being away is a state, not a crash: the loop logs "redis unavailable"
 with the reason and tries again next round; "another scheduler is active" is logged only
@@ -25,6 +33,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
+from functools import partial
 from types import FrameType
 from typing import Protocol
 
@@ -42,6 +51,39 @@ from controller.timers import Due
 
 class SchedulerStore(RecoverableStore, Due, Protocol):
     """The store as the scheduler needs it: leases, mappings, pending work and due timers."""
+
+
+class SandboxWatch(Protocol):
+    """A watch on the sandboxes that names the sessions whose sandbox changed (in a thread)."""
+
+    def start(self, notify: Callable[[str], None]) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def live(self) -> bool:
+        """True while the watch is established: a change now would be seen."""
+        ...
+
+
+class Changed:
+    """Sessions the watch named, kept until the leader has enqueued them (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._ids: set[str] = set()
+
+    def add(self, session_id: str) -> None:
+        with self._lock:
+            self._ids.add(session_id)
+
+    def take(self) -> list[str]:
+        with self._lock:
+            taken, self._ids = sorted(self._ids), set()
+        return taken
+
+    def give_back(self, session_ids: Sequence[str]) -> None:
+        with self._lock:
+            self._ids.update(session_ids)
 
 
 log = logs.get(__name__)
@@ -91,10 +133,13 @@ def run(
     stop: threading.Event | None = None,
     on_sweep: Callable[[reconcile.Sweep], None] = lambda sweep: None,
     publish_many: Callable[[Sequence[Job]], None] | None = None,
+    watch: SandboxWatch | None = None,
 ) -> None:
     """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge); ``publish_many``
-    publishes the sweep's batches (one ``publish`` per job without it)."""
+    publishes the sweep's batches (one ``publish`` per job without it); ``watch`` (optional)
+    names sessions whose sandbox changed, and runs while this process leads."""
     sweep_every = settings.lifecycle.reconcile_interval_seconds
+    full_every = settings.lifecycle.full_sweep_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
     fire_every = timers.RESOLUTION_SECONDS
     tick = min(sweep_every, recover_every, fire_every)
@@ -117,8 +162,8 @@ def run(
 
         return enqueue
 
-    def enqueue_reconcile(session_ids: Sequence[str]) -> None:
-        jobs = [Job(session_id=sid, webhook_id="", event_type="reconcile") for sid in session_ids]
+    def enqueue_many(session_ids: Sequence[str], event_type: str = "reconcile") -> None:
+        jobs = [Job(session_id=sid, webhook_id="", event_type=event_type) for sid in session_ids]
         try:
             if publish_many is not None:
                 publish_many(jobs)
@@ -126,7 +171,23 @@ def run(
                 for job in jobs:
                     publish(job)
         except _BROKER_ERRORS as exc:
-            raise QueueUnavailable(f"broker refused reconcile jobs: {exc}", retry_after=2) from exc
+            raise QueueUnavailable(f"broker refused {event_type} jobs: {exc}", retry_after=2) from exc
+
+    changed = Changed()
+
+    def enqueue_changed() -> None:
+        """The sessions the watch named: wanted, then enqueued, as a sweep does; kept for the
+        next round when Redis or the broker refuses."""
+        session_ids = changed.take()
+        if not session_ids:
+            return
+        try:
+            store.want_many(session_ids)
+            enqueue_many(session_ids, "pod")
+        except BaseException:
+            changed.give_back(session_ids)
+            raise
+        log.info("sandboxes changed; their sessions enqueued", extra={"enqueued": len(session_ids)})
 
     log.info(
         "scheduler started",
@@ -134,40 +195,56 @@ def run(
     )
     role: Role | None = None
     next_sweep = next_recovery = next_fire = 0.0
-    sweeps = 0  # passes since this process started: the first, and every FULL_EVERY-th, is full
+    next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
+    watching = False
 
-    def sweep_once() -> None:
-        full = sweeps % reconcile.FULL_EVERY == 0
-        on_sweep(reconcile.sweep(store, runner, enqueue_reconcile, full=full))
+    def sweep_once(now: float) -> None:
+        """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
+        every 3600 s with a pass every 300 s is exactly every 12th)."""
+        nonlocal next_full
+        full = now >= next_full
+        on_sweep(reconcile.sweep(store, runner, enqueue_many, full=full, watched=watch is not None and watch.live()))
+        if full:
+            next_full = now + full_every
 
-    while not stop.is_set():
-        try:
-            now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
-            reason = ""
-        except StoreUnavailable as exc:
-            now_role, reason = Role.UNREACHABLE, str(exc.__cause__ or exc)
-        if now_role is Role.UNREACHABLE:
-            log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
-        elif now_role is not role:
-            leading = now_role is Role.LEADING
-            log.info("leading: sweeping and recovering" if leading else "another scheduler is active; standing by")
-        role = now_role
-        if role is Role.LEADING:
-            now = time.monotonic()
-            if now >= next_fire and _guarded("timers", lambda: timers.fire(store, enqueuer("timer"))):
-                next_fire = now + fire_every
-            if now >= next_recovery and _guarded(
-                "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
-            ):
-                next_recovery = now + recover_every
-            if now >= next_sweep and _guarded("reconcile sweep", sweep_once):
-                next_sweep = now + sweep_every
-                sweeps += 1
-            # Wake for whichever is due next (a failed step is retried after one tick).
-            wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
-            stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)
-        else:
-            stop.wait(tick)
+    try:
+        while not stop.is_set():
+            try:
+                now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
+                reason = ""
+            except StoreUnavailable as exc:
+                now_role, reason = Role.UNREACHABLE, str(exc.__cause__ or exc)
+            if now_role is Role.UNREACHABLE:
+                log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
+            elif now_role is not role:
+                leading = now_role is Role.LEADING
+                log.info("leading: sweeping and recovering" if leading else "another scheduler is active; standing by")
+            role = now_role
+            if watch is not None and watching != (role is Role.LEADING):
+                watching = role is Role.LEADING  # only the leader watches: started on winning, stopped on losing
+                if watching:
+                    watch.start(changed.add)
+                else:
+                    watch.stop()
+            if role is Role.LEADING:
+                now = time.monotonic()
+                _guarded("enqueueing changed sandboxes", enqueue_changed)
+                if now >= next_fire and _guarded("timers", lambda: timers.fire(store, enqueuer("timer"))):
+                    next_fire = now + fire_every
+                if now >= next_recovery and _guarded(
+                    "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
+                ):
+                    next_recovery = now + recover_every
+                if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, now)):
+                    next_sweep = now + sweep_every
+                # Wake for whichever is due next (a failed step is retried after one tick).
+                wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
+                stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)
+            else:
+                stop.wait(tick)
+    finally:
+        if watch is not None and watching:
+            watch.stop()
     log.info("scheduler stopped")
 
 

@@ -15,10 +15,11 @@ if the scheduler dies before it enqueues, the work is still wanted and the recov
 (``controller.recovery``) enqueues it. The worker then re-reads the session under its lease
 and decides afresh; a timer never stops anything by itself (L12, L13).
 
-Every sweep (``controller.reconcile``) works every mapped session that has no timer (and
-every ``reconcile.FULL_EVERY``-th sweep works them all), and each decision re-arms, so a mapped
-session that lost its timer (a Redis restart without its append-only file) gets one back
-within one sweep; one that has a timer is left to it between full sweeps.
+Every sweep (``controller.reconcile``) works every mapped session that has no timer (unless
+the pod watch looks after its sandbox), a full sweep (``CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS``)
+works them all, and each decision re-arms, so a mapped session that lost its timer (a Redis
+restart without its append-only file) gets one back within one full sweep at most; one that
+has a timer is left to it between full sweeps.
 """
 
 from __future__ import annotations

@@ -50,6 +50,7 @@ from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs
+from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisInbox, RedisSessionStore, connect
 from controller.trust import Policy
@@ -114,20 +115,34 @@ def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
     # Imported here, not at the top: the Kubernetes client takes about half a second to import
     # and only this runner needs it (receivers, and workers with the local runner, never do).
-    from kubernetes import client, config
-
     from controller.runners.kubernetes.runner import KubernetesRunner
+
+    k = settings.kubernetes
+    return KubernetesRunner(
+        kubernetes_api(),
+        PodSettings(namespace=k.namespace, executor_key_secret=k.executor_key_secret),
+        templates.get,
+    )
+
+
+def kubernetes_api() -> Any:
+    """A ``CoreV1Api`` with its own connection pool: in-cluster credentials, else $KUBECONFIG."""
+    from kubernetes import client, config
 
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         config.load_incluster_config()  # type: ignore[no-untyped-call]
     else:
         config.load_kube_config()  # type: ignore[no-untyped-call]
-    k = settings.kubernetes
-    return KubernetesRunner(
-        client.CoreV1Api(),
-        PodSettings(namespace=k.namespace, executor_key_secret=k.executor_key_secret),
-        templates.get,
-    )
+    return client.CoreV1Api(client.ApiClient())
+
+
+def pod_watch(settings: Settings) -> SandboxWatch | None:
+    """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off)."""
+    if settings.runner.kind != "kubernetes" or not settings.kubernetes.watch_pods:
+        return None
+    from controller.runners.kubernetes.watch import PodWatch
+
+    return PodWatch(kubernetes_api(), settings.kubernetes.namespace)
 
 
 def sandbox_templates(settings: Settings) -> Templates:
@@ -296,6 +311,7 @@ class SchedulerParts(NamedTuple):
     publish: Callable[[Job], None]
     metrics: Metrics
     publish_many: Callable[[Sequence[Job]], None]
+    watch: SandboxWatch | None = None
 
     def on_sweep(self, sweep: Sweep) -> None:
         """``scheduler.run``'s ``on_sweep``: the running-sandboxes gauge follows each sweep."""
@@ -312,6 +328,7 @@ def scheduler_parts(settings: Settings) -> SchedulerParts:
         queue.publisher(app, queue.MAINTENANCE_QUEUE),
         Metrics(),
         queue.batch_publisher(app, queue.MAINTENANCE_QUEUE),
+        pod_watch(settings),
     )
 
 

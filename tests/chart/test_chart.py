@@ -685,7 +685,7 @@ def test_chart_sets_exactly_the_settings_the_config_reads(chart: Any) -> None:
 def test_lifecycle_values_reach_the_settings(chart: Any) -> None:
     """L11/L16/L17: idle timeout, workspace retention, maximum lifetime and the scheduler's
     intervals are chart values, with the config's defaults."""
-    from controller.config import LifecycleSettings, QueueSettings
+    from controller.config import KubernetesSettings, LifecycleSettings, QueueSettings
 
     objects = render(chart, CREDENTIALS)
     data = one(objects, "ConfigMap", _full(objects))["data"]
@@ -693,6 +693,8 @@ def test_lifecycle_values_reach_the_settings(chart: Any) -> None:
     assert float(data["CONTROLLER_WORKSPACE_RETENTION_SECONDS"]) == LifecycleSettings.workspace_retention_seconds
     assert float(data["CONTROLLER_MAX_LIFETIME_SECONDS"]) == LifecycleSettings.max_lifetime_seconds
     assert float(data["CONTROLLER_RECONCILE_INTERVAL_SECONDS"]) == LifecycleSettings.reconcile_interval_seconds
+    assert float(data["CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS"]) == LifecycleSettings.full_sweep_interval_seconds
+    assert data["CONTROLLER_KUBERNETES_WATCH_PODS"] == "true" and KubernetesSettings.watch_pods is True
     assert float(data["CONTROLLER_RECOVERY_INTERVAL_SECONDS"]) == QueueSettings.recovery_interval_seconds
     assert float(data["CONTROLLER_RECOVERY_AFTER_SECONDS"]) == QueueSettings.recovery_after_seconds
     assert float(data["CONTROLLER_LEASE_TTL_SECONDS"]) == QueueSettings.lease_ttl_seconds

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from controller import reconcile, scheduler
+from controller import scheduler
 from controller.config import Settings
 from controller.errors import StoreUnavailable
 from controller.inbox import Job
@@ -227,9 +227,84 @@ def test_after_its_first_full_sweep_the_scheduler_leaves_timed_sessions_to_their
         wait_for(lambda: all(swept(sid) >= 3 for sid in expected), timeout=20, what="three sweeps")
     finally:
         one.halt()
-    assert reconcile.FULL_EVERY > 4  # the rounds seen here hold one full sweep: the first
+    assert settings().lifecycle.full_sweep_interval_seconds > 20 * INTERVAL  # one full sweep here: the first
     assert swept(timed) == 1
     assert store.timer(timed) is not None  # left armed: its timer brings it back
+
+
+class FakeWatch:
+    """``SandboxWatch`` in memory: the test plays the pod watch's thread through ``notify``."""
+
+    def __init__(self) -> None:
+        self.notify: Callable[[str], None] | None = None
+        self.starts = self.stops = 0
+        self.is_live = False
+
+    def start(self, notify: Callable[[str], None]) -> None:
+        self.notify, self.is_live = notify, True
+        self.starts += 1
+
+    def stop(self) -> None:
+        self.is_live = False
+        self.stops += 1
+
+    def live(self) -> bool:
+        return self.is_live
+
+
+def test_the_leader_enqueues_what_the_pod_watch_names_and_leaves_watched_sandboxes_to_it(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L14, L17: the leading scheduler starts the pod watch, wants work on each session it names
+    and publishes a job for it; while the watch is live, partial sweeps leave a mapped session
+    whose sandbox is there to it (the first, full, sweep does not), and still enqueue a mapping
+    without a sandbox and a sandbox without a mapping. A standby never starts its watch; the
+    leader's stops with the scheduler."""
+    expected, runner = sessions
+    watched = expected[0]  # mapped, with its sandbox
+    watch = FakeWatch()
+    client = clients()
+    store = RedisSessionStore(client, lease_ttl_seconds=30)
+    published: list[Job] = []
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=scheduler.run,
+        args=(settings(), store, runner, client, published.append, stop),
+        kwargs={"watch": watch},
+        daemon=True,
+    )
+    thread.start()
+    standby_watch = FakeWatch()
+    standby_client = clients()
+    standby = threading.Thread(
+        target=scheduler.run,
+        args=(settings(), RedisSessionStore(standby_client, 30), runner, standby_client, published.append, stop),
+        kwargs={"watch": standby_watch},
+        daemon=True,
+    )
+
+    def swept(sid: str) -> int:
+        return sum(1 for j in list(published) if j.event_type == "reconcile" and j.session_id == sid)
+
+    try:
+        wait_for(lambda: watch.starts == 1, timeout=10, what="the leader to start its watch")
+        standby.start()
+        wait_for(lambda: all(swept(sid) >= 3 for sid in expected[1:]), timeout=20, what="three sweeps")
+        assert watch.starts == 1 and watch.notify is not None
+        assert standby_watch.starts == 0
+        wants = int(client.get(f"sc:want:{watched}") or 0)
+        watch.notify(watched)  # its pod failed, say
+        wait_for(lambda: Job(watched, "", "pod") in published, timeout=10, what="the watched session's job")
+        assert int(client.get(f"sc:want:{watched}") or 0) == wants + 1  # wanted, as a sweep wants
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        if standby.is_alive():
+            standby.join(timeout=10)
+    assert not thread.is_alive() and not standby.is_alive()
+    assert swept(watched) == 1  # the first sweep only: full
+    assert watch.stops == 1 and not watch.live()
+    assert runner.calls == []
 
 
 def test_second_scheduler_stands_by_while_the_first_leads(

@@ -35,8 +35,10 @@ from controller.model import Health, SandboxSpec
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod
 from controller.runners.kubernetes.runner import KubernetesRunner
+from controller.runners.kubernetes.watch import PodWatch
 from tests.chart.test_chart import CASE_IDS, CASES, CHART, CREDENTIALS, EXECUTOR_KEY, _helm, merge
 from tests.envtest.cluster import KubeAPIServer
+from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
 
@@ -446,9 +448,23 @@ def test_the_controller_does_its_whole_job_with_the_charts_service_account(
     """L2: with only the chart's ServiceAccount token the runner ensures a sandbox (pod, and
     the workspace PVC when persistence is on), reads its status, finds it, lists what it
     manages, releases it and discards the session's leftovers; every pod it builds is
-    admitted under "restricted". (No kubelet here: pods stay Pending, i.e. STARTING.)"""
+    admitted under "restricted"; the scheduler's pod watch lists and watches the sandbox pods and
+    sees the released pod go. (No kubelet here: pods stay Pending, i.e. STARTING.)"""
     runner = rbac.runner(template)
     spec = _spec()
+    watch = PodWatch(rbac.core, rbac.sandbox_ns, timeout_seconds=2)  # the scheduler's: list + watch
+    seen: list[str] = []
+    watch.start(seen.append)
+    try:
+        wait_for(watch.live, 30, "the pod watch to list and watch with the chart's token")
+        _whole_job(rbac, template, runner, spec)
+        wait_for(lambda: spec.session_id in seen, 30, "the watch to see the released pod go")
+        assert watch.live() and watch.lists == 1
+    finally:
+        watch.stop()
+
+
+def _whole_job(rbac: _Rbac, template: SandboxTemplate, runner: KubernetesRunner, spec: SandboxSpec) -> None:
     handle = runner.ensure(spec, 1)
     assert runner.ensure(spec, 1) == handle  # idempotent (L1)
     assert runner.status(handle) is Health.STARTING

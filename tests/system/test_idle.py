@@ -48,7 +48,11 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
         standby = Managed(
             "scheduler-standby",
             python_module("controller", "scheduler"),
-            {**world.controller_env(), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3"},
+            {
+                **world.controller_env(),
+                "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3",
+                "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": "36",
+            },
             world.directory / "scheduler-standby.log",
         ).start()
         STANDBY[:] = [standby]

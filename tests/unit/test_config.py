@@ -74,6 +74,19 @@ def test_a_full_environment_is_parsed_and_typed() -> None:
     assert s.queue.lease_ttl_seconds == 5.0 and s.lifecycle.idle_timeout_seconds == 0.0
 
 
+def test_the_full_sweep_interval_and_the_pod_watch_are_parsed() -> None:
+    """L17: the full sweep's cadence (hourly by default) and the pod watch (on by default)."""
+    defaults = Settings.from_env({})
+    assert defaults.lifecycle.full_sweep_interval_seconds == 3600.0 and defaults.kubernetes.watch_pods is True
+    s = Settings.from_env(env(FULL_SWEEP_INTERVAL_SECONDS="600", KUBERNETES_WATCH_PODS="false"))
+    assert s.lifecycle.full_sweep_interval_seconds == 600.0 and s.kubernetes.watch_pods is False
+    problems = problems_of(env(FULL_SWEEP_INTERVAL_SECONDS="0.5", KUBERNETES_WATCH_PODS="sometimes"))
+    assert problems == [
+        f"{PREFIX}KUBERNETES_WATCH_PODS must be true or false, got 'sometimes'",
+        f"{PREFIX}FULL_SWEEP_INTERVAL_SECONDS must be at least 1.0, got '0.5'",
+    ]
+
+
 def test_receiver_limits_are_parsed() -> None:
     """The receiver's limits: defaults, values, and a problem for each nonsense value."""
     assert Settings.from_env({}).receiver == ReceiverSettings(

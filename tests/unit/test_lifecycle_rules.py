@@ -264,6 +264,33 @@ def test_a_partial_sweep_leaves_timed_sessions_to_their_timers() -> None:
     assert full.left_to_timers == 0
 
 
+def test_a_partial_sweep_with_the_pod_watch_live_leaves_watched_sandboxes_to_it() -> None:
+    """L17: with the pod watch live, a partial sweep also leaves a mapped session whose sandbox is
+    there to the watch (it reports the sandbox going, failing, restarting); a mapping whose
+    sandbox is not listed, a mapped session with neither sandbox nor timer, and a sandbox
+    without a mapping are still enqueued. Without the watch, or on a full sweep, they are too."""
+    world = World()
+    world.mapped("sess_watched")
+    world.mapped("sess_vanished")
+    world.runner.live.pop("sess_vanished")  # its pod went while nobody looked
+    world.store.records["sess_kept"] = replace(record("sess_kept"), stopped_at=T0)  # no retention: no timer
+    world.orphan("sess_orphan")
+    world.mapped("sess_timed")
+    world.store.timers["sess_timed"] = 1_000.0
+    result = reconcile.sweep(world.store, world.runner, world.published.extend, full=False, watched=True)
+    assert sorted(world.published) == ["sess_kept", "sess_orphan", "sess_vanished"]
+    assert (result.enqueued, result.left_to_timers, result.left_to_watch) == (3, 1, 1)
+    assert world.store.counters("sess_watched") == (0, 0)
+    world.published.clear()
+    unwatched = reconcile.sweep(world.store, world.runner, world.published.extend, full=False, watched=False)
+    assert sorted(world.published) == ["sess_kept", "sess_orphan", "sess_vanished", "sess_watched"]
+    assert unwatched.left_to_watch == 0
+    world.published.clear()
+    full = reconcile.sweep(world.store, world.runner, world.published.extend, full=True, watched=True)
+    assert sorted(world.published) == ["sess_kept", "sess_orphan", "sess_timed", "sess_vanished", "sess_watched"]
+    assert (full.left_to_timers, full.left_to_watch) == (0, 0)
+
+
 def test_sweep_decides_nothing_itself() -> None:
     """L17/L18: the sweep reads no session, starts and stops nothing, and leaves every mapping as it was."""
     world = World()

@@ -73,3 +73,10 @@ def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> N
     line = formatter.format(record)
     assert not [s for s in secrets if s in line]
     assert line.count("[REDACTED]") == 3
+
+
+def test_only_the_kubernetes_runner_gets_a_pod_watch_and_it_can_be_turned_off(tmp_path: Path) -> None:
+    """The scheduler watches pods only with the Kubernetes runner, unless told not to."""
+    assert wiring.pod_watch(settings(tmp_path)) is None
+    off = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_WATCH_PODS": "false"})
+    assert wiring.pod_watch(off) is None
