@@ -10,7 +10,8 @@ Each round the leader fires the durable timers that fell due (``controller.timer
 ``timers.RESOLUTION_SECONDS``: about one second), runs the recovery pass
 (``controller.recovery``, every ``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the
 reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``;
-a full one every ``CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS``, and the first).
+a full one every ``CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS``, and the first; every one is
+full without a pod watch).
 A round is therefore at most a second long, and so is a third of the leadership's TTL.
 
 With the Kubernetes runner the leader also watches the sandbox pods (``watch``:
@@ -202,7 +203,9 @@ def run(
         """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
         every 3600 s with a pass every 300 s is exactly every 12th)."""
         nonlocal next_full
-        full = now >= next_full
+        # Without a watch (the local runner, or the pod watch turned off) every sweep is full:
+        # nothing else would notice a sandbox that died while its session's timer is far away.
+        full = now >= next_full or watch is None
         on_sweep(reconcile.sweep(store, runner, enqueue_many, full=full, watched=watch is not None and watch.live()))
         if full:
             next_full = now + full_every

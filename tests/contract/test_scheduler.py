@@ -137,6 +137,7 @@ class Scheduler:
         runner: FakeRunner,
         requeue_after: float = 15.0,
         publish: Callable[[Job], None] | None = None,
+        watch: FakeWatch | None = None,
     ) -> None:
         self.client = client
         self.store = RedisSessionStore(client, lease_ttl_seconds=30, requeue_after_seconds=requeue_after)
@@ -145,6 +146,7 @@ class Scheduler:
         self.thread = threading.Thread(
             target=scheduler.run,
             args=(settings(), self.store, runner, client, publish or self.published.append, self.stop),
+            kwargs={"watch": watch},
             daemon=True,
         )
 
@@ -202,12 +204,8 @@ def test_run_sweeps_and_publishes_every_mapped_and_managed_session(
     assert runner.calls == []  # the sweep itself starts and stops nothing
 
 
-def test_after_its_first_full_sweep_the_scheduler_leaves_timed_sessions_to_their_timers(
-    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
-) -> None:
-    """L17: the first sweep enqueues every session; later ones (until the next full one) skip a
-    mapped session whose timer is armed, and still enqueue the untimed and the unrecorded."""
-    expected, runner = sessions
+def timed_session(clients: Callable[[], redis.Redis], runner: FakeRunner) -> tuple[str, RedisSessionStore]:
+    """A mapped session with its sandbox and a timer armed an hour away, as a worker leaves it."""
     timed = f"sess_t{next(_ids)}"
     store = RedisSessionStore(clients(), lease_ttl_seconds=30)
     store.want(timed)
@@ -218,18 +216,48 @@ def test_after_its_first_full_sweep_the_scheduler_leaves_timed_sessions_to_their
     assert store.complete(lease) is None
     runner.ensure(SandboxSpec(timed, "env_1", "https://api.example.test/v1/agents/env"), 1)
     runner.calls.clear()
+    return timed, store
+
+
+def test_with_the_pod_watch_live_sweeps_after_the_first_leave_timed_sessions_to_their_timers(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: the first sweep enqueues every session; later ones (until the next full one) skip a
+    mapped session whose timer is armed, and still enqueue a mapping without a sandbox and a
+    sandbox without a mapping."""
+    expected, runner = sessions
+    timed, store = timed_session(clients, runner)
+    one = Scheduler(clients(), runner, watch=FakeWatch()).start()
+
+    def swept(sid: str) -> int:
+        return sum(1 for j in one.published if j.event_type == "reconcile" and j.session_id == sid)
+
+    try:
+        wait_for(lambda: all(swept(sid) >= 3 for sid in expected[1:]), timeout=20, what="three sweeps")
+    finally:
+        one.halt()
+    assert settings().lifecycle.full_sweep_interval_seconds > 20 * INTERVAL  # one full sweep here: the first
+    assert swept(timed) == 1
+    assert store.timer(timed) is not None  # left armed: its timer brings it back
+
+
+def test_without_a_pod_watch_every_sweep_is_full(
+    clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
+) -> None:
+    """L17: with nothing to tell the scheduler that a sandbox died (the local runner, or the pod
+    watch turned off), every sweep enqueues every session, timer or not."""
+    expected, runner = sessions
+    timed, _ = timed_session(clients, runner)
     one = Scheduler(clients(), runner).start()
 
     def swept(sid: str) -> int:
         return sum(1 for j in one.published if j.event_type == "reconcile" and j.session_id == sid)
 
     try:
-        wait_for(lambda: all(swept(sid) >= 3 for sid in expected), timeout=20, what="three sweeps")
+        wait_for(lambda: all(swept(sid) >= 3 for sid in [*expected, timed]), timeout=20, what="three full sweeps")
     finally:
         one.halt()
-    assert settings().lifecycle.full_sweep_interval_seconds > 20 * INTERVAL  # one full sweep here: the first
-    assert swept(timed) == 1
-    assert store.timer(timed) is not None  # left armed: its timer brings it back
+    assert settings().lifecycle.full_sweep_interval_seconds > 20 * INTERVAL  # not the full-sweep timer
 
 
 class FakeWatch:

@@ -103,7 +103,6 @@ class Loop:
             {
                 **self.controller_env(),
                 "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3",
-                "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": "36",  # one sweep in 12 is full, as in production
                 "CONTROLLER_METRICS_PORT": str(self.metrics_ports["scheduler"]),
             },
             self.directory / "scheduler.log",

@@ -51,7 +51,6 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
             {
                 **world.controller_env(),
                 "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3",
-                "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": "36",
             },
             world.directory / "scheduler-standby.log",
         ).start()
