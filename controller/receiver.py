@@ -17,8 +17,9 @@ decides:
 6. classify (L4, L9, L10): drop → 200 ``{"status": "ignored", "reason": ...}``;
 7. a job the queue can never hold (an id that is not encodable text, or absurdly long) → 422
    ``unqueueable``: no retry of the sender's can change it, so it is not a 503;
-8. ``inbox.submit(job)`` → 200 ``enqueued`` / ``duplicate`` only once the job is queued
-   (L5); ``Transient`` → 503 with ``Retry-After`` so the sender retries.
+8. ``await inbox.submit(job)`` (on the event loop: one Redis round trip) → 200 ``enqueued`` /
+   ``duplicate`` only once the job is queued (L5); ``Transient`` → 503 with ``Retry-After`` so
+   the sender retries.
 
 A rejection answered before the whole body was read (steps 1–3) closes the connection.
 
@@ -40,7 +41,6 @@ from typing import Any
 
 import anyio
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -140,7 +140,7 @@ def create_app(services: ReceiverServices) -> Starlette:
 
     async def readyz(request: Request) -> Response:
         try:
-            ready = await run_in_threadpool(services.inbox.ready)
+            ready = await services.inbox.ready()
         except Exception:
             log.exception("readyz.error")
             ready = False
@@ -209,7 +209,7 @@ async def _receive(
     except Unqueueable as exc:
         return _rejected(services, exc)
     try:
-        outcome = await run_in_threadpool(services.inbox.submit, job)
+        outcome = await services.inbox.submit(job)
     except Transient as exc:
         seconds = retry_after_seconds(exc.retry_after)
         log.warning(
