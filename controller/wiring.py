@@ -313,8 +313,7 @@ def receiver_app(settings: Settings) -> Starlette:
     """The Starlette app with its Redis inbox: one script per delivery, awaited on the event loop,
     that de-duplicates, wants the work and pushes the Celery task message (``task_message``)."""
     assert settings.queue.redis_url is not None
-    # Pooled connections: at most one per delivery in flight (``max_in_flight``) or health probe.
-    client = connect_async(settings.queue.redis_url)
+    client = connect_async(settings.queue.redis_url)  # one pipelined connection for every delivery
     inbox = RedisInbox(
         client,
         queue.QUEUE,

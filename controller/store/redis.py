@@ -39,9 +39,6 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
-from redis.asyncio.retry import Retry as AsyncRetry
-from redis.backoff import NoBackoff
 
 from controller import logs, task_message
 from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
@@ -49,6 +46,7 @@ from controller.fleet import LastDecision
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record
 from controller.store.base import Busy, Lease
+from controller.store.pipelined import PipelinedRedis
 
 log = logs.get(__name__)
 
@@ -449,19 +447,11 @@ is claimed "pending" by a receiver of the earlier design (claim, then publish) s
 The want is ``_WANT``'s (same keys, same pending-index score)."""
 
 
-def connect_async(url: str, timeout_seconds: float = 3.0, max_connections: int | None = None) -> aioredis.Redis:
-    """An asyncio client (its pool connects lazily, on the loop that first uses it) with short
-    timeouts, and one retry on a fresh connection (a pooled one may be stale after a Redis
-    restart), so an unreachable Redis becomes a quick 503."""
-    return aioredis.Redis.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        health_check_interval=15,
-        decode_responses=True,
-        max_connections=max_connections,
-        retry=AsyncRetry(NoBackoff(), 1),
-    )
+def connect_async(url: str, timeout_seconds: float = 3.0) -> PipelinedRedis:
+    """The receiver's client: one pipelined connection (``store.pipelined``), connected lazily on
+    the event loop that first uses it, with a short timeout so an unreachable Redis becomes a
+    quick 503."""
+    return PipelinedRedis(url, timeout_seconds)
 
 
 class RedisInbox:
@@ -482,7 +472,7 @@ class RedisInbox:
 
     def __init__(
         self,
-        client: aioredis.Redis,
+        client: PipelinedRedis,
         queue: str,
         dedup_ttl_seconds: int,
         requeue_after_seconds: float = 15.0,
@@ -518,5 +508,5 @@ class RedisInbox:
             return False
 
     async def close(self) -> None:
-        """Close the client's pooled connections (on the loop that used them)."""
+        """Close the client's connection (on the loop that used it)."""
         await self._r.aclose()
