@@ -145,6 +145,7 @@ class Answer:
         await send({"type": "http.response.body", "body": self.body})
 
 
+_JOB_TEXT = tuple(item.name for item in fields(Job) if item.name != "received_at")  # a float the receiver sets
 _QUEUED = {outcome: Answer.json({"status": outcome}) for outcome in ("enqueued", "duplicate")}
 _SIGNATURE_HEADERS = frozenset((b"webhook-id", b"webhook-timestamp", b"webhook-signature", b"content-length"))
 
@@ -323,16 +324,14 @@ def check_queueable(job: Job) -> None:
     """Raise Unqueueable for a job no retry could ever queue: text that cannot be encoded
     (a lone surrogate such as JSON ``"\\ud800"`` has no UTF-8 form, so Redis and the broker
     refuse it) or a session id longer than ``MAX_SESSION_ID_CHARS``."""
-    for item in fields(job):
-        value = getattr(job, item.name)
-        if item.name == "received_at":  # a float the receiver set itself
-            continue
+    for name in _JOB_TEXT:
+        value = getattr(job, name)
         if not isinstance(value, str):
-            raise Unqueueable(f"{item.name} is not a string")
+            raise Unqueueable(f"{name} is not a string")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise Unqueueable(f"{item.name} is not encodable text (lone surrogate)") from exc
+            raise Unqueueable(f"{name} is not encodable text (lone surrogate)") from exc
     if len(job.session_id) > MAX_SESSION_ID_CHARS:
         raise Unqueueable(f"session id is longer than {MAX_SESSION_ID_CHARS} characters")
 

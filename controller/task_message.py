@@ -49,15 +49,40 @@ def encode(job: Job, queue: str) -> str:
     args = [job.session_id]
     kwargs = job_kwargs(job)
     body = base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode("utf-8")).decode("ascii")
-    task_id = str(uuid.uuid4())
-    message = {
+    template = _templates.get(queue) or _templates.setdefault(queue, _template(queue))
+    return template % {
         "body": body,
+        "id": random_uuid(),
+        "argsrepr": json.dumps(repr(args)),
+        "kwargsrepr": json.dumps(repr(kwargs)),
+        "delivery_tag": random_uuid(),
+    }
+
+
+def random_uuid() -> str:
+    """A random (version 4) UUID's text, as ``str(uuid.uuid4())`` gives it, for a third of the cost."""
+    raw = bytearray(os.urandom(16))
+    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
+    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
+    text = raw.hex()
+    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+
+
+_templates: dict[str, str] = {}
+
+
+def _template(queue: str) -> str:
+    """The message's JSON for ``queue`` with a ``%(name)s`` slot for each per-message value: the
+    same text as ``json.dumps`` of the whole message, a third of its cost per message."""
+    slot = {name: f"\x00{name}\x00" for name in ("body", "id", "argsrepr", "kwargsrepr", "delivery_tag")}
+    message = {
+        "body": slot["body"],
         "content-encoding": "utf-8",
         "content-type": "application/json",
         "headers": {
             "lang": "py",
             "task": TASK_SYNC_SESSION,
-            "id": task_id,
+            "id": slot["id"],
             "shadow": None,
             "eta": None,
             "expires": None,
@@ -65,10 +90,10 @@ def encode(job: Job, queue: str) -> str:
             "group_index": None,
             "retries": 0,
             "timelimit": [None, None],
-            "root_id": task_id,
+            "root_id": slot["id"],
             "parent_id": None,
-            "argsrepr": repr(args),
-            "kwargsrepr": repr(kwargs),
+            "argsrepr": slot["argsrepr"],
+            "kwargsrepr": slot["kwargsrepr"],
             "origin": _ORIGIN,
             "ignore_result": None,
             "replaced_task_nesting": 0,
@@ -76,13 +101,17 @@ def encode(job: Job, queue: str) -> str:
             "stamps": {},
         },
         "properties": {
-            "correlation_id": task_id,
+            "correlation_id": slot["id"],
             "reply_to": _REPLY_TO,
             "delivery_mode": 2,
             "delivery_info": {"exchange": "", "routing_key": queue},
             "priority": 0,
             "body_encoding": "base64",
-            "delivery_tag": str(uuid.uuid4()),
+            "delivery_tag": slot["delivery_tag"],
         },
     }
-    return json.dumps(message)
+    text = json.dumps(message).replace("%", "%%")
+    for name in slot:
+        quoted = f"%({name})s" if name in ("argsrepr", "kwargsrepr") else f'"%({name})s"'  # already JSON strings
+        text = text.replace(json.dumps(slot[name]), quoted)
+    return text
