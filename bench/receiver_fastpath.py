@@ -21,7 +21,8 @@ freshly signed with a fresh webhook-id (so every receiver request is a new job).
    (checked on the Redis list after each run). Also each server process's CPU time per request
    (user + system, from /proc), which depends less on what else the machine runs.
 2. Latency: the receiver in open loop at half of its own median saturation throughput, per
-   client count, 3 rounds: p50/p99 measured from when each request was due.
+   client count, 3 rounds: p50/p99 measured from when each request was due; and the bare app
+   at the same rate as a control (what the machine, the load generator and uvicorn add alone).
 
     .venv/bin/python bench/receiver_fastpath.py [--rounds 3] [--clients 16,64] [--seconds 5]
 
@@ -118,7 +119,7 @@ def main() -> int:
     }
     rps: dict[tuple[str, int], list[float]] = {(case, c): [] for case in CASES for c in levels}
     cpu: dict[tuple[str, int], list[float]] = {(case, c): [] for case in CASES for c in levels}
-    latency: dict[int, list[tuple[float, float, float]]] = {c: [] for c in levels}
+    latency: dict[int, list[tuple[float, float, float, float, float]]] = {c: [] for c in levels}
     before = loadavg()
     try:
         for each in servers.values():
@@ -138,18 +139,23 @@ def main() -> int:
                             raise SystemExit(f"receiver answered {result['all_2xx']} 2xx but queued {queued} jobs")
                     client.delete(queue.QUEUE, "bench:jobs")
                     time.sleep(0.5)  # let the machine settle between runs
-                line = "  ".join(f"{case} {rps[case, clients][-1]:5.0f}/s {cpu[case, clients][-1]:3.0f}µs" for case in CASES)
+                line = "  ".join(f"{c} {rps[c, clients][-1]:5.0f}/s {cpu[c, clients][-1]:3.0f}µs" for c in CASES)
                 print(f"round {round_}, {clients:>3} clients: {line}", flush=True)
         for round_ in range(1, args.rounds + 1):
             for clients in levels:
                 rate = statistics.median(rps["receiver", clients]) / 2
                 result = load(binary, ports["receiver"], clients, args.seconds, 1.0, rate=rate)
-                latency[clients].append((rate, result["p50_ms"], result["p99_ms"]))
                 client.delete(queue.QUEUE)
                 time.sleep(0.5)
+                control = load(binary, ports["bare"], clients, args.seconds, 1.0, rate=rate)
+                time.sleep(0.5)
+                latency[clients].append(
+                    (rate, result["p50_ms"], result["p99_ms"], control["p50_ms"], control["p99_ms"])
+                )
                 print(
                     f"round {round_}, {clients:>3} clients at {rate:.0f} req/s: "
-                    f"p50 {result['p50_ms']:.1f} ms  p99 {result['p99_ms']:.1f} ms",
+                    f"receiver p50 {result['p50_ms']:.1f} ms  p99 {result['p99_ms']:.1f} ms; "
+                    f"bare p50 {control['p50_ms']:.1f} ms  p99 {control['p99_ms']:.1f} ms",
                     flush=True,
                 )
     finally:
@@ -166,19 +172,17 @@ def main() -> int:
     others = [case for case in CASES if case != "receiver"]
     header = ["clients", *(f"{case} (req/s)" for case in CASES), *(f"receiver/{case}" for case in others)]
     rows = [
-        [str(c), *(f"{med(case, c):.0f}" for case in CASES), *(f"{med('receiver', c) / med(case, c):.2f}" for case in others)]
+        [str(c), *(f"{med(case, c):.0f}" for case in CASES)]
+        + [f"{med('receiver', c) / med(case, c):.2f}" for case in others]
         for c in levels
     ]
     cpu_header = ["clients", *(f"{case} (µs)" for case in CASES)]
     cpu_rows = [[str(c), *(f"{statistics.median(cpu[case, c]):.0f}" for case in CASES)] for c in levels]
     lat_header = ["clients", "rate (req/s, half of saturation)", "p50 (ms)", "p99 (ms)"]
+    lat_header += ["bare p50 (ms)", "bare p99 (ms)"]
     lat_rows = [
-        [
-            str(c),
-            f"{statistics.median(r for r, _, _ in latency[c]):.0f}",
-            f"{statistics.median(p for _, p, _ in latency[c]):.1f}",
-            f"{statistics.median(p for _, _, p in latency[c]):.1f}",
-        ]
+        [str(c), f"{statistics.median(row[0] for row in latency[c]):.0f}"]
+        + [f"{statistics.median(row[i] for row in latency[c]):.1f}" for i in range(1, 5)]
         for c in levels
     ]
     print(f"\nmedians of {args.rounds} interleaved rounds, {args.seconds:g} s each; one uvicorn process per server")
@@ -186,7 +190,7 @@ def main() -> int:
     print(markdown_table(header, rows))
     print("\nserver CPU time per request (user + system), medians\n")
     print(markdown_table(cpu_header, cpu_rows))
-    print("\nthe receiver at half of its saturation throughput (open loop), medians\n")
+    print("\nthe receiver at half of its saturation throughput (open loop), and the bare app at that rate, medians\n")
     print(markdown_table(lat_header, lat_rows))
     return 0
 
