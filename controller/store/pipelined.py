@@ -1,16 +1,18 @@
 """One pipelined Redis connection for the receiver: every delivery's script on one socket.
 
 redis-py's asyncio client takes a pooled connection per command: with 64 deliveries in flight
-that is 64 sockets, a write and a read per command, and about 130 µs of the receiver's CPU per
-delivery (``bench/receiver_fastpath.py``). Redis answers a connection's commands in the order
+that is 64 sockets and a write and a read per command; the receiver's Redis step cost about
+130 µs of CPU per delivery with it, 35–50 µs with this client (~10 µs a call on its own,
+against ~40 µs; one uvicorn process, 16 clients, BENCHMARKS.md). Redis answers a connection's commands in the order
 they came, so one connection carries them all: the commands issued in one turn of the event
 loop go out in one write, their futures wait in a FIFO, and each read resolves as many futures
 as it holds replies (under load, several per write and per read).
 
 Only what the receiver needs: scripts (``EVALSHA``, falling back to ``EVAL`` when Redis answers
-``NOSCRIPT``), ``PING``, and ``AUTH``/``SELECT`` from the URL (``redis://``, ``rediss://`` and
-``unix://``, the schemes the config accepts, parsed by redis-py). Errors are redis-py's, so the
-store translates them as it does any other (``store.redis._translated``):
+``NOSCRIPT``), ``PING``, and ``AUTH``/``SELECT`` from the URL (``redis://``, ``rediss://`` with
+its ``ssl_*`` parameters, and ``unix://``: the schemes the config accepts, parsed by redis-py).
+Errors are redis-py's, so the store translates them as it does any other
+(``store.redis._translated``):
 
 - a refused or lost connection fails every command waiting on it with ``redis.ConnectionError``;
   the next command connects again;
@@ -25,7 +27,7 @@ import asyncio
 import hashlib
 import ssl
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any, cast
 
 import redis
@@ -78,6 +80,22 @@ def parse(buffer: bytes | bytearray, start: int = 0) -> tuple[Any, int] | None:
             items.append(item)
         return items, after
     raise redis.InvalidResponse(f"unexpected reply type {chr(kind)!r} from Redis")
+
+
+def tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
+    """TLS for a ``rediss://`` URL, from the query parameters redis-py and Celery read:
+    ``ssl_cert_reqs`` (required, the default; optional; none), ``ssl_ca_certs``, and
+    ``ssl_certfile``/``ssl_keyfile`` for a client certificate."""
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs") or None)
+    required = str(options.get("ssl_cert_reqs") or "required").lower().removeprefix("cert_")
+    if required not in ("required", "optional", "none"):
+        raise ValueError(f"ssl_cert_reqs must be required, optional or none, not {required!r}")
+    if required != "required":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_OPTIONAL if required == "optional" else ssl.CERT_NONE
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile") or None)
+    return context
 
 
 class _Connection(asyncio.Protocol):
@@ -181,7 +199,7 @@ class PipelinedRedis:
         self._db = int(options.get("db", 0) or 0)
         self._username = options.get("username")
         self._password = options.get("password")
-        self._tls = options.get("connection_class") is SSLConnection
+        self._tls = tls_context(options) if options.get("connection_class") is SSLConnection else None
         self._timeout = timeout_seconds
         self._connection: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
@@ -216,10 +234,9 @@ class PipelinedRedis:
                     if self._path:
                         await loop.create_unix_connection(lambda: connection, str(self._path))
                     else:
-                        context = ssl.create_default_context() if self._tls else None
                         host = self._host if self._tls else None
                         await loop.create_connection(
-                            lambda: connection, self._host, self._port, ssl=context, server_hostname=host
+                            lambda: connection, self._host, self._port, ssl=self._tls, server_hostname=host
                         )
                     if self._password:
                         credentials = [self._username, self._password] if self._username else [self._password]

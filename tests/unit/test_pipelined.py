@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import ssl
+
 import pytest
 import redis
+from redis.asyncio.connection import parse_url
 from redis.exceptions import NoScriptError
 
-from controller.store.pipelined import command, parse
+from controller.store.pipelined import command, parse, tls_context
 
 
 def test_a_command_is_an_array_of_bulk_strings() -> None:
@@ -57,3 +60,16 @@ def test_error_replies_are_values_of_redis_error_types() -> None:
 def test_an_unknown_reply_type_is_a_protocol_error() -> None:
     with pytest.raises(redis.InvalidResponse):
         parse(b"%1\r\n")
+
+
+def test_tls_follows_the_urls_ssl_parameters() -> None:
+    """``rediss://`` verifies the server by default; ``ssl_cert_reqs`` (as Celery requires it
+    in the URL) relaxes that; anything else is refused rather than guessed."""
+    strict = tls_context(parse_url("rediss://:pw@redis.example:6380/0"))
+    assert (strict.verify_mode, strict.check_hostname) == (ssl.CERT_REQUIRED, True)
+    for given, mode in (("CERT_REQUIRED", ssl.CERT_REQUIRED), ("optional", ssl.CERT_OPTIONAL), ("none", ssl.CERT_NONE)):
+        context = tls_context(parse_url(f"rediss://redis.example:6380/0?ssl_cert_reqs={given}"))
+        assert context.verify_mode == mode
+        assert context.check_hostname is (mode == ssl.CERT_REQUIRED)
+    with pytest.raises(ValueError, match="ssl_cert_reqs"):
+        tls_context(parse_url("rediss://redis.example/0?ssl_cert_reqs=maybe"))
