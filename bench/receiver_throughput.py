@@ -27,9 +27,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from controller.signing import sign_headers  # noqa: E402
-from tests.support.processes import Managed, free_port, port_open, python_module, wait_for  # noqa: E402
-from tests.support.redis_server import RedisServer  # noqa: E402
+from controller.signing import sign_headers
+from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
+from tests.support.redis_server import RedisServer
 
 SECRET = "whsec_" + "YmVuY2htYXJrLXNlY3JldC1ub3QtYS1yZWFsLW9uZQ=="
 

@@ -3,7 +3,7 @@
 ``Inbox.submit`` returns only once the job is durably queued (L5) or known to be a
 duplicate of one that was; it raises ``Transient`` (``StoreUnavailable`` /
 ``QueueUnavailable``) when that cannot be confirmed, so the receiver answers 503 and the
-sender retries. An id is remembered only after its enqueue succeeded, so a retry of a
+sender retries. An id is remembered only once its job is queued, so a retry of a
 delivery whose enqueue failed is processed.
 """
 
@@ -33,8 +33,10 @@ class Outcome(StrEnum):
 
 
 class Inbox(Protocol):
-    def submit(self, job: Job) -> Outcome: ...
+    """Awaited on the receiver's event loop (no thread per delivery)."""
 
-    def ready(self) -> bool:
+    async def submit(self, job: Job) -> Outcome: ...
+
+    async def ready(self) -> bool:
         """True when the store and broker answer (for /readyz)."""
         ...

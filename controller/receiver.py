@@ -17,8 +17,9 @@ decides:
 6. classify (L4, L9, L10): drop → 200 ``{"status": "ignored", "reason": ...}``;
 7. a job the queue can never hold (an id that is not encodable text, or absurdly long) → 422
    ``unqueueable``: no retry of the sender's can change it, so it is not a 503;
-8. ``inbox.submit(job)`` → 200 ``enqueued`` / ``duplicate`` only once the job is queued
-   (L5); ``Transient`` → 503 with ``Retry-After`` so the sender retries.
+8. ``await inbox.submit(job)`` (on the event loop: one Redis round trip) → 200 ``enqueued`` /
+   ``duplicate`` only once the job is queued (L5); ``Transient`` → 503 with ``Retry-After`` so
+   the sender retries.
 
 A rejection answered before the whole body was read (steps 1–3) closes the connection.
 
@@ -32,18 +33,19 @@ when ``counters`` is a ``metrics.Metrics``.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-import anyio
 from starlette.applications import Starlette
-from starlette.concurrency import run_in_threadpool
-from starlette.requests import ClientDisconnect, Request
+from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import Receive, Scope, Send
 
 from controller import events, logs
 from controller.clock import Clock
@@ -122,32 +124,84 @@ class InFlight:
             self.count -= 1
 
 
-def create_app(services: ReceiverServices) -> Starlette:
-    in_flight = InFlight(services.max_in_flight)
+@dataclass(frozen=True)
+class Answer:
+    """A JSON answer, rendered once (as Starlette's ``JSONResponse`` renders it)."""
 
-    async def webhooks(request: Request) -> Response:
+    status: int
+    body: bytes
+    headers: tuple[tuple[bytes, bytes], ...]
+
+    @classmethod
+    def json(cls, content: Mapping[str, Any], status: int = 200, headers: Mapping[str, str] | None = None) -> Answer:
+        body = json.dumps(content, ensure_ascii=False, allow_nan=False, indent=None, separators=(",", ":")).encode()
+        extra = tuple((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in (headers or {}).items())
+        return cls(
+            status, body, (*extra, (b"content-length", str(len(body)).encode()), (b"content-type", b"application/json"))
+        )
+
+    async def __call__(self, send: Send) -> None:
+        await send({"type": "http.response.start", "status": self.status, "headers": list(self.headers)})
+        await send({"type": "http.response.body", "body": self.body})
+
+
+_JOB_TEXT = tuple(item.name for item in fields(Job) if item.name != "received_at")  # a float the receiver sets
+_QUEUED = {outcome: Answer.json({"status": outcome}) for outcome in ("enqueued", "duplicate")}
+_SIGNATURE_HEADERS = frozenset((b"webhook-id", b"webhook-timestamp", b"webhook-signature", b"content-length"))
+
+
+class ReceiverApp(Starlette):
+    """Starlette for every route, except that ``POST /webhooks`` skips its middleware and
+    router: the delivery handler is a plain ASGI callable that answers every error itself
+    (a bug is a 503), so the hot path pays for no layer it does not use."""
+
+    def __init__(self, routes: list[Route], webhooks: Webhooks) -> None:
+        super().__init__(routes=routes)
+        self._webhooks = webhooks
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/webhooks" and scope["method"] == "POST":
+            await self._webhooks(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+class Webhooks:
+    """``POST /webhooks`` as an ASGI app (see the module docstring for the steps)."""
+
+    def __init__(self, services: ReceiverServices) -> None:
+        self._services = services
+        self._in_flight = InFlight(services.max_in_flight)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        services = self._services
         with contextlib.ExitStack() as context:
             try:
-                return await _receive(services, request, context, in_flight)
+                answer = await _receive(services, signature_headers(scope), receive, context, self._in_flight)
             except Exception:
                 log.exception("webhook.error", extra={"outcome": "error", "reason": "bug"})
                 with contextlib.suppress(Exception):
                     services.counters.inc(WEBHOOKS_TOTAL, outcome="error", reason="bug")
-                return _unavailable("error", DEFAULT_RETRY_AFTER_SECONDS)
+                answer = _unavailable("error", DEFAULT_RETRY_AFTER_SECONDS)
+        await answer(send)
+
+
+def create_app(services: ReceiverServices) -> Starlette:
+    webhooks = Webhooks(services)
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
 
     async def readyz(request: Request) -> Response:
         try:
-            ready = await run_in_threadpool(services.inbox.ready)
+            ready = await services.inbox.ready()
         except Exception:
             log.exception("readyz.error")
             ready = False
         return JSONResponse({"status": "ready" if ready else "unavailable"}, status_code=200 if ready else 503)
 
     routes = [
-        Route("/webhooks", webhooks, methods=["POST"]),
+        Route("/webhooks", webhooks, methods=["POST"]),  # reached only under a root path; 405 for other methods
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
@@ -158,16 +212,29 @@ def create_app(services: ReceiverServices) -> Starlette:
             return Response(counters.render(), media_type=counters.content_type)
 
         routes.append(Route("/metrics", metrics, methods=["GET"]))
-    app = Starlette(routes=routes)
+    app = ReceiverApp(routes, webhooks)
     app.state.services = services
     return app
 
 
+def signature_headers(scope: Scope) -> dict[str, str]:
+    """The headers the receiver reads (each one's first occurrence, as Starlette's ``Headers.get``)."""
+    found: dict[str, str] = {}
+    for name, value in scope["headers"]:
+        if name in _SIGNATURE_HEADERS:
+            found.setdefault(name.decode("latin-1"), value.decode("latin-1"))
+    return found
+
+
 async def _receive(
-    services: ReceiverServices, request: Request, context: contextlib.ExitStack, in_flight: InFlight
-) -> Response:
+    services: ReceiverServices,
+    headers: Mapping[str, str],
+    receive: Receive,
+    context: contextlib.ExitStack,
+    in_flight: InFlight,
+) -> Answer:
     try:
-        services.verifier.precheck(request.headers, services.clock.now())
+        signed = services.verifier.precheck(headers, services.clock.now())
     except RejectDelivery as exc:
         return _rejected(services, exc, close=True)  # the body is never read
     if not context.enter_context(in_flight.slot()):
@@ -175,11 +242,11 @@ async def _receive(
         services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
         return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
     try:
-        body = await read_body(request, services.max_body_bytes, services.body_timeout_seconds)
+        body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds)
     except RejectDelivery as exc:
         return _rejected(services, exc, close=True)  # the rest of the body is never read
     try:
-        verified = services.verifier.verify(request.headers, body, services.clock.now())
+        verified = services.verifier.verify_signed(signed, body, services.clock.now())
     except RejectDelivery as exc:
         return _rejected(services, exc)
     context.enter_context(logs.bind(webhook_id=verified.webhook_id))
@@ -209,7 +276,7 @@ async def _receive(
     except Unqueueable as exc:
         return _rejected(services, exc)
     try:
-        outcome = await run_in_threadpool(services.inbox.submit, job)
+        outcome = await services.inbox.submit(job)
     except Transient as exc:
         seconds = retry_after_seconds(exc.retry_after)
         log.warning(
@@ -221,10 +288,12 @@ async def _receive(
     return _answer(services, outcome.value, disposition.reason, event, {})
 
 
-async def read_body(request: Request, limit: int, timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS) -> bytes:
+async def read_body(
+    headers: Mapping[str, str], receive: Receive, limit: int, timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+) -> bytes:
     """The raw body, or BodyTooLarge once more than ``limit`` bytes are declared or arrive, or
     BodyTimeout when it has not all arrived within ``timeout_seconds``."""
-    declared = request.headers.get("content-length")
+    declared = headers.get("content-length")
     if declared is not None:
         digits = declared.strip()
         if not (digits.isascii() and digits.isdigit()):
@@ -233,32 +302,36 @@ async def read_body(request: Request, limit: int, timeout_seconds: float = DEFAU
             raise BodyTooLarge(f"body is larger than {limit} bytes")
     body = bytearray()
     try:
-        with anyio.fail_after(timeout_seconds):
-            async for chunk in request.stream():
+        async with asyncio.timeout(timeout_seconds):
+            while True:
+                message = await receive()
+                if message["type"] != "http.request":  # http.disconnect
+                    raise BadPayload("client disconnected before the body was complete")
+                chunk: bytes = message.get("body", b"")
+                more: bool = message.get("more_body", False)
+                if not more and not body and len(chunk) <= limit:
+                    return chunk  # the whole body in one message: no copy
                 body += chunk
                 if len(body) > limit:
                     raise BodyTooLarge(f"body is larger than {limit} bytes")
-    except ClientDisconnect as exc:
-        raise BadPayload("client disconnected before the body was complete") from exc
+                if not more:
+                    return bytes(body)
     except TimeoutError as exc:
         raise BodyTimeout(f"body did not arrive within {timeout_seconds:g} seconds") from exc
-    return bytes(body)
 
 
 def check_queueable(job: Job) -> None:
     """Raise Unqueueable for a job no retry could ever queue: text that cannot be encoded
     (a lone surrogate such as JSON ``"\\ud800"`` has no UTF-8 form, so Redis and the broker
     refuse it) or a session id longer than ``MAX_SESSION_ID_CHARS``."""
-    for item in fields(job):
-        value = getattr(job, item.name)
-        if item.name == "received_at":  # a float the receiver set itself
-            continue
+    for name in _JOB_TEXT:
+        value = getattr(job, name)
         if not isinstance(value, str):
-            raise Unqueueable(f"{item.name} is not a string")
+            raise Unqueueable(f"{name} is not a string")
         try:
             value.encode("utf-8")
         except UnicodeEncodeError as exc:
-            raise Unqueueable(f"{item.name} is not encodable text (lone surrogate)") from exc
+            raise Unqueueable(f"{name} is not encodable text (lone surrogate)") from exc
     if len(job.session_id) > MAX_SESSION_ID_CHARS:
         raise Unqueueable(f"session id is longer than {MAX_SESSION_ID_CHARS} characters")
 
@@ -296,7 +369,7 @@ def rejection_reason(exc: RejectDelivery) -> str:
     return "payload"
 
 
-def _rejected(services: ReceiverServices, exc: RejectDelivery, close: bool = False) -> Response:
+def _rejected(services: ReceiverServices, exc: RejectDelivery, close: bool = False) -> Answer:
     reason = rejection_reason(exc)
     # Messages name headers and limits, never their values, the body or a secret.
     log.warning(
@@ -305,19 +378,17 @@ def _rejected(services: ReceiverServices, exc: RejectDelivery, close: bool = Fal
     )
     services.counters.inc(WEBHOOKS_TOTAL, outcome="rejected", reason=reason)
     headers = {"Connection": "close"} if close else None
-    return JSONResponse(
-        {"status": "rejected", "reason": reason, "detail": str(exc)}, status_code=exc.status_code, headers=headers
-    )
+    return Answer.json({"status": "rejected", "reason": reason, "detail": str(exc)}, exc.status_code, headers)
 
 
 def _answer(
     services: ReceiverServices, outcome: str, reason: str, event: events.Event, extra: dict[str, Any]
-) -> Response:
+) -> Answer:
     log.info(f"webhook.{outcome}", extra={"outcome": outcome, "reason": reason, "event_type": loggable(event.type)})
     services.counters.inc(WEBHOOKS_TOTAL, outcome=outcome, reason=reason)
-    return JSONResponse({"status": outcome, **extra})
+    return _QUEUED[outcome] if not extra and outcome in _QUEUED else Answer.json({"status": outcome, **extra})
 
 
-def _unavailable(status: str, seconds: int, close: bool = False) -> Response:
+def _unavailable(status: str, seconds: int, close: bool = False) -> Answer:
     headers = {"Retry-After": str(seconds), **({"Connection": "close"} if close else {})}
-    return JSONResponse({"status": status}, status_code=503, headers=headers)
+    return Answer.json({"status": status}, 503, headers)

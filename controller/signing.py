@@ -90,18 +90,26 @@ class Verifier:
         if not raw_timestamp.isascii() or not raw_timestamp.isdigit():
             raise SignatureError("webhook-timestamp is not a Unix timestamp")
         timestamp = int(raw_timestamp)
-        if timestamp < now - self._tolerance:
-            raise SignatureError("webhook-timestamp is too old")
-        if timestamp > now + self._tolerance:
-            raise SignatureError("webhook-timestamp is too far in the future")
+        self._check_window(timestamp, now)
         offered = tuple(entry.encode("ascii") for entry in _v1_entries(raw_signatures))
         if not offered:
             raise SignatureError("webhook-signature has no v1 entry")
         return SignedHeaders(webhook_id=webhook_id, timestamp=timestamp, signatures=offered)
 
+    def _check_window(self, timestamp: int, now: float) -> None:
+        if timestamp < now - self._tolerance:
+            raise SignatureError("webhook-timestamp is too old")
+        if timestamp > now + self._tolerance:
+            raise SignatureError("webhook-timestamp is too far in the future")
+
     def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
         """Return the delivery's id and timestamp, or raise SignatureError (never echoing secrets)."""
-        signed = self.precheck(headers, now)
+        return self.verify_signed(self.precheck(headers, now), body, now)
+
+    def verify_signed(self, signed: SignedHeaders, body: bytes, now: float) -> Verified:
+        """``verify`` for headers ``precheck`` already passed: the timestamp is checked against
+        the window again (the body may have taken a while), then the HMAC over the raw body."""
+        self._check_window(signed.timestamp, now)
         matched = False
         for key in self._keys:
             expected = sign(key, signed.webhook_id, signed.timestamp, body).encode("ascii")

@@ -52,7 +52,7 @@ from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs
 from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisInbox, RedisSessionStore, connect
+from controller.store.redis import RedisInbox, RedisSessionStore, connect, connect_async
 from controller.trust import Policy
 
 log = logs.get(__name__)
@@ -288,12 +288,6 @@ def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
     return found
 
 
-def publisher(settings: Settings, to: str = queue.QUEUE) -> Callable[[Job], None]:
-    """Publish jobs to a queue: the webhook queue (the receiver's inbox), or the maintenance
-    queue (the scheduler's sweep, recovery and timers)."""
-    return queue.publisher(queue.make_app(settings), to)
-
-
 class FleetParts(NamedTuple):
     store: RedisSessionStore
     runner: Runner
@@ -333,13 +327,14 @@ def scheduler_parts(settings: Settings) -> SchedulerParts:
 
 
 def receiver_app(settings: Settings) -> Starlette:
-    """The Starlette app with its Redis inbox publishing to the Celery queue."""
+    """The Starlette app with its Redis inbox: one script per delivery, awaited on the event loop,
+    that de-duplicates, wants the work and pushes the Celery task message (``task_message``)."""
     assert settings.queue.redis_url is not None
-    client = connect(settings.queue.redis_url)
+    client = connect_async(settings.queue.redis_url)  # one pipelined connection for every delivery
     inbox = RedisInbox(
         client,
-        store(settings, client),
-        publisher(settings),
+        queue.QUEUE,
         settings.webhook.dedup_ttl_seconds,
+        settings.queue.recovery_after_seconds,
     )
     return create_app(ReceiverServices.from_settings(settings.webhook, inbox, SystemClock()))

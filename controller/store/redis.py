@@ -12,7 +12,8 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
                      Redis time, a job is next expected to pick it up; see ``take_overdue``)
     sc:requeues      per pending session, how often it was re-enqueued without a worker
                      taking it since (hash; paces the recovery pass during a long backlog)
-    sc:seen:{wid}    de-duplication: "pending" while enqueueing, "done" after
+    sc:seen:{wid}    de-duplication: "done" once the delivery's job is queued (set in the
+                     same script as the push; "pending" only from receivers before it)
     sc:timers        each session's one durable timer (sorted set; score: due time, Unix ms;
                      see ``controller.timers``): ``take_due`` pops due ones and wants work
 
@@ -31,19 +32,21 @@ it guards happen atomically. redis-py errors are translated here, once.
 
 from __future__ import annotations
 
+import asyncio
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 
-from controller import logs
-from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller import logs, task_message
+from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
 from controller.fleet import LastDecision
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record
 from controller.store.base import Busy, Lease
+from controller.store.pipelined import PipelinedRedis
 
 log = logs.get(__name__)
 
@@ -426,76 +429,84 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
     )
 
 
+_SUBMIT = (
+    _NOW_MS
+    + """
+local seen = redis.call('GET', KEYS[1])
+if seen == 'done' then return 0 end
+if seen then return -1 end
+redis.call('INCR', KEYS[2])
+redis.call('ZADD', KEYS[3], string.format('%d', now_ms() + tonumber(ARGV[2])), ARGV[1])
+redis.call('LPUSH', KEYS[4], ARGV[3])
+redis.call('SET', KEYS[1], 'done', 'EX', ARGV[4])
+return 1
+"""
+)
+"""De-duplicate, want, queue, remember, in one atomic step: 1 queued, 0 a duplicate, -1 the id
+is claimed "pending" by a receiver of the earlier design (claim, then publish) still at work.
+The want is ``_WANT``'s (same keys, same pending-index score)."""
+
+
+def connect_async(url: str, timeout_seconds: float = 3.0) -> PipelinedRedis:
+    """The receiver's client: one pipelined connection (``store.pipelined``), connected lazily on
+    the event loop that first uses it, with a short timeout so an unreachable Redis becomes a
+    quick 503."""
+    return PipelinedRedis(url, timeout_seconds)
+
+
 class RedisInbox:
-    """De-duplicates on webhook-id and enqueues through ``publish`` (L5).
+    """De-duplicates on webhook-id and queues the job in one Redis script (L5).
 
-    The id is claimed as "pending" (short TTL) before publishing and marked "done" (for the
-    de-duplication horizon) only after the publish succeeded; a failed publish drops the
-    claim, so the sender's retry is processed. A concurrent copy that finds the claim
-    pending waits briefly for the outcome rather than answering 2xx for a job that might
-    still fail to enqueue.
+    The script, atomically: answers "duplicate" for an id already queued; otherwise wants the
+    session's work (as ``RedisSessionStore.want``: the recovery pass redoes it if the job is
+    lost later), pushes the Celery task message (``task_message.encode``) onto the webhook
+    queue, and remembers the id for ``dedup_ttl_seconds``. ``submit`` returns only after the
+    script did, so the receiver's 2xx means the job is stored; any failure raises ``Transient``
+    (503, the sender retries) and, the script being atomic, left nothing half done. A retry of
+    a delivery whose answer was lost after the script ran is a duplicate, not a second job.
 
-    The work is wanted (``want``) before the job is published: once a delivery is counted,
-    the recovery pass does it even if the publish fails and the sender never retries.
+    An id claimed "pending" by a receiver of the earlier design (during a rolling upgrade) is
+    looked at again for up to ``wait_seconds``, then answered 503: never a 2xx for a job whose
+    enqueue might still fail.
     """
-
-    PENDING_TTL_MS = 30_000
 
     def __init__(
         self,
-        client: redis.Redis,
-        store: RedisSessionStore,
-        publish: Callable[[Job], None],
+        client: PipelinedRedis,
+        queue: str,
         dedup_ttl_seconds: int,
+        requeue_after_seconds: float = 15.0,
         wait_seconds: float = 3.0,
     ) -> None:
         self._r = client
-        self._store = store
-        self._publish = publish
+        self._queue = queue
         self._dedup_ttl = dedup_ttl_seconds
+        self._requeue_ms = int(requeue_after_seconds * 1000)
         self._wait = wait_seconds
+        self._submit = client.register_script(_SUBMIT)
 
-    def submit(self, job: Job) -> Outcome:
-        key = f"sc:seen:{job.webhook_id}"
+    async def submit(self, job: Job) -> Outcome:
+        sid = job.session_id
+        keys = [f"sc:seen:{job.webhook_id}", f"sc:want:{sid}", PENDING_KEY, self._queue]
+        args: list[str | int] = [sid, self._requeue_ms, task_message.encode(job, self._queue), self._dedup_ttl]
         deadline = time.monotonic() + self._wait
         while True:
-            with _translated("de-duplication"):
-                claimed = self._r.set(key, "pending", nx=True, px=self.PENDING_TTL_MS)
-                state = None if claimed else self._r.get(key)
-            if claimed:
-                return self._enqueue(key, job)
-            if state == "done":
+            with _translated("enqueue"):
+                result = int(await self._submit(keys=keys, args=args))
+            if result == 1:
+                return Outcome.ENQUEUED
+            if result == 0:
                 return Outcome.DUPLICATE
             if time.monotonic() >= deadline:
                 raise QueueUnavailable(f"delivery {job.webhook_id} is being enqueued elsewhere", retry_after=2)
-            time.sleep(0.05)  # "pending" elsewhere, or just released after a failure: look again
+            await asyncio.sleep(0.05)
 
-    def _enqueue(self, key: str, job: Job) -> Outcome:
+    async def ready(self) -> bool:
         try:
-            self._store.want(job.session_id)
-            self._publish(job)
-        except Exception as exc:
-            self._drop_claim(key)
-            if isinstance(exc, Transient):
-                raise
-            raise QueueUnavailable(f"could not enqueue delivery {job.webhook_id}", retry_after=2) from exc
-        try:
-            with _translated("de-duplication"):
-                self._r.set(key, "done", ex=self._dedup_ttl)
-        except StoreUnavailable:
-            # The job is queued; the claim expires on its own and a retry would only
-            # enqueue a duplicate job, which coalescing absorbs. Still a success.
-            log.warning("dedup mark failed after enqueue", extra={"webhook_id": job.webhook_id})
-        return Outcome.ENQUEUED
-
-    def _drop_claim(self, key: str) -> None:
-        try:
-            self._r.delete(key)
-        except redis.RedisError:
-            pass  # expires on its own after PENDING_TTL_MS
-
-    def ready(self) -> bool:
-        try:
-            return bool(self._r.ping())
+            return bool(await self._r.ping())
         except redis.RedisError:
             return False
+
+    async def close(self) -> None:
+        """Close the client's connection (on the loop that used it)."""
+        await self._r.aclose()

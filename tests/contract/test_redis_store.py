@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
+import base64
+import contextlib
 import itertools
+import json
 import shutil
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,12 +18,12 @@ import redis
 
 from controller import lifecycle
 from controller.clock import FakeClock
-from controller.errors import Fenced, QueueUnavailable, StoreUnavailable, Transient
+from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
 from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record, Session
 from controller.store.base import Busy, Lease
-from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect
+from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect, connect_async
 from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
@@ -488,105 +492,123 @@ def test_heartbeat_stops_and_says_so_when_the_lease_is_lost(client: redis.Redis,
 # --- the inbox ----------------------------------------------------------------------------------
 
 
-class Publisher:
-    def __init__(self, failures: int = 0, error: Exception | None = None) -> None:
-        self.failures = failures
-        self.error = error or QueueUnavailable("broker refused", retry_after=1)
-        self.published: list[Job] = []
-        self._lock = threading.Lock()
-
-    def __call__(self, job: Job) -> None:
-        with self._lock:
-            if self.failures > 0:
-                self.failures -= 1
-                raise self.error
-            time.sleep(0.01)  # a broker round trip, so concurrent copies overlap
-            self.published.append(job)
-
-
 def job_for(sid: str, webhook_id: str | None = None) -> Job:
     return Job(session_id=sid, webhook_id=webhook_id or f"msg_{sid}", event_type="agent.session.action_required")
 
 
-def inbox_of(client: redis.Redis, publish: Publisher, wait_seconds: float = 5.0) -> RedisInbox:
-    return RedisInbox(client, store_of(client), publish, dedup_ttl_seconds=3600, wait_seconds=wait_seconds)
+@contextlib.asynccontextmanager
+async def inbox_of(url: str, sid: str, wait_seconds: float = 5.0) -> AsyncIterator[RedisInbox]:
+    """An inbox on a fresh asyncio client, queueing to a list of the test's own, closed after use."""
+    inbox = RedisInbox(connect_async(url), queue_of(sid), dedup_ttl_seconds=3600, wait_seconds=wait_seconds)
+    try:
+        yield inbox
+    finally:
+        await inbox.close()
 
 
-@pytest.mark.parametrize("error", [QueueUnavailable("broker refused", retry_after=1), ConnectionError("socket closed")])
-def test_failed_publish_is_not_remembered_and_the_retry_enqueues(
-    client: redis.Redis, sid: str, error: Exception
-) -> None:
-    """L5: success only after enqueue; a delivery whose enqueue failed is processed on retry."""
-    publish = Publisher(failures=1, error=error)
-    inbox = inbox_of(client, publish)
-    job = job_for(sid)
-    with pytest.raises(Transient) as raised:
-        inbox.submit(job)
-    assert raised.value.retry_after is not None
-    assert client.get(f"sc:seen:{job.webhook_id}") is None
-    assert publish.published == []
-
-    assert inbox.submit(job) is Outcome.ENQUEUED
-    assert publish.published == [job]
-    assert client.get(f"sc:seen:{job.webhook_id}") == "done"
-    assert 0 < client.ttl(f"sc:seen:{job.webhook_id}") <= 3600
-    assert inbox.submit(job) is Outcome.DUPLICATE
+def queue_of(sid: str) -> str:
+    return f"test-queue-{sid}"
 
 
-def test_duplicates_are_acknowledged_and_published_once(client: redis.Redis, sid: str) -> None:
-    """L5: the same webhook-id twice → one job; the session's work is wanted once."""
-    publish = Publisher()
-    inbox = inbox_of(client, publish)
-    job = job_for(sid)
-    assert inbox.submit(job) is Outcome.ENQUEUED
-    assert inbox.submit(job) is Outcome.DUPLICATE
-    assert inbox.submit(job_for(sid, webhook_id=f"msg_{sid}_other")) is Outcome.ENQUEUED
-    assert publish.published == [job, job_for(sid, webhook_id=f"msg_{sid}_other")]
+def queued_sessions(client: redis.Redis, sid: str) -> list[str]:
+    """The session id argument of each task message on the test's queue, oldest first."""
+    messages = client.lrange(queue_of(sid), 0, -1)
+    return [json.loads(base64.b64decode(json.loads(m)["body"]))[0][0] for m in reversed(messages)]  # type: ignore[union-attr]
+
+
+def test_a_delivery_is_wanted_queued_and_remembered_at_once(server: RedisServer, client: redis.Redis, sid: str) -> None:
+    """L5: one script wants the work, queues the job and remembers the id; a copy is a duplicate."""
+    before_ms = int(time.time() * 1000)
+
+    async def scenario() -> list[Outcome]:
+        async with inbox_of(server.url, sid) as inbox:
+            first = await inbox.submit(job_for(sid))
+            client.script_flush()  # a Redis that lost its scripts (restart, failover): loaded again
+            return [first, await inbox.submit(job_for(sid)), await inbox.submit(job_for(sid, f"msg_{sid}_other"))]
+
+    outcomes = asyncio.run(scenario())
+    assert outcomes == [Outcome.ENQUEUED, Outcome.DUPLICATE, Outcome.ENQUEUED]
+    assert queued_sessions(client, sid) == [sid, sid]
     assert client.get(f"sc:want:{sid}") == "2"
+    assert client.get(f"sc:seen:msg_{sid}") == "done"
+    assert 0 < client.ttl(f"sc:seen:msg_{sid}") <= 3600
+    # The pending index as ``RedisSessionStore.want`` keeps it: a job is expected within the grace.
+    score = client.zscore(PENDING_KEY, sid)
+    assert score is not None and before_ms + 15_000 <= score <= time.time() * 1000 + 15_000
+    lease = store_of(client).acquire(sid)  # what a worker does with the job
+    assert isinstance(lease, Lease) and lease.wanted == 2
 
 
-def test_concurrent_copies_of_one_delivery_publish_once(server: RedisServer, sid: str) -> None:
-    """L5/L1: 20 replicas receiving the same webhook-id at once enqueue exactly one job."""
-    publish = Publisher()
-    job = job_for(sid)
-    outcomes: list[Outcome] = []
-    errors: list[BaseException] = []
-    barrier = threading.Barrier(20)
-    lock = threading.Lock()
+def test_concurrent_copies_of_one_delivery_queue_once(server: RedisServer, client: redis.Redis, sid: str) -> None:
+    """L5/L1: 20 replicas receiving the same webhook-id at once queue exactly one job."""
 
-    def submit() -> None:
-        inbox = inbox_of(connect(server.url), publish)
-        barrier.wait()
-        try:
-            outcome = inbox.submit(job)
-        except BaseException as exc:
-            errors.append(exc)
-            return
-        with lock:
-            outcomes.append(outcome)
+    async def scenario() -> list[Outcome]:
+        async with contextlib.AsyncExitStack() as stack:
+            inboxes = [await stack.enter_async_context(inbox_of(server.url, sid)) for _ in range(20)]
+            return list(await asyncio.gather(*(inbox.submit(job_for(sid)) for inbox in inboxes)))
 
-    pool = [threading.Thread(target=submit) for _ in range(20)]
-    for t in pool:
-        t.start()
-    for t in pool:
-        t.join(timeout=30)
-    assert not errors, errors
-    assert len(publish.published) == 1
+    outcomes = asyncio.run(scenario())
     assert sorted(outcomes) == sorted([Outcome.ENQUEUED] + [Outcome.DUPLICATE] * 19)
+    assert queued_sessions(client, sid) == [sid]
+    assert client.get(f"sc:want:{sid}") == "1"
 
 
-def test_a_copy_waiting_on_a_pending_claim_answers_transient_rather_than_2xx(client: redis.Redis, sid: str) -> None:
-    """L5: while another replica's enqueue is still pending, a copy must not be acknowledged."""
+def test_a_pending_claim_of_an_earlier_receiver_is_not_acknowledged(
+    server: RedisServer, client: redis.Redis, sid: str
+) -> None:
+    """L5: while a receiver of the earlier design (claim, then publish) is still enqueueing a
+    delivery, a copy is answered Transient (503), never a 2xx; once it is done, a duplicate."""
     job = job_for(sid)
-    client.set(f"sc:seen:{job.webhook_id}", "pending", px=30_000)  # another replica mid-publish
-    publish = Publisher()
+    client.set(f"sc:seen:{job.webhook_id}", "pending", px=30_000)
+
+    async def waits() -> None:
+        async with inbox_of(server.url, sid, wait_seconds=0.2) as inbox:
+            await inbox.submit(job)
+
     with pytest.raises(QueueUnavailable):
-        inbox_of(client, publish, wait_seconds=0.2).submit(job)
-    assert publish.published == []
+        asyncio.run(waits())
+    assert queued_sessions(client, sid) == []
+    assert client.get(f"sc:want:{sid}") is None
+
+    async def after_it_finished() -> Outcome:
+        async with inbox_of(server.url, sid) as inbox:
+            submitted = asyncio.ensure_future(inbox.submit(job))
+            await asyncio.sleep(0.2)
+            client.set(f"sc:seen:{job.webhook_id}", "done", ex=3600)
+            return await submitted
+
+    assert asyncio.run(after_it_finished()) is Outcome.DUPLICATE
+    assert queued_sessions(client, sid) == []
 
 
-def test_ready_answers_ping(client: redis.Redis) -> None:
-    assert inbox_of(client, Publisher()).ready() is True
+def test_a_push_that_fails_leaves_the_work_wanted_and_the_id_unremembered(
+    server: RedisServer, client: redis.Redis, sid: str
+) -> None:
+    """L5: the script wants the work before it pushes and remembers the id after: a push that
+    fails (here the queue key holds a string) leaves work the recovery pass will redo, and the
+    sender's retry is queued."""
+    client.set(queue_of(sid), "not a list")
+    inbox_job = job_for(sid)
+
+    async def submit() -> Outcome:
+        async with inbox_of(server.url, sid) as inbox:
+            return await inbox.submit(inbox_job)
+
+    with pytest.raises(redis.ResponseError):
+        asyncio.run(submit())
+    assert client.get(f"sc:seen:{inbox_job.webhook_id}") is None
+    assert client.get(f"sc:want:{sid}") == "1"
+    client.delete(queue_of(sid))
+    assert asyncio.run(submit()) is Outcome.ENQUEUED
+    assert queued_sessions(client, sid) == [sid]
+
+
+def test_ready_answers_ping(server: RedisServer, sid: str) -> None:
+    async def ready() -> bool:
+        async with inbox_of(server.url, sid) as inbox:
+            return await inbox.ready()
+
+    assert asyncio.run(ready()) is True
 
 
 # Keep last: it stops the module's server (and restarts it for any test ordered after it).
@@ -594,8 +616,6 @@ def test_redis_down_is_store_unavailable(server: RedisServer, sid: str) -> None:
     """L5: with Redis down every store call and the inbox raise StoreUnavailable (→ 503, sender retries)."""
     down = connect(server.url, timeout_seconds=0.5)
     store = store_of(down)
-    publish = Publisher()
-    inbox = RedisInbox(down, store, publish, dedup_ttl_seconds=3600)
     server.stop()
     try:
         lease = Lease(session_id=sid, token=1, wanted=1)
@@ -609,14 +629,20 @@ def test_redis_down_is_store_unavailable(server: RedisServer, sid: str) -> None:
             lambda: store.save(lease, a_record(sid)),
             lambda: store.forget(lease),
             store.session_ids,
-            lambda: inbox.submit(job_for(sid)),
         ]
         for call in calls:
             with pytest.raises(StoreUnavailable) as raised:
                 call()
             assert raised.value.retry_after is not None
-        assert publish.published == []
-        assert inbox.ready() is False
+
+        async def inbox_calls() -> bool:
+            async with inbox_of(server.url, sid) as inbox:
+                with pytest.raises(StoreUnavailable) as raised:
+                    await inbox.submit(job_for(sid))
+                assert raised.value.retry_after is not None
+                return await inbox.ready()
+
+        assert asyncio.run(inbox_calls()) is False
     finally:
         down.close()
         server.process = None

@@ -326,7 +326,7 @@ class FakeInbox:
         self._seen: set[str] = set()
         self._lock = threading.Lock()
 
-    def submit(self, job: Job) -> Outcome:
+    async def submit(self, job: Job) -> Outcome:
         with self._lock:
             self.attempts += 1
             if self.unavailable:
@@ -337,7 +337,7 @@ class FakeInbox:
             self._seen.add(job.webhook_id)
             return Outcome.ENQUEUED
 
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         return not self.unavailable
 
 

@@ -4,7 +4,7 @@ works sessions in (the Redis list ``ORDER``), for tests and benchmarks of queue 
 It runs with the product's app (``queue.make_app``) and worker arguments (``cli.worker_argv``:
 the same queues in the same order); only the task body differs. The session ``GATE`` blocks
 its pool process until ``RELEASE`` is pushed, so a test can hold the worker busy while it
-queues jobs.
+queues jobs. Each call's arguments are also recorded, as JSON ``[session_id, kwargs]``, in ``CALLS``.
 
     python -m tests.support.order_worker   (CONTROLLER_REDIS_URL in the environment;
                                             ORDER_WORKER_CONCURRENCY pool processes, default 1)
@@ -12,6 +12,7 @@ queues jobs.
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Any
 
@@ -20,7 +21,7 @@ import redis
 from controller import cli, queue
 from controller.config import Settings
 
-ORDER, GATE, RELEASE = "test:order", "gate", "test:release"
+ORDER, GATE, RELEASE, CALLS = "test:order", "gate", "test:release", "test:calls"
 CONCURRENCY = "ORDER_WORKER_CONCURRENCY"
 
 
@@ -31,7 +32,8 @@ def main() -> None:
     client = redis.Redis.from_url(settings.queue.redis_url)
 
     @app.task(name=queue.TASK_SYNC_SESSION)  # type: ignore[untyped-decorator]
-    def sync_session(session_id: str, **_: Any) -> None:
+    def sync_session(session_id: str, **kwargs: Any) -> None:
+        client.rpush(CALLS, json.dumps([session_id, kwargs]))
         client.rpush(ORDER, session_id)
         if session_id == GATE:
             client.blpop([RELEASE], timeout=120)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import io
 import json
 import logging
@@ -15,7 +16,6 @@ from starlette.testclient import TestClient
 from controller import logs
 from controller.clock import FakeClock
 from controller.config import Secret, WebhookSettings
-from controller.errors import QueueUnavailable
 from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
 from controller.receiver import MAX_SESSION_ID_CHARS, ReceiverServices, create_app, retry_after_seconds
@@ -284,7 +284,7 @@ def test_ignored_events_are_acknowledged_even_when_inbox_is_down(client: TestCli
 
 
 class BrokenInbox(FakeInbox):
-    def submit(self, job: Job) -> Any:
+    async def submit(self, job: Job) -> Any:
         raise RuntimeError("a bug in our code")
 
 
@@ -312,7 +312,7 @@ def test_readyz_follows_the_inbox(client: TestClient, inbox: FakeInbox) -> None:
 
 
 class UnreachableInbox(FakeInbox):
-    def ready(self) -> bool:
+    async def ready(self) -> bool:
         raise ConnectionError("store unreachable")
 
 
@@ -533,26 +533,30 @@ def test_a_session_id_at_the_length_cap_is_queued(client: TestClient, inbox: Fak
 
 def test_a_lone_surrogate_against_the_redis_inbox_is_422_not_503(clock: FakeClock) -> None:
     """L5: the case that used to be a 503 for ever: the Redis inbox cannot encode the id (its
-    key would fail to encode), so the receiver refuses it before submitting; a transient
-    failure of the same inbox is still a 503."""
+    key would fail to encode), so the receiver refuses it before submitting; a good delivery
+    through the same inbox is queued."""
     import fakeredis
 
-    from controller.store.redis import RedisInbox, RedisSessionStore
+    from controller.store.redis import RedisInbox
 
-    published: list[Job] = []
-    client = fakeredis.FakeRedis(decode_responses=True)
-    redis_inbox = RedisInbox(client, RedisSessionStore(client, 5.0), published.append, 3600)
-    with pytest.raises(QueueUnavailable, match="could not enqueue"):  # what the receiver used to turn into 503
-        redis_inbox.submit(Job("\ud800", "msg_direct", "agent.session.action_required"))
-    app = create_app(ReceiverServices(Verifier([SECRET]), redis_inbox, clock, LIMIT))
+    server = fakeredis.FakeServer()
+
+    def inbox() -> RedisInbox:
+        return RedisInbox(fakeredis.FakeAsyncRedis(server=server, decode_responses=True), "q", 3600)
+
+    with pytest.raises(UnicodeEncodeError):  # what the receiver used to turn into a 503
+        anyio.run(inbox().submit, Job("\ud800", "msg_direct", "agent.session.action_required"))
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox(), clock, LIMIT))
+    queued = fakeredis.FakeRedis(server=server, decode_responses=True)
     with TestClient(app) as test_client:
         headers, raw = signed(json.dumps(action_required("environment_connection", "\ud800")).encode())
         response = test_client.post("/webhooks", content=raw, headers=headers)
         assert (response.status_code, response.json()["reason"]) == (422, "unqueueable")
-        assert published == []
+        assert queued.llen("q") == 0
         good = post(test_client, "environment_connection", webhook_id="msg_good")
         assert (good.status_code, good.json()) == (200, {"status": "enqueued"})
-        assert [job.session_id for job in published] == ["sess_1"]
+        (message,) = queued.lrange("q", 0, -1)
+        assert json.loads(base64.b64decode(json.loads(message)["body"]))[0] == ["sess_1"]
 
 
 def test_deliveries_beyond_max_in_flight_get_503_before_their_body_is_read(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 from pathlib import Path
 
-from controller import logs, queue, wiring
+from controller import logs, queue, task_message, wiring
 from controller.config import PREFIX, Settings
 from controller.lifecycle import Decision, Deps, Verdict
 from controller.metrics import DECISIONS_TOTAL, Metrics
@@ -64,6 +64,7 @@ def test_the_worker_app_has_the_task_the_publisher_names(tmp_path: Path) -> None
     app = wiring.worker_app(settings(tmp_path))
     assert queue.TASK_SYNC_SESSION in app.tasks
     assert app.conf.task_default_queue == queue.QUEUE
+    assert task_message.TASK_SYNC_SESSION == queue.TASK_SYNC_SESSION  # the receiver writes its messages
 
 
 def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> None:

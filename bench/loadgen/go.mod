@@ -1,0 +1,3 @@
+module sandbox-controller/bench/loadgen
+
+go 1.22

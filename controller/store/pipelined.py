@@ -1,0 +1,272 @@
+"""One pipelined Redis connection for the receiver: every delivery's script on one socket.
+
+redis-py's asyncio client takes a pooled connection per command: with 64 deliveries in flight
+that is 64 sockets and a write and a read per command; the receiver's Redis step cost about
+130 µs of CPU per delivery with it, 35–50 µs with this client (~10 µs a call on its own,
+against ~40 µs; one uvicorn process, 16 clients, BENCHMARKS.md). Redis answers a connection's commands in the order
+they came, so one connection carries them all: the commands issued in one turn of the event
+loop go out in one write, their futures wait in a FIFO, and each read resolves as many futures
+as it holds replies (under load, several per write and per read).
+
+Only what the receiver needs: scripts (``EVALSHA``, falling back to ``EVAL`` when Redis answers
+``NOSCRIPT``), ``PING``, and ``AUTH``/``SELECT`` from the URL (``redis://``, ``rediss://`` with
+its ``ssl_*`` parameters, and ``unix://``: the schemes the config accepts, parsed by redis-py).
+Errors are redis-py's, so the store translates them as it does any other
+(``store.redis._translated``):
+
+- a refused or lost connection fails every command waiting on it with ``redis.ConnectionError``;
+  the next command connects again;
+- a command not answered within ``timeout_seconds`` closes the connection (Redis answers in
+  order, so every command behind it would wait too): they fail with ``redis.TimeoutError``;
+- an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import ssl
+from collections import deque
+from collections.abc import Mapping, Sequence
+from typing import Any, cast
+
+import redis
+from redis.asyncio.connection import SSLConnection, parse_url
+from redis.exceptions import NoScriptError
+
+Arg = str | int | float | bytes
+
+
+def command(*args: Arg) -> bytes:
+    """One command in the Redis protocol (text as UTF-8: a lone surrogate raises UnicodeEncodeError)."""
+    parts = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = arg if isinstance(arg, bytes) else (arg if isinstance(arg, str) else repr(arg)).encode("utf-8")
+        parts.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(parts)
+
+
+def parse(buffer: bytes | bytearray, start: int = 0) -> tuple[Any, int] | None:
+    """The reply beginning at ``start`` and where it ends, or None while it is incomplete.
+    Text comes back as ``str``; an error reply as a ``redis.ResponseError`` value."""
+    end = buffer.find(b"\r\n", start)
+    if end < 0:
+        return None
+    kind, line, after = buffer[start], bytes(buffer[start + 1 : end]), end + 2
+    if kind == 0x2B:  # +
+        return line.decode("utf-8", "replace"), after
+    if kind == 0x2D:  # -
+        text = line.decode("utf-8", "replace")
+        return (NoScriptError(text) if text.startswith("NOSCRIPT") else redis.ResponseError(text)), after
+    if kind == 0x3A:  # :
+        return int(line), after
+    if kind == 0x24:  # $
+        size = int(line)
+        if size < 0:
+            return None, after
+        if len(buffer) < after + size + 2:
+            return None
+        return bytes(buffer[after : after + size]).decode("utf-8", "replace"), after + size + 2
+    if kind == 0x2A:  # *
+        count = int(line)
+        if count < 0:
+            return None, after
+        items = []
+        for _ in range(count):
+            parsed = parse(buffer, after)
+            if parsed is None:
+                return None
+            item, after = parsed
+            items.append(item)
+        return items, after
+    raise redis.InvalidResponse(f"unexpected reply type {chr(kind)!r} from Redis")
+
+
+def tls_context(options: Mapping[str, Any]) -> ssl.SSLContext:
+    """TLS for a ``rediss://`` URL, from the query parameters redis-py and Celery read:
+    ``ssl_cert_reqs`` (required, the default; optional; none), ``ssl_ca_certs``, and
+    ``ssl_certfile``/``ssl_keyfile`` for a client certificate."""
+    context = ssl.create_default_context(cafile=options.get("ssl_ca_certs") or None)
+    required = str(options.get("ssl_cert_reqs") or "required").lower().removeprefix("cert_")
+    if required not in ("required", "optional", "none"):
+        raise ValueError(f"ssl_cert_reqs must be required, optional or none, not {required!r}")
+    if required != "required":
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_OPTIONAL if required == "optional" else ssl.CERT_NONE
+    if options.get("ssl_certfile"):
+        context.load_cert_chain(options["ssl_certfile"], options.get("ssl_keyfile") or None)
+    return context
+
+
+class _Connection(asyncio.Protocol):
+    def __init__(self, loop: asyncio.AbstractEventLoop, timeout_seconds: float) -> None:
+        self._loop = loop
+        self._timeout = timeout_seconds
+        self._transport: asyncio.Transport | None = None
+        self._waiting: deque[tuple[asyncio.Future[Any], float]] = deque()
+        self._buffer = bytearray()
+        self._watchdog: asyncio.TimerHandle | None = None
+        self._outgoing: list[bytes] = []
+        self.closed = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
+
+    def send(self, payload: bytes) -> asyncio.Future[Any]:
+        if self.closed or self._transport is None:
+            raise redis.ConnectionError("the connection to Redis is closed")
+        answer: asyncio.Future[Any] = self._loop.create_future()
+        self._waiting.append((answer, self._loop.time() + self._timeout))
+        if not self._outgoing:
+            self._loop.call_soon(self._flush)
+        self._outgoing.append(payload)
+        if self._watchdog is None:
+            self._arm()
+        return answer
+
+    def _flush(self) -> None:
+        """Write every command issued since the last flush at once: one system call for the
+        deliveries that reached Redis in the same turn of the event loop."""
+        outgoing, self._outgoing = self._outgoing, []
+        if self._transport is not None and not self.closed:
+            self._transport.write(b"".join(outgoing))
+
+    def data_received(self, data: bytes) -> None:
+        buffer = self._buffer
+        buffer += data
+        position = 0
+        waiting = self._waiting
+        try:
+            while waiting:
+                parsed = parse(buffer, position)
+                if parsed is None:
+                    break
+                value, position = parsed
+                answer, _ = waiting.popleft()
+                if answer.done():  # its caller was cancelled
+                    continue
+                if isinstance(value, redis.ResponseError):
+                    answer.set_exception(value)
+                else:
+                    answer.set_result(value)
+        except (redis.InvalidResponse, ValueError) as exc:
+            self.close(redis.ConnectionError(f"unreadable reply from Redis: {exc}"))
+            return
+        if position:
+            del buffer[:position]
+        if buffer and not waiting:
+            self.close(redis.ConnectionError("Redis sent a reply nobody asked for"))
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._fail(redis.ConnectionError("the connection to Redis was lost"))
+
+    def close(self, error: redis.RedisError | None = None) -> None:
+        self._fail(error or redis.ConnectionError("the connection to Redis was closed"))
+        if self._transport is not None:
+            self._transport.abort()
+
+    def _fail(self, error: redis.RedisError) -> None:
+        self.closed = True
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        while self._waiting:
+            answer, _ = self._waiting.popleft()
+            if not answer.done():
+                answer.set_exception(error)
+
+    def _arm(self) -> None:
+        self._watchdog = self._loop.call_at(self._waiting[0][1], self._check)
+
+    def _check(self) -> None:
+        self._watchdog = None
+        if not self._waiting:
+            return
+        if self._waiting[0][1] <= self._loop.time():
+            self.close(redis.TimeoutError(f"Redis did not answer within {self._timeout:g} seconds"))
+        else:
+            self._arm()
+
+
+class PipelinedRedis:
+    """A lazily connected client on one connection, used from one event loop."""
+
+    def __init__(self, url: str, timeout_seconds: float = 3.0) -> None:
+        options = parse_url(url)
+        self._host = str(options.get("host", "localhost"))
+        self._port = int(options.get("port", 6379))
+        self._path = options.get("path")
+        self._db = int(options.get("db", 0) or 0)
+        self._username = options.get("username")
+        self._password = options.get("password")
+        self._tls = tls_context(options) if options.get("connection_class") is SSLConnection else None
+        self._timeout = timeout_seconds
+        self._connection: _Connection | None = None
+        self._connecting: asyncio.Lock | None = None
+
+    async def execute(self, *args: Arg) -> Any:
+        connection = self._connection
+        if connection is None or connection.closed:
+            connection = await self._connect()
+        return await connection.send(command(*args))
+
+    async def ping(self) -> bool:
+        return bool(await self.execute("PING") == "PONG")
+
+    def register_script(self, text: str) -> Script:
+        return Script(self, text)
+
+    async def aclose(self) -> None:
+        if self._connection is not None:
+            self._connection.close()
+            self._connection = None
+
+    async def _connect(self) -> _Connection:
+        if self._connecting is None:
+            self._connecting = asyncio.Lock()
+        async with self._connecting:
+            if self._connection is not None and not self._connection.closed:
+                return self._connection  # another caller connected meanwhile
+            loop = asyncio.get_running_loop()
+            connection = _Connection(loop, self._timeout)
+            try:
+                async with asyncio.timeout(self._timeout):
+                    if self._path:
+                        await loop.create_unix_connection(lambda: connection, str(self._path))
+                    else:
+                        host = self._host if self._tls else None
+                        await loop.create_connection(
+                            lambda: connection, self._host, self._port, ssl=self._tls, server_hostname=host
+                        )
+                    if self._password:
+                        credentials = [self._username, self._password] if self._username else [self._password]
+                        await connection.send(command("AUTH", *credentials))
+                    if self._db:
+                        await connection.send(command("SELECT", self._db))
+            except (OSError, TimeoutError) as exc:
+                connection.close()
+                raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
+            except redis.ResponseError as exc:  # AUTH or SELECT refused
+                connection.close()
+                raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc
+            except BaseException:
+                connection.close()
+                raise
+            self._connection = connection
+            return connection
+
+
+class Script:
+    """A Lua script called by its SHA1 (``EVALSHA``); sent whole (``EVAL``, which also caches it)
+    when Redis does not have it, as after a restart."""
+
+    def __init__(self, client: PipelinedRedis, text: str) -> None:
+        self._client = client
+        self._text = text
+        self._sha = hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+    async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = ()) -> Any:
+        try:
+            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args)
+        except NoScriptError:
+            return await self._client.execute("EVAL", self._text, len(keys), *keys, *args)
