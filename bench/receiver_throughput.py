@@ -35,11 +35,15 @@ SECRET = "whsec_" + "YmVuY2htYXJrLXNlY3JldC1ub3QtYS1yZWFsLW9uZQ=="
 
 
 def body(session_id: str) -> bytes:
-    return json.dumps({
-        "id": f"evt_{uuid.uuid4().hex}", "object": "event", "created_at": int(time.time()),
-        "type": "agent.session.action_required",
-        "data": {"id": session_id, "required_action": {"type": "environment_connection"}},
-    }).encode()
+    return json.dumps(
+        {
+            "id": f"evt_{uuid.uuid4().hex}",
+            "object": "event",
+            "created_at": int(time.time()),
+            "type": "agent.session.action_required",
+            "data": {"id": session_id, "required_action": {"type": "environment_connection"}},
+        }
+    ).encode()
 
 
 def run(label: str, requests: int, clients: int, call) -> float:  # type: ignore[no-untyped-def]
@@ -64,8 +68,12 @@ def main() -> int:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
     env.update(CONTROLLER_REDIS_URL=redis.url, CONTROLLER_WEBHOOK_SECRETS=SECRET, CONTROLLER_LOG_LEVEL="WARNING")
-    receiver = Managed("receiver", python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
-                       env, directory / "receiver.log").start()
+    receiver = Managed(
+        "receiver",
+        python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
+        env,
+        directory / "receiver.log",
+    ).start()
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: port_open(port), 30, "the receiver")
