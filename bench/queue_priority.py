@@ -38,7 +38,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.plots import markdown_table, save_png
 from bench.start_latency import percentile
 from controller import logs, queue, reconcile
-from controller.config import PREFIX, Settings
 from controller.inbox import Job
 from controller.model import Handle, Health
 from controller.store.redis import RedisSessionStore, connect
@@ -63,10 +62,9 @@ class Workspaces:
 
 
 def phase(loop: Loop, name: str, target: str, sweep_size: int, sessions: int, interval: float) -> dict[str, Any]:
-    settings = Settings.from_env({PREFIX + "REDIS_URL": loop.redis.url})
     client = connect(loop.redis.url)
     store = RedisSessionStore(client, lease_ttl_seconds=30)
-    publish = queue.batch_publisher(queue.make_app(settings), target)
+    publish = queue.batch_publisher(client, target)
     swept = [f"sess_sweep_{name}_{n:06d}" for n in range(sweep_size)]
     began = time.perf_counter()
     runner: Any = Workspaces(swept)

@@ -35,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench.plots import markdown_table
 from controller import logs, queue, reconcile
-from controller.config import PREFIX, Settings
 from controller.inbox import Job
 from controller.model import Handle, Health, Record
 from controller.store.base import Lease
@@ -147,9 +146,7 @@ def main() -> int:
             store = RedisSessionStore(client, lease_ttl_seconds=30)
             ids = [f"sess_idle_{n:06d}" for n in range(args.sessions)]
             runner = populate(store, ids, warm, args.retention_days)
-            publish_many = queue.batch_publisher(
-                queue.make_app(Settings.from_env({PREFIX + "REDIS_URL": server.url})), queue.MAINTENANCE_QUEUE
-            )
+            publish_many = queue.batch_publisher(client, queue.MAINTENANCE_QUEUE)
 
             timer_calls = 0.0 if warm else args.sessions / (args.retention_days * 24)
             total = 0

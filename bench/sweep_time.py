@@ -9,7 +9,8 @@ real Celery queue on that Redis:
   one by one   the sweep before batching, kept here verbatim as the baseline: ``want`` then
                ``send_task`` per session, each its own round trip
   batched      ``controller.reconcile.sweep`` as the scheduler runs it: ``want_many`` (one
-               pipeline of scripts) and ``queue.batch_publisher`` (one pipeline) per 1,000
+               pipeline of scripts) and ``queue.batch_publisher`` (one LPUSH of task messages
+               written by ``task_message``) per 1,000
 
 Each is timed three times per size, alternating (the median is reported), and the queue holds
 exactly N jobs per sweep.
@@ -90,7 +91,7 @@ def measure(size: int, directory: Path) -> tuple[float, float]:
         settings = Settings.from_env({PREFIX + "REDIS_URL": server.url})
         app = queue.make_app(settings)
         publish = queue.publisher(app, queue.MAINTENANCE_QUEUE)
-        publish_many = queue.batch_publisher(app, queue.MAINTENANCE_QUEUE)
+        publish_many = queue.batch_publisher(client, queue.MAINTENANCE_QUEUE)
         runner: Any = HealthyRunner(handles)
         before, after = [], []
         for _ in range(RUNS):

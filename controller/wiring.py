@@ -315,13 +315,14 @@ class SchedulerParts(NamedTuple):
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
     app = queue.make_app(settings)
+    client = connect(settings.queue.redis_url)
     return SchedulerParts(
         store(settings),
         runner(settings),
-        connect(settings.queue.redis_url),
+        client,
         queue.publisher(app, queue.MAINTENANCE_QUEUE),
         Metrics(),
-        queue.batch_publisher(app, queue.MAINTENANCE_QUEUE),
+        queue.batch_publisher(client, queue.MAINTENANCE_QUEUE),
         pod_watch(settings),
     )
 

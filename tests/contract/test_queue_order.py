@@ -32,7 +32,7 @@ def test_webhook_jobs_published_after_a_sweep_are_worked_before_it(server: Redis
     maintenance = queue.publisher(app, queue.MAINTENANCE_QUEUE)
     webhook = queue.publisher(app, queue.QUEUE)
     maintenance(Job(GATE, "", "reconcile"))
-    queue.batch_publisher(app, queue.MAINTENANCE_QUEUE)([Job(f"sweep-{n}", "", "reconcile") for n in range(SWEEP)])
+    queue.batch_publisher(client, queue.MAINTENANCE_QUEUE)([Job(f"sweep-{n}", "", "reconcile") for n in range(SWEEP)])
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, PREFIX + "REDIS_URL": server.url, "PYTHONPATH": root, "SANDBOX_TEST_DIR": str(tmp_path)}
     worker = Managed("worker", python_module("tests.support.order_worker"), env, tmp_path / "worker.log", cwd=tmp_path)
