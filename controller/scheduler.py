@@ -11,6 +11,8 @@ Each round the leader fires the durable timers that fell due (``controller.timer
 (``controller.recovery``, every ``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the
 reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``).
 A round is therefore at most a second long, and so is a third of the leadership's TTL.
+With a runner that keeps warm pools (``runners.base.Pools``), the leader also tends them every
+``POOL_TEND_SECONDS`` (dead or too old warm pods replaced, the pools filled to their size).
 
 Redis or the broker being away is a state, not a crash: the loop logs "redis unavailable"
 with the reason and tries again next round; "another scheduler is active" is logged only
@@ -36,7 +38,7 @@ from controller.config import Settings
 from controller.errors import QueueUnavailable, StoreUnavailable, Transient
 from controller.inbox import Job
 from controller.recovery import RecoverableStore
-from controller.runners.base import Runner
+from controller.runners.base import Pools, Runner
 from controller.timers import Due
 
 
@@ -46,6 +48,8 @@ class SchedulerStore(RecoverableStore, Due, Protocol):
 
 log = logs.get(__name__)
 LEADER_KEY = "sc:scheduler:leader"
+POOL_TEND_SECONDS = 2.0
+"""How often the leader tends the warm pools (a claim refills its pool at once; this is the net)."""
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
@@ -133,7 +137,8 @@ def run(
         extra={"interval_seconds": sweep_every, "recovery_interval_seconds": recover_every},
     )
     role: Role | None = None
-    next_sweep = next_recovery = next_fire = 0.0
+    next_sweep = next_recovery = next_fire = next_tend = 0.0
+    pools = runner if isinstance(runner, Pools) else None
     sweeps = 0  # passes since this process started: the first, and every FULL_EVERY-th, is full
 
     def sweep_once() -> None:
@@ -163,6 +168,8 @@ def run(
             if now >= next_sweep and _guarded("reconcile sweep", sweep_once):
                 next_sweep = now + sweep_every
                 sweeps += 1
+            if pools is not None and now >= next_tend and _guarded("warm pools", pools.tend_pools):
+                next_tend = now + POOL_TEND_SECONDS
             # Wake for whichever is due next (a failed step is retried after one tick).
             wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
             stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)
