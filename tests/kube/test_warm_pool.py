@@ -8,6 +8,7 @@ import json
 import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -176,3 +177,18 @@ def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(
         other._delete_unclaimed(pod)
     assert other.status(handle) in (Health.STARTING, Health.RUNNING)
     wait_for(lambda: _registered(kube_world, spec), 60, "the claimed pod's executor to register")
+
+
+def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: KubeWorld, namespace: str) -> None:
+    """L8: warm pods mount the configured workspace directory; a session naming another one
+    (which routing would not serve) is never bound to one: it gets a cold pod of its own shape."""
+    template = _template(1)
+    runner = _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
+    spec = replace(_session(kube_world), workspace_directory="/elsewhere")
+    handle = runner.ensure(spec, 1)
+    assert handle.name.startswith("sbx-")
+    assert [p.metadata.name for p in _ready(kube_world, namespace)] == [warm.metadata.name]
+    pod = kube_world.core.read_namespaced_pod(handle.name, namespace)
+    assert pod.spec.containers[0].working_dir == "/elsewhere"

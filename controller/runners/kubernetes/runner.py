@@ -130,8 +130,8 @@ class KubernetesRunner:
         if live:
             return _handle(spec.session_id, max(live, key=_generation_of))
         template = self._templates(spec.template)
-        if template.pooled:
-            return self._place(spec, generation, template)
+        if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
+            return self._place(spec, generation, template)  # warm pods mount the routing's directory
         return _handle(spec.session_id, self._create_cold(spec, generation, template))
 
     def _create_cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any:
