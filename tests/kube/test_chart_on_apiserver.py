@@ -810,8 +810,9 @@ def pooled(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
     world.close()
 
 
-def test_with_a_warm_pool_the_role_adds_only_patch_on_pods(pooled: _Rbac) -> None:
-    """L2: a template with a warm pool adds exactly one grant, patch on pods (the claim)."""
+def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_get_on_events(pooled: _Rbac) -> None:
+    """L2: a template with a warm pool adds exactly two grants: patch on pods (the claim) and get
+    on events (the placement record)."""
     role = client.RbacAuthorizationV1Api(pooled.admin).read_namespaced_role(pooled.role_name, pooled.sandbox_ns)
     grants = {
         (group, resource, verb)
@@ -820,7 +821,7 @@ def test_with_a_warm_pool_the_role_adds_only_patch_on_pods(pooled: _Rbac) -> Non
         for resource in rule.resources
         for verb in rule.verbs
     }
-    assert grants == EXPECTED_GRANTS | {("", "pods", "patch")}
+    assert grants == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
 
 
 def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow(pooled: _Rbac) -> None:

@@ -192,3 +192,23 @@ def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: 
     assert [p.metadata.name for p in _ready(kube_world, namespace)] == [warm.metadata.name]
     pod = kube_world.core.read_namespaced_pod(handle.name, namespace)
     assert pod.spec.containers[0].working_dir == "/elsewhere"
+
+
+def test_a_placement_whose_pod_is_gone_moves_on_to_the_next_generation(kube_world: KubeWorld, namespace: str) -> None:
+    """L14, L1: the placement record of generation 1 outlives its pod; ensuring generation 1
+    again (a retry after the pod died) places generation 2, never waits on the dead record; the
+    record itself is the pod's Event (no key in it)."""
+    template = _template(2)
+    runner = _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
+    spec = _session(kube_world)
+    first = runner.ensure(spec, 1)
+    record = kube_world.core.read_namespaced_event(names.placement_name(spec.session_id, 1), namespace)
+    assert (record.involved_object.name, record.involved_object.uid) == (first.name, first.uid)
+    assert record.reason == "SandboxClaimed" and kube_world.simulator.environment_key not in record.message
+    runner.release(first)
+    wait_for(lambda: runner.status(first) is Health.GONE, 60, "the first pod to be gone")
+    second = runner.ensure(spec, 1)
+    assert second.generation == 2 and second.uid != first.uid
+    assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [second.uid]

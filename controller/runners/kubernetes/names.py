@@ -102,3 +102,9 @@ def pool_labels(template: str) -> dict[str, str]:
 def pool_selector(template: str) -> str:
     """The warm pods of a template's pool that no session has claimed."""
     return f"{managed_selector()},{POOL_LABEL}={pool_hash(template)},{POOL_STATE_LABEL}={READY}"
+
+
+def placement_name(session_id: str, generation: int) -> str:
+    """The name of the Event that records which pod serves a session's generation (warm pools:
+    a claimed pod's own name says nothing about its session). Unique per session and generation."""
+    return f"{pod_name(session_id, generation)}.placed"

@@ -9,22 +9,19 @@ handle can never delete a newer pod of the same name.
 
 Warm pools (``pool.py``): for a template with a pool, ``ensure`` claims a warm pod (a JSON
 patch that succeeds only while the pod is unclaimed) and falls back to a cold pod when none is
-left. A claimed pod has no deterministic name, so two ``ensure`` calls racing for one session
-(possible only once its lease lapsed) could each place a pod: therefore each one, after placing
-its pod, lists the session's live pods and, if it sees another, deletes its own and takes
-that one (or places again). Two placements can never both survive: the later one's look sees
-the earlier pod. A claim then adds one warm pod in its place; ``tend_pools`` (the scheduler's
+left. A claimed pod has no name derived from the session, so the name that makes a cold start
+idempotent is carried by a placement record instead: an Event on the placed pod named after
+the session and generation (``names.placement_name``). Whoever creates it first owns that
+generation; a placement that finds it taken deletes its own pod and returns the recorded one,
+and a record whose pod is gone moves on to the next generation, as a terminating name does.
+So two ``ensure`` calls racing for one session (possible only once its lease lapsed) return
+the same pod. A claim then adds one warm pod in its place; ``tend_pools`` (the scheduler's
 leader) keeps each pool at its size.
-
-Kubernetes API errors are translated here, once: 404/409/410 are idempotency signals,
-429/5xx are retried briefly and then raised as ``Transient``, 401/403 become
-``RunnerRejected`` naming the permission that is missing.
 """
 
 from __future__ import annotations
 
 import json
-import random
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -55,7 +52,6 @@ from controller.runners.kubernetes.pool import WarmPod, claim_order, plan
 log = logs.get(__name__)
 T = TypeVar("T")
 _MAX_GENERATION_SKIPS = 5
-_MAX_PLACEMENTS = 3
 _MAX_CLAIM_TRIES = 3
 
 
@@ -168,28 +164,101 @@ class KubernetesRunner:
     # -- warm pools -----------------------------------------------------------------------
 
     def _place(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Handle:
-        """A warm pod claimed for the session, else a cold one; then the look that keeps it
-        one pod per session (L1; see the module docstring)."""
-        for _ in range(_MAX_PLACEMENTS):
-            pod = self._claim(spec, generation, template)
-            warm = pod is not None
-            if pod is None:
-                pod = self._create_cold(spec, generation, template)
-            others = [p for p in self._live_pods(spec.session_id) if p.metadata.uid != pod.metadata.uid]
-            if not others:
-                if warm:
-                    self._add_warm(template)  # refilled as it is claimed
-                return _handle(spec.session_id, pod)
-            log.warning(
-                "another sandbox of the session was placed at the same time; this one yields",
-                extra={"session_id": spec.session_id, "pod": pod.metadata.name, "other": others[0].metadata.name},
-            )
-            self.release(_handle(spec.session_id, pod))
-            time.sleep(random.uniform(0.05, 0.3))
-            live = self._live_pods(spec.session_id)
-            if live:
-                return _handle(spec.session_id, max(live, key=_generation_of))
-        raise Transient(f"sandboxes of session {spec.session_id} were placed concurrently", retry_after=1)
+        """A warm pod claimed for the session, else a cold one, kept only if this placement wins
+        the session's placement record for that generation (L1; see the module docstring)."""
+        for attempt in range(_MAX_GENERATION_SKIPS):
+            gen = generation + attempt
+            record = names.placement_name(spec.session_id, gen)
+            holder = self._placement(record)
+            if holder is None:
+                pod = self._claim(spec, gen, template)
+                warm = pod is not None
+                if pod is None:
+                    pod = self._create_cold_of(spec, gen, template)
+                if pod is not None:
+                    if self._record_placement(record, spec, pod, warm):
+                        if warm:
+                            self._add_warm(template)  # refilled as it is claimed
+                        return _handle(spec.session_id, pod)
+                    holder = self._placement(record)
+                    if holder is None or holder[1] != pod.metadata.uid:
+                        self.release(_handle(spec.session_id, pod))  # another placement won: ours goes
+                        log.info(
+                            "another sandbox was placed for the session first; this one is deleted",
+                            extra={"session_id": spec.session_id, "pod": pod.metadata.name},
+                        )
+            if holder is not None:
+                existing = self._read_pod(holder[0])
+                if existing is not None and existing.metadata.uid == holder[1] and _alive(existing):
+                    return _handle(spec.session_id, existing)
+            # that generation's placement is gone (or its name is taken by a dying pod): the next one
+        raise Transient(f"sandboxes of session {spec.session_id} are still terminating", retry_after=5)
+
+    def _create_cold_of(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any | None:
+        """The session's cold pod of exactly ``generation`` (created, or a twin's); None when that
+        name belongs to a terminating or finished pod."""
+        if template.persist_workspace:
+            self._create_quietly(make_pvc(spec, template, self._settings), "persistentvolumeclaims")
+        manifest = make_pod(spec, generation, template, self._settings)
+        try:
+            pod = self._create_pod(manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise RunnerRejected(f"Kubernetes refused pod {manifest['metadata']['name']}: {exc.reason}") from exc
+            existing = self._read_pod(manifest["metadata"]["name"])
+            if existing is not None and _alive(existing) and _generation_of(existing) == generation:
+                return existing
+            return None
+        log.info(
+            "pod created", extra={"session_id": spec.session_id, "pod": pod.metadata.name, "generation": generation}
+        )
+        return pod
+
+    def _record_placement(self, record: str, spec: SandboxSpec, pod: Any, warm: bool) -> bool:
+        """Create the placement record (an Event on the pod, named after the session and
+        generation): True when this placement is the session's, False when another was first."""
+        now = datetime.now(UTC)
+        what = "warm sandbox claimed" if warm else "executor"
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(name=record),
+            involved_object=k8s.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod.metadata.name, namespace=self._ns, uid=pod.metadata.uid
+            ),
+            reason="SandboxClaimed" if warm else "SandboxStarted",
+            message=f"{what} for session {spec.session_id}, environment {spec.environment_id}",
+            type="Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=k8s.V1EventSource(component="sandbox-controller"),
+        )
+
+        def create() -> None:
+            with _translated("create", "events"):
+                self._api.create_namespaced_event(self._ns, event)
+
+        try:
+            _retrying(create)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _placement(self, record: str) -> tuple[str, str] | None:
+        """The pod (name, uid) a placement record names, or None when there is none."""
+
+        def read() -> Any:
+            with _translated("get", "events"):
+                return self._api.read_namespaced_event(record, self._ns)
+
+        try:
+            event = _retrying(read)
+        except ApiException as exc:
+            if exc.status in (404, 410):
+                return None
+            raise
+        return str(event.involved_object.name), str(event.involved_object.uid)
 
     def _claim(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any | None:
         """A warm pod of the template, claimed for the session; None when none could be."""
@@ -213,12 +282,6 @@ class KubernetesRunner:
             log.info(
                 "warm pod claimed",
                 extra={"session_id": spec.session_id, "pod": pod.metadata.name, "generation": generation},
-            )
-            self._event(
-                pod.metadata.name,
-                pod.metadata.uid,
-                "SandboxClaimed",
-                f"warm sandbox claimed for session {spec.session_id}, environment {spec.environment_id}",
             )
             return pod
         log.info("no warm pod to claim; starting a cold one", extra={"session_id": spec.session_id})
