@@ -17,6 +17,10 @@ and a record whose pod is gone moves on to the next generation, as a terminating
 So two ``ensure`` calls racing for one session (possible only once its lease lapsed) return
 the same pod. A claim then adds one warm pod in its place; ``tend_pools`` (the scheduler's
 leader) keeps each pool at its size.
+
+Kubernetes API errors are translated here, once: 404/409/410 are idempotency signals,
+429/5xx are retried briefly and then raised as ``Transient``, 401/403 become
+``RunnerRejected`` naming the permission that is missing.
 """
 
 from __future__ import annotations
