@@ -57,6 +57,7 @@ log = logs.get(__name__)
 T = TypeVar("T")
 _MAX_GENERATION_SKIPS = 5
 _MAX_CLAIM_TRIES = 3
+_SETTLE_LOOKS = 50
 
 
 @contextmanager
@@ -127,9 +128,9 @@ class KubernetesRunner:
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
         spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
         live = self._live_pods(spec.session_id)
-        if live:
-            return _handle(spec.session_id, max(live, key=_generation_of))
         template = self._templates(spec.template)
+        if live:
+            return _handle(spec.session_id, self._chosen(spec.session_id, live, settle=template.pooled))
         if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
             return self._place(spec, generation, template)  # warm pods mount the routing's directory
         return _handle(spec.session_id, self._create_cold(spec, generation, template))
@@ -383,7 +384,26 @@ class KubernetesRunner:
 
     def find(self, session_id: str) -> Handle | None:
         live = self._live_pods(session_id)
-        return _handle(session_id, max(live, key=_generation_of)) if live else None
+        return _handle(session_id, self._chosen(session_id, live, settle=False)) if live else None
+
+    def _chosen(self, session_id: str, live: list[Any], settle: bool) -> Any:
+        """The session's pod among its live ones: the newest generation's. Several live pods of
+        one generation exist only for moments, while racing warm placements settle (a losing
+        one is deleted at once): then the placement record names the pod; with ``settle``, wait
+        (briefly) for the record when it is not there yet."""
+        for _ in range(_SETTLE_LOOKS if settle else 1):
+            newest = max(_generation_of(p) for p in live)
+            contenders = [p for p in live if _generation_of(p) == newest]
+            if len(contenders) == 1:
+                return contenders[0]
+            holder = self._placement(names.placement_name(session_id, newest))
+            recorded = [p for p in contenders if holder is not None and p.metadata.uid == holder[1]]
+            if recorded:
+                return recorded[0]
+            if settle:
+                time.sleep(0.1)
+                live = self._live_pods(session_id) or live
+        return max(live, key=_generation_of)
 
     def keeps_workspace(self, session_id: str) -> bool:
         """A claim being deleted (it waits for its pvc-protection finalizer) is no longer kept."""
