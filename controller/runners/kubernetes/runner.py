@@ -12,8 +12,9 @@ patch that succeeds only while the pod is unclaimed) and falls back to a cold po
 left. A claimed pod has no name derived from the session, so the name that makes a cold start
 idempotent is carried by a placement record instead: an Event on the placed pod named after
 the session and generation (``names.placement_name``). Whoever creates it first owns that
-generation; a placement that finds it taken deletes its own pod and returns the recorded one,
-and a record whose pod is gone moves on to the next generation, as a terminating name does.
+generation; a placement that finds it taken deletes its own pod and returns the recorded one
+(so does a look that meets a losing pod before it is gone: ``_chosen``), and a record whose
+pod is gone moves on to the next generation, as a terminating name does.
 So two ``ensure`` calls racing for one session (possible only once its lease lapsed) return
 the same pod. A claim then adds one warm pod in its place; ``tend_pools`` (the scheduler's
 leader) keeps each pool at its size.
