@@ -13,6 +13,8 @@ reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL
 a full one every ``CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS``, and the first; every one is
 full without a pod watch).
 A round is therefore at most a second long, and so is a third of the leadership's TTL.
+With a runner that keeps warm pools (``runners.base.Pools``), the leader also tends them every
+``POOL_TEND_SECONDS`` (dead or too old warm pods replaced, the pools filled to their size).
 
 With the Kubernetes runner the leader also watches the sandbox pods (``watch``:
 ``runners.kubernetes.watch``, started when this process wins leadership and stopped when it
@@ -46,7 +48,7 @@ from controller.config import Settings
 from controller.errors import QueueUnavailable, StoreUnavailable, Transient
 from controller.inbox import Job
 from controller.recovery import RecoverableStore
-from controller.runners.base import Runner
+from controller.runners.base import Pools, Runner
 from controller.timers import Due
 
 
@@ -89,6 +91,8 @@ class Changed:
 
 log = logs.get(__name__)
 LEADER_KEY = "sc:scheduler:leader"
+POOL_TEND_SECONDS = 2.0
+"""How often the leader tends the warm pools (a claim refills its pool at once; this is the net)."""
 _RENEW = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
 return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
@@ -195,9 +199,10 @@ def run(
         extra={"interval_seconds": sweep_every, "recovery_interval_seconds": recover_every},
     )
     role: Role | None = None
-    next_sweep = next_recovery = next_fire = 0.0
+    next_sweep = next_recovery = next_fire = next_tend = 0.0
     next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
     watching = False
+    pools = runner if isinstance(runner, Pools) else None
 
     def sweep_once(now: float) -> None:
         """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
@@ -240,6 +245,8 @@ def run(
                     next_recovery = now + recover_every
                 if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, now)):
                     next_sweep = now + sweep_every
+                if pools is not None and now >= next_tend and _guarded("warm pools", pools.tend_pools):
+                    next_tend = now + POOL_TEND_SECONDS
                 # Wake for whichever is due next (a failed step is retried after one tick).
                 wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
                 stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)

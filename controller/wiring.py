@@ -120,8 +120,13 @@ def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
     k = settings.kubernetes
     return KubernetesRunner(
         kubernetes_api(),
-        PodSettings(namespace=k.namespace, executor_key_secret=k.executor_key_secret),
+        PodSettings(
+            namespace=k.namespace,
+            executor_key_secret=k.executor_key_secret,
+            workspace_directory=settings.routing.workspace_directory,
+        ),
         templates.get,
+        templates.pooled(),
     )
 
 

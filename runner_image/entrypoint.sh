@@ -11,10 +11,20 @@
 # RETRY_MAX_SECONDS). Other statuses end the container with that status (2 = usage error).
 #
 # SIGTERM/SIGINT: forwarded to the executor (as SIGTERM; the npm wrapper passes it on), waited
-# for, then exit 0 -- also when the signal arrives during a backoff sleep.
+# for, then exit 0 -- also when the signal arrives during a backoff sleep or while warm.
+#
+# Warm (late binding): a pod of a template's warm pool is started before any session exists, so
+# it has no REMOTE_URL or ENVIRONMENT_ID. With BINDING_DIRECTORY set and both unset, the
+# entrypoint waits until the files `environment-id` and `remote-url` in that directory (a
+# downward-API volume of the pod's own annotations, which the controller sets when a session
+# claims the pod) are both non-empty, then starts the executor with them. The key still comes
+# only from CODEX_API_KEY (the Secret); the binding carries no secret.
 #
 # Environment:
-#   REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY   required (exit 64 naming what is missing)
+#   REMOTE_URL, ENVIRONMENT_ID, CODEX_API_KEY   required (exit 64 naming what is missing), unless
+#                             REMOTE_URL and ENVIRONMENT_ID come from BINDING_DIRECTORY
+#   BINDING_DIRECTORY         warm pods: where the claimed binding appears (see above)
+#   BINDING_POLL_SECONDS      how often a warm pod looks for its binding (default 0.1)
 #   CODEX_BIN                 executor binary (default: codex)
 #   RETRY_INITIAL_SECONDS     first backoff delay (default 1)
 #   RETRY_MAX_SECONDS         backoff cap (default 30)
@@ -35,17 +45,6 @@ on_signal() {
 trap on_signal TERM INT
 
 log() { printf 'runner-entrypoint: %s\n' "$*" >&2; }
-
-missing=()
-for name in REMOTE_URL ENVIRONMENT_ID CODEX_API_KEY; do
-  if [ -z "${!name:-}" ]; then
-    missing+=("$name")
-  fi
-done
-if [ "${#missing[@]}" -gt 0 ]; then
-  log "missing required environment variable(s): ${missing[*]}"
-  exit "$EX_USAGE"
-fi
 
 # Seconds ("1", "0.25") to whole milliseconds, in plain bash (no awk/bc in slim images).
 to_ms() {
@@ -105,6 +104,41 @@ run_and_wait() {
   done
   child=
 }
+
+# A warm pod waits here for the session that claims it (see the header).
+if [ -n "${BINDING_DIRECTORY:-}" ] && [ -z "${REMOTE_URL:-}" ] && [ -z "${ENVIRONMENT_ID:-}" ]; then
+  poll_ms=$(setting_ms BINDING_POLL_SECONDS 0.1) || exit "$EX_USAGE"
+  [ "$poll_ms" -ge 10 ] || poll_ms=10
+  poll_s=$(printf '%d.%03d' "$((poll_ms / 1000))" "$((poll_ms % 1000))")
+  log "warm: waiting for a session to claim this sandbox"
+  while :; do
+    if [ -s "$BINDING_DIRECTORY/environment-id" ] && [ -s "$BINDING_DIRECTORY/remote-url" ]; then
+      ENVIRONMENT_ID=$(<"$BINDING_DIRECTORY/environment-id")
+      REMOTE_URL=$(<"$BINDING_DIRECTORY/remote-url")
+      if [ -n "$ENVIRONMENT_ID" ] && [ -n "$REMOTE_URL" ]; then
+        break
+      fi
+    fi
+    run_and_wait sleep "$poll_s"
+    if [ "$stopping" = 1 ]; then
+      log "stopped by signal while warm"
+      exit 0
+    fi
+  done
+  export REMOTE_URL ENVIRONMENT_ID
+  log "claimed: starting the executor for environment $ENVIRONMENT_ID"
+fi
+
+missing=()
+for name in REMOTE_URL ENVIRONMENT_ID CODEX_API_KEY; do
+  if [ -z "${!name:-}" ]; then
+    missing+=("$name")
+  fi
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  log "missing required environment variable(s): ${missing[*]}"
+  exit "$EX_USAGE"
+fi
 
 delay_ms=$initial_ms
 failures=0

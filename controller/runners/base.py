@@ -18,6 +18,10 @@ makes it so, safely under repetition:
   sandbox, so that the sweep can discard one whose session is gone (L16, L17);
   ``keeps_workspace(session_id)`` asks the same of one session.
 
+A runner may also keep warm pools (``Pools``): sandboxes started ahead of any session, one of
+which ``ensure`` claims for a session instead of starting one; ``tend_pools`` keeps them at
+their size (the scheduler's leader calls it every few seconds).
+
 ``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
 in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
 a session; this is the last line of defence.
@@ -25,7 +29,7 @@ a session; this is the last line of defence.
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from controller import trust
 from controller.errors import RunnerRejected
@@ -56,3 +60,8 @@ class Runner(Protocol):
     def workspaces(self) -> list[str]: ...
 
     def keeps_workspace(self, session_id: str) -> bool: ...
+
+
+@runtime_checkable
+class Pools(Protocol):
+    def tend_pools(self) -> None: ...

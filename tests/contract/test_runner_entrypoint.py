@@ -198,3 +198,49 @@ def test_missing_environment_is_named_and_the_key_never_printed(
     output = entry.output()
     assert missing in output
     assert key not in output
+
+
+def _bind(directory: Path, environment_id: str, remote_url: str) -> None:
+    """What the kubelet does when a session claims a warm pod: the downward-API files appear."""
+    for name, value in (("environment-id", environment_id), ("remote-url", remote_url)):
+        partial = directory / f".{name}.tmp"
+        partial.write_text(value)
+        partial.replace(directory / name)
+
+
+def test_a_warm_runner_waits_for_its_binding_then_registers(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint], tmp_path: Path
+) -> None:
+    """L8, L2: a warm runner (no REMOTE_URL, no ENVIRONMENT_ID, BINDING_DIRECTORY set) starts no
+    executor until its binding appears; then the executor registers with that environment id and
+    the key from CODEX_API_KEY, which is never printed."""
+    binary = codex_binary()
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    binding = tmp_path / "binding"
+    binding.mkdir()
+    (binding / "environment-id").write_text("")  # an annotation not set yet: an empty file
+    (binding / "remote-url").write_text("")
+    entry = run_entrypoint(
+        CODEX_BIN=binary, BINDING_DIRECTORY=str(binding), CODEX_API_KEY=sim.environment_key, **FAST_RETRIES
+    )
+    wait_for(lambda: "waiting for a session" in entry.output(), 10, "the runner to wait warm")
+    time.sleep(1)  # warm: nothing registers while no session has claimed it
+    assert entry.process.poll() is None, entry.output()
+    assert sim.registrations(env_id) == []
+
+    _bind(binding, env_id, remote_url)
+    wait_for(lambda: sim.environment_status(env_id) == "connected", 20, "the claimed runner to connect")
+    assert [r["status_code"] for r in sim.registrations(env_id)] == [200]
+    assert sim.environment_key not in entry.output()
+
+
+def test_sigterm_while_warm_exits_0(run_entrypoint: Callable[..., Entrypoint], tmp_path: Path) -> None:
+    """L8: a warm runner that is deleted before any session claims it (pool shrink, age) exits 0."""
+    binding = tmp_path / "binding"
+    binding.mkdir()
+    entry = run_entrypoint(CODEX_BIN="/bin/false", BINDING_DIRECTORY=str(binding), CODEX_API_KEY="envkey-x")
+    wait_for(lambda: "waiting for a session" in entry.output(), 10, "the runner to wait warm")
+    entry.process.send_signal(signal.SIGTERM)
+    assert entry.process.wait(timeout=10) == 0
+    assert "stopped by signal while warm" in entry.output()

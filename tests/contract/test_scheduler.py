@@ -463,3 +463,28 @@ def test_scheduler_survives_redis_stopping_mid_run_and_says_why(
         client.close()
         broker.close()
         own.stop()
+
+
+class PoolingRunner(FakeRunner):
+    """The fake runner, with warm pools to tend (counts the calls)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tended = 0
+
+    def tend_pools(self) -> None:
+        self.tended += 1
+
+
+def test_only_the_leader_tends_the_warm_pools(clients: Callable[[], redis.Redis]) -> None:
+    """The leader tends a pooling runner's warm pools round after round; a standby never does."""
+    leading, standing = PoolingRunner(), PoolingRunner()
+    first = Scheduler(clients(), leading).start()
+    wait_for(lambda: leading.tended >= 1, timeout=10, what="the leader to tend the pools")
+    second = Scheduler(clients(), standing).start()
+    try:
+        wait_for(lambda: leading.tended >= 3, timeout=20, what="the leader to tend the pools again")
+    finally:
+        first.halt()
+        second.halt()
+    assert standing.tended == 0

@@ -5,6 +5,8 @@ runs each pod's (single) container as a local process: the image maps to a local
 (the runner image → ``runner_image/entrypoint.sh`` with the npm-installed codex), the env
 is the pod's own with ``valueFrom`` resolved from Secrets and ConfigMaps, and every
 volume mount (workspace, home, tmp) maps to a per-pod directory, as does ``workingDir``.
+A downward-API volume of the pod's annotations or labels is written there, and rewritten
+(each file replaced atomically) when they change, as the kubelet does.
 It reports status (Pending → Running; Failed/Succeeded when the process exits, since
 sandbox pods use ``restartPolicy: Never``), kills the process when a pod is deleted and
 then finishes the deletion, and can inject faults: a container exit, a slow start, an
@@ -15,6 +17,7 @@ from __future__ import annotations
 
 import datetime as dt
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -25,6 +28,8 @@ from typing import Any
 
 from kubernetes import client
 from kubernetes.client.exceptions import ApiException
+
+_FIELD = re.compile(r"metadata\.(?P<kind>annotations|labels)\['(?P<key>[^']+)'\]")
 
 
 def _now() -> str:
@@ -38,6 +43,7 @@ class Container:
     name: str
     started: str
     reported_exit: bool = False
+    downward: dict[str, Path] = field(default_factory=dict)  # downward-API volume name → its directory
 
 
 @dataclass
@@ -171,6 +177,7 @@ class TestKubelet:
                 pod, {"phase": "Failed", "reason": "Evicted", "message": "The node was low on resource: memory."}
             )
             return
+        self._project(pod, container.downward)
         code = container.process.poll()
         if code is not None and not container.reported_exit:
             self._report_exit(pod, container, code)
@@ -203,6 +210,12 @@ class TestKubelet:
             local = pod_dir / "volumes" / mount.name
             local.mkdir(parents=True, exist_ok=True)
             mounts[mount.mount_path.rstrip("/")] = local
+        downward = {
+            v.name: pod_dir / "volumes" / v.name
+            for v in spec.volumes or []
+            if v.downward_api is not None and (pod_dir / "volumes" / v.name).is_dir()
+        }
+        self._project(pod, downward)
         env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), **self.image_env}
         for var in c.env or []:
             env[var.name] = self._remap(self._value(meta.namespace, var), mounts)
@@ -221,7 +234,7 @@ class TestKubelet:
                 start_new_session=True,
             )
         started = _now()
-        self.containers[meta.uid] = Container(process, meta.uid, meta.name, started)
+        self.containers[meta.uid] = Container(process, meta.uid, meta.name, started, downward=downward)
         self.started_pods.append(meta.name)
         self._patch_status(
             pod,
@@ -244,6 +257,24 @@ class TestKubelet:
                 ],
             },
         )
+
+    @staticmethod
+    def _project(pod: Any, downward: Mapping[str, Path]) -> None:
+        """Write the pod's downward-API volumes (annotations and labels only), changed files only."""
+        for volume in pod.spec.volumes or []:
+            if volume.name not in downward:
+                continue
+            for item in volume.downward_api.items or []:
+                found = _FIELD.fullmatch(item.field_ref.field_path if item.field_ref else "")
+                if found is None:
+                    raise ValueError(f"unsupported downward-API field in volume {volume.name}")
+                values = (pod.metadata.annotations if found["kind"] == "annotations" else pod.metadata.labels) or {}
+                value = values.get(found["key"], "")
+                target = downward[volume.name] / item.path
+                if not target.exists() or target.read_text() != value:
+                    partial = target.with_name(f".{item.path}.tmp")
+                    partial.write_text(value)
+                    partial.replace(target)
 
     def _value(self, namespace: str, var: Any) -> str:
         if var.value_from is None:

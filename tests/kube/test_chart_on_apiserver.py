@@ -33,7 +33,7 @@ from kubernetes.dynamic import DynamicClient
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod, make_warm_pod
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.watch import PodWatch
 from tests.chart.test_chart import CASE_IDS, CASES, CHART, CREDENTIALS, EXECUTOR_KEY, _helm, merge
@@ -813,3 +813,54 @@ def _redis_auth(core: client.CoreV1Api, release_ns: str) -> str:
     assert len(password) == 32 and password.isalnum()
     assert url == f"redis://:{password}@{RELEASE}-sandbox-controller-redis.{release_ns}.svc:6379/0"
     return password
+
+
+# -- warm pools ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def pooled(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
+    """The chart with a template that keeps a warm pool (its sandbox namespace enforces "restricted")."""
+    world = _Rbac(kube_api, chart, extra_values={"sandbox": {"templates": {"fast": {"warmPool": {"size": 1}}}}})
+    yield world
+    world.close()
+
+
+def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_get_on_events(pooled: _Rbac) -> None:
+    """L2: a template with a warm pool adds exactly two grants: patch on pods (the claim) and get
+    on events (the placement record)."""
+    role = client.RbacAuthorizationV1Api(pooled.admin).read_namespaced_role(pooled.role_name, pooled.sandbox_ns)
+    grants = {
+        (group, resource, verb)
+        for rule in role.rules
+        for group in rule.api_groups
+        for resource in rule.resources
+        for verb in rule.verbs
+    }
+    assert grants == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
+
+
+def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow(pooled: _Rbac) -> None:
+    """L2, L1: with the chart's token, a warm pod (make_warm_pod) is admitted by Pod Security
+    "restricted" and the chart's pod policy; its claim (a patch, an UPDATE the policy checks
+    too) succeeds once and only once; a downward-API volume reaching beyond the pod's
+    annotations is refused."""
+    template = SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=1)
+    runner = KubernetesRunner(pooled.core, pooled.pod_settings(), lambda name: template, [template])
+    runner.tend_pools()
+    [warm] = pooled.core.list_namespaced_pod(pooled.sandbox_ns, label_selector=names.pool_selector("fast")).items
+    assert warm.spec.automount_service_account_token is False
+    spec = _spec()
+    handle = runner.ensure(spec, 1)
+    assert handle.name == warm.metadata.name and handle.environment_id == spec.environment_id
+    with pytest.raises(ApiException) as again:  # a second claim of the same pod fails its test
+        pooled.core.patch_namespaced_pod(warm.metadata.name, pooled.sandbox_ns, claim_patch(_spec(), 1, time.time()))
+    assert again.value.status in (409, 422), again.value.body
+    assert runner.find(spec.session_id) == handle
+
+    wide = make_warm_pod(template, pooled.pod_settings())
+    [binding] = [v for v in wide["spec"]["volumes"] if v["name"] == "binding"]
+    binding["downwardAPI"]["items"].append({"path": "labels", "fieldRef": {"fieldPath": "metadata.labels"}})
+    message = pooled.refusal(wide)
+    assert "downward-API annotation volumes" in message, message
+    client.CoreV1Api(pooled.admin).delete_collection_namespaced_pod(pooled.sandbox_ns)

@@ -5,6 +5,7 @@ namespace (see tests/node/node.py for the node itself)."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import os
 import secrets
 import sys
@@ -24,6 +25,8 @@ SANDBOX_NAMESPACE = f"{NAMESPACE}-sandboxes"
 SIM_PORT = 8090
 SIMULATOR_ENV = "SANDBOX_CONTROLLER_SIMULATOR_"
 PERSISTENT_TEMPLATE = "persistent-workspace"
+WARM_TEMPLATE = "warm"
+WARM_POOL_SIZE = 2
 # Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
 # test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
 IDLE_TIMEOUT_SECONDS = 30
@@ -95,6 +98,8 @@ def _values(world_images: dict[str, Image], api_key: str, environment_key: str, 
                     "resources": SANDBOX_RESOURCES,
                     "workspacePersistence": {"enabled": True, "size": "1Gi"},
                 },
+                # Sessions that ask for it are served from a warm pool (pods started and waiting).
+                WARM_TEMPLATE: {"resources": SANDBOX_RESOURCES, "warmPool": {"size": WARM_POOL_SIZE}},
             },
         },
         # The locally built images (imported into containerd; nothing is pulled).
@@ -112,6 +117,13 @@ def _values(world_images: dict[str, Image], api_key: str, environment_key: str, 
 
 @pytest.fixture(scope="session")
 def installed(node: RealNode, images: list[Image]) -> Iterator[Installed]:
+    with install(node, images) as world:
+        yield world
+
+
+@contextlib.contextmanager
+def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
+    """The chart installed on ``node`` and the simulator started beside it (bench/ uses it too)."""
     import helm_python as helm  # loaded only now: its threads start inside the namespace
     from kubernetes import client
 

@@ -23,6 +23,7 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,8 @@ from tests.node.conftest import (
     RELEASE,
     SANDBOX_NAMESPACE,
     SIM_PORT,
+    WARM_POOL_SIZE,
+    WARM_TEMPLATE,
     Installed,
 )
 from tests.node.node import NODE_IP
@@ -86,7 +89,9 @@ class Forwarders:
                 ).items:
                     if pod.metadata.uid in self.done or pod.metadata.deletion_timestamp:
                         continue
-                    remote = next(e.value for e in pod.spec.containers[0].env if e.name == "REMOTE_URL")
+                    env = {e.name: e.value for e in pod.spec.containers[0].env or []}
+                    # A warm pod learns its remote_url only when claimed: the simulator's, on loopback.
+                    remote = env.get("REMOTE_URL") or f"http://127.0.0.1:{SIM_PORT}"
                     port = remote.rsplit(":", 1)[1].split("/")[0]
                     forwarder = {
                         "name": "loopback-to-simulator",
@@ -426,6 +431,75 @@ def test_ten_sessions_at_once(world: Installed) -> None:
     assert len({r["pod"] for r in results}) == 10
     assert all(r["key_matched"] for r in results)
     _record_figures(world, results)
+
+
+# -- warm pools ---------------------------------------------------------------------------------
+
+
+def warm_ready(world: Installed) -> list[Any]:
+    """The warm pool's unclaimed pods that run, with their loopback forwarder running (the
+    test's stand-in for the pod's route to the API: a pool is ready once it is in place)."""
+    pods = world.core.list_namespaced_pod(SANDBOX_NAMESPACE, label_selector=names.pool_selector(WARM_TEMPLATE)).items
+    return [
+        p
+        for p in pods
+        if p.status.phase == "Running"
+        and not p.metadata.deletion_timestamp
+        and any(s.state and s.state.running for s in p.status.ephemeral_container_statuses or [])
+    ]
+
+
+def bound_after(world: Installed, pod: Any) -> float | None:
+    """Seconds from a warm pod's claim (its claimed-at annotation) to its entrypoint seeing the
+    binding (the kubelet's refresh of the downward-API volume, plus the entrypoint's poll)."""
+    claimed = float(pod.metadata.annotations[names.CLAIMED_AT_ANNOTATION])
+    text = world.core.read_namespaced_pod_log(
+        pod.metadata.name, SANDBOX_NAMESPACE, container=pod.spec.containers[0].name, timestamps=True
+    )
+    for line in text.splitlines():
+        if "claimed: starting the executor" in line:
+            stamp = line.split(" ", 1)[0]
+            seen = datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+            return seen - claimed
+    return None
+
+
+def test_a_webhook_is_served_by_a_warm_pod_which_is_never_reused(world: Installed) -> None:
+    """L8, L1, L2: with the warm template's pool ready, a signed webhook for a session of that
+    template gets a pod of the pool, claimed and bound late: the real codex in it registers
+    with the session's environment and the key from the Secret (never in the pod's spec or
+    annotations; no service-account token). The pool refills to its size; when the session
+    fails the claimed pod is deleted and never serves again."""
+    wait_for(lambda: len(warm_ready(world)) >= WARM_POOL_SIZE, 300, "the warm pool to be ready", interval=0.5)
+    warm_uids = {p.metadata.uid for p in warm_ready(world)}
+    timeline = _one_session(world, template=WARM_TEMPLATE)
+    assert timeline["key_matched"] is True
+    pod = world.core.read_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE)
+    assert pod.metadata.uid in warm_uids
+    assert pod.metadata.labels[names.POOL_STATE_LABEL] == names.CLAIMED
+    assert pod.metadata.annotations[names.ENVIRONMENT_ID_ANNOTATION] == timeline["environment_id"]
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    assert "REMOTE_URL" not in env and "ENVIRONMENT_ID" not in env
+    assert env["CODEX_API_KEY"].value is None and env["CODEX_API_KEY"].value_from.secret_key_ref
+    assert pod.spec.automount_service_account_token is False
+    assert world.environment_key not in json.dumps(world.api.sanitize_for_serialization(pod))
+    refresh = wait_for(lambda: bound_after(world, pod), 60, "the entrypoint's claimed line", interval=0.5)
+    print(f"node figures: warm pod bound {refresh:.2f}s after its claim (downward-API refresh + poll)")
+
+    # Refilled: the pool is back to its size, without the claimed pod.
+    def refilled() -> bool:
+        ready = warm_ready(world)
+        return len(ready) >= WARM_POOL_SIZE and pod.metadata.uid not in {p.metadata.uid for p in ready}
+
+    wait_for(refilled, 300, "the warm pool to be refilled", interval=0.5)
+
+    # One session only: the failed session's pod is deleted and never comes back to the pool.
+    session_id = timeline["session_id"]
+    httpx.post(f"{world.simulator_url}/admin/sessions/{session_id}/fail", json={"error": "node test"}, timeout=10)
+    wait_for(lambda: not _pods(world, session_id), 180, "the claimed pod to be deleted", interval=0.5)
+    pool = world.core.list_namespaced_pod(SANDBOX_NAMESPACE, label_selector=names.managed_selector()).items
+    assert pod.metadata.uid not in {p.metadata.uid for p in pool}
+    assert len(_registered(world, timeline["environment_id"])) == 1
 
 
 def _percentile(values: list[float], q: float) -> float:

@@ -6,10 +6,18 @@ capability dropped, seccomp RuntimeDefault, no service-account token, read-only 
 ``secretKeyRef`` (L2): never inlined, never in an annotation. Codex's own command sandbox
 (unconfined seccomp, user namespaces, unmasked /proc) is an explicit per-template opt-in
 (``codex_sandbox``) that a "restricted" namespace refuses by design.
+
+A warm pod (``make_warm_pod``) has the same shape, minus what only a session can tell: no
+``REMOTE_URL`` and ``ENVIRONMENT_ID`` in its environment, an ``emptyDir`` workspace, and a
+downward-API volume of two of its own annotations, which ``claim_patch`` sets when a session
+claims it (late binding: the entrypoint waits for them). The key still comes only from the
+Secret; the pod still gets no service-account token.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,6 +26,7 @@ from controller.runners.kubernetes import names
 
 RUNNER_UID = 10001
 CONTAINER = "executor"
+BINDING_DIRECTORY = "/etc/sandbox-binding"
 
 
 @dataclass(frozen=True)
@@ -43,6 +52,16 @@ class SandboxTemplate:
     storage_class_name: str | None = None
     codex_sandbox: bool = False
     """Opt-in: Codex's own bubblewrap sandbox (fails Pod Security "restricted")."""
+    warm_pool_size: int = 0
+    """Keep this many warm pods of this template started and waiting for a session (0: none)."""
+    warm_max_age_seconds: int = 3600
+    """A warm pod no session claimed within this is replaced (a fresh image pull policy, key)."""
+
+    @property
+    def pooled(self) -> bool:
+        """Whether sessions of this template are served from a warm pool (a per-session
+        workspace volume cannot be mounted before the session is known: never pooled)."""
+        return self.warm_pool_size > 0 and not self.persist_workspace
 
 
 @dataclass(frozen=True)
@@ -50,9 +69,104 @@ class PodSettings:
     namespace: str = "sandboxes"
     executor_key_secret: str = "sandbox-executor-key"
     executor_key_secret_key: str = "executor-key"
+    workspace_directory: str = "/workspace"
+    """Where warm pods mount their workspace (the routing's directory: every session we serve has it)."""
 
 
 def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, settings: PodSettings) -> dict[str, Any]:
+    env = [
+        {"name": "REMOTE_URL", "value": spec.remote_url},
+        {"name": "ENVIRONMENT_ID", "value": spec.environment_id},
+    ]
+    workspace: dict[str, Any] = (
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": names.pvc_name(spec.session_id)}}
+        if template.persist_workspace
+        else {"name": "workspace", "emptyDir": {}}
+    )
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": names.pod_name(spec.session_id, generation),
+            "namespace": settings.namespace,
+            "labels": names.labels(spec.session_id, generation),
+            "annotations": {
+                names.SESSION_ID_ANNOTATION: spec.session_id,
+                names.ENVIRONMENT_ID_ANNOTATION: spec.environment_id,
+                names.TEMPLATE_ANNOTATION: template.name,
+            },
+        },
+        "spec": _pod_spec(env, spec.workspace_directory, workspace, [], template, settings),
+    }
+
+
+def make_warm_pod(template: SandboxTemplate, settings: PodSettings) -> dict[str, Any]:
+    """A pod of the template's warm pool: started before any session, bound by ``claim_patch``."""
+    env = [{"name": "BINDING_DIRECTORY", "value": BINDING_DIRECTORY}]
+    binding = {
+        "name": "binding",
+        "downwardAPI": {
+            "items": [
+                {"path": "environment-id", "fieldRef": {"fieldPath": _annotation(names.ENVIRONMENT_ID_ANNOTATION)}},
+                {"path": "remote-url", "fieldRef": {"fieldPath": _annotation(names.REMOTE_URL_ANNOTATION)}},
+            ]
+        },
+    }
+    mount = {"name": "binding", "mountPath": BINDING_DIRECTORY, "readOnly": True}
+    workspace = {"name": "workspace", "emptyDir": {}}
+    pod_spec = _pod_spec(env, settings.workspace_directory, workspace, [(binding, mount)], template, settings)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": names.warm_prefix(template.name),
+            "namespace": settings.namespace,
+            "labels": names.pool_labels(template.name),
+            "annotations": {names.TEMPLATE_ANNOTATION: template.name, names.SHAPE_ANNOTATION: shape(pod_spec)},
+        },
+        "spec": pod_spec,
+    }
+
+
+def shape(pod_spec: dict[str, Any]) -> str:
+    """A digest of a warm pod's spec: a pod of another shape (the template or the settings
+    changed since it started) is never claimed, and the pool replaces it."""
+    return hashlib.sha256(json.dumps(pod_spec, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def claim_patch(spec: SandboxSpec, generation: int, claimed_at: float) -> list[dict[str, Any]]:
+    """The JSON patch that claims a warm pod for a session: applied only while the pod is still
+    ``ready`` (the ``test`` operation, checked by the API server on the current object), so of
+    two claims of one pod exactly one succeeds. It gives the pod the session's labels and
+    annotations (as ``make_pod`` does) and the binding its entrypoint waits for; never the key."""
+
+    def at(kind: str, key: str) -> str:
+        return f"/metadata/{kind}/{key.replace('~', '~0').replace('/', '~1')}"
+
+    return [
+        {"op": "test", "path": at("labels", names.POOL_STATE_LABEL), "value": names.READY},
+        {"op": "replace", "path": at("labels", names.POOL_STATE_LABEL), "value": names.CLAIMED},
+        {"op": "add", "path": at("labels", names.SESSION_HASH_LABEL), "value": names.session_hash(spec.session_id)},
+        {"op": "add", "path": at("labels", names.GENERATION_LABEL), "value": str(generation)},
+        {"op": "add", "path": at("annotations", names.SESSION_ID_ANNOTATION), "value": spec.session_id},
+        {"op": "add", "path": at("annotations", names.ENVIRONMENT_ID_ANNOTATION), "value": spec.environment_id},
+        {"op": "add", "path": at("annotations", names.REMOTE_URL_ANNOTATION), "value": spec.remote_url},
+        {"op": "add", "path": at("annotations", names.CLAIMED_AT_ANNOTATION), "value": f"{claimed_at:.3f}"},
+    ]
+
+
+def _annotation(key: str) -> str:
+    return f"metadata.annotations['{key}']"
+
+
+def _pod_spec(
+    binding_env: list[dict[str, Any]],
+    workspace_directory: str,
+    workspace: dict[str, Any],
+    extra: list[tuple[dict[str, Any], dict[str, Any]]],
+    template: SandboxTemplate,
+    settings: PodSettings,
+) -> dict[str, Any]:
     container_security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -75,8 +189,7 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
         "name": CONTAINER,
         "image": template.image,
         "env": [
-            {"name": "REMOTE_URL", "value": spec.remote_url},
-            {"name": "ENVIRONMENT_ID", "value": spec.environment_id},
+            *binding_env,
             {
                 "name": "CODEX_API_KEY",
                 "valueFrom": {
@@ -86,22 +199,18 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
             {"name": "HOME", "value": "/home/sandbox"},
             {"name": "TMPDIR", "value": "/tmp"},
         ],
-        "workingDir": spec.workspace_directory,
+        "workingDir": workspace_directory,
         "securityContext": container_security,
         "resources": {k: dict(v) for k, v in template.resources.items()},
         "volumeMounts": [
-            {"name": "workspace", "mountPath": spec.workspace_directory},
+            {"name": "workspace", "mountPath": workspace_directory},
             {"name": "home", "mountPath": "/home/sandbox"},
             {"name": "tmp", "mountPath": "/tmp"},
+            *(mount for _, mount in extra),
         ],
     }
     if template.image_pull_policy:
         container["imagePullPolicy"] = template.image_pull_policy
-    workspace: dict[str, Any] = (
-        {"name": "workspace", "persistentVolumeClaim": {"claimName": names.pvc_name(spec.session_id)}}
-        if template.persist_workspace
-        else {"name": "workspace", "emptyDir": {}}
-    )
     pod_spec: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
@@ -109,7 +218,12 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
         "terminationGracePeriodSeconds": 15,
         "securityContext": pod_security,
         "containers": [container],
-        "volumes": [workspace, {"name": "home", "emptyDir": {}}, {"name": "tmp", "emptyDir": {}}],
+        "volumes": [
+            workspace,
+            {"name": "home", "emptyDir": {}},
+            {"name": "tmp", "emptyDir": {}},
+            *(volume for volume, _ in extra),
+        ],
     }
     if template.codex_sandbox:
         pod_spec["hostUsers"] = False
@@ -123,21 +237,7 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
         pod_spec["imagePullSecrets"] = [{"name": n} for n in template.image_pull_secrets]
     if template.active_deadline_seconds:
         pod_spec["activeDeadlineSeconds"] = template.active_deadline_seconds
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": names.pod_name(spec.session_id, generation),
-            "namespace": settings.namespace,
-            "labels": names.labels(spec.session_id, generation),
-            "annotations": {
-                names.SESSION_ID_ANNOTATION: spec.session_id,
-                names.ENVIRONMENT_ID_ANNOTATION: spec.environment_id,
-                names.TEMPLATE_ANNOTATION: template.name,
-            },
-        },
-        "spec": pod_spec,
-    }
+    return pod_spec
 
 
 def make_pvc(spec: SandboxSpec, template: SandboxTemplate, settings: PodSettings) -> dict[str, Any]:

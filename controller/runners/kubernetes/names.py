@@ -3,6 +3,12 @@
 A pod is named from the session id plus a hash (ids are not DNS-safe and may be long) and a
 generation suffix, so a replacement never collides with a pod that is still terminating:
 ``sbx-<slug>-<hash8>-g<generation>``, at most 63 characters (a DNS-1123 label).
+
+A warm pod (a template's warm pool) is named ``warm-<template slug>-<random>`` by the API
+server (``generateName``) and carries the pool's labels: ``pool`` (a hash of the template
+name) and ``pool-state`` (``ready`` until a session claims it, then ``claimed``). A claim adds
+the session's labels and annotations (as a cold pod has them) plus the remote URL, which the
+pod reads through a downward-API volume (late binding).
 """
 
 from __future__ import annotations
@@ -16,6 +22,13 @@ GENERATION_LABEL = f"{PREFIX}/generation"
 SESSION_ID_ANNOTATION = f"{PREFIX}/session-id"
 ENVIRONMENT_ID_ANNOTATION = f"{PREFIX}/environment-id"
 TEMPLATE_ANNOTATION = f"{PREFIX}/template"
+REMOTE_URL_ANNOTATION = f"{PREFIX}/remote-url"
+CLAIMED_AT_ANNOTATION = f"{PREFIX}/claimed-at"
+SHAPE_ANNOTATION = f"{PREFIX}/shape"
+POOL_LABEL = f"{PREFIX}/pool"
+POOL_STATE_LABEL = f"{PREFIX}/pool-state"
+READY = "ready"
+CLAIMED = "claimed"
 MANAGED_BY = "sandbox-controller"
 COMPONENT = "sandbox"
 _MAX_LABEL = 63
@@ -64,3 +77,34 @@ def session_selector(session_id: str) -> str:
 
 def managed_selector() -> str:
     return ",".join(f"{k}={v}" for k, v in selector_labels().items())
+
+
+def pool_hash(template: str) -> str:
+    """A label value naming a template's warm pool (template names need not be label-safe)."""
+    return hashlib.sha256(f"pool:{template}".encode()).hexdigest()[:16]
+
+
+def warm_prefix(template: str) -> str:
+    """``generateName`` of a template's warm pods (the API server adds five characters)."""
+    return f"warm-{slug(template, 40)}-"
+
+
+def pool_labels(template: str) -> dict[str, str]:
+    return {
+        **selector_labels(),
+        "app.kubernetes.io/name": "sandbox",
+        "app.kubernetes.io/part-of": "sandbox-controller",
+        POOL_LABEL: pool_hash(template),
+        POOL_STATE_LABEL: READY,
+    }
+
+
+def pool_selector(template: str) -> str:
+    """The warm pods of a template's pool that no session has claimed."""
+    return f"{managed_selector()},{POOL_LABEL}={pool_hash(template)},{POOL_STATE_LABEL}={READY}"
+
+
+def placement_name(session_id: str, generation: int) -> str:
+    """The name of the Event that records which pod serves a session's generation (warm pools:
+    a claimed pod's own name says nothing about its session). Unique per session and generation."""
+    return f"{pod_name(session_id, generation)}.placed"

@@ -7,6 +7,18 @@ that name is of this generation and alive; a terminating or finished pod is neve
 the next generation is created instead (L14). Deletes carry a UID precondition, so a stale
 handle can never delete a newer pod of the same name.
 
+Warm pools (``pool.py``): for a template with a pool, ``ensure`` claims a warm pod (a JSON
+patch that succeeds only while the pod is unclaimed) and falls back to a cold pod when none is
+left. A claimed pod has no name derived from the session, so the name that makes a cold start
+idempotent is carried by a placement record instead: an Event on the placed pod named after
+the session and generation (``names.placement_name``). Whoever creates it first owns that
+generation; a placement that finds it taken deletes its own pod and returns the recorded one
+(so does a look that meets a losing pod before it is gone: ``_chosen``), and a record whose
+pod is gone moves on to the next generation, as a terminating name does.
+So two ``ensure`` calls racing for one session (possible only once its lease lapsed) return
+the same pod. A claim then adds one warm pod in its place; ``tend_pools`` (the scheduler's
+leader) keeps each pool at its size.
+
 Kubernetes API errors are translated here, once: 404/409/410 are idempotency signals,
 429/5xx are retried briefly and then raised as ``Transient``, 401/403 become
 ``RunnerRejected`` naming the permission that is missing.
@@ -15,7 +27,8 @@ Kubernetes API errors are translated here, once: 404/409/410 are idempotency sig
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+import time
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -30,11 +43,22 @@ from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.base import checked
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
+from controller.runners.kubernetes.manifests import (
+    PodSettings,
+    SandboxTemplate,
+    claim_patch,
+    make_pod,
+    make_pvc,
+    make_warm_pod,
+    shape,
+)
+from controller.runners.kubernetes.pool import WarmPod, claim_order, plan
 
 log = logs.get(__name__)
 T = TypeVar("T")
 _MAX_GENERATION_SKIPS = 5
+_MAX_CLAIM_TRIES = 3
+_SETTLE_LOOKS = 50
 
 
 @contextmanager
@@ -92,20 +116,29 @@ class KubernetesRunner:
         api: k8s.CoreV1Api,
         settings: PodSettings,
         templates: Callable[[str | None], SandboxTemplate],
+        pools: Sequence[SandboxTemplate] = (),
     ) -> None:
         self._api = api
         self._settings = settings
         self._templates = templates
         self._ns = settings.namespace
+        self._pools = tuple(t for t in pools if t.pooled)
 
     # -- protocol -------------------------------------------------------------------------
 
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
         spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
         live = self._live_pods(spec.session_id)
-        if live:
-            return _handle(spec.session_id, max(live, key=_generation_of))
         template = self._templates(spec.template)
+        if live:
+            return _handle(spec.session_id, self._chosen(spec.session_id, live, settle=template.pooled))
+        if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
+            return self._place(spec, generation, template)  # warm pods mount the routing's directory
+        return _handle(spec.session_id, self._create_cold(spec, generation, template))
+
+    def _create_cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any:
+        """The session's pod of ``generation`` (or the next free one): created, or the one a twin
+        created under that name."""
         if template.persist_workspace:
             self._create_quietly(make_pvc(spec, template, self._settings), "persistentvolumeclaims")
         for attempt in range(_MAX_GENERATION_SKIPS):
@@ -119,7 +152,7 @@ class KubernetesRunner:
                     ) from exc
                 existing = self._read_pod(manifest["metadata"]["name"])
                 if existing is not None and _alive(existing) and _generation_of(existing) == generation + attempt:
-                    return _handle(spec.session_id, existing)  # already done, by us or a twin
+                    return existing  # already done, by us or a twin
                 continue  # that name belongs to a terminating or finished pod: never reuse it
             log.info(
                 "pod created",
@@ -131,8 +164,189 @@ class KubernetesRunner:
                 "SandboxStarted",
                 f"executor for session {spec.session_id}, environment {spec.environment_id}",
             )
-            return _handle(spec.session_id, pod)
+            return pod
         raise Transient(f"pods of session {spec.session_id} are still terminating", retry_after=5)
+
+    # -- warm pools -----------------------------------------------------------------------
+
+    def _place(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Handle:
+        """A warm pod claimed for the session, else a cold one, kept only if this placement wins
+        the session's placement record for that generation (L1; see the module docstring)."""
+        for attempt in range(_MAX_GENERATION_SKIPS):
+            gen = generation + attempt
+            record = names.placement_name(spec.session_id, gen)
+            holder = self._placement(record)
+            if holder is None:
+                pod = self._claim(spec, gen, template)
+                warm = pod is not None
+                if pod is None:
+                    pod = self._create_cold_of(spec, gen, template)
+                if pod is not None:
+                    if self._record_placement(record, spec, pod, warm):
+                        if warm:
+                            self._add_warm(template)  # refilled as it is claimed
+                        return _handle(spec.session_id, pod)
+                    holder = self._placement(record)
+                    if holder is None or holder[1] != pod.metadata.uid:
+                        self.release(_handle(spec.session_id, pod))  # another placement won: ours goes
+                        log.info(
+                            "another sandbox was placed for the session first; this one is deleted",
+                            extra={"session_id": spec.session_id, "pod": pod.metadata.name},
+                        )
+            if holder is not None:
+                existing = self._read_pod(holder[0])
+                if existing is not None and existing.metadata.uid == holder[1] and _alive(existing):
+                    return _handle(spec.session_id, existing)
+            # that generation's placement is gone (or its name is taken by a dying pod): the next one
+        raise Transient(f"sandboxes of session {spec.session_id} are still terminating", retry_after=5)
+
+    def _create_cold_of(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any | None:
+        """The session's cold pod of exactly ``generation`` (created, or a twin's); None when that
+        name belongs to a terminating or finished pod."""
+        if template.persist_workspace:
+            self._create_quietly(make_pvc(spec, template, self._settings), "persistentvolumeclaims")
+        manifest = make_pod(spec, generation, template, self._settings)
+        try:
+            pod = self._create_pod(manifest)
+        except ApiException as exc:
+            if exc.status != 409:
+                raise RunnerRejected(f"Kubernetes refused pod {manifest['metadata']['name']}: {exc.reason}") from exc
+            existing = self._read_pod(manifest["metadata"]["name"])
+            if existing is not None and _alive(existing) and _generation_of(existing) == generation:
+                return existing
+            return None
+        log.info(
+            "pod created", extra={"session_id": spec.session_id, "pod": pod.metadata.name, "generation": generation}
+        )
+        return pod
+
+    def _record_placement(self, record: str, spec: SandboxSpec, pod: Any, warm: bool) -> bool:
+        """Create the placement record (an Event on the pod, named after the session and
+        generation): True when this placement is the session's, False when another was first."""
+        now = datetime.now(UTC)
+        what = "warm sandbox claimed" if warm else "executor"
+        event = k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(name=record),
+            involved_object=k8s.V1ObjectReference(
+                api_version="v1", kind="Pod", name=pod.metadata.name, namespace=self._ns, uid=pod.metadata.uid
+            ),
+            reason="SandboxClaimed" if warm else "SandboxStarted",
+            message=f"{what} for session {spec.session_id}, environment {spec.environment_id}",
+            type="Normal",
+            first_timestamp=now,
+            last_timestamp=now,
+            count=1,
+            source=k8s.V1EventSource(component="sandbox-controller"),
+        )
+
+        def create() -> None:
+            with _translated("create", "events"):
+                self._api.create_namespaced_event(self._ns, event)
+
+        try:
+            _retrying(create)
+        except ApiException as exc:
+            if exc.status == 409:
+                return False
+            raise
+        return True
+
+    def _placement(self, record: str) -> tuple[str, str] | None:
+        """The pod (name, uid) a placement record names, or None when there is none."""
+
+        def read() -> Any:
+            with _translated("get", "events"):
+                return self._api.read_namespaced_event(record, self._ns)
+
+        try:
+            event = _retrying(read)
+        except ApiException as exc:
+            if exc.status in (404, 410):
+                return None
+            raise
+        return str(event.involved_object.name), str(event.involved_object.uid)
+
+    def _claim(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any | None:
+        """A warm pod of the template, claimed for the session; None when none could be."""
+        wanted = self._shape(template)
+        candidates = claim_order(self._warm_pods(template), wanted, time.time(), template.warm_max_age_seconds)
+        for candidate in candidates[:_MAX_CLAIM_TRIES]:
+            body = claim_patch(spec, generation, time.time())
+
+            def patch(name: str = candidate.name, body: list[dict[str, Any]] = body) -> Any:
+                with _translated("patch", "pods"):
+                    return self._api.patch_namespaced_pod(name, self._ns, body)
+
+            try:
+                pod = _retrying(patch)
+            except ApiException as exc:
+                if exc.status in (404, 409, 410, 422):  # claimed by another session, or gone: the next one
+                    continue
+                raise
+            if pod.metadata.deletion_timestamp is not None:
+                continue  # the pool was already replacing it; it is going, not ours to use
+            log.info(
+                "warm pod claimed",
+                extra={"session_id": spec.session_id, "pod": pod.metadata.name, "generation": generation},
+            )
+            return pod
+        log.info("no warm pod to claim; starting a cold one", extra={"session_id": spec.session_id})
+        return None
+
+    def tend_pools(self) -> None:
+        """Keep every pool at its size: replace dead, misshapen and too old warm pods, add the
+        missing ones, remove the excess (the scheduler's leader calls this every few seconds)."""
+        for template in self._pools:
+            todo = plan(
+                self._warm_pods(template),
+                template.warm_pool_size,
+                self._shape(template),
+                time.time(),
+                template.warm_max_age_seconds,
+            )
+            for pod in todo.delete:
+                self._delete_unclaimed(pod)
+            for _ in range(todo.create):
+                self._add_warm(template)
+
+    def _shape(self, template: SandboxTemplate) -> str:
+        return shape(make_warm_pod(template, self._settings)["spec"])
+
+    def _add_warm(self, template: SandboxTemplate) -> None:
+        """One more warm pod (best effort: the pool's next tending adds what is missing)."""
+        try:
+            pod = self._create_pod(make_warm_pod(template, self._settings))
+        except (ApiException, KubernetesUnavailable, RunnerRejected) as exc:
+            log.warning("could not add a warm pod", extra={"template": template.name, "reason": str(exc)[:300]})
+            return
+        log.info("warm pod created", extra={"template": template.name, "pod": pod.metadata.name})
+
+    def _delete_unclaimed(self, pod: WarmPod) -> None:
+        """Delete a warm pod only as it was seen: a claim since (a new resourceVersion) keeps it."""
+        body = k8s.V1DeleteOptions(
+            preconditions=k8s.V1Preconditions(uid=pod.uid, resource_version=pod.resource_version),
+            propagation_policy="Background",
+        )
+
+        def delete() -> None:
+            with _translated("delete", "pods"):
+                self._api.delete_namespaced_pod(pod.name, self._ns, body=body)
+
+        try:
+            _retrying(delete)
+        except ApiException as exc:
+            if exc.status not in (404, 409, 410):
+                raise
+            return
+        log.info("warm pod deleted", extra={"pod": pod.name})
+
+    def _warm_pods(self, template: SandboxTemplate) -> list[WarmPod]:
+        def pods() -> list[Any]:
+            with _translated("list", "pods"):
+                selector = names.pool_selector(template.name)
+                return list(self._api.list_namespaced_pod(self._ns, label_selector=selector).items)
+
+        return [_warm(pod) for pod in _retrying(pods)]
 
     def status(self, handle: Handle) -> Health:
         pod = self._read_pod(handle.name)
@@ -171,7 +385,26 @@ class KubernetesRunner:
 
     def find(self, session_id: str) -> Handle | None:
         live = self._live_pods(session_id)
-        return _handle(session_id, max(live, key=_generation_of)) if live else None
+        return _handle(session_id, self._chosen(session_id, live, settle=False)) if live else None
+
+    def _chosen(self, session_id: str, live: list[Any], settle: bool) -> Any:
+        """The session's pod among its live ones: the newest generation's. Several live pods of
+        one generation exist only for moments, while racing warm placements settle (a losing
+        one is deleted at once): then the placement record names the pod; with ``settle``, wait
+        (briefly) for the record when it is not there yet."""
+        for _ in range(_SETTLE_LOOKS if settle else 1):
+            newest = max(_generation_of(p) for p in live)
+            contenders = [p for p in live if _generation_of(p) == newest]
+            if len(contenders) == 1:
+                return contenders[0]
+            holder = self._placement(names.placement_name(session_id, newest))
+            recorded = [p for p in contenders if holder is not None and p.metadata.uid == holder[1]]
+            if recorded:
+                return recorded[0]
+            if settle:
+                time.sleep(0.1)
+                live = self._live_pods(session_id) or live
+        return max(live, key=_generation_of)
 
     def keeps_workspace(self, session_id: str) -> bool:
         """A claim being deleted (it waits for its pvc-protection finalizer) is no longer kept."""
@@ -301,6 +534,31 @@ def _generation_of(pod: Any) -> int:
         return 0
 
 
+def _warm(pod: Any) -> WarmPod:
+    health = health_of(pod)
+    return WarmPod(
+        name=pod.metadata.name,
+        uid=pod.metadata.uid,
+        resource_version=pod.metadata.resource_version,
+        created_at=pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
+        shape=(pod.metadata.annotations or {}).get(names.SHAPE_ANNOTATION, ""),
+        running=health is Health.RUNNING,
+        dead=health is Health.FAILED,
+        terminating=health is Health.TERMINATING,
+    )
+
+
+def _started_at(pod: Any) -> float:
+    """When the pod began to serve its session: its claim (a warm pod), else its creation."""
+    claimed = (pod.metadata.annotations or {}).get(names.CLAIMED_AT_ANNOTATION)
+    if claimed:
+        try:
+            return float(claimed)
+        except ValueError:
+            pass
+    return pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0
+
+
 def _handle(session_id: str, pod: Any) -> Handle:
     return Handle(
         session_id=session_id,
@@ -308,5 +566,5 @@ def _handle(session_id: str, pod: Any) -> Handle:
         generation=_generation_of(pod),
         uid=pod.metadata.uid,
         environment_id=(pod.metadata.annotations or {}).get(names.ENVIRONMENT_ID_ANNOTATION, ""),
-        created_at=pod.metadata.creation_timestamp.timestamp() if pod.metadata.creation_timestamp else 0.0,
+        created_at=_started_at(pod),
     )

@@ -7,11 +7,16 @@ The file (the Helm chart's ``sandbox.templates``, mounted at
                "runtimeClassName": "gvisor", "nodeSelector": {...}, "tolerations": [...],
                "imagePullSecrets": ["regcred"], "activeDeadlineSeconds": 86400,
                "workspacePersistence": {"enabled": true, "size": "20Gi", "storageClassName": "fast"},
-               "codexSandbox": false, "agentIds": ["agent_123"]}}
+               "codexSandbox": false, "agentIds": ["agent_123"],
+               "warmPool": {"size": 2, "maxAgeSeconds": 3600}}}
 
 A session names its template with the metadata key ``sandbox_template``; otherwise the
 first template listing its agent id applies; otherwise ``default`` (which the file may
 override). Unknown names fall back to ``default`` rather than refusing to start compute.
+
+``warmPool.size`` keeps that many pods of the template started and waiting for a session
+(``runners/kubernetes/pool.py``); a template with workspace persistence cannot have one (its
+volume belongs to a session that does not exist yet), so that combination is refused.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ METADATA_KEY = "sandbox_template"
 _FIELDS = {
     "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
     "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
+    "warmPool",
 }  # fmt: skip
 # The JSON type each field must have (None allowed where noted); nothing is coerced, so a string
 # "false" never turns codexSandbox on and a bare string never becomes a list of characters.
@@ -36,8 +42,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "image": (str,), "imagePullPolicy": (str, type(None)), "resources": (dict,),
     "runtimeClassName": (str, type(None)), "nodeSelector": (dict,), "tolerations": (list,),
     "imagePullSecrets": (list,), "activeDeadlineSeconds": (int, type(None)), "workspacePersistence": (dict,),
-    "codexSandbox": (bool,), "agentIds": (list,),
+    "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,),
 }  # fmt: skip
+_POOL_TYPES: dict[str, tuple[type, ...]] = {"size": (int,), "maxAgeSeconds": (int,)}
 _PERSISTENCE_TYPES: dict[str, tuple[type, ...]] = {
     "enabled": (bool,), "size": (str,), "storageClassName": (str, type(None)),
 }  # fmt: skip
@@ -58,6 +65,10 @@ class Templates:
 
     def get(self, name: str | None) -> SandboxTemplate:
         return self.by_name.get(name or "default", self.by_name["default"])
+
+    def pooled(self) -> tuple[SandboxTemplate, ...]:
+        """The templates with a warm pool."""
+        return tuple(t for t in self.by_name.values() if t.pooled)
 
 
 def load(path: str | None, base: SandboxTemplate) -> Templates:
@@ -87,6 +98,11 @@ def parse(raw: Any, base: SandboxTemplate) -> Templates:
         mistyped = _mistyped(fields, _TYPES, "")
         if isinstance(fields.get("workspacePersistence"), dict):
             mistyped += _mistyped(fields["workspacePersistence"], _PERSISTENCE_TYPES, "workspacePersistence.")
+        if isinstance(fields.get("warmPool"), dict):
+            mistyped += _mistyped(fields["warmPool"], _POOL_TYPES, "warmPool.")
+            extra = sorted(set(fields["warmPool"]) - set(_POOL_TYPES))
+            if extra:
+                mistyped.append(f"warmPool has unknown fields: {', '.join(extra)}")
         if mistyped:
             problems += [f"template {name!r}: {m}" for m in mistyped]
             continue
@@ -127,7 +143,8 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
     if not isinstance(resources, dict):
         raise ValueError("resources must be an object")
     deadline = fields.get("activeDeadlineSeconds", base.active_deadline_seconds)
-    return replace(
+    pool = fields.get("warmPool") or {}
+    template = replace(
         base,
         name=name,
         image=str(fields.get("image", base.image)),
@@ -142,4 +159,16 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         workspace_size=str(persistence.get("size", base.workspace_size)),
         storage_class_name=persistence.get("storageClassName", base.storage_class_name),
         codex_sandbox=bool(fields.get("codexSandbox", base.codex_sandbox)),
+        warm_pool_size=_at_least(pool, "size", base.warm_pool_size, 0),
+        warm_max_age_seconds=_at_least(pool, "maxAgeSeconds", base.warm_max_age_seconds, 60),
     )
+    if template.warm_pool_size > 0 and template.persist_workspace:
+        raise ValueError("warmPool cannot be used with workspacePersistence (the volume belongs to one session)")
+    return template
+
+
+def _at_least(fields: dict[str, Any], key: str, default: int, minimum: int) -> int:
+    value = int(fields.get(key, default))
+    if value < minimum:
+        raise ValueError(f"warmPool.{key} must be at least {minimum}, got {value}")
+    return value

@@ -1,0 +1,58 @@
+"""Warm pools: which warm pod a session claims, and what keeps a pool at its size (pure).
+
+A template with ``warmPool.size`` N keeps N pods started and waiting (``make_warm_pod``). A
+session claims one (``claim_order``: running before pending, the oldest first, never one of
+another shape or past its age) with a JSON patch that only succeeds while the pod is still
+``ready``; the claimed pod then belongs to its session exactly like a cold one (same labels,
+same stop/release/replace paths) and is deleted when the session is done with it: a warm pod
+serves one session and is never reused. The worker that claimed a pod adds one replacement at
+once; the scheduler's leader tends each pool every few seconds (``plan``): dead pods, pods of
+another shape and pods past their age go, and new ones fill the pool up to its size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class WarmPod:
+    """What the decisions need to know of one unclaimed warm pod."""
+
+    name: str
+    uid: str
+    resource_version: str
+    created_at: float
+    shape: str
+    running: bool
+    """Its container runs (the entrypoint waits for a binding); else it is still starting."""
+    dead: bool = False
+    """Failed or finished: it will never serve a session."""
+    terminating: bool = False
+
+
+@dataclass(frozen=True)
+class Plan:
+    create: int
+    delete: tuple[WarmPod, ...]
+
+
+def _usable(pod: WarmPod, shape: str, now: float, max_age: float) -> bool:
+    return not pod.dead and not pod.terminating and pod.shape == shape and now - pod.created_at < max_age
+
+
+def claim_order(pods: list[WarmPod], shape: str, now: float, max_age: float) -> list[WarmPod]:
+    """The pods a session may claim, best first: running ones (an executor starts at once)
+    before pending ones, then the oldest first (closest to its age limit)."""
+    usable = [p for p in pods if _usable(p, shape, now, max_age)]
+    return sorted(usable, key=lambda p: (not p.running, p.created_at, p.name))
+
+
+def plan(pods: list[WarmPod], size: int, shape: str, now: float, max_age: float) -> Plan:
+    """What keeps a pool at ``size`` usable pods: delete the dead, the misshapen, the too old
+    and (youngest first) any beyond the size; create what is missing. Pods already being
+    deleted count for nothing."""
+    stale = [p for p in pods if not p.terminating and not _usable(p, shape, now, max_age)]
+    usable = sorted((p for p in pods if _usable(p, shape, now, max_age)), key=lambda p: (p.created_at, p.name))
+    excess = usable[size:] if len(usable) > size else []
+    return Plan(create=max(0, size - len(usable)), delete=tuple(stale + excess[::-1]))

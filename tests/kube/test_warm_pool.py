@@ -1,0 +1,214 @@
+"""Warm pools against a real kube-apiserver (Pod Security "restricted" enforced), with the test
+kubelet running the runner image's entrypoint and the real codex: a warm pod waits, a claim
+binds it late (its downward-API volume), its executor registers; claims race safely."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from controller.model import Handle, Health, SandboxSpec
+from controller.runners.kubernetes import names
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.runner import KubernetesRunner
+from tests.envtest.kubelet import RUNNER_IMAGE
+from tests.kube.conftest import RESTRICTED, KubeWorld
+from tests.kube.test_kubernetes_runner import _session
+from tests.support.processes import wait_for
+
+pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
+
+
+def _template(size: int) -> SandboxTemplate:
+    return SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=size)
+
+
+def _runner(world: KubeWorld, namespace: str, template: SandboxTemplate) -> KubernetesRunner:
+    return KubernetesRunner(world.core, PodSettings(namespace=namespace), lambda name: template, [template])
+
+
+@pytest.fixture
+def namespace(kube_world: KubeWorld) -> Iterator[str]:
+    """A namespace of its own per test (so each test sees only its pool); emptied at the end."""
+    name = kube_world.new_namespace(RESTRICTED)
+    yield name
+    kube_world.core.delete_collection_namespaced_pod(name)
+    wait_for(lambda: not kube_world.core.list_namespaced_pod(name).items, 60, "the test's pods to be gone")
+
+
+def _ready(world: KubeWorld, namespace: str) -> list[Any]:
+    """The pool's unclaimed pods that run (the entrypoint waits for a binding)."""
+    pods = world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items
+    return [p for p in pods if p.status.phase == "Running" and p.metadata.deletion_timestamp is None]
+
+
+def _live(world: KubeWorld, namespace: str, spec: SandboxSpec) -> list[Any]:
+    pods = world.core.list_namespaced_pod(namespace, label_selector=names.session_selector(spec.session_id)).items
+    return [p for p in pods if p.metadata.deletion_timestamp is None]
+
+
+def _registered(world: KubeWorld, spec: SandboxSpec) -> list[dict[str, Any]]:
+    return [r for r in world.simulator.registrations(spec.environment_id) if r["status_code"] == 200]
+
+
+def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: KubeWorld, namespace: str) -> None:
+    """L8, L2, L1: the pool fills to its size; warm pods start no executor. A session claims one:
+    the pod gets the session's labels and the binding, and the real codex in it registers with
+    the session's environment id and the key from the Secret (never in the pod's annotations).
+    The pool is refilled at once; the released pod is gone and no later session gets it."""
+    template = _template(2)
+    runner = _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
+    warm_names = {p.metadata.name for p in _ready(kube_world, namespace)}
+
+    spec = _session(kube_world)
+    handle = runner.ensure(spec, 1)
+    assert handle.name in warm_names and handle.generation == 1
+    assert handle.environment_id == spec.environment_id
+    pod = kube_world.core.read_namespaced_pod(handle.name, namespace)
+    assert pod.metadata.labels[names.SESSION_HASH_LABEL] == names.session_hash(spec.session_id)
+    assert pod.metadata.labels[names.POOL_STATE_LABEL] == names.CLAIMED
+    assert pod.metadata.annotations[names.REMOTE_URL_ANNOTATION] == spec.remote_url
+    env = {e.name: e for e in pod.spec.containers[0].env}
+    assert "REMOTE_URL" not in env and env["CODEX_API_KEY"].value_from.secret_key_ref.name
+    assert kube_world.simulator.environment_key not in json.dumps(client.ApiClient().sanitize_for_serialization(pod))
+    [registered] = wait_for(lambda: _registered(kube_world, spec), 60, "the claimed pod's executor to register")
+    assert registered["key_matched"] is True
+    wait_for(lambda: kube_world.simulator.environment_status(spec.environment_id) == "connected", 30, "connected")
+    assert runner.find(spec.session_id) == handle
+    assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, not another claim
+
+    # Refilled as it was claimed: two unclaimed pods again, the claimed one not among them.
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the pool to be refilled")
+    assert handle.name not in {p.metadata.name for p in _ready(kube_world, namespace)}
+
+    # Served one session: released, it is deleted; a second session gets another pod.
+    runner.release(handle)
+    wait_for(lambda: runner.status(handle) is Health.GONE, 60, "the claimed pod to be gone")
+    other = _session(kube_world)
+    second = runner.ensure(other, 1)
+    assert second.name != handle.name and second.uid != handle.uid
+    wait_for(lambda: _registered(kube_world, other), 60, "the second session's executor to register")
+    assert len(_registered(kube_world, spec)) == 1  # the first environment registered once, never again
+
+
+def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeWorld, namespace: str) -> None:
+    """L1: two sessions claim at the same moment (two runners) from a pool of one: exactly one
+    gets the warm pod, the other falls back to a cold pod; each session has exactly one pod."""
+    template = _template(1)
+    runners = [_runner(kube_world, namespace, template), _runner(kube_world, namespace, template)]
+    runners[0].tend_pools()
+    [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
+    specs = [_session(kube_world), _session(kube_world)]
+    barrier = threading.Barrier(2)
+
+    def claim(i: int) -> Handle:
+        barrier.wait()
+        return runners[i].ensure(specs[i], 1)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        handles = list(pool.map(claim, range(2)))
+    for spec, handle in zip(specs, handles, strict=True):
+        assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handle.uid]
+    assert sorted(h.name == warm.metadata.name for h in handles) == [False, True]
+    assert sum(1 for h in handles if h.name.startswith("sbx-")) == 1
+    for spec in specs:
+        wait_for(lambda spec=spec: _registered(kube_world, spec), 60, "both executors to register")
+
+
+def test_concurrent_ensures_for_one_session_keep_one_pod(kube_world: KubeWorld, namespace: str) -> None:
+    """L1: eight concurrent ensure() calls for one session (two runners) with a pool of three:
+    each may claim a warm pod, but after placing it each looks for the session's other pods and
+    yields; one pod survives and every call returns it."""
+    template = _template(3)
+    runners = [_runner(kube_world, namespace, template), _runner(kube_world, namespace, template)]
+    runners[0].tend_pools()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 3, 60, "three warm pods to run")
+    spec = _session(kube_world)
+    with ThreadPoolExecutor(max_workers=8) as pool:
+        handles = list(pool.map(lambda i: runners[i % 2].ensure(spec, 1), range(8)))
+    assert {h.uid for h in handles} == {handles[0].uid}
+    assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handles[0].uid]
+    wait_for(lambda: _registered(kube_world, spec), 60, "the one executor to register")
+
+
+def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(
+    kube_world: KubeWorld, namespace: str
+) -> None:
+    """A warm pod whose container died is replaced; a template change (another shape) replaces
+    the old pods; a pod claimed between the pool's look and its delete is left to its session."""
+    template = _template(1)
+    runner = _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    [first] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
+    kube_world.kubelet.exit_container(first.metadata.name, 1)
+
+    def replaced() -> bool:
+        runner.tend_pools()
+        return [p.metadata.name for p in _ready(kube_world, namespace)] not in ([], [first.metadata.name])
+
+    wait_for(replaced, 60, "the dead warm pod to be replaced", interval=0.5)
+    [second] = _ready(kube_world, namespace)
+
+    changed = SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=1, resources={})
+    other = _runner(kube_world, namespace, changed)
+
+    def reshaped() -> bool:
+        other.tend_pools()
+        return [p.metadata.name for p in _ready(kube_world, namespace)] not in ([], [second.metadata.name])
+
+    wait_for(reshaped, 60, "the pod of the old shape to be replaced", interval=0.5)
+
+    # Claimed after the pool listed it: the pool's delete carries the listed resourceVersion and misses.
+    [third] = _ready(kube_world, namespace)
+    seen = other._warm_pods(changed)  # the pool's own view, taken before the claim
+    spec = _session(kube_world)
+    handle = other.ensure(spec, 1)
+    assert handle.name == third.metadata.name
+    for pod in seen:
+        other._delete_unclaimed(pod)
+    assert other.status(handle) in (Health.STARTING, Health.RUNNING)
+    wait_for(lambda: _registered(kube_world, spec), 60, "the claimed pod's executor to register")
+
+
+def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: KubeWorld, namespace: str) -> None:
+    """L8: warm pods mount the configured workspace directory; a session naming another one
+    (which routing would not serve) is never bound to one: it gets a cold pod of its own shape."""
+    template = _template(1)
+    runner = _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
+    spec = replace(_session(kube_world), workspace_directory="/elsewhere")
+    handle = runner.ensure(spec, 1)
+    assert handle.name.startswith("sbx-")
+    assert [p.metadata.name for p in _ready(kube_world, namespace)] == [warm.metadata.name]
+    pod = kube_world.core.read_namespaced_pod(handle.name, namespace)
+    assert pod.spec.containers[0].working_dir == "/elsewhere"
+
+
+def test_a_placement_whose_pod_is_gone_moves_on_to_the_next_generation(kube_world: KubeWorld, namespace: str) -> None:
+    """L14, L1: the placement record of generation 1 outlives its pod; ensuring generation 1
+    again (a retry after the pod died) places generation 2, never waits on the dead record; the
+    record itself is the pod's Event (no key in it)."""
+    template = _template(2)
+    runner = _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
+    spec = _session(kube_world)
+    first = runner.ensure(spec, 1)
+    record = kube_world.core.read_namespaced_event(names.placement_name(spec.session_id, 1), namespace)
+    assert (record.involved_object.name, record.involved_object.uid) == (first.name, first.uid)
+    assert record.reason == "SandboxClaimed" and kube_world.simulator.environment_key not in record.message
+    runner.release(first)
+    wait_for(lambda: runner.status(first) is Health.GONE, 60, "the first pod to be gone")
+    second = runner.ensure(spec, 1)
+    assert second.generation == 2 and second.uid != first.uid
+    assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [second.uid]

@@ -1,0 +1,193 @@
+"""Warm pools as pure decisions (``runners/kubernetes/pool.py``), the warm pod's manifest and
+its claim (``make_warm_pod``, ``claim_patch``), and the ``warmPool`` template field."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from controller.errors import ConfigError
+from controller.model import SandboxSpec
+from controller.runners.kubernetes import names
+from controller.runners.kubernetes.manifests import (
+    BINDING_DIRECTORY,
+    PodSettings,
+    SandboxTemplate,
+    claim_patch,
+    make_pod,
+    make_warm_pod,
+    shape,
+)
+from controller.runners.kubernetes.pool import WarmPod, claim_order, plan
+from controller.runners.kubernetes.templates import parse
+
+NOW = 10_000.0
+SHAPE = "abc"
+MAX_AGE = 3600.0
+SPEC = SandboxSpec("sess_1", "env_1", "https://api.example.test/v1", "/workspace")
+
+
+def pod(name: str, age: float, running: bool = True, **more: object) -> WarmPod:
+    fields: dict[str, object] = {"shape": SHAPE, "dead": False, "terminating": False, **more}
+    return WarmPod(name, f"uid-{name}", "1", NOW - age, running=running, **fields)  # type: ignore[arg-type]
+
+
+# -- which pod a session claims ----------------------------------------------------------------
+
+
+def test_claim_order_prefers_running_then_oldest() -> None:
+    pods = [pod("young", 10), pod("old", 100), pod("pending-old", 500, running=False), pod("mid", 50)]
+    assert [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE)] == ["old", "mid", "young", "pending-old"]
+
+
+def test_claim_order_never_offers_dead_terminating_misshapen_or_too_old_pods() -> None:
+    pods = [
+        pod("dead", 10, dead=True),
+        pod("going", 10, terminating=True),
+        pod("other-shape", 10, shape="xyz"),
+        pod("too-old", MAX_AGE + 1),
+        pod("good", 20),
+    ]
+    assert [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE)] == ["good"]
+    assert claim_order([], SHAPE, NOW, MAX_AGE) == []
+
+
+# -- what keeps a pool at its size -------------------------------------------------------------
+
+
+def test_an_empty_pool_is_filled_to_its_size() -> None:
+    todo = plan([], 3, SHAPE, NOW, MAX_AGE)
+    assert (todo.create, todo.delete) == (3, ())
+
+
+def test_a_full_pool_is_left_alone() -> None:
+    todo = plan([pod("a", 1), pod("b", 2, running=False)], 2, SHAPE, NOW, MAX_AGE)
+    assert (todo.create, todo.delete) == (0, ())
+
+
+def test_dead_misshapen_and_too_old_pods_are_replaced() -> None:
+    pods = [pod("dead", 5, dead=True), pod("other", 5, shape="xyz"), pod("old", MAX_AGE + 5), pod("ok", 5)]
+    todo = plan(pods, 2, SHAPE, NOW, MAX_AGE)
+    assert todo.create == 1
+    assert {p.name for p in todo.delete} == {"dead", "other", "old"}
+
+
+def test_terminating_pods_count_for_nothing_and_are_not_deleted_again() -> None:
+    todo = plan([pod("going", 5, terminating=True)], 1, SHAPE, NOW, MAX_AGE)
+    assert (todo.create, todo.delete) == (1, ())
+
+
+def test_excess_pods_go_youngest_first() -> None:
+    todo = plan([pod("a", 30), pod("b", 20), pod("c", 10)], 1, SHAPE, NOW, MAX_AGE)
+    assert todo.create == 0
+    assert [p.name for p in todo.delete] == ["c", "b"]
+
+
+def test_size_zero_empties_the_pool() -> None:
+    todo = plan([pod("a", 30)], 0, SHAPE, NOW, MAX_AGE)
+    assert (todo.create, [p.name for p in todo.delete]) == (0, ["a"])
+
+
+# -- the warm pod and its claim ----------------------------------------------------------------
+
+WARM = SandboxTemplate(name="fast", image="runner:1", warm_pool_size=2)
+
+
+def test_a_warm_pod_has_the_cold_shape_without_the_session() -> None:
+    """L2, L8: same security context, key only from the Secret, no service-account token; no
+    REMOTE_URL or ENVIRONMENT_ID; the binding comes from its own annotations (downward API)."""
+    settings = PodSettings(workspace_directory="/workspace")
+    warm = make_warm_pod(WARM, settings)
+    cold = make_pod(SPEC, 1, WARM, settings)
+    assert warm["metadata"]["generateName"] == "warm-fast-"
+    assert warm["metadata"]["labels"] == names.pool_labels("fast")
+    assert warm["metadata"]["labels"][names.POOL_STATE_LABEL] == names.READY
+    assert names.SESSION_HASH_LABEL not in warm["metadata"]["labels"]
+    assert names.SESSION_ID_ANNOTATION not in warm["metadata"]["annotations"]
+    assert warm["metadata"]["annotations"][names.SHAPE_ANNOTATION] == shape(warm["spec"])
+    [container], [cold_container] = warm["spec"]["containers"], cold["spec"]["containers"]
+    env = {e["name"]: e for e in container["env"]}
+    assert "REMOTE_URL" not in env and "ENVIRONMENT_ID" not in env
+    assert env["BINDING_DIRECTORY"]["value"] == BINDING_DIRECTORY
+    assert env["CODEX_API_KEY"] == {
+        "name": "CODEX_API_KEY",
+        "valueFrom": {"secretKeyRef": {"name": "sandbox-executor-key", "key": "executor-key"}},
+    }
+    for key in ("securityContext", "image", "resources", "workingDir"):
+        assert container[key] == cold_container[key]
+    for key in ("securityContext", "automountServiceAccountToken", "enableServiceLinks", "restartPolicy"):
+        assert warm["spec"][key] == cold["spec"][key]
+    assert warm["spec"]["automountServiceAccountToken"] is False
+    [binding] = [v for v in warm["spec"]["volumes"] if v["name"] == "binding"]
+    paths = {i["path"]: i["fieldRef"]["fieldPath"] for i in binding["downwardAPI"]["items"]}
+    assert paths == {
+        "environment-id": f"metadata.annotations['{names.ENVIRONMENT_ID_ANNOTATION}']",
+        "remote-url": f"metadata.annotations['{names.REMOTE_URL_ANNOTATION}']",
+    }
+    assert {"name": "binding", "mountPath": BINDING_DIRECTORY, "readOnly": True} in container["volumeMounts"]
+    assert "sk-" not in json.dumps(warm)
+
+
+def test_the_shape_changes_with_the_template_or_the_settings() -> None:
+    settings = PodSettings()
+    base = shape(make_warm_pod(WARM, settings)["spec"])
+    assert base == shape(make_warm_pod(WARM, settings)["spec"])
+    assert base != shape(make_warm_pod(SandboxTemplate(name="fast", image="runner:2"), settings)["spec"])
+    assert base != shape(make_warm_pod(WARM, PodSettings(executor_key_secret="other"))["spec"])
+    assert base != shape(make_warm_pod(WARM, PodSettings(workspace_directory="/w"))["spec"])
+
+
+def test_a_claim_applies_only_to_a_ready_pod_and_binds_the_session() -> None:
+    """L1, L2: the patch tests the pod is still ready, then gives it the session's labels and
+    annotations (as a cold pod has them) and the remote URL; the key is not in it."""
+    patch = claim_patch(SPEC, 3, 1234.5)
+    assert patch[0] == {"op": "test", "path": "/metadata/labels/sandbox-controller.dev~1pool-state", "value": "ready"}
+    applied: dict[str, str] = {op["path"]: op["value"] for op in patch[1:]}
+    cold = make_pod(SPEC, 3, WARM, PodSettings())["metadata"]
+    for key, value in cold["labels"].items():
+        if key.startswith(names.PREFIX):
+            assert applied[f"/metadata/labels/{key.replace('/', '~1')}"] == value
+    for key in (names.SESSION_ID_ANNOTATION, names.ENVIRONMENT_ID_ANNOTATION):
+        assert applied[f"/metadata/annotations/{key.replace('/', '~1')}"] == cold["annotations"][key]
+    assert applied["/metadata/annotations/sandbox-controller.dev~1remote-url"] == SPEC.remote_url
+    assert applied["/metadata/labels/sandbox-controller.dev~1pool-state"] == "claimed"
+
+
+# -- the template field ------------------------------------------------------------------------
+
+BASE = SandboxTemplate()
+
+
+def test_warm_pool_is_off_by_default() -> None:
+    templates = parse({"plain": {}}, BASE)
+    assert templates.pooled() == ()
+    assert not templates.get("plain").pooled
+
+
+def test_warm_pool_is_parsed() -> None:
+    templates = parse({"fast": {"warmPool": {"size": 2, "maxAgeSeconds": 600}}}, BASE)
+    fast = templates.get("fast")
+    assert (fast.warm_pool_size, fast.warm_max_age_seconds, fast.pooled) == (2, 600, True)
+    assert templates.pooled() == (fast,)
+
+
+@pytest.mark.parametrize(
+    ("pool", "problem"),
+    [
+        ({"size": "2"}, "warmPool.size must be an integer"),
+        ({"size": -1}, "warmPool.size must be at least 0"),
+        ({"size": 1, "maxAgeSeconds": 5}, "warmPool.maxAgeSeconds must be at least 60"),
+        ({"size": 1, "extra": True}, "warmPool has unknown fields: extra"),
+    ],
+)
+def test_a_bad_warm_pool_is_refused(pool: dict[str, object], problem: str) -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse({"fast": {"warmPool": pool}}, BASE)
+    assert any(problem in p for p in refused.value.problems), refused.value.problems
+
+
+def test_a_warm_pool_with_a_persistent_workspace_is_refused() -> None:
+    with pytest.raises(ConfigError) as refused:
+        parse({"kept": {"warmPool": {"size": 1}, "workspacePersistence": {"enabled": True}}}, BASE)
+    assert any("workspacePersistence" in p for p in refused.value.problems)
