@@ -323,22 +323,25 @@ class KubernetesRunner:
 
     def _delete_unclaimed(self, pod: WarmPod) -> None:
         """Delete a warm pod only as it was seen: a claim since (a new resourceVersion) keeps it."""
-        body = k8s.V1DeleteOptions(
-            preconditions=k8s.V1Preconditions(uid=pod.uid, resource_version=pod.resource_version),
-            propagation_policy="Background",
-        )
+        if self._delete_pod(pod.name, k8s.V1Preconditions(uid=pod.uid, resource_version=pod.resource_version)):
+            log.info("warm pod deleted", extra={"pod": pod.name})
+
+    def _delete_pod(self, name: str, preconditions: k8s.V1Preconditions) -> bool:
+        """Delete the pod ``name`` if it still meets ``preconditions``; False when it is gone or
+        no longer the pod meant (404/409/410: a newer pod of that name, or a claimed warm pod)."""
+        body = k8s.V1DeleteOptions(preconditions=preconditions, propagation_policy="Background")
 
         def delete() -> None:
             with _translated("delete", "pods"):
-                self._api.delete_namespaced_pod(pod.name, self._ns, body=body)
+                self._api.delete_namespaced_pod(name, self._ns, body=body)
 
         try:
             _retrying(delete)
         except ApiException as exc:
             if exc.status not in (404, 409, 410):
                 raise
-            return
-        log.info("warm pod deleted", extra={"pod": pod.name})
+            return False
+        return True
 
     def _warm_pods(self, template: SandboxTemplate) -> list[WarmPod]:
         def pods() -> list[Any]:
@@ -355,17 +358,7 @@ class KubernetesRunner:
         return health_of(pod)
 
     def release(self, handle: Handle) -> None:
-        body = k8s.V1DeleteOptions(preconditions=k8s.V1Preconditions(uid=handle.uid), propagation_policy="Background")
-
-        def delete() -> None:
-            with _translated("delete", "pods"):
-                self._api.delete_namespaced_pod(handle.name, self._ns, body=body)
-
-        try:
-            _retrying(delete)
-        except ApiException as exc:
-            if exc.status not in (404, 409, 410):  # gone, or a newer pod of that name: not ours
-                raise
+        if not self._delete_pod(handle.name, k8s.V1Preconditions(uid=handle.uid)):
             return
         log.info("pod deleted", extra={"session_id": handle.session_id, "pod": handle.name})
         self._event(handle.name, handle.uid, "SandboxReleased", f"released for session {handle.session_id}")
