@@ -106,6 +106,21 @@ def _retrying(call: Callable[[], T]) -> T:
     return retry(call)
 
 
+def _read_or_none(verb: str, resource: str, read: Callable[[], T]) -> T | None:
+    """``read()`` (translated, retried briefly), or None when the object is not there (404/410)."""
+
+    def translated() -> T:
+        with _translated(verb, resource):
+            return read()
+
+    try:
+        return _retrying(translated)
+    except ApiException as exc:
+        if exc.status in (404, 410):
+            return None
+        raise
+
+
 def _status(exc: BaseException) -> int | None:
     return exc.status if isinstance(exc, ApiException) else None
 
@@ -254,16 +269,9 @@ class KubernetesRunner:
     def _placement(self, record: str) -> tuple[str, str] | None:
         """The pod (name, uid) a placement record names, or None when there is none."""
 
-        def read() -> Any:
-            with _translated("get", "events"):
-                return self._api.read_namespaced_event(record, self._ns)
-
-        try:
-            event = _retrying(read)
-        except ApiException as exc:
-            if exc.status in (404, 410):
-                return None
-            raise
+        event = _read_or_none("get", "events", lambda: self._api.read_namespaced_event(record, self._ns))
+        if event is None:
+            return None
         return str(event.involved_object.name), str(event.involved_object.uid)
 
     def _claim(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any | None:
@@ -402,17 +410,12 @@ class KubernetesRunner:
     def keeps_workspace(self, session_id: str) -> bool:
         """A claim being deleted (it waits for its pvc-protection finalizer) is no longer kept."""
 
-        def read() -> Any:
-            with _translated("get", "persistentvolumeclaims"):
-                return self._api.read_namespaced_persistent_volume_claim(names.pvc_name(session_id), self._ns)
-
-        try:
-            claim = _retrying(read)
-        except ApiException as exc:
-            if exc.status in (404, 410):
-                return False
-            raise
-        return claim.metadata.deletion_timestamp is None
+        claim: Any = _read_or_none(
+            "get",
+            "persistentvolumeclaims",
+            lambda: self._api.read_namespaced_persistent_volume_claim(names.pvc_name(session_id), self._ns),
+        )
+        return claim is not None and claim.metadata.deletion_timestamp is None
 
     def workspaces(self) -> list[str]:
         def claims() -> list[Any]:
@@ -482,16 +485,7 @@ class KubernetesRunner:
                 raise RunnerRejected(f"Kubernetes refused {resource} {manifest['metadata']['name']}") from exc
 
     def _read_pod(self, name: str) -> Any | None:
-        def read() -> Any:
-            with _translated("get", "pods"):
-                return self._api.read_namespaced_pod(name, self._ns)
-
-        try:
-            return _retrying(read)
-        except ApiException as exc:
-            if exc.status in (404, 410):
-                return None
-            raise
+        return _read_or_none("get", "pods", lambda: self._api.read_namespaced_pod(name, self._ns))
 
     def _live_pods(self, session_id: str) -> list[Any]:
         def pods() -> list[Any]:
