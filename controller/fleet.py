@@ -14,8 +14,7 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controller.lifecycle import Decision, Deps, decide
-from controller.model import Health, Record
+from controller.lifecycle import Decision, Deps, decide_observed, observe
 from controller.runners.base import Runner
 from controller.store.base import SessionStore
 
@@ -111,30 +110,9 @@ class Explanation:
 
 def explain(session_id: str, deps: Deps) -> Explanation:
     """What ``decide`` says about the session now, from what ``act`` would observe."""
-    session = deps.sessions.get(session_id)
-    record = deps.store.record(session_id)
-    found_unrecorded = False
-    if record is None:
-        found = deps.runner.find(session_id)
-        if found is not None:
-            record = Record(session_id, found.environment_id, found, found.created_at or deps.clock.now())
-            found_unrecorded = True
-    health = deps.runner.status(record.handle) if record else None
-    connected = None
-    if record and session and session.wants_connection and health in (Health.RUNNING, Health.STARTING):
-        connected = deps.sessions.environment_connected(record.environment_id)
-    now = deps.clock.now()
-    decision = decide(
-        session,
-        record,
-        health,
-        connected,
-        now,
-        deps.grace_seconds,
-        deps.routing,
-        deps.max_lifetime_seconds,
-        deps.trust_policy,
-    )
+    seen = observe(session_id, deps)
+    session, record, health, now = seen.session, seen.record, seen.health, seen.now
+    decision = decide_observed(seen, deps)
     observed: dict[str, Any] = {
         "session": (
             None
@@ -154,11 +132,11 @@ def explain(session_id: str, deps: Deps) -> Explanation:
                 "generation": record.handle.generation,
                 "environment_id": record.environment_id,
                 "age_seconds": round(max(0.0, now - record.started_at), 1),
-                "recorded": not found_unrecorded,
+                "recorded": not seen.adopted,
             }
         ),
         "health": health.value if health else None,
-        "executor_connected": connected,
+        "executor_connected": seen.connected,
         "grace_seconds": deps.grace_seconds,
         "max_lifetime_seconds": deps.max_lifetime_seconds,
     }

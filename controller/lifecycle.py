@@ -352,18 +352,26 @@ def _give_up(lease: Lease, deps: Deps) -> None:
         pass  # someone else holds the session now: the round is theirs
 
 
-def act(lease: Lease, deps: Deps) -> Decision:
-    """One round: observe, decide, then act under the lease (fenced)."""
-    sid = lease.session_id
-    if not trust.valid_id(sid):  # L2: a malformed id reaches no URL, path, label or argument list
-        decision = refusal(trust.Refusal(trust.SESSION_ID, "session id does not match the id pattern"))
-        with logs.bind(session_id=trust.printable(sid)):
-            _refused(decision, deps)
-        return decision
+@dataclass(frozen=True)
+class Observation:
+    """What a round sees of one session before it decides (``observe``)."""
+
+    session: Session | None
+    record: Record | None
+    adopted: bool
+    """``record`` stands for a sandbox found without one (``act`` then records it)."""
+    health: Health | None
+    connected: bool | None
+    now: float
+
+
+def observe(sid: str, deps: Deps) -> Observation:
+    """Read the session, its record (or a live sandbox nobody recorded: adopted, not
+    duplicated), the sandbox's health and, when it matters, whether its executor is connected."""
     session = deps.sessions.get(sid)
     record = deps.store.record(sid)
     adopted = False
-    if record is None:  # a sandbox whose start was never recorded is adopted, not duplicated
+    if record is None:
         found = deps.runner.find(sid)
         if found is not None:
             record = Record(sid, found.environment_id, found, found.created_at or deps.clock.now())
@@ -372,12 +380,17 @@ def act(lease: Lease, deps: Deps) -> Decision:
     connected = None
     if record and session and session.wants_connection and health in (Health.RUNNING, Health.STARTING):
         connected = deps.sessions.environment_connected(record.environment_id)
-    decision = decide(
-        session,
-        record,
-        health,
-        connected,
-        deps.clock.now(),
+    return Observation(session, record, adopted, health, connected, deps.clock.now())
+
+
+def decide_observed(seen: Observation, deps: Deps) -> Decision:
+    """``decide`` on an observation, with the policy ``deps`` carries."""
+    return decide(
+        seen.session,
+        seen.record,
+        seen.health,
+        seen.connected,
+        seen.now,
         deps.grace_seconds,
         deps.routing,
         deps.max_lifetime_seconds,
@@ -385,6 +398,19 @@ def act(lease: Lease, deps: Deps) -> Decision:
         deps.idle_timeout_seconds,
         deps.retention_seconds,
     )
+
+
+def act(lease: Lease, deps: Deps) -> Decision:
+    """One round: observe, decide, then act under the lease (fenced)."""
+    sid = lease.session_id
+    if not trust.valid_id(sid):  # L2: a malformed id reaches no URL, path, label or argument list
+        decision = refusal(trust.Refusal(trust.SESSION_ID, "session id does not match the id pattern"))
+        with logs.bind(session_id=trust.printable(sid)):
+            _refused(decision, deps)
+        return decision
+    seen = observe(sid, deps)
+    session, record = seen.session, seen.record
+    decision = decide_observed(seen, deps)
     environment_id = session.environment.id if session else None
     if environment_id is not None and not trust.valid_id(environment_id):
         environment_id = trust.printable(environment_id)  # logged, escaped and cut short, never used
@@ -402,7 +428,7 @@ def act(lease: Lease, deps: Deps) -> Decision:
         if decision.refused is not None:
             _refused(decision, deps)
             return decision
-        _carry_out(lease, decision, session, record, adopted, deps)
+        _carry_out(lease, decision, session, record, seen.adopted, deps)
         deps.store.arm(lease, decision.recheck_at)  # fenced: the timer follows the latest decision
     return decision
 

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import replace
 
 import pytest
 
 from controller import fleet
 from controller.fleet import LastDecision
+from controller.lifecycle import Verdict
 from controller.model import Health, SessionStatus
 from tests.support.fakes import GRACE, World, make_session
 
@@ -82,6 +84,24 @@ def test_explain_says_what_act_then_does_and_does_nothing_itself(name: str) -> N
     assert world.decisions == []  # on_decision is the worker's, not explain's
     world.deliver()
     [(_, acted)] = world.decisions
+    assert (explained.decision.verdict, explained.decision.reason) == (acted.verdict, acted.reason)
+
+
+def test_explain_agrees_with_act_on_an_idle_session_past_its_timeout() -> None:
+    """L11/L12: with an idle timeout set, explain says what the worker's round then does to an
+    idle session whose timeout has passed (stop), not what it would do without the timeout."""
+    world = World(idle_timeout=1800.0)
+    _mapped_healthy(world)
+    world.sessions.put(
+        replace(make_session(status=SessionStatus.IDLE, actions=()), last_active_at=int(world.clock.now()))
+    )
+    world.clock.advance(1801)
+
+    explained = fleet.explain("sess_1", world.deps)
+
+    world.deliver()
+    [(_, acted)] = world.decisions
+    assert acted.verdict is Verdict.STOP
     assert (explained.decision.verdict, explained.decision.reason) == (acted.verdict, acted.reason)
 
 
