@@ -46,6 +46,7 @@ from tests.node.conftest import (
 )
 from tests.node.node import NODE_IP
 from tests.support.processes import wait_for
+from tests.support.simulator import run_turn
 
 pytestmark = [pytest.mark.timeout(1800)]
 
@@ -293,26 +294,6 @@ def test_a_failed_session_releases_its_pod_and_volume(world: Installed) -> None:
     wait_for(gone, 180, "the failed session's pod and volume to be deleted", interval=0.5)
 
 
-def _turn(world: Installed, session_id: str, commands: list[list[str]]) -> str:
-    """A simulated turn carrying commands, run by the simulator over the executor's link."""
-    response = httpx.post(
-        f"{world.simulator_url}/admin/sessions/{session_id}/turns", json={"commands": commands}, timeout=10
-    )
-    response.raise_for_status()
-    return str(response.json()["id"])
-
-
-def _finished_turn(world: Installed, session_id: str, turn_id: str, timeout: float = 300) -> dict[str, Any]:
-    def finished() -> dict[str, Any] | None:
-        turns = httpx.get(f"{world.simulator_url}/admin/sessions/{session_id}/turns", timeout=10).json()["data"]
-        turn = next(t for t in turns if t["id"] == turn_id)
-        return dict(turn) if turn["status"] == "finished" else None
-
-    found = wait_for(finished, timeout, f"turn {turn_id} to finish", interval=0.5)
-    assert isinstance(found, dict)
-    return found
-
-
 def _status(world: Installed, session_id: str) -> str:
     with _simulator(world) as sim:
         return str(sim.get(f"/v1/agents/sessions/{session_id}").json()["status"])
@@ -356,7 +337,7 @@ def test_a_command_runs_as_the_runners_non_root_uid_in_the_workspace(world: Inst
     session_id = timeline["session_id"]
     pod = world.core.read_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE)
     wait_for(lambda: _status(world, session_id) == "idle", 120, "the first turn to end idle", interval=0.5)
-    turn = _finished_turn(world, session_id, _turn(world, session_id, [["id", "-u"], ["id", "-g"], ["pwd"]]))
+    turn = run_turn(world.simulator_url, session_id, [["id", "-u"], ["id", "-g"], ["pwd"]], timeout=300)
     uid, gid, pwd = turn["commands"]
     for command in (uid, gid, pwd):
         assert (command["status"], command["exit_code"]) == ("completed", 0), command
@@ -380,7 +361,7 @@ def test_idle_stop_deletes_the_pod_keeps_the_volume_and_the_next_pod_finds_the_f
     timeline = _one_session(world, template=PERSISTENT_TEMPLATE)
     session_id, environment_id = timeline["session_id"], timeline["environment_id"]
     [claim] = _claims(world, session_id)
-    written = _finished_turn(world, session_id, _turn(world, session_id, [["sh", "-c", "echo kept > notes.txt"]]))
+    written = run_turn(world.simulator_url, session_id, [["sh", "-c", "echo kept > notes.txt"]], timeout=300)
     [write] = written["commands"]
     assert (write["status"], write["exit_code"]) == ("completed", 0), write
 
@@ -396,7 +377,7 @@ def test_idle_stop_deletes_the_pod_keeps_the_volume_and_the_next_pod_finds_the_f
     assert kept.metadata.deletion_timestamp is None
 
     # The next input: a new pod on the same claim reads the file.
-    read = _finished_turn(world, session_id, _turn(world, session_id, [["cat", "notes.txt"]]), timeout=600)
+    read = run_turn(world.simulator_url, session_id, [["cat", "notes.txt"]], timeout=600)
     [cat] = read["commands"]
     assert (cat["status"], cat["stdout"], cat["exit_code"]) == ("completed", "kept\n", 0), cat
     assert len(_registered(world, environment_id)) == 2  # a new executor registered afresh

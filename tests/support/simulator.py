@@ -4,7 +4,8 @@
 secrets passed through the environment, not argv) and always stops it; ``InProcessSimulator``
 serves ``create_app`` with uvicorn in a thread, exposing the engine as ``.engine``.
 ``WebhookReceiver`` is a real HTTP server on loopback that records deliveries and answers
-with scripted statuses (then 200).
+with scripted statuses (then 200). ``run_turn`` has a running simulator carry commands to a
+session's executor over its link and waits for the turn to finish.
 """
 
 from __future__ import annotations
@@ -297,6 +298,23 @@ class InProcessSimulator(_Endpoints):
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def run_turn(simulator_url: str, session_id: str, commands: list[list[str]], timeout: float = 120) -> dict[str, Any]:
+    """A simulated turn carrying ``commands``, run by the simulator over the executor's link;
+    the finished turn (its commands' results) once the simulator says it finished."""
+    response = httpx.post(f"{simulator_url}/admin/sessions/{session_id}/turns", json={"commands": commands}, timeout=10)
+    response.raise_for_status()
+    turn_id = str(response.json()["id"])
+
+    def finished() -> dict[str, Any] | None:
+        turns = httpx.get(f"{simulator_url}/admin/sessions/{session_id}/turns", timeout=10).json()["data"]
+        turn = next(t for t in turns if t["id"] == turn_id)
+        return dict(turn) if turn["status"] == "finished" else None
+
+    found = wait_for(finished, timeout, f"turn {turn_id} to finish", interval=0.5)
+    assert isinstance(found, dict)
+    return found
 
 
 def _base_env() -> dict[str, str]:

@@ -24,8 +24,8 @@ import pytest
 from controller.runners.local import proc_stat, session_key
 from tests.support.codex import codex_binary
 from tests.support.processes import Managed, python_module, wait_for
+from tests.support.simulator import run_turn
 from tests.system.loop import Loop
-from tests.system.test_work import _finished_turn, _turn
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
@@ -214,7 +214,7 @@ def test_a_file_written_by_a_command_in_turn_1_is_read_in_turn_2_after_an_idle_s
     with loop.api() as client:
         session = loop.create_session(client, input_text=None)
     sid, environment_id = session["id"], session["environment"]["id"]
-    first = _finished_turn(loop, sid, _turn(loop, sid, [["sh", "-c", "echo kept > notes.txt"]]))
+    first = run_turn(loop.simulator_url, sid, [["sh", "-c", "echo kept > notes.txt"]])
     [write] = first["commands"]
     assert (write["status"], write["exit_code"]) == ("completed", 0), write
     assert write["cwd"] == str(workspace_of(loop, sid))
@@ -226,7 +226,7 @@ def test_a_file_written_by_a_command_in_turn_1_is_read_in_turn_2_after_an_idle_s
     wait_for(lambda: loop.environment_status(environment_id) == "disconnected", 30, "the link to drop")
     assert len(starts(loop, sid)) == 1
 
-    second = _finished_turn(loop, sid, _turn(loop, sid, [["cat", "notes.txt"]]))
+    second = run_turn(loop.simulator_url, sid, [["cat", "notes.txt"]])
     [read] = second["commands"]
     assert (read["status"], read["stdout"], read["exit_code"]) == ("completed", "kept\n", 0), read
     assert read["cwd"] == write["cwd"]

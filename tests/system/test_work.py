@@ -8,35 +8,16 @@ import os
 import signal
 from typing import Any
 
-import httpx
 import pytest
 
 from controller.runners.local import members, session_key
 from tests.support.processes import wait_for
+from tests.support.simulator import run_turn
 from tests.system.loop import Loop
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 NOTES = ["sh", "-c", "echo hello > notes.txt; cat notes.txt"]
-
-
-def _turn(loop: Loop, session_id: str, commands: list[list[str]]) -> str:
-    response = httpx.post(
-        f"{loop.simulator_url}/admin/sessions/{session_id}/turns", json={"commands": commands}, timeout=10
-    )
-    response.raise_for_status()
-    return str(response.json()["id"])
-
-
-def _finished_turn(loop: Loop, session_id: str, turn_id: str, timeout: float = 120) -> dict[str, Any]:
-    def finished() -> dict[str, Any] | None:
-        turns = httpx.get(f"{loop.simulator_url}/admin/sessions/{session_id}/turns", timeout=10).json()["data"]
-        turn = next(t for t in turns if t["id"] == turn_id)
-        return dict(turn) if turn["status"] == "finished" else None
-
-    found = wait_for(finished, timeout, f"turn {turn_id} to finish", interval=0.5)
-    assert isinstance(found, dict)
-    return found
 
 
 def _status(loop: Loop, session_id: str) -> str:
@@ -54,8 +35,7 @@ def test_a_command_runs_in_the_sandbox_workspace_and_its_output_comes_back(loop:
     timing come back to the API."""
     with loop.api() as client:
         session = loop.create_session(client, input_text=None)
-    turn_id = _turn(loop, session["id"], [NOTES, ["pwd"]])
-    turn = _finished_turn(loop, session["id"], turn_id)
+    turn = run_turn(loop.simulator_url, session["id"], [NOTES, ["pwd"]])
     notes, pwd = turn["commands"]
     workspace = loop.state_directory / "sessions" / session_key(session["id"]) / "workspace"
     assert (notes["status"], notes["stdout"], notes["exit_code"]) == ("completed", "hello\n", 0), notes
@@ -73,7 +53,7 @@ def test_a_file_written_in_turn_1_is_read_in_turn_2_by_a_replacement_executor(lo
     with loop.api() as client:
         session = loop.create_session(client, input_text=None)
     environment_id = session["environment"]["id"]
-    first = _finished_turn(loop, session["id"], _turn(loop, session["id"], [NOTES]))
+    first = run_turn(loop.simulator_url, session["id"], [NOTES])
     assert first["commands"][0]["stdout"] == "hello\n"
     wait_for(lambda: _status(loop, session["id"]) == "idle", 30, "turn 1 to end idle")
 
@@ -84,7 +64,7 @@ def test_a_file_written_in_turn_1_is_read_in_turn_2_by_a_replacement_executor(lo
     wait_for(lambda: not members(leader, ticks), 30, "the executor's processes to be gone")
     wait_for(lambda: loop.environment_status(environment_id) == "disconnected", 30, "the link to drop")
 
-    second = _finished_turn(loop, session["id"], _turn(loop, session["id"], [["cat", "notes.txt"]]))
+    second = run_turn(loop.simulator_url, session["id"], [["cat", "notes.txt"]])
     [read] = second["commands"]
     assert (read["status"], read["stdout"], read["exit_code"]) == ("completed", "hello\n", 0), read
     assert read["cwd"] == first["commands"][0]["cwd"]
