@@ -78,7 +78,7 @@ def test_a_script_redis_does_not_have_is_sent_whole(server: RedisServer, run: An
 
 
 def test_password_and_database_come_from_the_url(server: RedisServer, run: Any) -> None:
-    """AUTH and SELECT are sent on connecting; a wrong password is a connection failure (→ 503)."""
+    """L5: AUTH and SELECT are sent on connecting; a wrong password is a connection failure (→ 503)."""
     with server.client() as admin:
         admin.config_set("requirepass", "pipelined-test-pass")
     host = f"127.0.0.1:{server.port}"
@@ -106,7 +106,7 @@ def test_password_and_database_come_from_the_url(server: RedisServer, run: Any) 
 
 
 def test_a_redis_that_never_answers_times_out_and_one_that_hangs_up_is_a_connection_error(run: Any) -> None:
-    """Commands waiting on a silent connection fail with TimeoutError after the timeout (the
+    """L5: commands waiting on a silent connection fail with TimeoutError after the timeout (the
     connection is closed: Redis answers in order, so all behind it would wait too); a peer that
     closes the connection fails what waits with ConnectionError. Either is a 503 upstream."""
 
@@ -146,6 +146,9 @@ def test_a_redis_that_never_answers_times_out_and_one_that_hangs_up_is_a_connect
 
 # Keep last: it stops and restarts the module's server.
 def test_a_restarted_redis_is_reconnected_to(server: RedisServer, run: Any) -> None:
+    """L5: while Redis is down every command fails (the receiver answers 503, never 2xx); once
+    it is back the same client connects again."""
+
     async def main() -> list[Any]:
         client = PipelinedRedis(server.url, timeout_seconds=1.0)
         try:
