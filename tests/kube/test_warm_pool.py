@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -16,7 +17,7 @@ from kubernetes import client
 
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, KubeWorld
@@ -138,6 +139,74 @@ def test_concurrent_ensures_for_one_session_keep_one_pod(kube_world: KubeWorld, 
     assert {h.uid for h in handles} == {handles[0].uid}
     assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handles[0].uid]
     wait_for(lambda: _registered(kube_world, spec), 60, "the one executor to register")
+
+
+class _ActsAfterListing:
+    """The runner's API, with ``between`` run once just after the runner lists a session's pods:
+    another placement acting in the instant between that look and the runner's decision."""
+
+    def __init__(self, api: client.CoreV1Api, between: Callable[[], None]) -> None:
+        self._api = api
+        self._between: Callable[[], None] | None = between
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        pods = self._api.list_namespaced_pod(namespace, **kwargs)
+        if self._between is not None and names.SESSION_HASH_LABEL in kwargs.get("label_selector", ""):
+            between, self._between = self._between, None
+            between()
+        return pods
+
+
+def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names_it(
+    kube_world: KubeWorld, namespace: str
+) -> None:
+    """L1: a warm pod is claimed before its placement record is written, so a lone claimed pod
+    may belong to a placement about to lose. Staged step by step: (1) a placement claimed a pod
+    and stopped before recording it: ensure() records that pod and returns it, claiming no
+    other; (2) a placement has claimed a pod, and just after ensure() lists it alone, a rival
+    claims another and records it first: ensure() returns the rival's pod and deletes the
+    loser, so the session keeps exactly one pod."""
+    template = _template(3)
+    runner, rival = _runner(kube_world, namespace, template), _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 3, 60, "three warm pods to run")
+    warm = _ready(kube_world, namespace)
+
+    def claim(pod: Any, spec: SandboxSpec) -> Any:
+        return kube_world.core.patch_namespaced_pod(pod.metadata.name, namespace, claim_patch(spec, 1, time.time()))
+
+    stranded = _session(kube_world)
+    orphan = claim(warm[0], stranded)
+    handle = runner.ensure(stranded, 1)
+    assert handle.uid == orphan.metadata.uid
+    assert rival._placement(names.placement_name(stranded.session_id, 1)) == (handle.name, handle.uid)
+    assert [p.metadata.uid for p in _live(kube_world, namespace, stranded)] == [handle.uid]
+
+    raced = _session(kube_world)
+    loser = claim(warm[1], raced)
+    won: dict[str, Any] = {}
+
+    def rival_places_first() -> None:
+        won["pod"] = claim(warm[2], raced)
+        assert rival._placed(names.placement_name(raced.session_id, 1), raced.session_id, won["pod"])
+
+    staged = KubernetesRunner(
+        _ActsAfterListing(kube_world.core, rival_places_first),  # type: ignore[arg-type]
+        PodSettings(namespace=namespace),
+        lambda name: template,
+        [template],
+    )
+    handle = staged.ensure(raced, 1)
+    assert handle.uid == won["pod"].metadata.uid != loser.metadata.uid
+    wait_for(
+        lambda: [p.metadata.uid for p in _live(kube_world, namespace, raced)] == [handle.uid],
+        60,
+        "the losing pod to be deleted",
+    )
+    wait_for(lambda: _registered(kube_world, raced), 60, "the winning pod's executor to register")
 
 
 def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(

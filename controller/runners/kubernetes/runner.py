@@ -11,13 +11,14 @@ Warm pools (``pool.py``): for a template with a pool, ``ensure`` claims a warm p
 patch that succeeds only while the pod is unclaimed) and falls back to a cold pod when none is
 left. A claimed pod has no name derived from the session, so the name that makes a cold start
 idempotent is carried by a placement record instead: an Event on the placed pod named after
-the session and generation (``names.placement_name``). Whoever creates it first owns that
-generation; a placement that finds it taken deletes its own pod and returns the recorded one
-(so does a look that meets a losing pod before it is gone: ``_chosen``), and a record whose
-pod is gone moves on to the next generation, as a terminating name does.
-So two ``ensure`` calls racing for one session (possible only once its lease lapsed) return
-the same pod. A claim then adds one warm pod in its place; ``tend_pools`` (the scheduler's
-leader) keeps each pool at its size.
+the session and generation (``names.placement_name``). Whoever creates it first decides that
+generation: a placement that finds it taken deletes its own pod and returns the recorded one.
+A pod is claimed before its record exists, so an ``ensure`` that finds the session's pods
+trusts none of them, not even a lone one, until the record names it; it writes the record
+itself when there is none yet (``_settled``). A record whose pod is gone moves on to the next
+generation, as a terminating name does. So ``ensure`` calls racing for one session (possible
+only once its lease lapsed) all return the same pod. A claim then adds one warm pod in its
+place; ``tend_pools`` (the scheduler's leader) keeps each pool at its size.
 
 Kubernetes API errors are translated here, once: 404/409/410 are idempotency signals,
 429/5xx are retried briefly and then raised as ``Transient``, 401/403 become
@@ -58,7 +59,6 @@ log = logs.get(__name__)
 T = TypeVar("T")
 _MAX_GENERATION_SKIPS = 5
 _MAX_CLAIM_TRIES = 3
-_SETTLE_LOOKS = 50
 
 
 @contextmanager
@@ -145,8 +145,13 @@ class KubernetesRunner:
         spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
         live = self._live_pods(spec.session_id)
         template = self._templates(spec.template)
+        if live and not template.pooled:
+            return _handle(spec.session_id, self._chosen(spec.session_id, live))
         if live:
-            return _handle(spec.session_id, self._chosen(spec.session_id, live, settle=template.pooled))
+            settled = self._settled(spec.session_id, live)
+            if settled is not None:
+                return _handle(spec.session_id, settled)
+            generation = max(generation, max(_generation_of(p) for p in live))  # that one is over
         if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
             return self._place(spec, generation, template)  # warm pods mount the routing's directory
         return _handle(spec.session_id, self._create_cold(spec, generation, template))
@@ -185,8 +190,8 @@ class KubernetesRunner:
     # -- warm pools -----------------------------------------------------------------------
 
     def _place(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Handle:
-        """A warm pod claimed for the session, else a cold one, kept only if this placement wins
-        the session's placement record for that generation (L1; see the module docstring)."""
+        """A warm pod claimed for the session, else a cold one, kept only if the session's
+        placement record for that generation names it (L1; see the module docstring)."""
         for attempt in range(_MAX_GENERATION_SKIPS):
             gen = generation + attempt
             record = names.placement_name(spec.session_id, gen)
@@ -197,23 +202,52 @@ class KubernetesRunner:
                 if pod is None:
                     pod = self._create_cold_of(spec, gen, template)
                 if pod is not None:
-                    if self._record_placement(record, spec, pod, warm):
-                        if warm:
-                            self._add_warm(template)  # refilled as it is claimed
-                        return _handle(spec.session_id, pod)
-                    holder = self._placement(record)
+                    holder = self._placed(record, spec.session_id, pod)
                     if holder is None or holder[1] != pod.metadata.uid:
-                        self.release(_handle(spec.session_id, pod))  # another placement won: ours goes
-                        log.info(
-                            "another sandbox was placed for the session first; this one is deleted",
-                            extra={"session_id": spec.session_id, "pod": pod.metadata.name},
-                        )
+                        self._yield(spec.session_id, pod)
+                    elif warm:
+                        self._add_warm(template)  # refilled as it is claimed
             if holder is not None:
                 existing = self._read_pod(holder[0])
                 if existing is not None and existing.metadata.uid == holder[1] and _alive(existing):
                     return _handle(spec.session_id, existing)
             # that generation's placement is gone (or its name is taken by a dying pod): the next one
         raise Transient(f"sandboxes of session {spec.session_id} are still terminating", retry_after=5)
+
+    def _settled(self, session_id: str, live: list[Any]) -> Any | None:
+        """The session's pod among its live ones, as the placement record of their newest
+        generation names it (pooled templates). A pod is claimed before its record is written, so
+        even a lone pod may yet lose: the record decides. When there is none yet, this look writes
+        it for the earliest contender; whoever writes it first decides, and every placement defers
+        to it. Contenders it does not name are deleted (their own placements delete them too).
+        None when the record names a pod that is no longer live: that generation is over."""
+        contenders: list[Any] = []
+        for look in range(2):
+            if look:  # the named pod may have been claimed after the first list: list again
+                live = self._live_pods(session_id)
+            newest = max((_generation_of(p) for p in live), default=0)
+            contenders = sorted((p for p in live if _generation_of(p) == newest), key=_started_at)
+            if not contenders:
+                return None
+            record = names.placement_name(session_id, newest)
+            holder = self._placement(record) or self._placed(record, session_id, contenders[0])
+            named = [p for p in contenders if holder is not None and p.metadata.uid == holder[1]]
+            if named:
+                for pod in contenders:
+                    if pod is not named[0]:
+                        self._yield(session_id, pod)
+                return named[0]
+        for pod in contenders:
+            self._yield(session_id, pod)
+        return None
+
+    def _yield(self, session_id: str, pod: Any) -> None:
+        """Delete a pod another placement won the session's record over."""
+        self.release(_handle(session_id, pod))
+        log.info(
+            "another sandbox was placed for the session first; this one is deleted",
+            extra={"session_id": session_id, "pod": pod.metadata.name},
+        )
 
     def _create_cold_of(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Any | None:
         """The session's cold pod of exactly ``generation`` (created, or a twin's); None when that
@@ -235,10 +269,19 @@ class KubernetesRunner:
         )
         return pod
 
-    def _record_placement(self, record: str, spec: SandboxSpec, pod: Any, warm: bool) -> bool:
+    def _placed(self, record: str, session_id: str, pod: Any) -> tuple[str, str] | None:
+        """The pod (name, uid) the placement record names once this placement of ``pod`` tried
+        to create it: ``pod`` when it was first, else the pod of whoever was."""
+        if self._record_placement(record, session_id, pod):
+            return str(pod.metadata.name), str(pod.metadata.uid)
+        return self._placement(record)
+
+    def _record_placement(self, record: str, session_id: str, pod: Any) -> bool:
         """Create the placement record (an Event on the pod, named after the session and
-        generation): True when this placement is the session's, False when another was first."""
+        generation): True when it names ``pod``, False when another placement was first."""
         now = datetime.now(UTC)
+        warm = (pod.metadata.labels or {}).get(names.POOL_STATE_LABEL) == names.CLAIMED
+        environment_id = (pod.metadata.annotations or {}).get(names.ENVIRONMENT_ID_ANNOTATION, "")
         what = "warm sandbox claimed" if warm else "executor"
         event = k8s.CoreV1Event(
             metadata=k8s.V1ObjectMeta(name=record),
@@ -246,7 +289,7 @@ class KubernetesRunner:
                 api_version="v1", kind="Pod", name=pod.metadata.name, namespace=self._ns, uid=pod.metadata.uid
             ),
             reason="SandboxClaimed" if warm else "SandboxStarted",
-            message=f"{what} for session {spec.session_id}, environment {spec.environment_id}",
+            message=f"{what} for session {session_id}, environment {environment_id}",
             type="Normal",
             first_timestamp=now,
             last_timestamp=now,
@@ -386,26 +429,19 @@ class KubernetesRunner:
 
     def find(self, session_id: str) -> Handle | None:
         live = self._live_pods(session_id)
-        return _handle(session_id, self._chosen(session_id, live, settle=False)) if live else None
+        return _handle(session_id, self._chosen(session_id, live)) if live else None
 
-    def _chosen(self, session_id: str, live: list[Any], settle: bool) -> Any:
-        """The session's pod among its live ones: the newest generation's. Several live pods of
-        one generation exist only for moments, while racing warm placements settle (a losing
-        one is deleted at once): then the placement record names the pod; with ``settle``, wait
-        (briefly) for the record when it is not there yet."""
-        for _ in range(_SETTLE_LOOKS if settle else 1):
-            newest = max(_generation_of(p) for p in live)
-            contenders = [p for p in live if _generation_of(p) == newest]
-            if len(contenders) == 1:
-                return contenders[0]
+    def _chosen(self, session_id: str, live: list[Any]) -> Any:
+        """The session's pod among its live ones, only looked at: the newest generation's, and
+        of several (racing warm placements, for moments) the one its placement record names."""
+        newest = max(_generation_of(p) for p in live)
+        contenders = [p for p in live if _generation_of(p) == newest]
+        if len(contenders) > 1:
             holder = self._placement(names.placement_name(session_id, newest))
             recorded = [p for p in contenders if holder is not None and p.metadata.uid == holder[1]]
             if recorded:
                 return recorded[0]
-            if settle:
-                time.sleep(0.1)
-                live = self._live_pods(session_id) or live
-        return max(live, key=_generation_of)
+        return contenders[0]
 
     def keeps_workspace(self, session_id: str) -> bool:
         """A claim being deleted (it waits for its pvc-protection finalizer) is no longer kept."""
