@@ -1,0 +1,23 @@
+"""Fixtures every tier shares."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """A test that runs a command's ``main`` in-process has it set logging up for the process
+    (``logs.setup``: a JSON handler on the stream it finds, pytest's capture of that test, and
+    the switches that stop records collecting their source file). Undo it after the test, so a
+    later test never writes to a closed capture or loses its log records' details."""
+    root = logging.getLogger()
+    handlers, level = root.handlers[:], root.level
+    switches = (logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing)
+    yield
+    root.handlers[:] = handlers
+    root.setLevel(level)
+    logging._srcfile, logging.logThreads, logging.logProcesses, logging.logMultiprocessing = switches
