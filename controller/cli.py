@@ -115,6 +115,7 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         on_sweep=parts.on_sweep,
         publish_many=parts.publish_many,
         watch=parts.watch,
+        on_pools=parts.on_pools,
     )
     return 0
 

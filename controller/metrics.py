@@ -41,6 +41,14 @@ each worker or switch to prometheus_client's multiprocess mode.
     controller_queue_depth, controller_work_pending, controller_timers_pending (gauges, read at
         scrape by the scheduler): jobs waiting in the queue; sessions whose wanted work is not
         done yet; durable timers armed
+    controller_sandbox_placements_total{template, source}
+        pods the Kubernetes runner placed for sessions, by template; source: ``warm`` (a
+        claimed warm pod) | ``cold`` (a pod created for the session). Cold placements of a
+        template with a warm pool mean the pool ran dry: make it bigger.
+    controller_warm_pods{template, state}, controller_warm_pool_size{template} (gauges, the
+        scheduler's leader, as its last tending found each pool, every few seconds)
+        state: ``ready`` (running, waiting for a claim) | ``starting``; the size is the
+        template's ``warmPool.size``
 
 Who serves what: the receiver its own ``GET /metrics``; the scheduler and each worker
 ``GET /metrics`` on ``CONTROLLER_METRICS_PORT`` (``serve_metrics``). A worker's pool
@@ -54,7 +62,7 @@ from __future__ import annotations
 
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -76,6 +84,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.errors import ConfigError
+from controller.model import PoolState
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
@@ -89,6 +98,9 @@ API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
 QUEUE_DEPTH = "controller_queue_depth"
 WORK_PENDING = "controller_work_pending"
 TIMERS_PENDING = "controller_timers_pending"
+PLACEMENTS_TOTAL = "controller_sandbox_placements_total"
+WARM_PODS = "controller_warm_pods"
+WARM_POOL_SIZE = "controller_warm_pool_size"
 START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -145,6 +157,12 @@ class Metrics:
                 SANDBOXES_STOPPED_TOTAL,
                 "Sandboxes stopped, released or replaced, by reason.",
                 ("reason",),
+                registry=self.registry,
+            ),
+            PLACEMENTS_TOTAL: Counter(
+                PLACEMENTS_TOTAL,
+                "Pods placed for sessions, by template and source (a claimed warm pod, or a cold one).",
+                ("template", "source"),
                 registry=self.registry,
             ),
         }
@@ -217,6 +235,33 @@ class QueueCollector(Collector):
             except Exception:
                 continue
             yield GaugeMetricFamily(name, help_text, value=value)
+
+
+class WarmPoolCollector(Collector):
+    """``controller_warm_pods{template, state}`` and ``controller_warm_pool_size{template}``:
+    each pool as the scheduler's last tending found it (``update``); nothing before the first,
+    and nothing from a scheduler that stands by (it tends no pool)."""
+
+    def __init__(self) -> None:
+        self._pools: tuple[PoolState, ...] = ()
+
+    def update(self, pools: Sequence[PoolState]) -> None:
+        self._pools = tuple(pools)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        pools = self._pools
+        if not pools:
+            return
+        pods = GaugeMetricFamily(
+            WARM_PODS, "Unclaimed usable warm pods, by template and state.", labels=("template", "state")
+        )
+        size = GaugeMetricFamily(WARM_POOL_SIZE, "Warm pods each template asks to keep waiting.", labels=("template",))
+        for pool in pools:
+            pods.add_metric((pool.template, "ready"), pool.ready)
+            pods.add_metric((pool.template, "starting"), pool.starting)
+            size.add_metric((pool.template,), pool.size)
+        yield pods
+        yield size
 
 
 def use_multiprocess(directory: Path) -> None:

@@ -102,6 +102,19 @@ class Handle:
 
 
 @dataclass(frozen=True)
+class PoolState:
+    """One warm pool as its tending found it (before adding or deleting any pod)."""
+
+    template: str
+    size: int
+    """The pods the template asks to keep waiting."""
+    ready: int
+    """Usable unclaimed pods whose container runs: a claim of one connects at once."""
+    starting: int
+    """Usable unclaimed pods still starting (scheduled, pulling, creating)."""
+
+
+@dataclass(frozen=True)
 class Record:
     """The stored session→sandbox mapping (L1).
 

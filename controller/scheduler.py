@@ -47,6 +47,7 @@ from controller import logs, reconcile, recovery, timers
 from controller.config import Settings
 from controller.errors import QueueUnavailable, StoreUnavailable, Transient
 from controller.inbox import Job
+from controller.model import PoolState
 from controller.recovery import RecoverableStore
 from controller.runners.base import Pools, Runner
 from controller.timers import Due
@@ -139,10 +140,12 @@ def run(
     on_sweep: Callable[[reconcile.Sweep], None] = lambda sweep: None,
     publish_many: Callable[[Sequence[Job]], None] | None = None,
     watch: SandboxWatch | None = None,
+    on_pools: Callable[[Sequence[PoolState]], None] = lambda pools: None,
 ) -> None:
     """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge); ``publish_many``
     publishes the sweep's batches (one ``publish`` per job without it); ``watch`` (optional)
-    names sessions whose sandbox changed, and runs while this process leads."""
+    names sessions whose sandbox changed, and runs while this process leads; ``on_pools`` is
+    told how each warm pool was found at each tending (the warm-pool gauges)."""
     sweep_every = settings.lifecycle.reconcile_interval_seconds
     full_every = settings.lifecycle.full_sweep_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
@@ -245,7 +248,11 @@ def run(
                     next_recovery = now + recover_every
                 if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, now)):
                     next_sweep = now + sweep_every
-                if pools is not None and now >= next_tend and _guarded("warm pools", pools.tend_pools):
+                if (
+                    pools is not None
+                    and now >= next_tend
+                    and _guarded("warm pools", lambda: on_pools(pools.tend_pools()))
+                ):
                     next_tend = now + POOL_TEND_SECONDS
                 # Wake for whichever is due next (a failed step is retried after one tick).
                 wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()

@@ -32,17 +32,20 @@ from controller.lifecycle import Decision, Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
     DECISIONS_TOTAL,
+    PLACEMENTS_TOTAL,
     SANDBOXES_RUNNING,
     SANDBOXES_STOPPED_TOTAL,
     SESSIONS_REFUSED_TOTAL,
     Counters,
     Metrics,
     QueueCollector,
+    WarmPoolCollector,
     multiprocess_registry,
     process_exited,
     serve_metrics,
     use_multiprocess,
 )
+from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.runners.base import Runner
@@ -67,10 +70,12 @@ def secret_values(settings: Settings) -> list[str]:
     return values
 
 
-def runner(settings: Settings, templates: Templates | None = None) -> Runner:
+def runner(settings: Settings, templates: Templates | None = None, counters: Counters | None = None) -> Runner:
+    """The configured runner; with ``counters``, the pods it places are counted by template and
+    source (``controller_sandbox_placements_total``: the workers', which place them)."""
     if settings.runner.kind == "local":
         return local_runner(settings)
-    return kubernetes_runner(settings, templates or sandbox_templates(settings))
+    return kubernetes_runner(settings, templates or sandbox_templates(settings), counters)
 
 
 def local_runner(settings: Settings) -> LocalRunner:
@@ -111,7 +116,7 @@ def executor_user(settings: Settings) -> RunAs | None:
     return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)
 
 
-def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
+def kubernetes_runner(settings: Settings, templates: Templates, counters: Counters | None = None) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
     # Imported here, not at the top: the Kubernetes client takes about half a second to import
     # and only this runner needs it (receivers, and workers with the local runner, never do).
@@ -127,7 +132,17 @@ def kubernetes_runner(settings: Settings, templates: Templates) -> Runner:
         ),
         templates.get,
         templates.pooled(),
+        on_placed=count_placements(counters) if counters is not None else lambda template, source: None,
     )
+
+
+def count_placements(counters: Counters) -> Callable[[str, str], None]:
+    """The Kubernetes runner's ``on_placed``: count each pod placed by template and source."""
+
+    def on_placed(template: str, source: str) -> None:
+        counters.inc(PLACEMENTS_TOTAL, template=template, source=source)
+
+    return on_placed
 
 
 def kubernetes_api() -> Any:
@@ -206,7 +221,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
             on_response=count_api_requests(metrics),
         ),
         store=session_store,
-        runner=runner(settings, templates),
+        runner=runner(settings, templates, metrics),
         clock=clock,
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
@@ -311,24 +326,33 @@ class SchedulerParts(NamedTuple):
     metrics: Metrics
     publish_many: Callable[[Sequence[Job]], None]
     watch: SandboxWatch | None = None
+    pools: WarmPoolCollector | None = None
 
     def on_sweep(self, sweep: Sweep) -> None:
         """``scheduler.run``'s ``on_sweep``: the running-sandboxes gauge follows each sweep."""
         self.metrics.set(SANDBOXES_RUNNING, sweep.running)
+
+    def on_pools(self, pools: Sequence[PoolState]) -> None:
+        """``scheduler.run``'s ``on_pools``: the warm-pool gauges follow each tending."""
+        if self.pools is not None:
+            self.pools.update(pools)
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
     assert settings.queue.redis_url is not None
     app = queue.make_app(settings)
     client = connect(settings.queue.redis_url)
+    metrics, pools = Metrics(), WarmPoolCollector()
+    metrics.registry.register(pools)
     return SchedulerParts(
         store(settings),
         runner(settings),
         client,
         queue.publisher(app, queue.MAINTENANCE_QUEUE),
-        Metrics(),
+        metrics,
         queue.batch_publisher(client, queue.MAINTENANCE_QUEUE),
         pod_watch(settings),
+        pools,
     )
 
 

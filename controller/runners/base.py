@@ -20,7 +20,7 @@ makes it so, safely under repetition:
 
 A runner may also keep warm pools (``Pools``): sandboxes started ahead of any session, one of
 which ``ensure`` claims for a session instead of starting one; ``tend_pools`` keeps them at
-their size (the scheduler's leader calls it every few seconds).
+their size (the scheduler's leader calls it every few seconds) and tells how it found each.
 
 ``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
 in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
@@ -29,11 +29,12 @@ a session; this is the last line of defence.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from controller import trust
 from controller.errors import RunnerRejected
-from controller.model import Handle, Health, SandboxSpec
+from controller.model import Handle, Health, PoolState, SandboxSpec
 
 
 def checked(spec: SandboxSpec) -> SandboxSpec:
@@ -64,4 +65,4 @@ class Runner(Protocol):
 
 @runtime_checkable
 class Pools(Protocol):
-    def tend_pools(self) -> None: ...
+    def tend_pools(self) -> Sequence[PoolState]: ...

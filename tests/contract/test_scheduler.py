@@ -10,7 +10,7 @@ import itertools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -20,7 +20,7 @@ from controller import scheduler
 from controller.config import Settings
 from controller.errors import StoreUnavailable
 from controller.inbox import Job
-from controller.model import Handle, Record, SandboxSpec
+from controller.model import Handle, PoolState, Record, SandboxSpec
 from controller.scheduler import LEADER_KEY, Leadership
 from controller.store.base import Lease
 from controller.store.redis import RedisSessionStore, connect
@@ -142,11 +142,12 @@ class Scheduler:
         self.client = client
         self.store = RedisSessionStore(client, lease_ttl_seconds=30, requeue_after_seconds=requeue_after)
         self.published: list[Job] = []
+        self.pools_seen: list[Sequence[PoolState]] = []
         self.stop = threading.Event()
         self.thread = threading.Thread(
             target=scheduler.run,
             args=(settings(), self.store, runner, client, publish or self.published.append, self.stop),
-            kwargs={"watch": watch},
+            kwargs={"watch": watch, "on_pools": self.pools_seen.append},
             daemon=True,
         )
 
@@ -472,12 +473,14 @@ class PoolingRunner(FakeRunner):
         super().__init__()
         self.tended = 0
 
-    def tend_pools(self) -> None:
+    def tend_pools(self) -> list[PoolState]:
         self.tended += 1
+        return [PoolState("fast", size=2, ready=self.tended % 3, starting=2 - self.tended % 3)]
 
 
 def test_only_the_leader_tends_the_warm_pools(clients: Callable[[], redis.Redis]) -> None:
-    """The leader tends a pooling runner's warm pools round after round; a standby never does."""
+    """The leader tends a pooling runner's warm pools round after round, and passes each
+    tending's census on (the warm-pool gauges); a standby never tends and reports nothing."""
     leading, standing = PoolingRunner(), PoolingRunner()
     first = Scheduler(clients(), leading).start()
     wait_for(lambda: leading.tended >= 1, timeout=10, what="the leader to tend the pools")
@@ -487,4 +490,6 @@ def test_only_the_leader_tends_the_warm_pools(clients: Callable[[], redis.Redis]
     finally:
         first.halt()
         second.halt()
-    assert standing.tended == 0
+    assert standing.tended == 0 and second.pools_seen == []
+    assert len(first.pools_seen) == leading.tended
+    assert [pools[0].ready for pools in first.pools_seen] == [n % 3 for n in range(1, leading.tended + 1)]

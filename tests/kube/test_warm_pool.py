@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 
-from controller.model import Handle, Health, SandboxSpec
+from controller.model import Handle, Health, PoolState, SandboxSpec
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch
 from controller.runners.kubernetes.runner import KubernetesRunner
@@ -31,8 +31,14 @@ def _template(size: int) -> SandboxTemplate:
     return SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=size)
 
 
-def _runner(world: KubeWorld, namespace: str, template: SandboxTemplate) -> KubernetesRunner:
-    return KubernetesRunner(world.core, PodSettings(namespace=namespace), lambda name: template, [template])
+def _runner(
+    world: KubeWorld, namespace: str, template: SandboxTemplate, placed: list[tuple[str, str]] | None = None
+) -> KubernetesRunner:
+    """A runner of the test's pool; ``placed`` collects what it tells ``on_placed``."""
+    on_placed = (lambda *what: placed.append(what)) if placed is not None else (lambda *what: None)
+    return KubernetesRunner(
+        world.core, PodSettings(namespace=namespace), lambda name: template, [template], on_placed=on_placed
+    )
 
 
 @pytest.fixture
@@ -63,11 +69,14 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     """L8, L2, L1: the pool fills to its size; warm pods start no executor. A session claims one:
     the pod gets the session's labels and the binding, and the real codex in it registers with
     the session's environment id and the key from the Secret (never in the pod's annotations).
-    The pool is refilled at once; the released pod is gone and no later session gets it."""
+    The pool is refilled at once; the released pod is gone and no later session gets it. The
+    tending reports the pool as it found it; the placement is told as warm."""
     template = _template(2)
-    runner = _runner(kube_world, namespace, template)
-    runner.tend_pools()
+    placed: list[tuple[str, str]] = []
+    runner = _runner(kube_world, namespace, template, placed)
+    assert runner.tend_pools() == [PoolState("fast", size=2, ready=0, starting=0)]
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
+    assert runner.tend_pools() == [PoolState("fast", size=2, ready=2, starting=0)]
     warm_names = {p.metadata.name for p in _ready(kube_world, namespace)}
 
     spec = _session(kube_world)
@@ -86,6 +95,7 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     wait_for(lambda: kube_world.simulator.environment_status(spec.environment_id) == "connected", 30, "connected")
     assert runner.find(spec.session_id) == handle
     assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, not another claim
+    assert placed == [("fast", "warm")]
 
     # Refilled as it was claimed: two unclaimed pods again, the claimed one not among them.
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the pool to be refilled")
@@ -103,9 +113,11 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
 
 def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeWorld, namespace: str) -> None:
     """L1: two sessions claim at the same moment (two runners) from a pool of one: exactly one
-    gets the warm pod, the other falls back to a cold pod; each session has exactly one pod."""
+    gets the warm pod, the other falls back to a cold pod; each session has exactly one pod, and
+    the placements are told as one warm and one cold."""
     template = _template(1)
-    runners = [_runner(kube_world, namespace, template), _runner(kube_world, namespace, template)]
+    placed: list[tuple[str, str]] = []
+    runners = [_runner(kube_world, namespace, template, placed), _runner(kube_world, namespace, template, placed)]
     runners[0].tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
     specs = [_session(kube_world), _session(kube_world)]
@@ -121,6 +133,7 @@ def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeW
         assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handle.uid]
     assert sorted(h.name == warm.metadata.name for h in handles) == [False, True]
     assert sum(1 for h in handles if h.name.startswith("sbx-")) == 1
+    assert sorted(placed) == [("fast", "cold"), ("fast", "warm")]
     for spec in specs:
         wait_for(lambda spec=spec: _registered(kube_world, spec), 60, "both executors to register")
 

@@ -15,15 +15,20 @@ from controller.metrics import (
     API_REQUESTS_TOTAL,
     DELIVERY_TO_START_SECONDS,
     LEASE_BUSY_TOTAL,
+    PLACEMENTS_TOTAL,
     QUEUE_DEPTH,
     SANDBOXES_RUNNING,
     TIMERS_PENDING,
+    WARM_PODS,
+    WARM_POOL_SIZE,
     WORK_PENDING,
     Metrics,
     QueueCollector,
+    WarmPoolCollector,
     serve_metrics,
     use_multiprocess,
 )
+from controller.model import PoolState
 from controller.sessions import HttpSessions
 
 
@@ -103,6 +108,32 @@ def test_the_running_gauge_exists_only_where_it_is_set() -> None:
     assert SANDBOXES_RUNNING + "[]" not in samples(metrics)
     metrics.set(SANDBOXES_RUNNING, 4)
     assert samples(metrics)[SANDBOXES_RUNNING + "[]"] == 4
+
+
+def test_warm_pool_gauges_follow_the_last_tending_and_placements_are_counted_by_source() -> None:
+    """Before any tending (and on a standby scheduler) no warm-pool gauge is exposed; after one,
+    each pool's ready and starting pods and its size, by template; the next tending replaces
+    them. The workers' runner counts each placement by template and source."""
+    metrics, pools = Metrics(), WarmPoolCollector()
+    metrics.registry.register(pools)
+    assert not [name for name in samples(metrics) if name.startswith(WARM_PODS)]
+    parts = wiring.SchedulerParts(None, None, None, None, metrics, None, None, pools)  # type: ignore[arg-type]
+    parts.on_pools([PoolState("fast", size=3, ready=1, starting=2), PoolState("gpu", size=1, ready=1, starting=0)])
+    found = samples(metrics)
+    assert found[WARM_PODS + "[('state', 'ready'), ('template', 'fast')]"] == 1
+    assert found[WARM_PODS + "[('state', 'starting'), ('template', 'fast')]"] == 2
+    assert found[WARM_POOL_SIZE + "[('template', 'gpu')]"] == 1
+    parts.on_pools([PoolState("fast", size=3, ready=3, starting=0)])
+    found = samples(metrics)
+    assert found[WARM_PODS + "[('state', 'ready'), ('template', 'fast')]"] == 3
+    assert WARM_POOL_SIZE + "[('template', 'gpu')]" not in found  # a template no longer pooled goes
+
+    placed = wiring.count_placements(metrics)
+    placed("fast", "warm")
+    placed("fast", "warm")
+    placed("fast", "cold")
+    assert metrics.value(PLACEMENTS_TOTAL, template="fast", source="warm") == 2
+    assert metrics.value(PLACEMENTS_TOTAL, template="fast", source="cold") == 1
 
 
 def test_multiprocess_directory_is_emptied_at_start(tmp_path: Path) -> None:

@@ -8,7 +8,7 @@ import json
 import pytest
 
 from controller.errors import ConfigError
-from controller.model import SandboxSpec
+from controller.model import PoolState, SandboxSpec
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import (
     BINDING_DIRECTORY,
@@ -19,7 +19,7 @@ from controller.runners.kubernetes.manifests import (
     make_warm_pod,
     shape,
 )
-from controller.runners.kubernetes.pool import WarmPod, claim_order, plan
+from controller.runners.kubernetes.pool import WarmPod, census, claim_order, plan
 from controller.runners.kubernetes.templates import parse
 
 NOW = 10_000.0
@@ -71,6 +71,21 @@ def test_dead_misshapen_and_too_old_pods_are_replaced() -> None:
     todo = plan(pods, 2, SHAPE, NOW, MAX_AGE)
     assert todo.create == 1
     assert {p.name for p in todo.delete} == {"dead", "other", "old"}
+
+
+def test_census_counts_what_a_session_could_claim_now_and_soon() -> None:
+    """Ready: running and usable; starting: usable, not running yet; the dead, the terminating,
+    the misshapen and the too old count for nothing (a claim would skip them)."""
+    pods = [
+        pod("a", 10),
+        pod("b", 20, running=False),
+        pod("dead", 5, dead=True),
+        pod("going", 5, terminating=True),
+        pod("other", 5, shape="xyz"),
+        pod("old", MAX_AGE + 1),
+    ]
+    assert census("fast", pods, 4, SHAPE, NOW, MAX_AGE) == PoolState("fast", size=4, ready=1, starting=1)
+    assert census("fast", [], 2, SHAPE, NOW, MAX_AGE) == PoolState("fast", size=2, ready=0, starting=0)
 
 
 def test_terminating_pods_count_for_nothing_and_are_not_deleted_again() -> None:

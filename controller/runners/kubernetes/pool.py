@@ -14,6 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from controller.model import PoolState
+
 
 @dataclass(frozen=True)
 class WarmPod:
@@ -56,3 +58,10 @@ def plan(pods: list[WarmPod], size: int, shape: str, now: float, max_age: float)
     usable = sorted((p for p in pods if _usable(p, shape, now, max_age)), key=lambda p: (p.created_at, p.name))
     excess = usable[size:] if len(usable) > size else []
     return Plan(create=max(0, size - len(usable)), delete=tuple(stale + excess[::-1]))
+
+
+def census(template: str, pods: list[WarmPod], size: int, shape: str, now: float, max_age: float) -> PoolState:
+    """How many of the pool's pods a session could claim now (``ready``) or soon (``starting``)."""
+    usable = [p for p in pods if _usable(p, shape, now, max_age)]
+    ready = sum(1 for p in usable if p.running)
+    return PoolState(template=template, size=size, ready=ready, starting=len(usable) - ready)

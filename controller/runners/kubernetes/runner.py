@@ -41,7 +41,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from controller import logs
 from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
-from controller.model import Handle, Health, SandboxSpec
+from controller.model import Handle, Health, PoolState, SandboxSpec
 from controller.runners.base import checked
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import (
@@ -53,7 +53,7 @@ from controller.runners.kubernetes.manifests import (
     make_warm_pod,
     shape,
 )
-from controller.runners.kubernetes.pool import WarmPod, claim_order, plan
+from controller.runners.kubernetes.pool import WarmPod, census, claim_order, plan
 
 log = logs.get(__name__)
 T = TypeVar("T")
@@ -132,12 +132,16 @@ class KubernetesRunner:
         settings: PodSettings,
         templates: Callable[[str | None], SandboxTemplate],
         pools: Sequence[SandboxTemplate] = (),
+        on_placed: Callable[[str, str], None] = lambda template, source: None,
     ) -> None:
+        """``on_placed(template, source)`` is told of each pod this runner placed for a session
+        (``source``: ``warm``, a claimed warm pod, or ``cold``, a pod created for it)."""
         self._api = api
         self._settings = settings
         self._templates = templates
         self._ns = settings.namespace
         self._pools = tuple(t for t in pools if t.pooled)
+        self._on_placed = on_placed
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -184,6 +188,7 @@ class KubernetesRunner:
                 "SandboxStarted",
                 f"executor for session {spec.session_id}, environment {spec.environment_id}",
             )
+            self._on_placed(template.name, "cold")
             return pod
         raise Transient(f"pods of session {spec.session_id} are still terminating", retry_after=5)
 
@@ -205,8 +210,10 @@ class KubernetesRunner:
                     holder = self._placed(record, spec.session_id, pod)
                     if holder is None or holder[1] != pod.metadata.uid:
                         self._yield(spec.session_id, pod)
-                    elif warm:
-                        self._add_warm(template)  # refilled as it is claimed
+                    else:
+                        self._on_placed(template.name, "warm" if warm else "cold")
+                        if warm:
+                            self._add_warm(template)  # refilled as it is claimed
             if holder is not None:
                 existing = self._read_pod(holder[0])
                 if existing is not None and existing.metadata.uid == holder[1] and _alive(existing):
@@ -344,21 +351,21 @@ class KubernetesRunner:
         log.info("no warm pod to claim; starting a cold one", extra={"session_id": spec.session_id})
         return None
 
-    def tend_pools(self) -> None:
+    def tend_pools(self) -> list[PoolState]:
         """Keep every pool at its size: replace dead, misshapen and too old warm pods, add the
-        missing ones, remove the excess (the scheduler's leader calls this every few seconds)."""
+        missing ones, remove the excess (the scheduler's leader calls this every few seconds).
+        Returns each pool as this tending found it."""
+        found = []
         for template in self._pools:
-            todo = plan(
-                self._warm_pods(template),
-                template.warm_pool_size,
-                self._shape(template),
-                time.time(),
-                template.warm_max_age_seconds,
-            )
+            pods, shape, now = self._warm_pods(template), self._shape(template), time.time()
+            size, max_age = template.warm_pool_size, template.warm_max_age_seconds
+            found.append(census(template.name, pods, size, shape, now, max_age))
+            todo = plan(pods, size, shape, now, max_age)
             for pod in todo.delete:
                 self._delete_unclaimed(pod)
             for _ in range(todo.create):
                 self._add_warm(template)
+        return found
 
     def _shape(self, template: SandboxTemplate) -> str:
         return shape(make_warm_pod(template, self._settings)["spec"])
