@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, TypeVar, overload
 
 from controller.errors import ConfigError
-from controller.signing import secret_key
+from controller.signing import parse_secrets
 from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
 
 PREFIX = "CONTROLLER_"
@@ -51,6 +51,9 @@ class Secret:
 class WebhookSettings:
     secrets: tuple[Secret, ...] = ()
     """Signing secrets (comma-separated; several during rotation). ``whsec_`` ones are base64."""
+    secrets_file: str | None = None
+    """Where ``secrets`` were read from (``…_WEBHOOK_SECRETS_FILE``): the receiver reads it again
+    once it changes (a rotation, no restart)."""
     tolerance_seconds: int = 300
     """Replay window, both ways."""
     max_body_bytes: int = 256 * 1024
@@ -284,6 +287,7 @@ class _Parser:
         settings = Settings(
             webhook=WebhookSettings(
                 secrets=secrets,
+                secrets_file=self.get(PREFIX + "WEBHOOK_SECRETS_FILE") or None,
                 tolerance_seconds=self.number("WEBHOOK_TOLERANCE_SECONDS", WebhookSettings.tolerance_seconds, int, 1),
                 max_body_bytes=self.number("WEBHOOK_MAX_BODY_BYTES", WebhookSettings.max_body_bytes, int, 1024),
                 dedup_ttl_seconds=self.number("WEBHOOK_DEDUP_TTL_SECONDS", WebhookSettings.dedup_ttl_seconds, int, 1),
@@ -430,17 +434,9 @@ class _Parser:
         value = self.raw_secret(name)
         if not value:
             return ()
-        secrets = []
-        for position, item in enumerate((s.strip() for s in value.replace("\n", ",").split(",")), start=1):
-            if not item:
-                continue
-            try:
-                secret_key(item)
-            except ValueError:
-                self.problems.append(f"{PREFIX}{name}: secret #{position} starts with whsec_ but is not base64")
-                continue
-            secrets.append(Secret(item))
-        return tuple(secrets)
+        secrets, problems = parse_secrets(value)
+        self.problems += [f"{PREFIX}{name}: {problem}" for problem in problems]
+        return tuple(Secret(s) for s in secrets)
 
     def allowlist(self, name: str) -> tuple[str, ...]:
         """Host patterns (``trust.pattern_problem``), lower-cased; unset means the default."""

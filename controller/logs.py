@@ -48,6 +48,10 @@ class JsonFormatter(logging.Formatter):
         super().__init__()
         self._secrets = frozenset(s for s in secrets if s and len(s) >= _MIN_REDACT_LENGTH)
 
+    def redact(self, secrets: Iterable[str]) -> None:
+        """Redact these values too, from now on."""
+        self._secrets = self._secrets | frozenset(s for s in secrets if s and len(s) >= _MIN_REDACT_LENGTH)
+
     def _scrub(self, text: str) -> str:
         for value in self._secrets:
             if value in text:
@@ -87,6 +91,14 @@ def setup(level: str = "INFO", stream: Any = None, secrets: Iterable[str] = ()) 
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
+
+
+def redact(secrets: Iterable[str]) -> None:
+    """Redact ``secrets`` too in every line from now on (secrets read after ``setup``: a
+    webhook secret that arrived with a rotation)."""
+    for handler in logging.getLogger().handlers:
+        if isinstance(handler.formatter, JsonFormatter):
+            handler.formatter.redact(secrets)
 
 
 def get(name: str) -> logging.Logger:

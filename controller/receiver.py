@@ -39,6 +39,7 @@ import json
 import math
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
+from pathlib import Path
 from typing import Any
 
 from starlette.applications import Starlette
@@ -61,7 +62,7 @@ from controller.errors import (
 )
 from controller.inbox import Inbox, Job
 from controller.metrics import WEBHOOKS_TOTAL, Counters, Metrics
-from controller.signing import Verifier
+from controller.signing import FileVerifier, Verifier
 from controller.trust import MAX_ID_CHARS
 
 log = logs.get("controller.receiver")
@@ -92,7 +93,12 @@ class ReceiverServices:
     def from_settings(
         cls, webhook: WebhookSettings, inbox: Inbox, clock: Clock, counters: Counters | None = None
     ) -> ReceiverServices:
-        verifier = Verifier([s.reveal() for s in webhook.secrets], webhook.tolerance_seconds)
+        secrets = [s.reveal() for s in webhook.secrets]
+        verifier = (
+            FileVerifier(Path(webhook.secrets_file), secrets, webhook.tolerance_seconds)
+            if webhook.secrets_file
+            else Verifier(secrets, webhook.tolerance_seconds)
+        )
         return cls(
             verifier,
             inbox,

@@ -392,6 +392,21 @@ def test_each_component_gets_only_the_credentials_it_needs(chart: Any) -> None:
         assert len(secrets) == len(files), component
 
 
+def test_the_receiver_mounts_its_secrets_so_a_rotation_reaches_the_running_pod(chart: Any) -> None:
+    """The webhook secrets are a whole-directory Secret volume (no ``subPath``, which the kubelet
+    never updates), and CONTROLLER_WEBHOOK_SECRETS_FILE names the file in it: a rotation
+    written into the Secret reaches the running receiver, which reads the file again."""
+    objects = render(chart, CREDENTIALS)
+    spec = one(objects, "Deployment", f"{_full(objects)}-receiver")["spec"]["template"]["spec"]
+    container = spec["containers"][0]
+    [path] = [e["value"] for e in container["env"] if e["name"] == "CONTROLLER_WEBHOOK_SECRETS_FILE"]
+    [mount] = [m for m in container["volumeMounts"] if m["name"] == "webhook-secrets"]
+    assert "subPath" not in mount and "subPathExpr" not in mount
+    assert path.rsplit("/", 1) == [mount["mountPath"].rstrip("/"), path.rsplit("/", 1)[1]]
+    [volume] = [v for v in spec["volumes"] if v["name"] == "webhook-secrets"]
+    assert [item["path"] for item in volume["secret"]["items"]] == [path.rsplit("/", 1)[1]]
+
+
 @pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
 def test_the_scheduler_gets_no_api_key(chart: Any, case: str, values: dict[str, Any]) -> None:
     """L2: the scheduler only sweeps (Redis and the runner): nothing in its pod names the API

@@ -163,9 +163,11 @@ def test_test_reports_whether_the_receiver_took_it(world: tuple[SimulatorProcess
 def test_rotate_keeps_both_secrets_valid_through_the_overlap(
     world: tuple[SimulatorProcess, Cli, Receiver, Path],
 ) -> None:
-    """After `rotate`, a receiver still holding only the old secret takes the API's deliveries
-    (the API signs with both), and one restarted on the NEW,OLD value the command wrote accepts
-    deliveries signed with either alone; `--finish` leaves only the new one."""
+    """L3: after `rotate`, the API's deliveries are taken throughout (the API signs with both);
+    the running receiver takes up the NEW,OLD value the command wrote, without a restart, and
+    accepts deliveries signed with either alone; after `--finish` it refuses the old one, again
+    without a restart. Each change is waited for (bounded): the receiver looks at its secrets
+    file at most once a second."""
     simulator, cli, receiver, secrets_file = world
     client = simulator.openai()
     cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
@@ -180,19 +182,22 @@ def test_rotate_keeps_both_secrets_valid_through_the_overlap(
     hint = client.webhooks.list().data[0].signing_secret_hint
     assert hint is not None and hint.endswith(new[-4:])
 
-    assert "received" in cli("test", "--url", receiver.url).stdout  # still on the old secret only
+    assert "received" in cli("test", "--url", receiver.url).stdout  # signed with both
 
-    receiver.restart()  # now reading NEW,OLD
+    pid = receiver.process.pid if receiver.process else None
+    wait_for(lambda: receiver.post_signed(new) == 200, 10, "the receiver to take up NEW,OLD", interval=0.3)
     assert receiver.post_signed(old) == 200
-    assert receiver.post_signed(new) == 200
     assert receiver.post_signed(new_webhook_secret()) == 401
     assert "received" in cli("test", "--url", receiver.url).stdout
 
     cli("rotate", "--finish", "--secret-file", str(secrets_file))
     assert secrets_file.read_text().strip() == new
-    receiver.restart()
+    wait_for(lambda: receiver.post_signed(old) == 401, 10, "the receiver to retire the old secret", interval=0.3)
     assert receiver.post_signed(new) == 200
-    assert receiver.post_signed(old) == 401
+    assert receiver.process is not None and receiver.process.pid == pid  # the same process throughout
+    log = (receiver.directory / "receiver.log").read_text()
+    assert log.count("webhook secrets read again") == 2
+    assert old not in log and new not in log
 
 
 def test_list_and_delete_agree_with_the_official_client(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import hmac
+import logging
+from pathlib import Path
 
 import pytest
 
@@ -270,3 +272,95 @@ def test_precheck_passes_well_formed_headers_it_cannot_verify() -> None:
     verifier.precheck(forged, now=SPEC_TIMESTAMP)
     with pytest.raises(SignatureError, match="no webhook-signature entry matches"):
         verifier.verify(forged, SPEC_BODY, now=SPEC_TIMESTAMP)
+
+
+# -- secrets from a file that a rotation rewrites ------------------------------------------------
+
+
+class Ticks:
+    """A monotonic clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _swap(directory: Path, name: str, text: str) -> None:
+    """Rewrite ``name`` as the kubelet updates a mounted Secret: the new content in a fresh
+    directory, then an atomic swap of the ``..data`` symlink the file's own symlink goes through."""
+    fresh = directory / f"..{len(list(directory.iterdir()))}"
+    fresh.mkdir()
+    (fresh / name).write_text(text)
+    (directory / "..data_tmp").symlink_to(fresh.name)
+    (directory / "..data_tmp").rename(directory / "..data")
+    if not (directory / name).is_symlink():
+        (directory / name).symlink_to(f"..data/{name}")
+
+
+def test_a_rotated_secrets_file_is_read_again_when_a_delivery_matches_none(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """L3: the receiver reads its mounted secrets file again once it has changed (the delivery
+    that comes a second or more after the last look): a rotation (NEW,OLD written into the
+    Secret) and its end (OLD retired) need no restart; the log names counts, never values."""
+    caplog.set_level(logging.INFO, logger="controller.signing")
+    _swap(tmp_path, "secrets", OLD_SECRET)
+    ticks = Ticks()
+    verifier = signing.FileVerifier(tmp_path / "secrets", [OLD_SECRET], monotonic=ticks)
+    ts = 1_700_000_000
+    signed_new = sign_headers(NEW_SECRET, "msg_new", ts, b"{}")
+    ticks.now += 5
+    with pytest.raises(SignatureError):
+        verifier.verify(signed_new, b"{}", now=ts)  # the file has not changed: still refused
+
+    _swap(tmp_path, "secrets", f"{NEW_SECRET},{OLD_SECRET}")
+    ticks.now += 1
+    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+    assert verifier.verify(sign_headers(OLD_SECRET, "msg_old", ts, b"{}"), b"{}", now=ts).webhook_id == "msg_old"
+    assert any(r.getMessage() == "webhook secrets read again" and r.secrets == 2 for r in caplog.records)
+    assert NEW_SECRET not in caplog.text and OLD_SECRET not in caplog.text
+
+    _swap(tmp_path, "secrets", NEW_SECRET)  # the rotation finished: the old secret is retired
+    ticks.now += 1
+    with pytest.raises(SignatureError):
+        verifier.verify(sign_headers(OLD_SECRET, "msg_old2", ts, b"{}"), b"{}", now=ts)
+    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+
+
+def test_a_secrets_file_is_looked_at_most_once_a_second_and_a_bad_one_changes_nothing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Deliveries look at the file at most once a second (a change within the second waits for
+    the next look); a file that is garbled, empty or gone leaves the secrets in use as they
+    were (a warning, no values)."""
+    _swap(tmp_path, "secrets", OLD_SECRET)
+    ticks = Ticks()
+    verifier = signing.FileVerifier(tmp_path / "secrets", [OLD_SECRET], monotonic=ticks)
+    ts = 1_700_000_000
+    signed_new = sign_headers(NEW_SECRET, "msg_new", ts, b"{}")
+    ticks.now += 1
+    with pytest.raises(SignatureError):
+        verifier.verify(signed_new, b"{}", now=ts)  # looked: unchanged
+    _swap(tmp_path, "secrets", NEW_SECRET)
+    with pytest.raises(SignatureError):
+        verifier.verify(signed_new, b"{}", now=ts)  # changed, but looked less than a second ago
+    ticks.now += 1
+    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+
+    signed_third = sign_headers(OLD_SECRET, "msg_third", ts, b"{}")
+    for bad in ("whsec_not base64!", "  ,\n"):
+        _swap(tmp_path, "secrets", bad)
+        ticks.now += 1
+        with pytest.raises(SignatureError):
+            verifier.verify(signed_third, b"{}", now=ts)
+        assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"  # kept
+    (tmp_path / "secrets").unlink()
+    ticks.now += 1
+    with pytest.raises(SignatureError):
+        verifier.verify(signed_third, b"{}", now=ts)
+    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+    warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(warnings) == 3 and all("the secrets in use stay" in w for w in warnings)
+    assert "not base64!" not in caplog.text

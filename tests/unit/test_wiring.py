@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import logging
 from pathlib import Path
 
@@ -74,6 +75,17 @@ def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> N
     line = formatter.format(record)
     assert not [s for s in secrets if s in line]
     assert line.count("[REDACTED]") == 3
+
+
+def test_a_secret_read_after_set_up_is_redacted_too() -> None:
+    """A webhook secret that arrived with a rotation (``FileVerifier`` reads it after
+    ``logs.setup``) joins the secrets every line is scrubbed of."""
+    stream = io.StringIO()
+    logs.setup("INFO", stream=stream, secrets=["the-first-secret"])
+    logs.redact(["the-rotated-secret"])
+    logs.get("test.redact").info("leaked: the-first-secret the-rotated-secret")
+    line = stream.getvalue()
+    assert "secret" not in line.replace("[REDACTED]", "") and line.count("[REDACTED]") == 2
 
 
 def test_only_the_kubernetes_runner_gets_a_pod_watch_and_it_can_be_turned_off(tmp_path: Path) -> None:
