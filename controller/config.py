@@ -180,6 +180,19 @@ class LifecycleSettings:
     """How often a sweep is full: it works every mapped session, even one whose timer or pod
     watch would bring it back (the safety net for a session deleted while its sandbox is quiet:
     deleting a session sends no webhook, L17). The first sweep after a scheduler starts is full."""
+    prestart_agent_ids: tuple[str, ...] = ()
+    """Agents whose sessions get their sandbox when they are created (``agent.session.created``,
+    L9's eager mode), before any connection is asked for; ``*``: every agent this controller
+    serves. Empty (the default): a sandbox starts only on an ``environment_connection`` action.
+    A pre-started sandbox nobody uses is stopped by the idle timeout like any other."""
+
+    @property
+    def prestarts(self) -> bool:
+        """Whether any session may be pre-started (the receiver then enqueues creations)."""
+        return bool(self.prestart_agent_ids)
+
+    def prestarts_agent(self, agent_id: str | None) -> bool:
+        return "*" in self.prestart_agent_ids or (agent_id is not None and agent_id in self.prestart_agent_ids)
 
 
 @dataclass(frozen=True)
@@ -365,6 +378,7 @@ class _Parser:
                 full_sweep_interval_seconds=self.number(
                     "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0
                 ),
+                prestart_agent_ids=self.words("PRESTART_AGENT_IDS"),
             ),
             metrics=self.metrics(),
             log_level=level,

@@ -12,6 +12,11 @@ action, a failed session, and an idle session are enqueued; every other verified
 acknowledged and dropped, with a short, fixed ``reason`` fit for logs and metric labels. A session id
 that does not match ``trust.ID_PATTERN`` is dropped before anything uses it (L2).
 
+``agent.session.created`` of a self-hosted session is enqueued only when pre-start is on
+(``classify(event, prestart=True)``, L9's eager mode): its job makes a worker read the new
+session and start its sandbox if its agent is one configured to pre-start. Otherwise it is
+acknowledged and dropped, as before.
+
 ``agent.session.idle`` is a timer signal (L11, L13): its job makes a worker re-read the session
 under its lease and arm the idle check (``last_active_at`` + the idle timeout). It never
 starts compute (only a pending ``environment_connection`` action does) and never stops
@@ -40,9 +45,15 @@ SESSION_TYPES = frozenset({SESSION_CREATED, SESSION_ACTION_REQUIRED, SESSION_IN_
 """Known event types whose ``data.id`` is a session id (required)."""
 
 HANDLED_TYPES = (SESSION_ACTION_REQUIRED, SESSION_FAILED, SESSION_IDLE)
-"""The event types ``classify`` can enqueue: exactly what a webhook endpoint for this
-controller subscribes to (``sandbox-controller webhook register``). A unit test holds this
-tuple and ``classify`` to each other."""
+"""The event types ``classify`` can enqueue without pre-start: exactly what a webhook endpoint
+for this controller subscribes to (``sandbox-controller webhook register``). A unit test holds
+this tuple, ``handled_types`` and ``classify`` to each other."""
+
+
+def handled_types(prestart: bool) -> tuple[str, ...]:
+    """The event types ``classify`` can enqueue: with pre-start, session creations too."""
+    return (*HANDLED_TYPES, SESSION_CREATED) if prestart else HANDLED_TYPES
+
 
 _ENVIRONMENT_PREFIXES = ("agent.environment.", "environment.")
 
@@ -72,6 +83,7 @@ ENVIRONMENT_CONNECTION_REQUESTED = Disposition(True, "environment_connection")
 SESSION_FAILED_RELEASE = Disposition(True, "session_failed")
 OTHER_REQUIRED_ACTION = Disposition(False, "other_required_action")
 SESSION_CREATED_NOT_EAGER = Disposition(False, "session_created")
+SESSION_CREATED_PRESTART = Disposition(True, "session_created_prestart")
 LATE_SIGNAL = Disposition(False, "late_signal")
 SESSION_IDLE_SIGNAL = Disposition(True, "session_idle")
 ENVIRONMENT_REPORT = Disposition(False, "environment_report")
@@ -116,17 +128,18 @@ def parse(body: bytes) -> Event:
     )
 
 
-def classify(event: Event) -> Disposition:
+def classify(event: Event, prestart: bool = False) -> Disposition:
     """Enqueue only what asks this controller for work (L4); acknowledge the rest (L9, L10).
+    With ``prestart``, a self-hosted session's creation is work too (L9's eager mode).
     Work for a session id that fails ``trust.ID_PATTERN`` is never enqueued (L2): it could
     become a Redis key, a path, a label or an argument."""
-    disposition = _classify(event)
+    disposition = _classify(event, prestart)
     if disposition.enqueue and not valid_id(event.session_id):
         return MALFORMED_SESSION_ID
     return disposition
 
 
-def _classify(event: Event) -> Disposition:
+def _classify(event: Event, prestart: bool) -> Disposition:
     if event.type == SESSION_ACTION_REQUIRED:
         if event.required_action_type != ENVIRONMENT_CONNECTION:
             return OTHER_REQUIRED_ACTION
@@ -136,7 +149,9 @@ def _classify(event: Event) -> Disposition:
     if event.type == SESSION_IDLE:
         return SESSION_IDLE_SIGNAL if event.session_id else NO_SESSION
     if event.type == SESSION_CREATED:
-        return SESSION_CREATED_NOT_EAGER
+        if not prestart or event.data.get("environment_type") != "self_hosted":
+            return SESSION_CREATED_NOT_EAGER
+        return SESSION_CREATED_PRESTART if event.session_id else NO_SESSION
     if event.type == SESSION_IN_PROGRESS:
         return LATE_SIGNAL
     if event.type.startswith(_ENVIRONMENT_PREFIXES):

@@ -114,6 +114,9 @@ def not_ours(session: Session, routing: Routing) -> str | None:
 
 MARGIN_SECONDS = timers.RESOLUTION_SECONDS
 """Rechecks of "past a limit" deadlines look one timer resolution after it (past, not at)."""
+PRESTART_WINDOW_SECONDS = 300
+"""How new a session must be to be pre-started: a creation's job that waited longer (a backlog,
+the sender's retries) is too late to be worth a sandbox nobody asked for yet."""
 
 
 def decide(
@@ -128,12 +131,15 @@ def decide(
     policy: trust.Policy = trust.DEFAULT_POLICY,
     idle_timeout_seconds: float = 0.0,
     retention_seconds: float = 0.0,
+    prestart: bool = False,
 ) -> Decision:
     """What to do about one session, from what was observed (pure).
 
     ``idle_timeout_seconds``: stop an idle session's sandbox this long after its last activity
     (0: keep warm). ``retention_seconds``: discard a stopped session's workspace this long
-    after the stop (0: keep it until the session is deleted or fails).
+    after the stop (0: keep it until the session is deleted or fails). ``prestart``: the
+    session's agent is one configured to pre-start (L9's eager mode): a session created less
+    than ``PRESTART_WINDOW_SECONDS`` ago with no sandbox yet gets one before it asks.
     """
     if session is None:
         if record is not None:
@@ -153,6 +159,12 @@ def decide(
     lifetime_check = deadline + MARGIN_SECONDS if deadline is not None else None
     if not session.wants_connection:
         if record is None:
+            if prestart and session.created_at and now - session.created_at <= PRESTART_WINDOW_SECONDS:
+                return _cannot_start(session, policy) or Decision(
+                    Verdict.START,
+                    "pre-start: session just created; no sandbox",
+                    recheck_at=now + grace_seconds + MARGIN_SECONDS,
+                )
             return Decision(Verdict.IGNORE, "no environment_connection action pending")
         if health in (Health.GONE, Health.FAILED):
             decision = Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
@@ -298,6 +310,8 @@ class Deps:
     retention_seconds: float = 0.0
     """Discard a stopped session's workspace this long after the stop; 0: keep it (L16)."""
     on_stop: Callable[[str], None] = lambda cause: None
+    prestarts_agent: Callable[[str | None], bool] = lambda agent_id: False
+    """Whether sessions of this agent are pre-started (``LifecycleSettings.prestarts_agent``)."""
     """Called with ``Decision.cause`` for each sandbox stopped, released or replaced (metrics)."""
 
 
@@ -397,6 +411,7 @@ def decide_observed(seen: Observation, deps: Deps) -> Decision:
         deps.trust_policy,
         deps.idle_timeout_seconds,
         deps.retention_seconds,
+        seen.session is not None and deps.prestarts_agent(seen.session.agent_id),
     )
 
 

@@ -88,10 +88,17 @@ class ReceiverServices:
     counters: Counters = field(default_factory=Metrics)
     body_timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
+    prestart: bool = False
+    """Enqueue self-hosted session creations too (``events.classify``; some agents pre-start)."""
 
     @classmethod
     def from_settings(
-        cls, webhook: WebhookSettings, inbox: Inbox, clock: Clock, counters: Counters | None = None
+        cls,
+        webhook: WebhookSettings,
+        inbox: Inbox,
+        clock: Clock,
+        counters: Counters | None = None,
+        prestart: bool = False,
     ) -> ReceiverServices:
         secrets = [s.reveal() for s in webhook.secrets]
         verifier = (
@@ -107,6 +114,7 @@ class ReceiverServices:
             counters if counters is not None else Metrics(),
             webhook.body_timeout_seconds,
             webhook.max_in_flight,
+            prestart,
         )
 
 
@@ -262,7 +270,7 @@ async def _receive(
         return _rejected(services, exc)
     context.enter_context(logs.bind(event_id=loggable(event.id) or None, session_id=loggable(event.session_id)))
 
-    disposition = events.classify(event)
+    disposition = events.classify(event, services.prestart)
     malformed = disposition is events.MALFORMED_SESSION_ID
     if not disposition.enqueue and not malformed:
         return _answer(services, "ignored", disposition.reason, event, {"reason": disposition.reason})

@@ -2,7 +2,8 @@
 
 The API calls are ``webhook_endpoints.HttpWebhookEndpoints``; where the receiver's secrets
 go (a 0600 file, a Kubernetes Secret, or printed once) is ``webhook_secrets``. The event
-types are ``events.HANDLED_TYPES``. Secrets are never taken as arguments and never logged.
+types are ``events.handled_types``: ``HANDLED_TYPES``, plus ``agent.session.created`` when
+``CONTROLLER_PRESTART_AGENT_IDS`` is set. Secrets are never taken as arguments and never logged.
 """
 
 from __future__ import annotations
@@ -16,9 +17,14 @@ from pathlib import Path
 from controller import logs, wiring
 from controller.config import Secret, Settings
 from controller.errors import ConfigError
-from controller.events import HANDLED_TYPES
+from controller.events import HANDLED_TYPES, SESSION_CREATED, handled_types
 from controller.webhook_endpoints import DEFAULT_NAME, OVERLAP_SECONDS, Endpoint, HttpWebhookEndpoints, register
 from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret, SecretFile, SecretStore, kube_core_api
+
+
+def _handled() -> tuple[str, ...]:
+    """The event types the controller configured by this environment enqueues."""
+    return handled_types(Settings.from_env(os.environ).lifecycle.prestarts)
 
 
 def _webhook_api() -> HttpWebhookEndpoints:
@@ -58,7 +64,7 @@ def cmd_webhook_register(args: argparse.Namespace) -> int:
     store = _secret_store(args)
     api = _webhook_api()
     try:
-        done = register(api, args.url, HANDLED_TYPES, args.name)
+        done = register(api, args.url, _handled(), args.name)
     finally:
         api.close()
     endpoint = done.endpoint
@@ -135,7 +141,7 @@ def cmd_webhook_list(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([e.to_json() for e in endpoints], indent=2))
         return 0
-    handled = sorted(HANDLED_TYPES)
+    handled = sorted(_handled())
     for e in endpoints:
         fit = "" if sorted(e.event_types) == handled else "  (event types differ from what the controller handles)"
         print(f"{e.id}  {e.url}  {e.name}  {','.join(e.event_types)}{fit}")
@@ -188,7 +194,8 @@ def add_commands(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> No
     reg = commands.add_parser(
         "register",
         help="create the endpoint for a URL, or update the one that exists (idempotent)",
-        description=f"Subscribes exactly the event types the controller handles ({handled}). The signing "
+        description=f"Subscribes exactly the event types the controller handles ({handled}; with "
+        f"CONTROLLER_PRESTART_AGENT_IDS set, {SESSION_CREATED} too). The signing "
         "secret is printed once, or written with --secret-file / --kube-secret.",
     )
     reg.add_argument("--url", required=True, help="the receiver's public URL, e.g. https://hooks.example.com/webhooks")

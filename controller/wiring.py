@@ -234,6 +234,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         idle_timeout_seconds=settings.lifecycle.idle_timeout_seconds,
         retention_seconds=settings.lifecycle.workspace_retention_seconds,
         on_stop=lambda cause: metrics.inc(SANDBOXES_STOPPED_TOTAL, reason=cause),
+        prestarts_agent=settings.lifecycle.prestarts_agent,
     )
 
 
@@ -367,4 +368,7 @@ def receiver_app(settings: Settings) -> Starlette:
         settings.webhook.dedup_ttl_seconds,
         settings.queue.recovery_after_seconds,
     )
-    return create_app(ReceiverServices.from_settings(settings.webhook, inbox, SystemClock()))
+    services = ReceiverServices.from_settings(
+        settings.webhook, inbox, SystemClock(), prestart=settings.lifecycle.prestarts
+    )
+    return create_app(services)

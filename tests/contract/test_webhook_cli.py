@@ -133,6 +133,21 @@ def test_register_is_idempotent_and_subscribes_exactly_the_handled_types(
     assert sorted(client.webhooks.retrieve(endpoint.id).event_types) == sorted(HANDLED_TYPES)
 
 
+def test_register_with_prestart_also_subscribes_to_session_creations(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path],
+) -> None:
+    """L4, L9: with pre-start configured (CONTROLLER_PRESTART_AGENT_IDS, as the controller has it),
+    `register` subscribes to agent.session.created too, and `list` says the endpoint fits."""
+    simulator, cli, receiver, secrets_file = world
+    cli.env["CONTROLLER_PRESTART_AGENT_IDS"] = "agent_a"
+    cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    [endpoint] = list(simulator.openai().webhooks.list())
+    assert sorted(endpoint.event_types) == sorted((*HANDLED_TYPES, "agent.session.created"))
+    assert "differ" not in cli("list").stdout
+    del cli.env["CONTROLLER_PRESTART_AGENT_IDS"]
+    assert "differ" in cli("list").stdout  # without pre-start, one more type than it handles
+
+
 def test_register_without_a_file_shows_the_secret_once(world: tuple[SimulatorProcess, Cli, Receiver, Path]) -> None:
     """Without --secret-file or --kube-secret the secret is printed, on the creating run only."""
     simulator, cli, receiver, _ = world

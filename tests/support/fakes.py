@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from controller import reconcile
 from controller.clock import FakeClock
+from controller.config import LifecycleSettings
 from controller.errors import ApiUnavailable, Fenced, QueueUnavailable
 from controller.inbox import Job, Outcome
 from controller.lifecycle import Decision, Deps, Verdict, work
@@ -44,6 +45,8 @@ def make_session(
     actions: tuple[str, ...] = (ENVIRONMENT_CONNECTION,),
     agent_id: str | None = "agent_1",
     metadata: dict[str, str] | None = None,
+    created_at: int = 0,
+    last_active_at: int | None = None,
 ) -> Session:
     """A session as ``parse_session`` would build it; by default one asking for a connection."""
     return Session(
@@ -53,6 +56,8 @@ def make_session(
         required_actions=tuple(RequiredAction(type=a, environment_id=env_id) for a in actions),
         agent_id=agent_id,
         metadata=dict(metadata or {}),
+        created_at=created_at,
+        last_active_at=last_active_at,
     )
 
 
@@ -364,6 +369,7 @@ class World:
         on_decision: Callable[[str, Decision], None] | None = None,
         idle_timeout: float = 0.0,
         retention: float = 0.0,
+        prestart_agent_ids: tuple[str, ...] = (),
     ) -> None:
         self.clock = FakeClock(T0)
         self.sessions = FakeSessions()
@@ -389,6 +395,7 @@ class World:
             idle_timeout_seconds=idle_timeout,
             retention_seconds=retention,
             on_stop=self.stopped.append,
+            prestarts_agent=LifecycleSettings(prestart_agent_ids=prestart_agent_ids).prestarts_agent,
         )
 
     def deliver(self, session_id: str = "sess_1") -> list[Decision] | Busy:

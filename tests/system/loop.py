@@ -211,6 +211,33 @@ class Loop:
         response.raise_for_status()
         return dict(response.json())
 
+    def submit(self, session_id: str, text: str = "again") -> None:
+        """New input for a session, as an application sends it."""
+        with self.api() as client:
+            client.post(
+                f"/v1/agents/sessions/{session_id}/events",
+                json={
+                    "events": [
+                        {
+                            "type": "agent.session.input.message",
+                            "input": [{"role": "user", "type": "message", "content": text}],
+                        }
+                    ]
+                },
+            ).raise_for_status()
+
+    def session(self, session_id: str) -> dict[str, Any]:
+        with self.api() as client:
+            response = client.get(f"/v1/agents/sessions/{session_id}")
+        response.raise_for_status()
+        return dict(response.json())
+
+    def events_sent(self, session_id: str) -> list[dict[str, Any]]:
+        """Every webhook event the simulator sent about this session, in order."""
+        response = httpx.get(f"{self.simulator_url}/admin/events", timeout=10)
+        response.raise_for_status()
+        return [e for e in response.json()["data"] if e["data"].get("id") == session_id]
+
     def registrations(self) -> list[dict[str, Any]]:
         response = httpx.get(f"{self.simulator_url}/admin/registrations", timeout=10)
         response.raise_for_status()

@@ -72,21 +72,6 @@ def session_of(loop: Loop, session_id: str) -> dict[str, Any]:
     return dict(response.json())
 
 
-def submit(loop: Loop, session_id: str, text: str = "again") -> None:
-    with loop.api() as client:
-        client.post(
-            f"/v1/agents/sessions/{session_id}/events",
-            json={
-                "events": [
-                    {
-                        "type": "agent.session.input.message",
-                        "input": [{"role": "user", "type": "message", "content": text}],
-                    }
-                ]
-            },
-        ).raise_for_status()
-
-
 def stops(loop: Loop, session_id: str | None = None) -> list[dict[str, Any]]:
     return [
         line
@@ -198,7 +183,7 @@ def test_stop_then_a_new_connection_finds_the_file_written_before_the_stop(loop:
     (workspace / "notes.txt").write_text("written before the stop\n")
     wait_for(lambda: stops(loop, sid), 60, "the idle stop")
     wait_for(lambda: loop.live_executors()[sid] == 0, 30, "the executor to be gone")
-    submit(loop, sid)
+    loop.submit(sid)
     wait_for(lambda: len(starts(loop, sid)) == 2, 90, "a new executor to start")
     wait_for(lambda: loop.live_executors()[sid] == 1, 30, "the new executor to run")
     assert (workspace / "notes.txt").read_text() == "written before the stop\n"
@@ -246,7 +231,7 @@ def test_idle_event_after_the_connection_was_resolved_stops_nothing(loop: Loop) 
     sid = session["id"]
     wait_idle(loop, sid)
     time.sleep(TIMEOUT - 1.5)  # the previous turn is nearly a timeout old
-    submit(loop, sid)
+    loop.submit(sid)
     second_input = time.time()
     for _ in range(8):  # late idle events of the previous turn, through the real receivers
         headers, body = loop.delivery(sid, event_type="agent.session.idle")
@@ -281,7 +266,7 @@ def test_idle_timer_racing_new_input(loop: Loop) -> None:
             due = max(float(idle["last_active_at"]), started) + TIMEOUT
             time.sleep(max(0.0, due + rng.uniform(-1.0, 1.0) - time.time()))
             sent = time.monotonic()
-            submit(loop, sid)
+            loop.submit(sid)
             restarted, connected = False, None
             deadline = sent + 300
             while time.monotonic() < deadline:

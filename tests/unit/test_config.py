@@ -58,6 +58,7 @@ def test_a_full_environment_is_parsed_and_typed() -> None:
             LOG_LEVEL="debug",
             LEASE_TTL_SECONDS="5",
             IDLE_TIMEOUT_SECONDS="0",
+            PRESTART_AGENT_IDS="agent_2, *",
         ),
         "OTHER_VARIABLE": "ignored",
     }
@@ -72,6 +73,7 @@ def test_a_full_environment_is_parsed_and_typed() -> None:
     assert s.routing.workspace_directory == "/srv/ws"
     assert s.runner.kind == "kubernetes" and s.log_level == "DEBUG"
     assert s.queue.lease_ttl_seconds == 5.0 and s.lifecycle.idle_timeout_seconds == 0.0
+    assert s.lifecycle.prestart_agent_ids == ("agent_2", "*") and s.lifecycle.prestarts
 
 
 def test_the_full_sweep_interval_and_the_pod_watch_are_parsed() -> None:

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from controller.errors import BadPayload
-from controller.events import HANDLED_TYPES, Disposition, Event, classify, parse
+from controller.events import HANDLED_TYPES, Disposition, Event, classify, handled_types, parse
 from tests.support.deliveries import SAMPLE_ENVELOPES, envelope
 
 ENQUEUE_CONNECTION = Disposition(True, "environment_connection")
@@ -42,8 +42,25 @@ def test_other_required_actions_are_dropped(name: str) -> None:
     [("created", "session_created"), ("in_progress", "late_signal")],
 )
 def test_late_signals_never_start_compute(name: str, reason: str) -> None:
-    """L9: created and in_progress never enqueue a start (eager mode is not implemented)."""
+    """L9: without pre-start, created and in_progress never enqueue a start."""
     assert disposition_of(name) == Disposition(False, reason)
+
+
+def test_with_prestart_a_self_hosted_sessions_creation_is_enqueued() -> None:
+    """L9's eager mode: with pre-start on, a self-hosted session's creation is work (the worker
+    decides whether its agent pre-starts); another environment type's is still dropped, and
+    in_progress stays a late signal."""
+    created = parse(json.dumps(SAMPLE_ENVELOPES["created"]).encode())
+    assert created.data["environment_type"] == "self_hosted"
+    assert classify(created, prestart=True) == Disposition(True, "session_created_prestart")
+    hosted = parse(json.dumps(envelope("agent.session.created", {"id": "sess_1", "environment_type": "none"})).encode())
+    assert classify(hosted, prestart=True) == Disposition(False, "session_created")
+    odd = parse(
+        json.dumps(envelope("agent.session.created", {"id": "bad id!", "environment_type": "self_hosted"})).encode()
+    )
+    assert classify(odd, prestart=True) == Disposition(False, "malformed_session_id")
+    in_progress = parse(json.dumps(SAMPLE_ENVELOPES["in_progress"]).encode())
+    assert classify(in_progress, prestart=True) == Disposition(False, "late_signal")
 
 
 def test_idle_is_enqueued_as_a_timer_signal() -> None:
@@ -82,12 +99,16 @@ def test_only_three_kinds_are_ever_enqueued() -> None:
     assert enqueued == {"environment_connection", "failed", "idle"}
 
 
-def test_handled_types_are_exactly_what_classify_enqueues() -> None:
-    """L4: the webhook subscription (``HANDLED_TYPES``) and ``classify`` are one truth: every type
-    some sample enqueues is subscribed, and every subscribed type has a sample that enqueues."""
-    enqueued_types = {SAMPLE_ENVELOPES[name]["type"] for name in SAMPLE_ENVELOPES if disposition_of(name).enqueue}
-    assert enqueued_types == set(HANDLED_TYPES)
-    assert len(HANDLED_TYPES) == len(set(HANDLED_TYPES))
+@pytest.mark.parametrize("prestart", [False, True])
+def test_handled_types_are_exactly_what_classify_enqueues(prestart: bool) -> None:
+    """L4: the webhook subscription (``handled_types``) and ``classify`` are one truth, with and
+    without pre-start: every type some sample enqueues is subscribed, and every subscribed type
+    has a sample that enqueues."""
+    envelopes = [parse(json.dumps(raw).encode()) for raw in SAMPLE_ENVELOPES.values()]
+    enqueued_types = {event.type for event in envelopes if classify(event, prestart).enqueue}
+    assert enqueued_types == set(handled_types(prestart))
+    assert len(handled_types(prestart)) == len(set(handled_types(prestart)))
+    assert handled_types(False) == HANDLED_TYPES
 
 
 def test_parse_keeps_ids_and_raw_data() -> None:

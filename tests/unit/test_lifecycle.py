@@ -8,8 +8,8 @@ import pytest
 
 from controller.clock import FakeClock
 from controller.errors import ApiUnavailable, Fenced
-from controller.lifecycle import Decision, Routing, Verdict, decide, not_ours, work
-from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
+from controller.lifecycle import PRESTART_WINDOW_SECONDS, Decision, Routing, Verdict, decide, not_ours, work
+from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.store.base import Busy
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
@@ -411,3 +411,73 @@ def test_record_fields_follow_the_clock(world: World) -> None:
     rec = world.store.record("sess_1")
     assert rec is not None
     assert rec == replace(rec, started_at=T0 + 123.5)
+
+
+# --- pre-start: a sandbox at the session's creation (L9's eager mode) ----------------------------
+
+
+def new_session(agent_id: str = "agent_1", age: float = 2.0, **more: object) -> Session:
+    """A self-hosted session created ``age`` seconds before ``T0``, asking for nothing yet."""
+    fields: dict[str, object] = {"status": SessionStatus.IDLE, "actions": (), "agent_id": agent_id, **more}
+    return make_session(created_at=int(T0 - age), **fields)  # type: ignore[arg-type]
+
+
+def test_a_new_session_of_a_prestart_agent_gets_its_sandbox_before_it_asks() -> None:
+    """L9: with the eager mode on for its agent, a self-hosted session created moments ago with
+    no sandbox gets one (a START, looked at again after the grace period), though it asks for no
+    connection yet; without it, or for another agent, nothing starts (L9, L4)."""
+    decision = decide(new_session(), None, None, None, T0, GRACE, ROUTING, prestart=True)
+    assert decision.verdict is Verdict.START and decision.reason.startswith("pre-start")
+    assert decision.recheck_at is not None and decision.recheck_at > T0 + GRACE
+    assert decide(new_session(), None, None, None, T0, GRACE, ROUTING).verdict is Verdict.IGNORE
+
+
+def test_prestart_never_starts_an_old_a_refused_a_foreign_or_a_failed_session() -> None:
+    """L9, L2, L6: a creation seen after the pre-start window (a backlog, the sender's retries)
+    starts nothing; nor does a session with no environment id, an untrusted remote_url, another
+    workspace directory, or a failed one; a session that already had a sandbox (stopped, its
+    workspace kept) is not started again without a connection request (L16)."""
+
+    def prestarted(session: Session, rec: Record | None = None, health: Health | None = None) -> Verdict:
+        return decide(session, rec, health, None, T0, GRACE, ROUTING, prestart=True).verdict
+
+    assert prestarted(new_session(age=PRESTART_WINDOW_SECONDS + 1)) is Verdict.IGNORE
+    assert prestarted(make_session(status=SessionStatus.IDLE, actions=())) is Verdict.IGNORE  # created_at unknown
+    assert prestarted(new_session(env_id=None)) is Verdict.IGNORE
+    refused = decide(
+        new_session(remote_url="https://evil.example/v1"), None, None, None, T0, GRACE, ROUTING, prestart=True
+    )
+    assert refused.verdict is Verdict.IGNORE and refused.refused is not None
+    assert prestarted(new_session(workspace="/elsewhere")) is Verdict.IGNORE
+    assert prestarted(new_session(status=SessionStatus.FAILED)) is Verdict.IGNORE
+    stopped = replace(record(), stopped_at=T0 - 1)
+    assert prestarted(new_session(), stopped) is Verdict.IGNORE
+
+
+def test_a_prestarted_sandbox_nobody_uses_is_stopped_by_the_idle_timeout() -> None:
+    """L9, L11: the creation's job starts the sandbox of a pre-start agent's session (and only
+    that agent's); nothing asks for it, and once the session has been idle for the idle timeout
+    the timer's look stops it, keeping its workspace, like any idle sandbox."""
+    world = World(idle_timeout=600.0, prestart_agent_ids=("agent_1",))
+    world.sessions.put(new_session(last_active_at=int(T0 - 2)))
+    assert verdicts(world.deliver()) == [Verdict.START]
+    assert world.runner.calls == [("ensure", "sess_1", 1)]
+    world.sessions.put(new_session(session_id="sess_2", agent_id="agent_2"))
+    assert verdicts(world.deliver("sess_2")) == [Verdict.IGNORE]
+
+    world.clock.advance(300)
+    assert verdicts(world.deliver()) == [Verdict.IGNORE]  # idle within the timeout: kept
+    world.clock.advance(400)
+    assert verdicts(world.deliver()) == [Verdict.STOP]
+    assert world.stopped == ["idle"]
+
+
+def test_every_agent_prestarts_with_a_star() -> None:
+    """``*`` pre-starts every agent this controller serves; a list names them one by one."""
+    from controller.config import LifecycleSettings
+
+    assert LifecycleSettings(prestart_agent_ids=("*",)).prestarts_agent("anyone")
+    assert LifecycleSettings(prestart_agent_ids=("*",)).prestarts_agent(None)
+    listed = LifecycleSettings(prestart_agent_ids=("agent_a",))
+    assert listed.prestarts_agent("agent_a") and not listed.prestarts_agent("agent_b")
+    assert not LifecycleSettings().prestarts and not LifecycleSettings().prestarts_agent("agent_a")

@@ -367,6 +367,16 @@ def test_metrics_endpoint(client: TestClient) -> None:
     assert 'controller_webhooks_total{outcome="enqueued",reason="session_idle"} 1.0' in text
 
 
+def test_with_prestart_a_creation_is_enqueued(inbox: FakeInbox, clock: FakeClock) -> None:
+    """L9's eager mode: a receiver told some agents pre-start queues a self-hosted session's
+    creation (the worker decides whether its agent is one of them)."""
+    settings = WebhookSettings(secrets=(Secret(SECRET),))
+    services = ReceiverServices.from_settings(settings, inbox, clock, prestart=True)
+    with TestClient(create_app(services)) as client:
+        assert post(client, "created", webhook_id="msg_created").json() == {"status": "enqueued"}
+    assert inbox.jobs == [Job("sess_1", "msg_created", "agent.session.created", "evt_test")]
+
+
 def test_services_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
     """L3: settings' secrets (several, during rotation) build the verifier."""
     settings = WebhookSettings(secrets=(Secret("whsec_b2xk"), Secret(SECRET)), max_body_bytes=1024)
