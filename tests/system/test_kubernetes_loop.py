@@ -155,21 +155,6 @@ def _connected_session(kube_loop: KubeLoop) -> tuple[dict[str, Any], str, Any]:
     return session, env, pod
 
 
-def _connect_again(loop: Loop, session_id: str) -> None:
-    with loop.api() as api:
-        api.post(
-            f"/v1/agents/sessions/{session_id}/events",
-            json={
-                "events": [
-                    {
-                        "type": "agent.session.input.message",
-                        "input": [{"role": "user", "type": "message", "content": "again"}],
-                    }
-                ]
-            },
-        ).raise_for_status()
-
-
 def test_an_evicted_pod_is_replaced_exactly_once(kube_loop: KubeLoop) -> None:
     """L14: the session's pod is evicted; the next connection request replaces it with exactly
     one new pod (the next generation), whose executor registers."""
@@ -177,7 +162,7 @@ def test_an_evicted_pod_is_replaced_exactly_once(kube_loop: KubeLoop) -> None:
     session, env, first = _connected_session(kube_loop)
     kube_loop.kubelet.evict(first.metadata.name)
     wait_for(lambda: loop.environment_status(env) == "disconnected", 30, "the eviction to drop the link")
-    _connect_again(loop, session["id"])
+    loop.submit(session["id"])
     wait_for(lambda: len(kube_loop.registered(env)) == 2, 120, "the replacement to register")
     time.sleep(3)
     live = [
@@ -198,7 +183,7 @@ def test_a_terminating_pod_is_never_reused(kube_loop: KubeLoop) -> None:
         kube_loop.core.delete_namespaced_pod(first.metadata.name, NAMESPACE, grace_period_seconds=60)
         kube_loop.kubelet.kill_process(first.metadata.name)
         wait_for(lambda: loop.environment_status(env) == "disconnected", 30, "the executor to go")
-        _connect_again(loop, session["id"])
+        loop.submit(session["id"])
         wait_for(lambda: len(kube_loop.registered(env)) == 2, 120, "the replacement to register")
         pods = {p.metadata.name: p for p in kube_loop.pods(session["id"])}
         assert pods[first.metadata.name].metadata.deletion_timestamp is not None  # still terminating

@@ -83,7 +83,7 @@ def test_rotation_header_with_several_entries(entries: list[str]) -> None:
         "bogus": "v1," + base64.b64encode(b"x" * 32).decode(),
     }
     header = " ".join(known.get(entry, entry) for entry in entries)
-    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=TS)
 
 
 @pytest.mark.parametrize("first", ["old", "new"])
@@ -102,7 +102,7 @@ def test_every_entry_is_compared_with_every_secret_even_after_a_match(
         return compared[-1]
 
     monkeypatch.setattr(signing.hmac, "compare_digest", compare_digest)
-    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=TS)
     assert len(compared) == 4  # two secrets × two entries
     assert compared.count(True) == 2
 
@@ -112,7 +112,7 @@ def test_header_of_only_wrong_entries_rejected() -> None:
     body, ts = b'{"a": 1}', 1_700_000_000
     header = " ".join(sign(key, "msg_multi", ts, body) for key in (b"k1", b"k2", b"k3"))
     with pytest.raises(SignatureError):
-        Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=ts)
+        Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=TS)
 
 
 def test_retired_secret_is_rejected() -> None:
@@ -299,6 +299,17 @@ def _swap(directory: Path, name: str, text: str) -> None:
         (directory / name).symlink_to(f"..data/{name}")
 
 
+TS = 1_700_000_000
+SIGNED_NEW = sign_headers(NEW_SECRET, "msg_new", TS, b"{}")
+
+
+def _on_old_secret(directory: Path) -> tuple[signing.FileVerifier, Ticks]:
+    """A receiver's verifier reading ``directory/secrets``, which holds the old secret."""
+    _swap(directory, "secrets", OLD_SECRET)
+    ticks = Ticks()
+    return signing.FileVerifier(directory / "secrets", [OLD_SECRET], monotonic=ticks), ticks
+
+
 def test_a_rotated_secrets_file_is_read_again_when_a_delivery_matches_none(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -306,27 +317,23 @@ def test_a_rotated_secrets_file_is_read_again_when_a_delivery_matches_none(
     that comes a second or more after the last look): a rotation (NEW,OLD written into the
     Secret) and its end (OLD retired) need no restart; the log names counts, never values."""
     caplog.set_level(logging.INFO, logger="controller.signing")
-    _swap(tmp_path, "secrets", OLD_SECRET)
-    ticks = Ticks()
-    verifier = signing.FileVerifier(tmp_path / "secrets", [OLD_SECRET], monotonic=ticks)
-    ts = 1_700_000_000
-    signed_new = sign_headers(NEW_SECRET, "msg_new", ts, b"{}")
+    verifier, ticks = _on_old_secret(tmp_path)
     ticks.now += 5
     with pytest.raises(SignatureError):
-        verifier.verify(signed_new, b"{}", now=ts)  # the file has not changed: still refused
+        verifier.verify(SIGNED_NEW, b"{}", now=TS)  # the file has not changed: still refused
 
     _swap(tmp_path, "secrets", f"{NEW_SECRET},{OLD_SECRET}")
     ticks.now += 1
-    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
-    assert verifier.verify(sign_headers(OLD_SECRET, "msg_old", ts, b"{}"), b"{}", now=ts).webhook_id == "msg_old"
+    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
+    assert verifier.verify(sign_headers(OLD_SECRET, "msg_old", TS, b"{}"), b"{}", now=TS).webhook_id == "msg_old"
     assert any(r.getMessage() == "webhook secrets read again" and r.secrets == 2 for r in caplog.records)
     assert NEW_SECRET not in caplog.text and OLD_SECRET not in caplog.text
 
     _swap(tmp_path, "secrets", NEW_SECRET)  # the rotation finished: the old secret is retired
     ticks.now += 1
     with pytest.raises(SignatureError):
-        verifier.verify(sign_headers(OLD_SECRET, "msg_old2", ts, b"{}"), b"{}", now=ts)
-    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+        verifier.verify(sign_headers(OLD_SECRET, "msg_old2", TS, b"{}"), b"{}", now=TS)
+    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
 
 
 def test_a_secrets_file_is_looked_at_most_once_a_second_and_a_bad_one_changes_nothing(
@@ -335,32 +342,28 @@ def test_a_secrets_file_is_looked_at_most_once_a_second_and_a_bad_one_changes_no
     """Deliveries look at the file at most once a second (a change within the second waits for
     the next look); a file that is garbled, empty or gone leaves the secrets in use as they
     were (a warning, no values)."""
-    _swap(tmp_path, "secrets", OLD_SECRET)
-    ticks = Ticks()
-    verifier = signing.FileVerifier(tmp_path / "secrets", [OLD_SECRET], monotonic=ticks)
-    ts = 1_700_000_000
-    signed_new = sign_headers(NEW_SECRET, "msg_new", ts, b"{}")
+    verifier, ticks = _on_old_secret(tmp_path)
     ticks.now += 1
     with pytest.raises(SignatureError):
-        verifier.verify(signed_new, b"{}", now=ts)  # looked: unchanged
+        verifier.verify(SIGNED_NEW, b"{}", now=TS)  # looked: unchanged
     _swap(tmp_path, "secrets", NEW_SECRET)
     with pytest.raises(SignatureError):
-        verifier.verify(signed_new, b"{}", now=ts)  # changed, but looked less than a second ago
+        verifier.verify(SIGNED_NEW, b"{}", now=TS)  # changed, but looked less than a second ago
     ticks.now += 1
-    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
 
-    signed_third = sign_headers(OLD_SECRET, "msg_third", ts, b"{}")
+    signed_third = sign_headers(OLD_SECRET, "msg_third", TS, b"{}")
     for bad in ("whsec_not base64!", "  ,\n"):
         _swap(tmp_path, "secrets", bad)
         ticks.now += 1
         with pytest.raises(SignatureError):
-            verifier.verify(signed_third, b"{}", now=ts)
-        assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"  # kept
+            verifier.verify(signed_third, b"{}", now=TS)
+        assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"  # kept
     (tmp_path / "secrets").unlink()
     ticks.now += 1
     with pytest.raises(SignatureError):
-        verifier.verify(signed_third, b"{}", now=ts)
-    assert verifier.verify(signed_new, b"{}", now=ts).webhook_id == "msg_new"
+        verifier.verify(signed_third, b"{}", now=TS)
+    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 3 and all("the secrets in use stay" in w for w in warnings)
     assert "not base64!" not in caplog.text
