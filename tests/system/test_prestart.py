@@ -59,6 +59,15 @@ def _looked_up(loop: Loop, session_id: str) -> list[dict[str, Any]]:
     ]
 
 
+def _stops(loop: Loop, session_id: str) -> list[dict[str, Any]]:
+    return [
+        line
+        for w in loop.workers
+        for line in w.log_lines()
+        if line.get("event") == "sandbox stopped" and line.get("session_id") == session_id
+    ]
+
+
 def _types(loop: Loop, session_id: str) -> list[str]:
     return [str(e["type"]) for e in loop.events_sent(session_id)]
 
@@ -78,7 +87,7 @@ def test_a_prestart_agents_session_is_connected_before_its_first_input(loop: Loo
     assert first["verdict"] == "start" and first["reason"].startswith("pre-start")
 
     loop.submit(sid, "hello")
-    wait_for(lambda: loop.session(sid)["status"] == "idle" and loop.session(sid)["last_active_at"], 60, "the turn")
+    wait_for(lambda: loop.session(sid)["status"] == "idle", 60, "the turn to finish")
     assert "agent.session.in_progress" in _types(loop, sid)
     assert "agent.session.action_required" not in _types(loop, sid)  # connected before it was needed
     assert len(_registered(loop, environment_id)) == 1
@@ -92,10 +101,11 @@ def test_an_unused_prestarted_sandbox_is_stopped_after_the_idle_timeout(loop: Lo
     sid, environment_id = session["id"], session["environment"]["id"]
     wait_for(lambda: _registered(loop, environment_id), 60, "the pre-started executor to register")
     wait_for(lambda: loop.live_executors()[sid] == 0, 60, "the unused executor to be stopped")
-    stops = [line for w in loop.workers for line in w.log_lines() if line.get("event") == "sandbox stopped"]
-    assert [line["cause"] for line in stops if line.get("session_id") == sid] == ["idle"]
+    [stop] = wait_for(lambda: _stops(loop, sid), 30, "the stop to be logged")  # logged after the executor went
+    assert stop["cause"] == "idle"
     time.sleep(2 * TIMEOUT)  # another look, if anything were to start it again
     assert loop.live_executors()[sid] == 0 and len(_registered(loop, environment_id)) == 1
+    assert len(_stops(loop, sid)) == 1
 
 
 def test_other_agents_sessions_wait_for_a_connection_request(loop: Loop) -> None:
@@ -103,8 +113,8 @@ def test_other_agents_sessions_wait_for_a_connection_request(loop: Loop) -> None
     executor starts only when its first input asks for a connection."""
     session = _create(loop, "agent_other")
     sid, environment_id = session["id"], session["environment"]["id"]
-    [looked] = wait_for(lambda: _looked_up(loop, sid), 60, "the creation's job to be worked")
-    assert looked["verdict"] == "ignore"
+    looked = wait_for(lambda: _looked_up(loop, sid), 60, "the creation's job to be worked")
+    assert [line["verdict"] for line in looked] == ["ignore"]
     assert loop.live_executors()[sid] == 0 and _registered(loop, environment_id) == []
 
     loop.submit(sid, "hello")
