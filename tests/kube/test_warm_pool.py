@@ -17,7 +17,7 @@ from kubernetes import client
 
 from controller.model import Handle, Health, PoolState, SandboxSpec
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, KubeWorld
@@ -155,19 +155,23 @@ def test_concurrent_ensures_for_one_session_keep_one_pod(kube_world: KubeWorld, 
 
 
 class _ActsAfterListing:
-    """The runner's API, with ``between`` run once just after the runner lists a session's pods:
-    another placement acting in the instant between that look and the runner's decision."""
+    """The runner's API, with ``between`` run once just after the runner lists pods by a label
+    selector containing ``label`` (a session's pods, by default; a pool's with its pool label):
+    another placement acting in the instant between that look and the runner's next step."""
 
-    def __init__(self, api: client.CoreV1Api, between: Callable[[], None]) -> None:
+    def __init__(
+        self, api: client.CoreV1Api, between: Callable[[], None], label: str = names.SESSION_HASH_LABEL
+    ) -> None:
         self._api = api
         self._between: Callable[[], None] | None = between
+        self._label = label
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._api, name)
 
     def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
         pods = self._api.list_namespaced_pod(namespace, **kwargs)
-        if self._between is not None and names.SESSION_HASH_LABEL in kwargs.get("label_selector", ""):
+        if self._between is not None and self._label in kwargs.get("label_selector", ""):
             between, self._between = self._between, None
             between()
         return pods
@@ -220,6 +224,44 @@ def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names
         "the losing pod to be deleted",
     )
     wait_for(lambda: _registered(kube_world, raced), 60, "the winning pod's executor to register")
+
+
+def test_a_cold_start_that_meets_a_dying_rival_defers_to_the_record_not_to_a_new_generation(
+    kube_world: KubeWorld, namespace: str
+) -> None:
+    """L1, L14: staged step by step. A placement finds no record and lists the pool; just then a
+    rival claims the warm pod and records it, and a third placement's cold pod of generation 1,
+    which lost, is being deleted. Our placement's claim misses and its cold pod's name belongs to
+    that dying pod: it reads the record again and returns the rival's pod. It must not move to
+    generation 2, which would leave the session two live pods of two generations."""
+    template = _template(1)
+    runner, rival = _runner(kube_world, namespace, template), _runner(kube_world, namespace, template)
+    runner.tend_pools()
+    [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
+    spec = _session(kube_world)
+    hold = "test.sandbox-controller.dev/hold"
+    dying = make_pod(spec, 1, template, PodSettings(namespace=namespace))
+    dying["metadata"]["finalizers"] = [hold]
+
+    def rivals_act() -> None:
+        claimed = kube_world.core.patch_namespaced_pod(warm.metadata.name, namespace, claim_patch(spec, 1, time.time()))
+        assert rival._placed(names.placement_name(spec.session_id, 1), spec.session_id, claimed)
+        kube_world.core.create_namespaced_pod(namespace, dying)
+        kube_world.core.delete_namespaced_pod(dying["metadata"]["name"], namespace)  # held by its finalizer
+
+    staged = KubernetesRunner(
+        _ActsAfterListing(kube_world.core, rivals_act, label=names.POOL_LABEL),  # type: ignore[arg-type]
+        PodSettings(namespace=namespace),
+        lambda name: template,
+        [template],
+    )
+    try:
+        handle = staged.ensure(spec, 1)
+        assert (handle.uid, handle.generation) == (warm.metadata.uid, 1)
+        live = wait_for(lambda: _live(kube_world, namespace, spec), 30, "the session's pod")
+        assert [p.metadata.uid for p in live] == [warm.metadata.uid]
+    finally:
+        kube_world.core.patch_namespaced_pod(dying["metadata"]["name"], namespace, {"metadata": {"finalizers": None}})
 
 
 def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(

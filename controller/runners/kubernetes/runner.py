@@ -214,6 +214,8 @@ class KubernetesRunner:
                         self._on_placed(template.name, "warm" if warm else "cold")
                         if warm:
                             self._add_warm(template)  # refilled as it is claimed
+                else:  # the cold name is taken by a dying pod: a rival's, deleted as it lost the record?
+                    holder = self._placement(record)
             if holder is not None:
                 existing = self._read_pod(holder[0])
                 if existing is not None and existing.metadata.uid == holder[1] and _alive(existing):
