@@ -240,7 +240,8 @@ class QueueCollector(Collector):
 class WarmPoolCollector(Collector):
     """``controller_warm_pods{template, state}`` and ``controller_warm_pool_size{template}``:
     each pool as the scheduler's last tending found it (``update``); nothing before the first,
-    and nothing from a scheduler that stands by (it tends no pool)."""
+    and nothing from a scheduler that stands by (it tends no pool; one that loses the lead is
+    told of no pool, so its figures never go stale)."""
 
     def __init__(self) -> None:
         self._pools: tuple[PoolState, ...] = ()

@@ -145,7 +145,8 @@ def run(
     """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge); ``publish_many``
     publishes the sweep's batches (one ``publish`` per job without it); ``watch`` (optional)
     names sessions whose sandbox changed, and runs while this process leads; ``on_pools`` is
-    told how each warm pool was found at each tending (the warm-pool gauges)."""
+    told how each warm pool was found at each tending (the warm-pool gauges), and told of no
+    pool when this process stops leading (its figures would go stale)."""
     sweep_every = settings.lifecycle.reconcile_interval_seconds
     full_every = settings.lifecycle.full_sweep_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
@@ -230,6 +231,8 @@ def run(
             elif now_role is not role:
                 leading = now_role is Role.LEADING
                 log.info("leading: sweeping and recovering" if leading else "another scheduler is active; standing by")
+            if role is Role.LEADING and now_role is not Role.LEADING and pools is not None:
+                on_pools(())  # the new leader reports the pools now
             role = now_role
             if watch is not None and watching != (role is Role.LEADING):
                 watching = role is Role.LEADING  # only the leader watches: started on winning, stopped on losing

@@ -480,16 +480,23 @@ class PoolingRunner(FakeRunner):
 
 def test_only_the_leader_tends_the_warm_pools(clients: Callable[[], redis.Redis]) -> None:
     """The leader tends a pooling runner's warm pools round after round, and passes each
-    tending's census on (the warm-pool gauges); a standby never tends and reports nothing."""
+    tending's census on (the warm-pool gauges); a standby never tends and reports nothing. A
+    leader that loses the lead stops tending and reports no pool (no stale gauges)."""
     leading, standing = PoolingRunner(), PoolingRunner()
     first = Scheduler(clients(), leading).start()
     wait_for(lambda: leading.tended >= 1, timeout=10, what="the leader to tend the pools")
     second = Scheduler(clients(), standing).start()
     try:
         wait_for(lambda: leading.tended >= 3, timeout=20, what="the leader to tend the pools again")
+        assert standing.tended == 0 and second.pools_seen == []
+        seen = list(first.pools_seen)
+        assert [pools[0].ready for pools in seen] == [n % 3 for n in range(1, len(seen) + 1)]
+
+        clients().set(LEADER_KEY, "another-scheduler", px=60_000)  # another process takes the lead
+        wait_for(lambda: list(first.pools_seen[-1]) == [], timeout=10, what="the former leader to clear its pools")
+        tended = leading.tended
+        time.sleep(3 * INTERVAL)
+        assert leading.tended == tended and standing.tended == 0
     finally:
         first.halt()
         second.halt()
-    assert standing.tended == 0 and second.pools_seen == []
-    assert len(first.pools_seen) == leading.tended
-    assert [pools[0].ready for pools in first.pools_seen] == [n % 3 for n in range(1, leading.tended + 1)]
