@@ -255,8 +255,17 @@ class Loop:
     def live_executors(self) -> Counter[str]:
         return Counter(h.session_id for h in self.runner().live())
 
+    def worker_lines(self, event: str, session_id: str | None = None) -> list[dict[str, Any]]:
+        """The workers' log lines of ``event`` (about ``session_id`` only, when given)."""
+        return [
+            line
+            for w in self.workers
+            for line in w.log_lines()
+            if line.get("event") == event and (session_id is None or line.get("session_id") == session_id)
+        ]
+
     def started_log_lines(self) -> list[dict[str, Any]]:
-        return [line for w in self.workers for line in w.log_lines() if line.get("event") == "executor process started"]
+        return self.worker_lines("executor process started")
 
     # -- deliveries -----------------------------------------------------------------------
 

@@ -73,16 +73,11 @@ def session_of(loop: Loop, session_id: str) -> dict[str, Any]:
 
 
 def stops(loop: Loop, session_id: str | None = None) -> list[dict[str, Any]]:
-    return [
-        line
-        for w in loop.workers
-        for line in w.log_lines()
-        if line.get("event") == "sandbox stopped" and (session_id is None or line.get("session_id") == session_id)
-    ]
+    return loop.worker_lines("sandbox stopped", session_id)
 
 
 def starts(loop: Loop, session_id: str) -> list[dict[str, Any]]:
-    return [line for line in loop.started_log_lines() if line.get("session_id") == session_id]
+    return loop.worker_lines("executor process started", session_id)
 
 
 def workspace_of(loop: Loop, session_id: str) -> Path:

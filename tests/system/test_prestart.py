@@ -51,21 +51,11 @@ def _registered(loop: Loop, environment_id: str) -> list[dict[str, Any]]:
 
 
 def _looked_up(loop: Loop, session_id: str) -> list[dict[str, Any]]:
-    return [
-        line
-        for w in loop.workers
-        for line in w.log_lines()
-        if line.get("event") == "session looked up" and line.get("session_id") == session_id
-    ]
+    return loop.worker_lines("session looked up", session_id)
 
 
 def _stops(loop: Loop, session_id: str) -> list[dict[str, Any]]:
-    return [
-        line
-        for w in loop.workers
-        for line in w.log_lines()
-        if line.get("event") == "sandbox stopped" and line.get("session_id") == session_id
-    ]
+    return loop.worker_lines("sandbox stopped", session_id)
 
 
 def _types(loop: Loop, session_id: str) -> list[str]:

@@ -77,12 +77,7 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
 
 
 def _refusals(loop: Loop, session_id: str) -> list[dict[str, object]]:
-    return [
-        line
-        for worker in loop.workers
-        for line in worker.log_lines()
-        if line.get("event") == "session refused" and line.get("session_id") == session_id
-    ]
+    return loop.worker_lines("session refused", session_id)
 
 
 def _point_and_ask(loop: Loop, remote_url: str) -> dict[str, Any]:
