@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents_simulator.dev import find_codex
+from bench.common import executor
 from bench.plots import markdown_table
 from tests.support.processes import wait_for
 from tests.system.loop import Loop
@@ -51,10 +51,9 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=20)
     parser.add_argument("--interval", type=float, default=0.3, help="seconds between session creations")
     args = parser.parse_args()
-    codex = find_codex()
-    executor = codex or f"{sys.executable} -m agents_simulator.standin"
+    command, codex = executor()
     directory = Path(tempfile.mkdtemp(prefix="bench-first-job-"))
-    loop = Loop(directory, executor, receivers=1, workers=2)
+    loop = Loop(directory, command, receivers=1, workers=2)
     try:
         loop.start()
         with loop.api() as client:

@@ -26,16 +26,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents_simulator.dev import find_codex
+from bench.common import executor, percentile
 from tests.support.processes import wait_for
 from tests.system.loop import Loop
 
 PRESTART, ON_REQUEST = "agent_prestart", "agent_on_request"
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def first_turn_seconds(loop: Loop, client: httpx.Client, session_id: str) -> float:
@@ -55,11 +50,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sessions", type=int, default=10, help="sessions per arm")
     args = parser.parse_args()
-    codex = find_codex()
-    executor = codex or f"{sys.executable} -m agents_simulator.standin"
+    command, codex = executor()
     loop = Loop(
         Path(tempfile.mkdtemp(prefix="bench-prestart-")),
-        executor,
+        command,
         receivers=1,
         workers=1,
         extra_env={"CONTROLLER_PRESTART_AGENT_IDS": PRESTART},

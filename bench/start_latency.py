@@ -31,15 +31,10 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from agents_simulator.dev import find_codex
+from bench.common import executor, percentile
 from bench.plots import markdown_table, save_png
 from tests.support.processes import wait_for
 from tests.system.loop import Loop
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def main() -> int:
@@ -47,10 +42,9 @@ def main() -> int:
     parser.add_argument("--sessions", type=int, default=30)
     parser.add_argument("--interval", type=float, default=0.5, help="seconds between session creations")
     args = parser.parse_args()
-    codex = find_codex()
-    executor = codex or f"{sys.executable} -m agents_simulator.standin"
+    command, codex = executor()
     directory = Path(tempfile.mkdtemp(prefix="bench-latency-"))
-    loop = Loop(directory, executor, receivers=1, workers=2)
+    loop = Loop(directory, command, receivers=1, workers=2)
     try:
         loop.start()
         sessions: list[dict[str, Any]] = []

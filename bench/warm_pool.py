@@ -37,6 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import percentile
 from tests.node.conftest import SANDBOX_NAMESPACE, WARM_POOL_SIZE, WARM_TEMPLATE, install
 from tests.node.node import load_images, real_node, say
 from tests.node.test_real_node import Forwarders, _one_session, _pods, bound_after, warm_ready
@@ -44,11 +45,6 @@ from tests.support.processes import wait_for
 
 RESULTS = Path(__file__).resolve().parent / "results" / "warm_pool.json"
 RETRY_WAIT = re.compile(r"registration failed\); retry \d+ in ([0-9.]+)s")
-
-
-def percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
 
 
 def one(world: Any, warm: bool) -> dict[str, Any]:
