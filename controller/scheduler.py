@@ -205,7 +205,6 @@ def run(
     role: Role | None = None
     next_sweep = next_recovery = next_fire = next_tend = 0.0
     next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
-    watching = False
     pools = runner if isinstance(runner, Pools) else None
 
     def sweep_once(now: float) -> None:
@@ -226,21 +225,20 @@ def run(
                 reason = ""
             except StoreUnavailable as exc:
                 now_role, reason = Role.UNREACHABLE, str(exc.__cause__ or exc)
+            was_leading, leading = role is Role.LEADING, now_role is Role.LEADING
             if now_role is Role.UNREACHABLE:
                 log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
             elif now_role is not role:
-                leading = now_role is Role.LEADING
                 log.info("leading: sweeping and recovering" if leading else "another scheduler is active; standing by")
-            if role is Role.LEADING and now_role is not Role.LEADING and pools is not None:
-                on_pools(())  # the new leader reports the pools now
             role = now_role
-            if watch is not None and watching != (role is Role.LEADING):
-                watching = role is Role.LEADING  # only the leader watches: started on winning, stopped on losing
-                if watching:
-                    watch.start(changed.add)
-                else:
+            if leading and not was_leading and watch is not None:
+                watch.start(changed.add)  # only the leader watches
+            elif was_leading and not leading:
+                if watch is not None:
                     watch.stop()
-            if role is Role.LEADING:
+                if pools is not None:
+                    on_pools(())  # its figures would go stale: the new leader reports the pools
+            if leading:
                 now = time.monotonic()
                 _guarded("enqueueing changed sandboxes", enqueue_changed)
                 if now >= next_fire and _guarded("timers", lambda: timers.fire(store, enqueuer("timer"))):
@@ -263,7 +261,7 @@ def run(
             else:
                 stop.wait(tick)
     finally:
-        if watch is not None and watching:
+        if watch is not None and role is Role.LEADING:
             watch.stop()
     log.info("scheduler stopped")
 
