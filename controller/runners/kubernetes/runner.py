@@ -155,7 +155,7 @@ class KubernetesRunner:
             settled = self._settled(spec.session_id, live)
             if settled is not None:
                 return _handle(spec.session_id, settled)
-            generation = max(generation, max(_generation_of(p) for p in live))  # that one is over
+            generation = max(generation, _newest(live)[0])  # that one is over
         if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
             return self._place(spec, generation, template)  # warm pods mount the routing's directory
         return _handle(spec.session_id, self._create_cold(spec, generation, template))
@@ -234,8 +234,7 @@ class KubernetesRunner:
         for look in range(2):
             if look:  # the named pod may have been claimed after the first list: list again
                 live = self._live_pods(session_id)
-            newest = max((_generation_of(p) for p in live), default=0)
-            contenders = sorted((p for p in live if _generation_of(p) == newest), key=_started_at)
+            newest, contenders = _newest(live)
             if not contenders:
                 return None
             record = names.placement_name(session_id, newest)
@@ -443,8 +442,7 @@ class KubernetesRunner:
     def _chosen(self, session_id: str, live: list[Any]) -> Any:
         """The session's pod among its live ones, only looked at: the newest generation's, and
         of several (racing warm placements, for moments) the one its placement record names."""
-        newest = max(_generation_of(p) for p in live)
-        contenders = [p for p in live if _generation_of(p) == newest]
+        newest, contenders = _newest(live)
         if len(contenders) > 1:
             holder = self._placement(names.placement_name(session_id, newest))
             recorded = [p for p in contenders if holder is not None and p.metadata.uid == holder[1]]
@@ -564,6 +562,12 @@ def _generation_of(pod: Any) -> int:
         return int((pod.metadata.labels or {}).get(names.GENERATION_LABEL, "0"))
     except ValueError:
         return 0
+
+
+def _newest(live: list[Any]) -> tuple[int, list[Any]]:
+    """The newest generation among a session's live pods, and its pods, earliest placed first."""
+    newest = max((_generation_of(p) for p in live), default=0)
+    return newest, sorted((p for p in live if _generation_of(p) == newest), key=_started_at)
 
 
 def _warm(pod: Any) -> WarmPod:
