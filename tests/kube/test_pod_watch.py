@@ -33,6 +33,7 @@ from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import ensure_binaries
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, KubeWorld
+from tests.kube.test_kubernetes_runner import _session
 from tests.support.fakes import FakeSessions
 from tests.support.processes import assert_no_process_left, wait_for
 from tests.support.redis_server import RedisServer
@@ -228,20 +229,13 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
         deps = Deps(sessions, store, runner, SystemClock(), trust_policy=Policy(("127.0.0.1",)))
         ids: list[str] = []
         for _ in range(2):
-            with kube_world.simulator.http() as api:
-                created = api.post(
-                    "/v1/agents/sessions",
-                    json={"agent": {"model": "m"}, "environment": {"type": "self_hosted"}, "input": "hi"},
-                )
-            created.raise_for_status()
-            body = created.json()
-            env = body["environment"]
-            environment = Environment("self_hosted", env["id"], env["remote_url"], env["workspace_directory"])
+            spec = _session(kube_world)
+            environment = Environment("self_hosted", spec.environment_id, spec.remote_url, spec.workspace_directory)
             wants = Session(
-                body["id"],
+                spec.session_id,
                 SessionStatus.REQUIRES_ACTION,
                 environment,
-                (RequiredAction("environment_connection", env["id"]),),
+                (RequiredAction("environment_connection", spec.environment_id),),
             )
             sessions.put(wants)
             store.want(wants.id)
