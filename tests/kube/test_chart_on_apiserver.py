@@ -409,20 +409,24 @@ def _spec() -> SandboxSpec:
     return SandboxSpec(session, f"env_{uuid.uuid4().hex[:12]}", "http://127.0.0.1:1", "/workspace")
 
 
-def test_the_role_is_exactly_least_privilege(rbac: _Rbac) -> None:
-    """L2: the live Role grants exactly pods and PVCs (create/get/list/watch/delete) and events
-    (create) in the sandbox namespace: no Secrets, no pods/exec, no resourceNames tricks, and
-    nothing binds the ServiceAccount cluster-wide."""
-    rbac_api = client.RbacAuthorizationV1Api(rbac.admin)
-    role = rbac_api.read_namespaced_role(rbac.role_name, rbac.sandbox_ns)
-    grants = {
+def _grants(role: Any) -> set[tuple[str, str, str]]:
+    """A Role's rules as (API group, resource, verb) triples."""
+    return {
         (group, resource, verb)
         for rule in role.rules
         for group in rule.api_groups
         for resource in rule.resources
         for verb in rule.verbs
     }
-    assert grants == EXPECTED_GRANTS
+
+
+def test_the_role_is_exactly_least_privilege(rbac: _Rbac) -> None:
+    """L2: the live Role grants exactly pods and PVCs (create/get/list/watch/delete) and events
+    (create) in the sandbox namespace: no Secrets, no pods/exec, no resourceNames tricks, and
+    nothing binds the ServiceAccount cluster-wide."""
+    rbac_api = client.RbacAuthorizationV1Api(rbac.admin)
+    role = rbac_api.read_namespaced_role(rbac.role_name, rbac.sandbox_ns)
+    assert _grants(role) == EXPECTED_GRANTS
     assert not any(rule.resource_names or rule.non_resource_urls for rule in role.rules)
     bindings = rbac_api.list_namespaced_role_binding(rbac.sandbox_ns).items
     assert [(b.role_ref.kind, b.role_ref.name) for b in bindings] == [("Role", rbac.role_name)]
@@ -830,14 +834,7 @@ def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_get_on_events(poo
     """L2: a template with a warm pool adds exactly two grants: patch on pods (the claim) and get
     on events (the placement record)."""
     role = client.RbacAuthorizationV1Api(pooled.admin).read_namespaced_role(pooled.role_name, pooled.sandbox_ns)
-    grants = {
-        (group, resource, verb)
-        for rule in role.rules
-        for group in rule.api_groups
-        for resource in rule.resources
-        for verb in rule.verbs
-    }
-    assert grants == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
+    assert _grants(role) == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
 
 
 def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow(pooled: _Rbac) -> None:
