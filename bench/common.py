@@ -1,10 +1,13 @@
-"""Shared by the benchmark scripts: percentiles, and the executor a loop on loopback runs."""
+"""Shared by the benchmark scripts: percentiles, the executor a loop on loopback runs, and a
+runner that only lists (what a sweep asks of one)."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 
 from agents_simulator.dev import find_codex
+from controller.model import Handle, Health
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -18,3 +21,20 @@ def executor() -> tuple[str, bool]:
     the labelled stand-in; and whether it is the real codex."""
     codex = find_codex()
     return (codex or f"{sys.executable} -m agents_simulator.standin"), codex is not None
+
+
+class Listing:
+    """A runner as a sweep sees it: its sandboxes (all alive) and its kept workspaces, one
+    listing each; the sweep asks nothing per sandbox."""
+
+    def __init__(self, handles: Sequence[Handle] = (), workspaces: Sequence[str] = ()) -> None:
+        self._handles, self._workspaces = list(handles), list(workspaces)
+
+    def list_managed(self) -> list[Handle]:
+        return list(self._handles)
+
+    def workspaces(self) -> list[str]:
+        return list(self._workspaces)
+
+    def status(self, handle: Handle) -> Health:
+        return Health.RUNNING if handle in self._handles else Health.GONE

@@ -33,45 +33,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import Listing
 from bench.plots import markdown_table
 from controller import logs, queue, reconcile
 from controller.inbox import Job
-from controller.model import Handle, Health, Record
+from controller.model import Handle, Record
 from controller.store.base import Lease
 from controller.store.redis import RedisSessionStore, connect
 from tests.support.redis_server import RedisServer
-
-
-class KeptWorkspaces:
-    """No sandbox running; N workspaces kept (the sessions went idle and were stopped)."""
-
-    def __init__(self, session_ids: list[str]) -> None:
-        self._ids = session_ids
-
-    def list_managed(self) -> list[Handle]:
-        return []
-
-    def workspaces(self) -> list[str]:
-        return list(self._ids)
-
-    def status(self, handle: Handle) -> Health:
-        return Health.GONE
-
-
-class WarmPods:
-    """N pods running, kept warm (the sessions are idle, the idle timeout is 0)."""
-
-    def __init__(self, handles: list[Handle]) -> None:
-        self._handles = handles
-
-    def list_managed(self) -> list[Handle]:
-        return list(self._handles)
-
-    def workspaces(self) -> list[str]:
-        return []
-
-    def status(self, handle: Handle) -> Health:
-        return Health.GONE
 
 
 def populate(store: RedisSessionStore, ids: list[str], warm: bool, retention_days: float) -> Any:
@@ -88,7 +57,7 @@ def populate(store: RedisSessionStore, ids: list[str], warm: bool, retention_day
         store.save(lease, Record(sid, f"env_{n}", handle, time.time() - 3600, stopped_at=stopped_at))
         store.arm(lease, None if warm else retention_end)
         store.complete(lease)
-    return WarmPods(handles) if warm else KeptWorkspaces(ids)
+    return Listing(handles=handles) if warm else Listing(workspaces=ids)
 
 
 def hour(

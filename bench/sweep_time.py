@@ -33,33 +33,17 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from collections.abc import Callable
 
+from bench.common import Listing
 from bench.plots import markdown_table, save_png
 from controller import logs, queue, reconcile
 from controller.config import PREFIX, Settings
 from controller.inbox import Job
-from controller.model import Handle, Health, Record
+from controller.model import Handle, Record
 from controller.store.base import Lease
 from controller.store.redis import RedisSessionStore, connect
 from tests.support.redis_server import RedisServer
 
 RUNS = 3
-
-
-class HealthyRunner:
-    """Every sandbox alive: what the sweep sees on a healthy cluster (the runner's listing is
-    one call; the sweep asks nothing per sandbox)."""
-
-    def __init__(self, handles: list[Handle]) -> None:
-        self._handles = handles
-
-    def list_managed(self) -> list[Handle]:
-        return list(self._handles)
-
-    def workspaces(self) -> list[str]:
-        return []
-
-    def status(self, handle: Handle) -> Health:
-        return Health.RUNNING
 
 
 def one_by_one(store: RedisSessionStore, runner: Any, enqueue: Callable[[str], None]) -> int:
@@ -92,7 +76,7 @@ def measure(size: int, directory: Path) -> tuple[float, float]:
         app = queue.make_app(settings)
         publish = queue.publisher(app, queue.MAINTENANCE_QUEUE)
         publish_many = queue.batch_publisher(client, queue.MAINTENANCE_QUEUE)
-        runner: Any = HealthyRunner(handles)
+        runner: Any = Listing(handles=handles)
         before, after = [], []
         for _ in range(RUNS):
             started = time.perf_counter()
