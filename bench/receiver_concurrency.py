@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -35,6 +34,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import start_receiver
 from bench.plots import markdown_table, save_png
 from controller.signing import sign_headers
 from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
@@ -77,15 +77,8 @@ def main() -> int:
     levels = [int(c) for c in args.clients.split(",")]
     directory = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
     redis = RedisServer(directory / "redis").start()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-    env.update(CONTROLLER_REDIS_URL=redis.url, CONTROLLER_WEBHOOK_SECRETS=SECRET, CONTROLLER_LOG_LEVEL="WARNING")
     port, bare_port = free_port(), free_port()
-    receiver = Managed(
-        "receiver",
-        python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
-        env,
-        directory / "receiver.log",
-    ).start()
+    receiver, env = start_receiver(directory, redis.url, SECRET, port)
     bare_argv = python_module(
         "uvicorn", "--app-dir", str(Path(__file__).parent), "bare_app:app", "--host", "127.0.0.1",
         "--port", str(bare_port), "--http", "h11", "--no-access-log", "--log-level", "warning",

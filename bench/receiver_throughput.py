@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import tempfile
 import time
@@ -27,8 +26,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from bench.common import start_receiver
 from controller.signing import sign_headers
-from tests.support.processes import Managed, free_port, port_open, python_module, wait_for
+from tests.support.processes import free_port, port_open, wait_for
 from tests.support.redis_server import RedisServer
 
 SECRET = "whsec_" + "YmVuY2htYXJrLXNlY3JldC1ub3QtYS1yZWFsLW9uZQ=="
@@ -66,14 +66,7 @@ def main() -> int:
     directory = Path(tempfile.mkdtemp(prefix="bench-receiver-"))
     redis = RedisServer(directory / "redis").start()
     port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-    env.update(CONTROLLER_REDIS_URL=redis.url, CONTROLLER_WEBHOOK_SECRETS=SECRET, CONTROLLER_LOG_LEVEL="WARNING")
-    receiver = Managed(
-        "receiver",
-        python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
-        env,
-        directory / "receiver.log",
-    ).start()
+    receiver, _ = start_receiver(directory, redis.url, SECRET, port)
     url = f"http://127.0.0.1:{port}"
     try:
         wait_for(lambda: port_open(port), 30, "the receiver")
