@@ -9,10 +9,11 @@ How each is seen from outside:
    environment with two executor WebSockets open at the simulator.
 2. A session asking for a connection (``requires_action``, ``wants_connection``) for more than
    30 s with no fault disturbing the system over those 30 s (``EventLog.quiet_since``).
-3. An executor that ended while its session was busy (in a turn, or asking for a connection)
-   and that the chaos did not kill: the simulator's record of the link says how long it had
-   been down (since it was last connected; since the executor started, if it never was). Less
-   than the grace is a violation, whether or not a new executor took its place.
+3. An executor that ended while its session was busy (in a turn, or asking for a connection,
+   as the session stood when the executor was found gone) and that the chaos did not kill:
+   the simulator's record of the link says how long it had been down by then (since it was
+   last connected; since the executor started, if it never was). Less than the grace is a
+   violation, whether or not a new executor took its place.
 4. Each turn's command prints the workspace's marker file, then adds its own token to it.
    Every token a finished command added must be printed by every command that starts later —
    the final turn of each session that still exists included.
@@ -309,7 +310,9 @@ class Checker:
             for r in registrations
         ):
             return  # its registration failed: it exited by itself
-        state = observe.state_at(history, executor.last_seen)
+        # The session's state when the executor was found gone: new input between the last
+        # sample that saw it and that one makes a stop a busy session's (a replacement).
+        state = observe.state_at(history, executor.gone_seen)
         if state is None:
             return
         name = f"{session.name} ({session.id})"
@@ -335,10 +338,10 @@ class Checker:
             self.log.add("note", f"{name}: an idle stop that was due met new input (L12's race): not judged by 3")
             return
         environment = self.sim.environments().get(executor.environment_id, {})
-        since = observe.down_since(environment.get("links") or [], executor.last_seen)
+        since = observe.down_since(environment.get("links") or [], executor.gone_seen)
         down = 0.0 if since is None else executor.gone_seen - max(since, executor.first_seen - SAMPLE_SECONDS)
         if down < self.grace - GRACE_MARGIN_SECONDS:
-            link = "connected when last seen" if since is None else f"link down {down:.1f}s"
+            link = "its link still up" if since is None else f"its link down {down:.1f}s when it was found gone"
             what = f"replaced by executor {replacement.sid}" if replacement is not None else "stopped"
             earlier = f", {before[-1]['status']} before that" if before else ""
             self.violate(

@@ -129,6 +129,25 @@ def test_a_short_link_drop_that_gets_a_busy_executor_replaced_breaks_3() -> None
     assert found.invariant == 3 and "replaced by executor 200" in found.text and "link down 1.8s" in found.text
 
 
+def test_a_replacement_for_input_after_a_short_drop_while_idle_breaks_3_not_7() -> None:
+    """Idle since 3, the link drops at 10, input at 12.1 asks for a connection and the
+    executor is replaced at once: judged by the session's state when it was found gone."""
+    world = World()
+    session = world.sim.session(
+        world.book,
+        "s0",
+        [(0, "idle", False), (1, "in_progress", False), (3, "idle", False), (12.1, "requires_action", True)],
+    )
+    world.sim.links[session.environment_id] = [[T0 + 1, T0 + 10]]
+    world.run(session.environment_id, 100)
+    world.at(2)
+    world.at(11.9)
+    world.run(session.environment_id, 200)
+    world.at(12.4)
+    [found] = world.violations()
+    assert found.invariant == 3 and "link down 2.4s" in found.text
+
+
 def test_a_replacement_after_the_grace_is_allowed() -> None:
     world = World()
     _busy_session_with_a_link_drop(world, down_for=GRACE + 1)
