@@ -147,6 +147,7 @@ def explain(session_id: str, deps: Deps) -> Explanation:
         ),
         "health": health.value if health else None,
         "executor_connected": seen.connected,
+        "not_found_since": seen.missing.since if seen.missing is not None else None,
         "grace_seconds": deps.grace_seconds,
         "max_lifetime_seconds": deps.max_lifetime_seconds,
     }

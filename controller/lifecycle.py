@@ -154,6 +154,8 @@ MARGIN_SECONDS = timers.RESOLUTION_SECONDS
 PRESTART_WINDOW_SECONDS = 300
 """How new a session must be to be pre-started: a creation's job that waited longer (a backlog,
 the sender's retries) is too late to be worth a sandbox nobody asked for yet."""
+HELD_RECHECK_MAX_SECONDS = 3600.0
+"""A held deletion is looked at again after as long as its session has answered 404, at most this."""
 FIRST_LOOK_SECONDS = 1.0
 """A new sandbox is looked at again this long after its start, then each time as long again as
 its age, until a look sees its executor connected or its grace period is over."""
@@ -338,7 +340,9 @@ def _deleted(record: Record | None, missing: Missing, now: float, confirm_second
             f"deletion held: {missing.not_found + 1} of {read} sessions read answer 404 "
             f"({missing.compared - missing.found - missing.not_found} unknown); "
             "a wrong CONTROLLER_API_KEY (another project) or CONTROLLER_API_BASE_URL?",
-            recheck_at=now + max(confirm_seconds, MARGIN_SECONDS),
+            # Looked at again after as long as it has answered 404 (at most HELD_RECHECK_MAX_SECONDS):
+            # a wrong key must not turn every mapped session into reads every minute.
+            recheck_at=now + min(max(confirm_seconds, waited, MARGIN_SECONDS), HELD_RECHECK_MAX_SECONDS),
             missing_since=since,
             held=True,
         )

@@ -12,9 +12,11 @@ worker clocks (tests/system); here the fake clock stands for it.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from controller.lifecycle import FIRST_LOOK_SECONDS, Missing, Routing, Verdict, decide
+from controller.lifecycle import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Missing, Routing, Verdict, decide
 from controller.model import Handle, Health, Record, Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
@@ -183,18 +185,22 @@ def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
     world.sessions.sessions.clear()  # every read answers 404 now
     for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):
         world.deliver(sid)
-    for _ in range(5):
-        world.clock.advance(CONFIRM + 1)
+    held_at: list[float] = []
+    while world.clock.now() < T0 + 4 * 3600:  # four hours of a wrong key
+        world.clock.advance(min(world.store.timers.values()) - world.clock.now())
         fired = world.fire_timers()
-        assert set(fired) == {"sess_1", "sess_2", "sess_3", "sess_4"}
-        assert all(v == [Verdict.KEEP] for v in fired.values())
-    assert world.held == 4 * 5
-    assert world.count("release", "sess_1") == 0 and len(world.runner.live) == 4
+        assert all(v == [Verdict.KEEP] for v in fired.values()), fired
+        if "sess_1" in fired:
+            held_at.append(world.clock.now() - T0)
+    assert world.count("release", "sess_1") == 0 and len(world.runner.live) == 4 and world.stopped == []
     held = [d for sid, d in world.decisions if d.held]
-    assert held and "wrong CONTROLLER_API_KEY" in held[-1].reason
+    assert world.held == len(held) > 0 and "wrong CONTROLLER_API_KEY" in held[-1].reason
+    # Looked at again after as long as it has answered 404 (at most an hour): not every minute.
+    assert held_at[:5] == [61, 122, 244, 488, 976], held_at
+    assert max(b - a for a, b in itertools.pairwise(held_at)) == HELD_RECHECK_MAX_SECONDS
     for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):  # the key is fixed
         world.sessions.put(make_session(sid, env_id=f"env_{sid}"))
-    world.clock.advance(CONFIRM + 1)
+    world.clock.advance(max(world.store.timers.values()) - world.clock.now())
     world.fire_timers()
     assert world.store.missing == {} and len(world.runner.live) == 4
 
