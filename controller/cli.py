@@ -123,10 +123,12 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
 def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings("scheduler")  # the store and the runner, as the scheduler reads them
     parts = wiring.fleet_parts(settings)
-    rows = fleet.status(parts.store, parts.store, parts.runner, settings.runner.kind, time.time())
+    rows = fleet.status(parts.store, parts.store, parts.runner, settings.runner.kind, parts.clock.now())
     totals = fleet.totals(rows)
+    missing = parts.store.missing()
     if args.json:
-        print(json.dumps({"sessions": [r.to_json() for r in rows], "totals": totals}, indent=2))
+        body = {"sessions": [r.to_json() for r in rows], "totals": totals, "not_found_since": missing}
+        print(json.dumps(body, indent=2))
         return 0
     header = f"{'SESSION':<34} {'RUNNER':<10} {'SANDBOX':<40} {'GEN':>3} {'AGE':>8} {'HEALTH':<11} {'NEXT TIMER':>10}"
     print(f"{header} LAST DECISION")
@@ -141,6 +143,11 @@ def cmd_status(args: argparse.Namespace) -> int:
     health = ", ".join(f"{k} {v}" for k, v in totals["by_health"].items()) or "none"
     verdicts = ", ".join(f"{k} {v}" for k, v in totals["by_last_verdict"].items()) or "none"
     print(f"{totals['sessions']} session(s) with a sandbox; health: {health}; last decisions: {verdicts}")
+    if missing:
+        confirm = _duration(settings.lifecycle.deletion_confirm_seconds)
+        print(f"{len(missing)} session(s) answer 404; each counts as deleted only after {confirm} of 404s")
+    if totals["deletions_held"]:
+        print(f"{fleet.HELD_NOTICE} ({totals['deletions_held']} session(s))")
     return 0
 
 

@@ -185,6 +185,14 @@ class LifecycleSettings:
     L9's eager mode), before any connection is asked for; ``*``: every agent this controller
     serves. Empty (the default): a sandbox starts only on an ``environment_connection`` action.
     A pre-started sandbox nobody uses is stopped by the idle timeout like any other."""
+    prestart_max_sandboxes: int = 10
+    """Pre-started sandboxes not yet used (no input came), at most: beyond it a creation starts
+    nothing (a log line and ``controller_prestarts_skipped_total``). A session that asks for a
+    connection is never held back by it."""
+    deletion_confirm_seconds: float = 60.0
+    """A session counts as deleted only once its reads have answered 404 for this long (the first
+    404 arms a timer); until then its sandbox and workspace are kept. When most sessions read
+    to confirm it answer 404 too (a wrong key, project or base URL), nothing is released."""
 
     @property
     def prestarts(self) -> bool:
@@ -379,6 +387,12 @@ class _Parser:
                     "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0
                 ),
                 prestart_agent_ids=self.words("PRESTART_AGENT_IDS"),
+                prestart_max_sandboxes=self.number(
+                    "PRESTART_MAX_SANDBOXES", LifecycleSettings.prestart_max_sandboxes, int, 0
+                ),
+                deletion_confirm_seconds=self.number(
+                    "DELETION_CONFIRM_SECONDS", LifecycleSettings.deletion_confirm_seconds, float, 0.0
+                ),
             ),
             metrics=self.metrics(),
             log_level=level,

@@ -24,7 +24,9 @@ class LastDecision:
     verdict: str
     reason: str
     at: float
-    """When it was made (Unix seconds)."""
+    """When it was made (Unix seconds, Redis's clock)."""
+    held: bool = False
+    """A deletion it held because most sessions read answer 404 (``lifecycle.Decision.held``)."""
 
 
 class DecisionLog(Protocol):
@@ -98,7 +100,15 @@ def totals(rows: list[Row]) -> dict[str, Any]:
         "sessions": len(rows),
         "by_health": dict(sorted(Counter(r.health for r in rows).items())),
         "by_last_verdict": dict(sorted(Counter(r.last.verdict if r.last else "none" for r in rows).items())),
+        "deletions_held": sum(1 for r in rows if r.last is not None and r.last.held),
     }
+
+
+HELD_NOTICE = (
+    "deletions held: most sessions read to confirm a deletion answer 404 — a wrong CONTROLLER_API_KEY "
+    "(another project's key) or CONTROLLER_API_BASE_URL? Nothing is released while this lasts."
+)
+"""What ``status`` says when a worker held deletions (``lifecycle.Decision.held``)."""
 
 
 @dataclass(frozen=True)
@@ -137,6 +147,7 @@ def explain(session_id: str, deps: Deps) -> Explanation:
         ),
         "health": health.value if health else None,
         "executor_connected": seen.connected,
+        "not_found_since": seen.missing.since if seen.missing is not None else None,
         "grace_seconds": deps.grace_seconds,
         "max_lifetime_seconds": deps.max_lifetime_seconds,
     }

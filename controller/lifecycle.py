@@ -21,6 +21,18 @@ over. The decision is made only from a fresh read under the lease, never from an
 Every decision says when to look again (``Decision.recheck_at``: idle deadline, end of the
 executor's grace period, maximum lifetime, end of retention), and ``act`` arms that as the
 session's durable timer, fenced (``controller.timers``).
+
+The executor's grace period (L14) counts only while its link is down: it starts at the first
+look that sees the executor not connected (for a new sandbox: at its start, until a look first
+sees it connected, and such a sandbox is looked at again soon after its start) and is cleared
+by any look that sees it connected, whatever the session is doing. A session whose read
+answers 404 counts as deleted only once its reads have answered 404 for the deletion
+confirmation period, and only when most of the sessions read to confirm it answer; until then
+its sandbox and workspace stay (``Missing``).
+
+One clock: each round reads the time once from ``Deps.clock`` (the workers use Redis's ``TIME``,
+the clock timers fall due on), and every time it decides or stores comes from that reading, so
+a worker whose own clock is off neither stops early nor spins.
 """
 
 from __future__ import annotations
@@ -33,7 +45,7 @@ from typing import Protocol
 from controller import logs, timers, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
-from controller.errors import Fenced, Permanent
+from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent
 from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.runners.base import Runner
@@ -86,7 +98,32 @@ class Decision:
     cause: Cause | None = None
     """Why a sandbox stops (STOP, RELEASE, REPLACE)."""
     update: Record | None = None
-    """The record as it should be stored after this decision, when it changed (KEEP)."""
+    """The record as it should be stored after this decision, when it changed (KEEP, IGNORE)."""
+    missing_since: float | None = None
+    """When the session's reads began answering 404, kept until its deletion is confirmed (or
+    it is found again: None clears it)."""
+    gone: bool = False
+    """The session is deleted (confirmed) or failed: its workspace is of no use any more (L16)."""
+    held: bool = False
+    """A deletion that would be confirmed was held because most sessions read answer 404 (a
+    wrong API key, project or base URL): nothing is released while that lasts."""
+    prestart: bool = False
+    """A START before anything asked for the sandbox (L9's pre-start): it needs room in the
+    pre-start budget (``CONTROLLER_PRESTART_MAX_SANDBOXES``), taken when it is carried out."""
+
+
+@dataclass(frozen=True)
+class Missing:
+    """What a round knows of a session whose read answered 404 (L7, L17)."""
+
+    since: float | None = None
+    """When its reads began answering 404 (noted by an earlier round); None: this is the first."""
+    compared: int = 0
+    """Other mapped sessions read to confirm the deletion (0: none to compare with)."""
+    found: int = 0
+    """Of those, how many were found (their read answered)."""
+    not_found: int = 0
+    """Of those, how many answered 404 too."""
 
 
 def refusal(found: trust.Refusal) -> Decision:
@@ -117,6 +154,11 @@ MARGIN_SECONDS = timers.RESOLUTION_SECONDS
 PRESTART_WINDOW_SECONDS = 300
 """How new a session must be to be pre-started: a creation's job that waited longer (a backlog,
 the sender's retries) is too late to be worth a sandbox nobody asked for yet."""
+HELD_RECHECK_MAX_SECONDS = 3600.0
+"""A held deletion is looked at again after as long as its session has answered 404, at most this."""
+FIRST_LOOK_SECONDS = 1.0
+"""A new sandbox is looked at again this long after its start, then each time as long again as
+its age, until a look sees its executor connected or its grace period is over."""
 
 
 def decide(
@@ -132,26 +174,29 @@ def decide(
     idle_timeout_seconds: float = 0.0,
     retention_seconds: float = 0.0,
     prestart: bool = False,
+    missing: Missing | None = None,
+    deletion_confirm_seconds: float = 0.0,
 ) -> Decision:
     """What to do about one session, from what was observed (pure).
 
+    ``connected``: whether the executor holds its link (None: not looked at, or unknown).
     ``idle_timeout_seconds``: stop an idle session's sandbox this long after its last activity
     (0: keep warm). ``retention_seconds``: discard a stopped session's workspace this long
     after the stop (0: keep it until the session is deleted or fails). ``prestart``: the
     session's agent is one configured to pre-start (L9's eager mode): a session created less
     than ``PRESTART_WINDOW_SECONDS`` ago with no sandbox yet gets one before it asks.
+    ``missing``: what is known of a session whose read answered 404 (``session`` is None);
+    ``deletion_confirm_seconds``: how long its reads must answer 404 before it counts as deleted.
     """
     if session is None:
-        if record is not None:
-            return Decision(Verdict.RELEASE, "session was deleted", cause=Cause.DELETED)
-        return Decision(Verdict.IGNORE, "session was deleted")
+        return _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
     reason = not_ours(session, routing)
     if reason is not None:
         return Decision(Verdict.IGNORE, f"not ours: {reason}")
     if session.status is SessionStatus.FAILED:
         if record is not None:
-            return Decision(Verdict.RELEASE, "session failed", cause=Cause.FAILED)
-        return Decision(Verdict.IGNORE, "session failed; no compute to release")
+            return Decision(Verdict.RELEASE, "session failed", cause=Cause.FAILED, gone=True)
+        return Decision(Verdict.IGNORE, "session failed; no compute to release", gone=True)
     if record is not None and record.stopped:
         return _stopped(session, record, now, grace_seconds, retention_seconds, policy)
     deadline = record.started_at + max_lifetime_seconds if record is not None and max_lifetime_seconds else None
@@ -163,7 +208,8 @@ def decide(
                 return _cannot_start(session, policy) or Decision(
                     Verdict.START,
                     "pre-start: session just created; no sandbox",
-                    recheck_at=now + grace_seconds + MARGIN_SECONDS,
+                    recheck_at=now + FIRST_LOOK_SECONDS,
+                    prestart=True,
                 )
             return Decision(Verdict.IGNORE, "no environment_connection action pending")
         if health in (Health.GONE, Health.FAILED):
@@ -171,48 +217,146 @@ def decide(
         elif past_lifetime:
             decision = Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
         else:
-            decision = _idle(session, record, now, idle_timeout_seconds, lifetime_check)
-        if decision.verdict is Verdict.STOP and retention_seconds > 0:  # the next look: the end of retention
+            looked = _looked(record, connected, now)
+            if record.prestarted and _used(session):
+                looked = replace(looked or record, prestarted=False)
+            current = looked or record
+            decision = _idle(session, current, now, idle_timeout_seconds, lifetime_check)
+            if decision.verdict is not Verdict.STOP:
+                return replace(
+                    decision,
+                    update=looked,
+                    recheck_at=timers.earliest(decision.recheck_at, _first_look(current, now, grace_seconds)),
+                )
+        if retention_seconds > 0:  # a STOP's next look: the end of retention
             decision = replace(decision, recheck_at=now + retention_seconds)
         return decision
     cannot = _cannot_start(session, policy)
     if cannot is not None:
         return cannot
+    first_look = now + FIRST_LOOK_SECONDS  # a new sandbox is looked at again soon (``_first_look``)
     if record is None:
-        return Decision(
-            Verdict.START, "connection requested; no sandbox", recheck_at=now + grace_seconds + MARGIN_SECONDS
-        )
+        return Decision(Verdict.START, "connection requested; no sandbox", recheck_at=first_look)
     replaced = Cause.REPLACED
-    fresh = now + grace_seconds + MARGIN_SECONDS  # a new sandbox is looked at again once its grace is over
     if record.environment_id != session.environment.id:
-        return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced, recheck_at=fresh)
+        return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced, recheck_at=first_look)
     if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
         return Decision(
-            Verdict.REPLACE, f"sandbox is {health.value if health else 'unknown'}", cause=replaced, recheck_at=fresh
+            Verdict.REPLACE,
+            f"sandbox is {health.value if health else 'unknown'}",
+            cause=replaced,
+            recheck_at=first_look,
         )
     if past_lifetime:  # a connection is wanted: a new sandbox, never a release with nothing started
         return Decision(
             Verdict.REPLACE,
             "sandbox is past its maximum lifetime; connection requested",
             cause=Cause.LIFETIME,
-            recheck_at=fresh,
+            recheck_at=first_look,
         )
-    soon = timers.earliest(lifetime_check, fresh)
+    looked = _looked(record, connected, now)
+    if record.prestarted:  # asked for: it no longer counts against the pre-start budget
+        looked = replace(looked or record, prestarted=False)
+    current = looked or record
+    early = _first_look(current, now, grace_seconds)
     if connected:
-        update = replace(record, disconnected_at=None) if record.disconnected_at is not None else None
-        return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=update)
-    if connected is None:  # the link state is unknown (API error): never a reason to replace
-        return Decision(Verdict.KEEP, "executor link state unknown; looking again later", recheck_at=soon)
-    since = record.disconnected_at if record.disconnected_at is not None else now
+        soon = timers.earliest(lifetime_check, now + grace_seconds + MARGIN_SECONDS)
+        return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
+    since = current.disconnected_at
+    if connected is None or since is None:  # the link state is unknown (API error): never a reason to replace
+        return Decision(
+            Verdict.KEEP,
+            "executor link state unknown; looking again later",
+            recheck_at=timers.earliest(lifetime_check, early, now + grace_seconds + MARGIN_SECONDS),
+            update=looked,
+        )
     if now - since <= grace_seconds:
-        update = replace(record, disconnected_at=since) if record.disconnected_at is None else None
         return Decision(
             Verdict.KEEP,
             "sandbox is up; executor reconnects by itself",
-            recheck_at=timers.earliest(lifetime_check, since + grace_seconds + MARGIN_SECONDS),
-            update=update,
+            recheck_at=timers.earliest(lifetime_check, early, since + grace_seconds + MARGIN_SECONDS),
+            update=looked,
         )
-    return Decision(Verdict.REPLACE, "executor not connected past the grace period", cause=replaced, recheck_at=fresh)
+    return Decision(
+        Verdict.REPLACE,
+        f"executor not connected for {now - since:.0f}s, past the grace period ({grace_seconds:g}s)",
+        cause=replaced,
+        recheck_at=first_look,
+    )
+
+
+def _looked(record: Record, connected: bool | None, now: float) -> Record | None:
+    """The record after a look at the executor's link, or None when the look changes nothing.
+
+    Seen connected: the grace clock stops (and the sandbox has been seen connected). Seen not
+    connected with no clock running: the clock starts now. Not looked at, or unknown: as it was."""
+    if connected is True:
+        if record.disconnected_at is None and record.seen_connected:
+            return None
+        return replace(record, disconnected_at=None, seen_connected=True)
+    if connected is False and record.disconnected_at is None:
+        return replace(record, disconnected_at=now)
+    return None
+
+
+def _first_look(record: Record, now: float, grace_seconds: float) -> float | None:
+    """When to look again at a new sandbox whose executor no look has seen connected yet: one
+    ``FIRST_LOOK_SECONDS`` after its start, then each time as long again as its age, until its
+    grace period is over (then the grace decides). None once it was seen connected."""
+    if record.seen_connected or record.disconnected_at is None:
+        return None
+    end = record.started_at + grace_seconds + MARGIN_SECONDS
+    if now >= end:
+        return None
+    return min(now + max(FIRST_LOOK_SECONDS, now - record.started_at), end)
+
+
+def _used(session: Session) -> bool:
+    """Whether a pre-started session has been used (input came: a turn ran or was asked for)."""
+    if session.status in (SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION) or session.wants_connection:
+        return True
+    return session.last_active_at is not None and session.last_active_at > session.created_at
+
+
+def _deleted(record: Record | None, missing: Missing, now: float, confirm_seconds: float) -> Decision:
+    """A session whose read answered 404 (L7, L17): deleted only once its reads have answered 404
+    for ``confirm_seconds`` and most of the other sessions read to confirm it answer; until
+    then its sandbox and workspace stay. A single 404, or a wrong key, project or base URL
+    (every read answers 404), destroys nothing."""
+    since = missing.since if missing.since is not None else now
+    kept = Verdict.KEEP if record is not None and not record.stopped else Verdict.IGNORE
+    waited = now - since
+    if waited < confirm_seconds:
+        return Decision(
+            kept,
+            f"session not found (404) for {waited:.0f}s; deleted only after {confirm_seconds:g}s of 404s",
+            recheck_at=since + confirm_seconds + MARGIN_SECONDS,
+            missing_since=since,
+        )
+    if missing.compared and _most_missing(missing):
+        read = missing.compared + 1
+        return Decision(
+            kept,
+            f"deletion held: {missing.not_found + 1} of {read} sessions read answer 404 "
+            f"({missing.compared - missing.found - missing.not_found} unknown); "
+            "a wrong CONTROLLER_API_KEY (another project) or CONTROLLER_API_BASE_URL?",
+            # Looked at again after as long as it has answered 404 (at most HELD_RECHECK_MAX_SECONDS):
+            # a wrong key must not turn every mapped session into reads every minute.
+            recheck_at=now + min(max(confirm_seconds, waited, MARGIN_SECONDS), HELD_RECHECK_MAX_SECONDS),
+            missing_since=since,
+            held=True,
+        )
+    if record is not None:
+        return Decision(Verdict.RELEASE, "session was deleted", cause=Cause.DELETED, gone=True)
+    return Decision(Verdict.IGNORE, "session was deleted", gone=True)
+
+
+def _most_missing(missing: Missing) -> bool:
+    """Whether the sessions read to confirm a deletion (this one included) mostly answered 404,
+    or none of the others could be read at all: no evidence that the API sees our sessions."""
+    if missing.found == 0:
+        return True
+    return 2 * (missing.not_found + 1) > missing.found + missing.not_found + 1
 
 
 def _cannot_start(session: Session, policy: trust.Policy) -> Decision | None:
@@ -260,7 +404,7 @@ def _stopped(
         return Decision(
             Verdict.START,
             "connection requested; starting on the kept workspace",
-            recheck_at=now + grace_seconds + MARGIN_SECONDS,
+            recheck_at=now + FIRST_LOOK_SECONDS,
         )
     if retention <= 0:
         return Decision(Verdict.IGNORE, "stopped; workspace kept until the session is deleted or fails")
@@ -269,12 +413,6 @@ def _stopped(
     return Decision(
         Verdict.IGNORE, "stopped; workspace kept for its retention", recheck_at=record.stopped_at + retention
     )
-
-
-def released_for_good(session: Session | None) -> bool:
-    """A deleted or failed session will never need its workspace again (L16); a live one
-    whose sandbox was released (max lifetime, sandbox died) keeps it for the next sandbox."""
-    return session is None or session.status is SessionStatus.FAILED
 
 
 def spec_for(session: Session, template: str | None = None) -> SandboxSpec:
@@ -295,6 +433,7 @@ class Deps:
     store: SessionStore
     runner: Runner
     clock: Clock
+    """The one clock every time-based decision reads, once per round (the workers: Redis's ``TIME``)."""
     routing: Routing = field(default_factory=Routing)
     grace_seconds: float = 60.0
     max_lifetime_seconds: float | None = None
@@ -310,9 +449,19 @@ class Deps:
     retention_seconds: float = 0.0
     """Discard a stopped session's workspace this long after the stop; 0: keep it (L16)."""
     on_stop: Callable[[str], None] = lambda cause: None
+    """Called with ``Decision.cause`` for each sandbox stopped, released or replaced (metrics)."""
     prestarts_agent: Callable[[str | None], bool] = lambda agent_id: False
     """Whether sessions of this agent are pre-started (``LifecycleSettings.prestarts_agent``)."""
-    """Called with ``Decision.cause`` for each sandbox stopped, released or replaced (metrics)."""
+    prestart_max_sandboxes: int = 10
+    """Pre-started sandboxes not yet used, at most (``CONTROLLER_PRESTART_MAX_SANDBOXES``)."""
+    on_prestart_skipped: Callable[[], None] = lambda: None
+    """Called for each creation that started nothing because the pre-start budget was used up."""
+    deletion_confirm_seconds: float = 0.0
+    """How long a session's reads must answer 404 before it counts as deleted; 0: at once."""
+    compare_sessions: int = 3
+    """Other mapped sessions read to confirm a deletion (``Missing``)."""
+    on_held: Callable[[], None] = lambda: None
+    """Called for each deletion held because most sessions read answer 404 (a metric)."""
 
 
 def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
@@ -377,24 +526,58 @@ class Observation:
     health: Health | None
     connected: bool | None
     now: float
+    """The round's one reading of the clock: everything it decides and stores uses it."""
+    missing: Missing | None = None
+    """What is known of a session whose read answered 404 (None: it was found)."""
 
 
 def observe(sid: str, deps: Deps) -> Observation:
-    """Read the session, its record (or a live sandbox nobody recorded: adopted, not
-    duplicated), the sandbox's health and, when it matters, whether its executor is connected."""
+    """Read the clock, the session, its record (or a live sandbox nobody recorded: adopted, not
+    duplicated), the sandbox's health and, when it matters, whether its executor is connected:
+    while a connection is wanted, and while its grace clock runs (to stop it once the executor
+    is seen connected, whatever the session is doing). For a session that answered 404, when
+    its deletion would be confirmed, read a few other mapped sessions to compare (``Missing``)."""
+    now = deps.clock.now()
     session = deps.sessions.get(sid)
     record = deps.store.record(sid)
     adopted = False
     if record is None:
         found = deps.runner.find(sid)
         if found is not None:
-            record = Record(sid, found.environment_id, found, found.created_at or deps.clock.now())
+            record = Record(sid, found.environment_id, found, found.created_at or now)
             adopted = True
     health = deps.runner.status(record.handle) if record else None
     connected = None
-    if record and session and session.wants_connection and health in (Health.RUNNING, Health.STARTING):
+    if (
+        record is not None
+        and session is not None
+        and not record.stopped
+        and health in (Health.RUNNING, Health.STARTING)
+        and (session.wants_connection or record.disconnected_at is not None)
+    ):
         connected = deps.sessions.environment_connected(record.environment_id)
-    return Observation(session, record, adopted, health, connected, deps.clock.now())
+    missing = _missing(sid, deps, now) if session is None else None
+    return Observation(session, record, adopted, health, connected, now, missing)
+
+
+def _missing(sid: str, deps: Deps, now: float) -> Missing:
+    """What is known of a session that answered 404: since when, and, once its deletion would be
+    confirmed, how other mapped sessions answer now (reads only; none is changed)."""
+    since = deps.store.missing_since(sid)
+    if now - (now if since is None else since) < deps.deletion_confirm_seconds:
+        return Missing(since)
+    others = deps.store.others_to_compare(sid, deps.compare_sessions)
+    found = not_found = 0
+    for other in others:
+        try:
+            answer = deps.sessions.get(other)
+        except (ApiUnavailable, ApiRejected):
+            continue  # unknown: counts for neither
+        if answer is None:
+            not_found += 1
+        else:
+            found += 1
+    return Missing(since, compared=len(others), found=found, not_found=not_found)
 
 
 def decide_observed(seen: Observation, deps: Deps) -> Decision:
@@ -412,6 +595,8 @@ def decide_observed(seen: Observation, deps: Deps) -> Decision:
         deps.idle_timeout_seconds,
         deps.retention_seconds,
         seen.session is not None and deps.prestarts_agent(seen.session.agent_id),
+        seen.missing,
+        deps.deletion_confirm_seconds,
     )
 
 
@@ -424,16 +609,18 @@ def act(lease: Lease, deps: Deps) -> Decision:
             _refused(decision, deps)
         return decision
     seen = observe(sid, deps)
-    session, record = seen.session, seen.record
+    session = seen.session
     decision = decide_observed(seen, deps)
     environment_id = session.environment.id if session else None
     if environment_id is not None and not trust.valid_id(environment_id):
         environment_id = trust.printable(environment_id)  # logged, escaped and cut short, never used
     with logs.bind(session_id=sid, environment_id=environment_id):
+        if decision.prestart and not deps.store.reserve_prestart(lease, deps.prestart_max_sandboxes):
+            decision = _budget_used(decision, deps)
         log.info(
             "session looked up",
             extra={
-                "status": session.status.value if session else "deleted",
+                "status": session.status.value if session else "not found",
                 "verdict": decision.verdict.value,
                 "reason": decision.reason,
                 "recheck_at": decision.recheck_at,
@@ -443,19 +630,35 @@ def act(lease: Lease, deps: Deps) -> Decision:
         if decision.refused is not None:
             _refused(decision, deps)
             return decision
-        _carry_out(lease, decision, session, record, seen.adopted, deps)
-        deps.store.arm(lease, decision.recheck_at)  # fenced: the timer follows the latest decision
+        if decision.held:
+            log.error(
+                "deletions held",
+                extra={"reason": decision.reason, "missing_since": decision.missing_since},
+            )
+            deps.on_held()
+        _carry_out(lease, decision, seen, deps)
+        deps.store.arm(lease, decision.recheck_at, decision.missing_since)  # fenced: follows the latest decision
     return decision
 
 
-def _carry_out(
-    lease: Lease, decision: Decision, session: Session | None, record: Record | None, adopted: bool, deps: Deps
-) -> None:
+def _budget_used(decision: Decision, deps: Deps) -> Decision:
+    """A pre-start the budget has no room for: nothing starts (a connection request later will)."""
+    skipped = Decision(
+        Verdict.IGNORE,
+        f"pre-start skipped: {deps.prestart_max_sandboxes} pre-started sandboxes are waiting to be used",
+    )
+    log.warning("pre-start skipped", extra={"reason": skipped.reason, "limit": deps.prestart_max_sandboxes})
+    deps.on_prestart_skipped()
+    return skipped
+
+
+def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) -> None:
     sid = lease.session_id
+    session, record, now = seen.session, seen.record, seen.now
     if decision.verdict in (Verdict.START, Verdict.REPLACE):
         assert session is not None
         stopping = record is not None and not record.stopped
-        _start(lease, session, record, deps)
+        _start(lease, session, record, now, decision.prestart, deps)
         if stopping and decision.cause is not None:
             assert record is not None
             _stopped_log(decision, session, record, deps)
@@ -463,8 +666,7 @@ def _carry_out(
         assert record is not None
         deps.store.check(lease)
         deps.runner.release(record.handle)
-        if released_for_good(session):
-            deps.runner.discard(sid)  # L16: the workspace goes with the session, not before
+        deps.runner.discard(sid)  # L16: the workspace goes with the session, not before
         deps.store.forget(lease)
         log.info("sandbox released", extra={"sandbox": record.handle.name})
         if not record.stopped:
@@ -473,7 +675,7 @@ def _carry_out(
         assert record is not None and session is not None
         deps.store.check(lease)
         deps.runner.release(record.handle)  # the sandbox goes; its workspace stays (L16)
-        deps.store.save(lease, replace(record, stopped_at=deps.clock.now(), disconnected_at=None))
+        deps.store.save(lease, replace(record, stopped_at=now, disconnected_at=None, prestarted=False))
         _stopped_log(decision, session, record, deps)
     elif decision.verdict is Verdict.DISCARD:
         assert record is not None
@@ -481,12 +683,12 @@ def _carry_out(
         deps.runner.discard(sid)
         deps.store.forget(lease)
         log.info("workspace discarded", extra={"sandbox": record.handle.name})
-    elif record is None and released_for_good(session) and deps.runner.keeps_workspace(sid):
+    elif record is None and decision.gone and deps.runner.keeps_workspace(sid):
         deps.runner.discard(sid)  # a workspace kept after its sandbox went (L16)
-    elif decision.update is not None or (decision.verdict is Verdict.KEEP and adopted):
+    elif decision.update is not None or (decision.verdict is Verdict.KEEP and seen.adopted):
         assert record is not None
         deps.store.save(lease, decision.update or record)
-        if adopted:
+        if seen.adopted:
             log.info("sandbox adopted", extra={"sandbox": record.handle.name})
 
 
@@ -513,7 +715,7 @@ def _refused(decision: Decision, deps: Deps) -> None:
     deps.on_refusal(decision.refused)
 
 
-def _start(lease: Lease, session: Session, record: Record | None, deps: Deps) -> Handle:
+def _start(lease: Lease, session: Session, record: Record | None, now: float, prestart: bool, deps: Deps) -> Handle:
     generation = record.handle.generation + 1 if record else 1
     deps.store.check(lease)  # fenced: a worker that lost its lease must not act
     if record is not None:
@@ -526,8 +728,9 @@ def _start(lease: Lease, session: Session, record: Record | None, deps: Deps) ->
             session_id=session.id,
             environment_id=spec.environment_id,
             handle=handle,
-            started_at=deps.clock.now(),
-            disconnected_at=deps.clock.now(),  # not connected yet: the grace period starts now
+            started_at=now,
+            disconnected_at=now,  # not seen connected yet: the grace period starts now
+            prestarted=prestart,
         ),
     )
     log.info("sandbox started", extra={"sandbox": handle.name, "generation": handle.generation})

@@ -23,6 +23,12 @@ each worker or switch to prometheus_client's multiprocess mode.
     controller_sandboxes_stopped_total{reason}
         sandboxes a worker stopped, released or replaced (``Deps.on_stop``);
         reason: idle | lifetime | failed | deleted | replaced (``lifecycle.Cause``)
+    controller_deletions_held_total
+        deletions a worker held because most sessions read to confirm them answered 404 (a wrong
+        API key, project or base URL: ``lifecycle.Missing``); each also a "deletions held" error
+    controller_prestarts_skipped_total
+        session creations that started no sandbox because the pre-start budget was used up
+        (``CONTROLLER_PRESTART_MAX_SANDBOXES``); each also a "pre-start skipped" log line
     controller_sandboxes_running
         gauge: sandboxes the runner manages, as the active scheduler last counted them
     controller_delivery_to_sandbox_start_seconds (histogram)
@@ -94,6 +100,8 @@ SANDBOXES_RUNNING = "controller_sandboxes_running"
 DELIVERY_TO_START_SECONDS = "controller_delivery_to_sandbox_start_seconds"
 DELIVERY_TO_CONNECTED_SECONDS = "controller_delivery_to_executor_connected_seconds"
 LEASE_BUSY_TOTAL = "controller_lease_busy_total"
+DELETIONS_HELD_TOTAL = "controller_deletions_held_total"
+PRESTARTS_SKIPPED_TOTAL = "controller_prestarts_skipped_total"
 API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
 QUEUE_DEPTH = "controller_queue_depth"
 WORK_PENDING = "controller_work_pending"
@@ -157,6 +165,16 @@ class Metrics:
                 SANDBOXES_STOPPED_TOTAL,
                 "Sandboxes stopped, released or replaced, by reason.",
                 ("reason",),
+                registry=self.registry,
+            ),
+            DELETIONS_HELD_TOTAL: Counter(
+                DELETIONS_HELD_TOTAL,
+                "Deletions held because most sessions read to confirm them answered 404.",
+                registry=self.registry,
+            ),
+            PRESTARTS_SKIPPED_TOTAL: Counter(
+                PRESTARTS_SKIPPED_TOTAL,
+                "Session creations that started no sandbox: the pre-start budget was used up.",
                 registry=self.registry,
             ),
             PLACEMENTS_TOTAL: Counter(

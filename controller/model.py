@@ -130,8 +130,16 @@ class Record:
     stopped_at: float | None = None
     """When the sandbox was stopped with its workspace kept; None while it is active."""
     disconnected_at: float | None = None
-    """When the executor was first seen without its link (since the start, for a new sandbox);
-    None once it was seen connected. The grace period before a replacement counts from here."""
+    """When the grace clock started: the first look that saw the executor without its link (for
+    a new sandbox, its start); None while it is seen connected. A replacement for a link that is
+    down counts the grace period from here (L14)."""
+    seen_connected: bool = False
+    """Whether a look ever saw this sandbox's executor connected. Until one does, the sandbox is
+    looked at again soon after its start (``lifecycle.FIRST_LOOK_SECONDS``), so that a link that
+    comes up and then drops is timed from the drop, not from the start."""
+    prestarted: bool = False
+    """Started at the session's creation, before anything asked for it (L9's pre-start), and not
+    used since; these count against ``CONTROLLER_PRESTART_MAX_SANDBOXES``."""
 
     @property
     def stopped(self) -> bool:

@@ -24,7 +24,7 @@ from celery import Celery, signals
 from starlette.applications import Starlette
 
 from controller import logs, queue, worker
-from controller.clock import Clock, SystemClock
+from controller.clock import SystemClock
 from controller.config import PREFIX, Settings
 from controller.errors import ConfigError, StoreUnavailable
 from controller.inbox import Job
@@ -32,7 +32,9 @@ from controller.lifecycle import Decision, Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
     DECISIONS_TOTAL,
+    DELETIONS_HELD_TOTAL,
     PLACEMENTS_TOTAL,
+    PRESTARTS_SKIPPED_TOTAL,
     SANDBOXES_RUNNING,
     SANDBOXES_STOPPED_TOTAL,
     SESSIONS_REFUSED_TOTAL,
@@ -55,7 +57,7 @@ from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs
 from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisInbox, RedisSessionStore, connect, connect_async
+from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore, connect, connect_async
 from controller.trust import Policy
 
 log = logs.get(__name__)
@@ -185,13 +187,14 @@ def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
     return on_decision
 
 
-def remember_decisions(decisions: RedisSessionStore, clock: Clock) -> Callable[[str, Decision], None]:
-    """``Deps.on_decision``: note the latest decision per session for ``status`` and ``explain``.
-    A failed note is logged and does not fail the work (it reports; it decides nothing)."""
+def remember_decisions(decisions: RedisSessionStore) -> Callable[[str, Decision], None]:
+    """``Deps.on_decision``: note the latest decision per session for ``status`` and ``explain``
+    (stamped with Redis's clock). A failed note is logged and does not fail the work (it
+    reports; it decides nothing)."""
 
     def on_decision(session_id: str, decision: Decision) -> None:
         try:
-            decisions.note_decision(session_id, decision.verdict.value, decision.reason, clock.now())
+            decisions.note_decision(session_id, decision.verdict.value, decision.reason, decision.held)
         except StoreUnavailable:
             log.warning("could not note the decision", extra={"session_id": session_id})
 
@@ -210,8 +213,10 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
     metrics = counters if counters is not None else Metrics()
     templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
-    session_store = store(settings)
-    clock = SystemClock()
+    assert settings.queue.redis_url is not None
+    client = connect(settings.queue.redis_url)
+    session_store = store(settings, client)
+    lifecycle = settings.lifecycle
     return Deps(
         sessions=HttpSessions(
             settings.api.base_url,
@@ -222,19 +227,23 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         ),
         store=session_store,
         runner=runner(settings, templates, metrics),
-        clock=clock,
+        clock=RedisClock(client),  # one clock for every process: the one timers fall due on
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
-        max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
-        on_decision=each(count_decisions(metrics), remember_decisions(session_store, clock)),
+        max_lifetime_seconds=lifecycle.max_lifetime_seconds or None,
+        on_decision=each(count_decisions(metrics), remember_decisions(session_store)),
         choose_template=templates.choose,
         trust_policy=Policy(settings.runner.remote_url_allowlist),
         on_refusal=lambda kind: metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
         renew_every_seconds=settings.queue.lease_ttl_seconds / 3,
-        idle_timeout_seconds=settings.lifecycle.idle_timeout_seconds,
-        retention_seconds=settings.lifecycle.workspace_retention_seconds,
+        idle_timeout_seconds=lifecycle.idle_timeout_seconds,
+        retention_seconds=lifecycle.workspace_retention_seconds,
         on_stop=lambda cause: metrics.inc(SANDBOXES_STOPPED_TOTAL, reason=cause),
-        prestarts_agent=settings.lifecycle.prestarts_agent,
+        prestarts_agent=lifecycle.prestarts_agent,
+        prestart_max_sandboxes=lifecycle.prestart_max_sandboxes,
+        on_prestart_skipped=lambda: metrics.inc(PRESTARTS_SKIPPED_TOTAL),
+        deletion_confirm_seconds=lifecycle.deletion_confirm_seconds,
+        on_held=lambda: metrics.inc(DELETIONS_HELD_TOTAL),
     )
 
 
@@ -312,11 +321,15 @@ def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
 class FleetParts(NamedTuple):
     store: RedisSessionStore
     runner: Runner
+    clock: RedisClock
 
 
 def fleet_parts(settings: Settings) -> FleetParts:
-    """What ``status`` reads: the mapping and last decisions, and the runner's view of each sandbox."""
-    return FleetParts(store(settings), runner(settings))
+    """What ``status`` reads: the mapping and last decisions, the runner's view of each sandbox,
+    and Redis's clock (the one the workers decide on)."""
+    assert settings.queue.redis_url is not None
+    client = connect(settings.queue.redis_url)
+    return FleetParts(store(settings, client), runner(settings), RedisClock(client))
 
 
 class SchedulerParts(NamedTuple):

@@ -16,7 +16,8 @@ whatever happens to the job that was queued for it; the scheduler's recovery pas
 (``controller.recovery``) enqueues such sessions again.
 
 Each session may also have one durable timer (``arm``): when it falls due, the active
-scheduler wants work on the session the same way (``controller.timers``).
+scheduler wants work on the session the same way (``controller.timers``). Beside it, the time
+its reads began answering 404 (``missing_since``), until its deletion is confirmed.
 """
 
 from __future__ import annotations
@@ -82,9 +83,27 @@ class SessionStore(Protocol):
         """Every session with a mapping (for reconciliation)."""
         ...
 
-    def arm(self, lease: Lease, due_at: float | None) -> None:
+    def arm(self, lease: Lease, due_at: float | None, missing_since: float | None = None) -> None:
         """Fenced: set the session's one timer to ``due_at`` (Unix seconds), replacing any
-        earlier one; None removes it (``controller.timers``)."""
+        earlier one; None removes it (``controller.timers``). ``missing_since``: when the
+        session's reads began answering 404 (kept until its deletion is confirmed); None forgets
+        it (the session was found, or is gone)."""
+        ...
+
+    def missing_since(self, session_id: str) -> float | None:
+        """When the session's reads began answering 404 (``arm``), or None."""
+        ...
+
+    def others_to_compare(self, session_id: str, count: int) -> list[str]:
+        """Up to ``count`` other mapped sessions, picked at random among those not known to answer
+        404 (among those that are, only when there is no other): the sessions read to confirm
+        that this one was deleted, not lost to a wrong key, project or base URL."""
+        ...
+
+    def reserve_prestart(self, lease: Lease, limit: int) -> bool:
+        """Fenced: take room for one pre-started sandbox for the session, unless ``limit``
+        pre-started sandboxes not yet used (records with ``prestarted``, and reservations made
+        in the last minute whose start has not been recorded) are there already."""
         ...
 
     def timer(self, session_id: str) -> float | None:

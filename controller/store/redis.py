@@ -16,6 +16,11 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
                      same script as the push; "pending" only from receivers before it)
     sc:timers        each session's one durable timer (sorted set; score: due time, Unix ms;
                      see ``controller.timers``): ``take_due`` pops due ones and wants work
+    sc:missing       per session whose reads answer 404, when they began to (hash; Unix
+                     seconds), until its deletion is confirmed (``lifecycle.Missing``)
+    sc:prestarted    pre-started sandboxes not yet used, and reservations for them (sorted set;
+                     score: when reserved, Unix ms): the pre-start budget
+    sc:decision:{sid} the latest decision about a session (hash; for ``status``/``explain``)
 
 ``sc:want``/``sc:done`` are deleted by the ``complete`` that catches up with the last want of
 a session that has no mapping: nothing is pending then, and a later delivery simply starts
@@ -129,6 +134,7 @@ if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('HSET', KEYS[2], unpack(ARGV, 3))
 redis.call('SADD', KEYS[3], ARGV[2])
+if redis.call('HGET', KEYS[2], 'prestarted') ~= '1' then redis.call('ZREM', KEYS[4], ARGV[2]) end
 return 1
 """
 
@@ -136,6 +142,7 @@ _FORGET = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[2])
+redis.call('ZREM', KEYS[4], ARGV[2])
 return 1
 """
 
@@ -180,6 +187,42 @@ if ARGV[3] == '' then
 else
   redis.call('ZADD', KEYS[2], ARGV[3], ARGV[2])
 end
+if ARGV[4] == '' then
+  redis.call('HDEL', KEYS[3], ARGV[2])
+else
+  redis.call('HSETNX', KEYS[3], ARGV[2], ARGV[4])
+end
+return 1
+"""
+
+# A pre-start takes room in the budget under its lease. Members whose record is no longer a
+# pre-started, running sandbox (used since, stopped, gone) and that were reserved more than
+# ARGV[4] ms ago (a start still on its way is not cut short) are dropped first.
+_RESERVE_PRESTART = (
+    _NOW_MS
+    + """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+if redis.call('ZSCORE', KEYS[2], ARGV[2]) then return 1 end
+local now = now_ms()
+local members = redis.call('ZRANGE', KEYS[2], 0, -1, 'WITHSCORES')
+for i = 1, #members, 2 do
+  local sid, at = members[i], tonumber(members[i + 1])
+  local rec = redis.call('HMGET', 'sc:rec:' .. sid, 'prestarted', 'stopped_at')
+  local waiting = rec[1] == '1' and (not rec[2] or rec[2] == '')
+  if not waiting and now - at > tonumber(ARGV[4]) then redis.call('ZREM', KEYS[2], sid) end
+end
+if redis.call('ZCARD', KEYS[2]) >= tonumber(ARGV[3]) then return 0 end
+redis.call('ZADD', KEYS[2], string.format('%d', now), ARGV[2])
+return 1
+"""
+)
+
+# The latest decision, stamped with Redis's clock.
+_NOTE_DECISION = """
+local t = redis.call('TIME')
+redis.call('HSET', KEYS[1], 'verdict', ARGV[1], 'reason', ARGV[2], 'held', ARGV[3],
+  'at', string.format('%.6f', tonumber(t[1]) + tonumber(t[2]) / 1000000))
+redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
@@ -201,6 +244,10 @@ return due
 
 SESSIONS_KEY = "sc:sessions"
 TIMERS_KEY = "sc:timers"
+MISSING_KEY = "sc:missing"
+PRESTARTED_KEY = "sc:prestarted"
+PRESTART_RESERVATION_MS = 60_000
+"""A pre-start's reservation counts this long even before its start is recorded."""
 PENDING_KEY = "sc:pending"
 REQUEUES_KEY = "sc:requeues"
 FENCE_TTL_MS = 24 * 3600 * 1000
@@ -230,6 +277,22 @@ def _translated(what: str) -> Iterator[None]:
         raise
 
 
+class RedisClock:
+    """Redis's own clock (``TIME``): the one clock every process shares (``clock.Clock``).
+
+    Timers fall due on it (the scripts above read ``TIME``), so the workers decide on it too: a
+    worker whose own clock is off neither stops a sandbox early nor re-arms a timer that is
+    already due. ``lifecycle.act`` reads it once per round."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._r = client
+
+    def now(self) -> float:
+        with _translated("read the clock"):
+            seconds, microseconds = self._r.time()
+        return float(seconds) + microseconds / 1_000_000
+
+
 class RedisSessionStore:
     """``SessionStore`` on Redis, plus the pending-work index the recovery pass reads.
 
@@ -251,6 +314,8 @@ class RedisSessionStore:
         self._take_overdue = client.register_script(_TAKE_OVERDUE)
         self._arm = client.register_script(_ARM)
         self._take_due = client.register_script(_TAKE_DUE)
+        self._reserve_prestart = client.register_script(_RESERVE_PRESTART)
+        self._note_decision = client.register_script(_NOTE_DECISION)
 
     @property
     def lease_ttl_seconds(self) -> float:
@@ -331,14 +396,16 @@ class RedisSessionStore:
         for key, value in fields.items():
             flat += [key, value]
         with _translated("save record"):
-            ok = self._save(keys=[f"sc:lease:{sid}", f"sc:rec:{sid}", SESSIONS_KEY], args=flat)
+            ok = self._save(keys=[f"sc:lease:{sid}", f"sc:rec:{sid}", SESSIONS_KEY, PRESTARTED_KEY], args=flat)
         if not ok:
             raise Fenced(f"lease of session {sid} lost; record not saved")
 
     def forget(self, lease: Lease) -> None:
         sid = lease.session_id
         with _translated("forget record"):
-            ok = self._forget(keys=[f"sc:lease:{sid}", f"sc:rec:{sid}", SESSIONS_KEY], args=[lease.token, sid])
+            ok = self._forget(
+                keys=[f"sc:lease:{sid}", f"sc:rec:{sid}", SESSIONS_KEY, PRESTARTED_KEY], args=[lease.token, sid]
+            )
         if not ok:
             raise Fenced(f"lease of session {sid} lost; record not removed")
 
@@ -347,13 +414,52 @@ class RedisSessionStore:
             members: set[str] = self._r.smembers(SESSIONS_KEY)  # type: ignore[assignment]
             return sorted(members)
 
-    def arm(self, lease: Lease, due_at: float | None) -> None:
+    def arm(self, lease: Lease, due_at: float | None, missing_since: float | None = None) -> None:
         sid = lease.session_id
         due = "" if due_at is None else str(int(due_at * 1000))
+        missing = "" if missing_since is None else repr(missing_since)
         with _translated("arm timer"):
-            ok = self._arm(keys=[f"sc:lease:{sid}", TIMERS_KEY], args=[lease.token, sid, due])
+            ok = self._arm(keys=[f"sc:lease:{sid}", TIMERS_KEY, MISSING_KEY], args=[lease.token, sid, due, missing])
         if not ok:
             raise Fenced(f"lease of session {sid} lost; timer not armed")
+
+    def missing_since(self, session_id: str) -> float | None:
+        with _translated("read missing"):
+            since = self._r.hget(MISSING_KEY, session_id)
+        return None if since is None else float(since)
+
+    def missing(self) -> dict[str, float]:
+        """Every session whose reads answer 404 and since when (``status``)."""
+        with _translated("list missing"):
+            found: dict[str, str] = self._r.hgetall(MISSING_KEY)  # type: ignore[assignment]
+        return {sid: float(since) for sid, since in found.items()}
+
+    def others_to_compare(self, session_id: str, count: int) -> list[str]:
+        if count <= 0:
+            return []
+        with _translated("pick sessions to compare"):
+            picked: list[str] = self._r.srandmember(SESSIONS_KEY, 3 * count + 1)  # type: ignore[assignment]
+            others = [sid for sid in picked if sid != session_id]
+            marked = self._r.hmget(MISSING_KEY, others) if others else []
+        answering = [sid for sid, since in zip(others, marked, strict=True) if since is None]
+        missing = [sid for sid, since in zip(others, marked, strict=True) if since is not None]
+        return (answering or missing)[:count]
+
+    def reserve_prestart(self, lease: Lease, limit: int) -> bool:
+        sid = lease.session_id
+        with _translated("reserve a pre-start"):
+            result = int(
+                self._reserve_prestart(
+                    keys=[f"sc:lease:{sid}", PRESTARTED_KEY], args=[lease.token, sid, limit, PRESTART_RESERVATION_MS]
+                )
+            )
+        if result == -1:
+            raise Fenced(f"lease of session {sid} lost; pre-start not reserved")
+        return result == 1
+
+    def prestarted_count(self) -> int:
+        with _translated("count pre-starts"):
+            return int(self._r.zcard(PRESTARTED_KEY))
 
     def timer(self, session_id: str) -> float | None:
         with _translated("read timer"):
@@ -377,22 +483,23 @@ class RedisSessionStore:
 
     # -- the last decision per session (read by `status` and `explain`) --------------------
 
-    def note_decision(self, session_id: str, verdict: str, reason: str, at: float) -> None:
-        """Keep the latest decision about a session: a small hash beside the record, not fenced
-        (it reports, it decides nothing), kept ``DECISION_TTL_SECONDS`` after the last one."""
-        key = f"sc:decision:{session_id}"
+    def note_decision(self, session_id: str, verdict: str, reason: str, held: bool = False) -> None:
+        """Keep the latest decision about a session, stamped with Redis's clock: a small hash
+        beside the record, not fenced (it reports, it decides nothing), kept
+        ``DECISION_TTL_SECONDS`` after the last one."""
         with _translated("note decision"):
-            pipe = self._r.pipeline(transaction=True)
-            pipe.hset(key, mapping={"verdict": verdict, "reason": reason, "at": repr(at)})
-            pipe.expire(key, DECISION_TTL_SECONDS)
-            pipe.execute()
+            self._note_decision(
+                keys=[f"sc:decision:{session_id}"], args=[verdict, reason, "1" if held else "0", DECISION_TTL_SECONDS]
+            )
 
     def last_decision(self, session_id: str) -> LastDecision | None:
         with _translated("read decision"):
             data: dict[str, str] = self._r.hgetall(f"sc:decision:{session_id}")  # type: ignore[assignment]
         if not data:
             return None
-        return LastDecision(data.get("verdict", ""), data.get("reason", ""), float(data.get("at", "0")))
+        return LastDecision(
+            data.get("verdict", ""), data.get("reason", ""), float(data.get("at", "0")), data.get("held") == "1"
+        )
 
 
 def _record_fields(record: Record) -> dict[str, str]:
@@ -405,6 +512,8 @@ def _record_fields(record: Record) -> dict[str, str]:
         "started_at": repr(record.started_at),
         "stopped_at": "" if record.stopped_at is None else repr(record.stopped_at),
         "disconnected_at": "" if record.disconnected_at is None else repr(record.disconnected_at),
+        "seen_connected": "1" if record.seen_connected else "0",
+        "prestarted": "1" if record.prestarted else "0",
     }
 
 
@@ -426,6 +535,8 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         started_at=float(data.get("started_at", "0")),
         stopped_at=_optional_time(data.get("stopped_at")),
         disconnected_at=_optional_time(data.get("disconnected_at")),
+        seen_connected=data.get("seen_connected") == "1",
+        prestarted=data.get("prestarted") == "1",
     )
 
 

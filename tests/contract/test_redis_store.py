@@ -11,6 +11,7 @@ import shutil
 import threading
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,15 @@ from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record, Session
 from controller.store.base import Busy, Lease
-from controller.store.redis import PENDING_KEY, RedisInbox, RedisSessionStore, connect, connect_async
+from controller.store.redis import (
+    PENDING_KEY,
+    PRESTARTED_KEY,
+    RedisClock,
+    RedisInbox,
+    RedisSessionStore,
+    connect,
+    connect_async,
+)
 from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer
@@ -647,3 +656,112 @@ def test_redis_down_is_store_unavailable(server: RedisServer, sid: str) -> None:
         down.close()
         server.process = None
         server.start()
+
+
+# --- one clock, deletions waiting for confirmation, the pre-start budget (issue 16) --------------
+
+
+def test_the_clock_is_redis_time(client: redis.Redis) -> None:
+    """L12: every worker decides on Redis's clock, the one timers fall due on (``TIME``), so a
+    worker whose own clock is off by any amount reads the same time as the others."""
+    clock = RedisClock(client)
+    before = client.time()
+    now = clock.now()
+    after = client.time()
+    assert before[0] + before[1] / 1e6 <= now <= after[0] + after[1] / 1e6
+
+
+def test_the_404_mark_is_kept_until_forgotten_and_only_under_the_lease(client: redis.Redis, sid: str) -> None:
+    """L17: the time a session's reads began answering 404 is written with its timer, fenced;
+    the first time stays (later rounds do not move it); a round that finds the session clears it."""
+    store = store_of(client, ttl=30)
+    store.want(sid)
+    lease = take(store, sid)
+    store.arm(lease, 1_700_000_061.0, missing_since=1_700_000_000.5)
+    store.arm(lease, 1_700_000_122.0, missing_since=1_700_000_061.0)
+    assert store.missing_since(sid) == 1_700_000_000.5
+    assert store.missing()[sid] == 1_700_000_000.5
+    store.arm(lease, None)
+    assert store.missing_since(sid) is None
+    client.delete(f"sc:lease:{sid}")  # the lease lapsed
+    with pytest.raises(Fenced):
+        store.arm(lease, None, missing_since=1.0)
+    assert store.missing_since(sid) is None
+
+
+def test_sessions_to_compare_are_those_that_answer_first(client: redis.Redis, sid: str) -> None:
+    """L17: the sessions read to confirm a deletion are mapped ones other than it, those not known
+    to answer 404 only, unless every other one is known to."""
+    store = store_of(client, ttl=30)
+    others = [f"{sid}_other{i}" for i in range(4)]
+    for session_id in [sid, *others]:
+        store.want(session_id)
+        store.save(take(store, session_id), a_record(session_id))
+    for session_id in others[:3]:
+        client.hset("sc:missing", session_id, "1700000000.0")
+    assert store.others_to_compare(sid, 3) == [others[3]]
+    client.hset("sc:missing", others[3], "1700000000.0")
+    picked = store.others_to_compare(sid, 3)
+    assert len(picked) == 3 and set(picked) <= set(others)
+    for session_id in [sid, *others]:
+        client.delete(f"sc:rec:{session_id}")
+        client.srem("sc:sessions", session_id)
+        client.hdel("sc:missing", session_id)
+
+
+def test_the_prestart_budget_holds_across_stores_and_frees_room(client: redis.Redis, server: RedisServer) -> None:
+    """L9: pre-start room is taken atomically under each session's lease, whatever store (worker)
+    asks; a used (saved without ``prestarted``), stopped or forgotten sandbox frees it, and a
+    reservation whose start was never recorded is dropped once it is a minute old."""
+    client.delete(PRESTARTED_KEY)
+    stores = [store_of(client), store_of(connect(server.url))]
+    sids = [f"pre_{next(_ids)}_{i}" for i in range(5)]
+    leases = {}
+    granted = []
+    for i, session_id in enumerate(sids):
+        stores[i % 2].want(session_id)
+        leases[session_id] = take(stores[i % 2], session_id)
+        granted.append(stores[i % 2].reserve_prestart(leases[session_id], 3))
+    assert granted == [True, True, True, False, False]
+    assert stores[0].reserve_prestart(leases[sids[0]], 3)  # its own room again: still granted
+    for session_id in sids[:3]:
+        stores[0].save(leases[session_id], replace(a_record(session_id), prestarted=True))
+    assert not stores[0].reserve_prestart(leases[sids[3]], 3)
+    stores[0].save(leases[sids[0]], a_record(sids[0]))  # used: saved without the mark
+    assert stores[0].reserve_prestart(leases[sids[3]], 3)
+    stores[0].forget(leases[sids[1]])
+    assert stores[0].reserve_prestart(leases[sids[4]], 3)
+    assert stores[0].prestarted_count() == 3
+    # A reservation whose start never got recorded (its worker died) goes after a minute.
+    client.zadd(PRESTARTED_KEY, {"lost_reservation": 0})
+    client.zrem(PRESTARTED_KEY, sids[2])  # make room for the check below, then fill it again
+    stale = f"pre_{next(_ids)}_stale"
+    stores[0].want(stale)
+    assert stores[0].reserve_prestart(take(stores[0], stale), 3)
+    assert client.zscore(PRESTARTED_KEY, "lost_reservation") is None
+    client.delete(f"sc:lease:{sids[3]}")
+    with pytest.raises(Fenced):
+        stores[0].reserve_prestart(leases[sids[3]], 3)
+    client.delete(PRESTARTED_KEY)
+
+
+def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
+    """L14/L9: whether the executor was ever seen connected, and whether the sandbox is a
+    pre-start not yet used, are stored with the mapping."""
+    store = store_of(client)
+    store.want(sid)
+    lease = take(store, sid)
+    saved = replace(a_record(sid), disconnected_at=None, seen_connected=True, prestarted=True)
+    store.save(lease, saved)
+    assert store.record(sid) == saved
+
+
+def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:
+    """L17: ``status`` shows when each last decision was made (Redis's clock) and whether it held
+    a deletion."""
+    store = store_of(client)
+    store.note_decision(sid, "keep", "deletion held: ...", held=True)
+    noted = store.last_decision(sid)
+    seconds, micros = client.time()
+    assert noted is not None and noted.held and noted.verdict == "keep"
+    assert abs(noted.at - (seconds + micros / 1e6)) < 5

@@ -113,6 +113,10 @@ class FakeStore:
         self.records: dict[str, Record] = {}
         self.abandoned: list[Lease] = []
         self.timers: dict[str, float] = {}
+        self.missing: dict[str, float] = {}
+        self.prestarted: set[str] = set()
+        """Pre-start reservations (the Redis store also drops stale ones; here ``save`` and
+        ``forget`` keep the set exact)."""
 
     def _s(self, session_id: str) -> _State:
         return self._state.setdefault(session_id, _State())
@@ -186,23 +190,51 @@ class FakeStore:
         with self._lock:
             self._held(lease)
             self.records[lease.session_id] = record
+            if not record.prestarted:
+                self.prestarted.discard(lease.session_id)
 
     def forget(self, lease: Lease) -> None:
         with self._lock:
             self._held(lease)
             self.records.pop(lease.session_id, None)
+            self.prestarted.discard(lease.session_id)
 
     def session_ids(self) -> list[str]:
         with self._lock:
             return sorted(self.records)
 
-    def arm(self, lease: Lease, due_at: float | None) -> None:
+    def arm(self, lease: Lease, due_at: float | None, missing_since: float | None = None) -> None:
         with self._lock:
             self._held(lease)
             if due_at is None:
                 self.timers.pop(lease.session_id, None)
             else:
                 self.timers[lease.session_id] = due_at
+            if missing_since is None:
+                self.missing.pop(lease.session_id, None)
+            else:
+                self.missing.setdefault(lease.session_id, missing_since)
+
+    def missing_since(self, session_id: str) -> float | None:
+        with self._lock:
+            return self.missing.get(session_id)
+
+    def others_to_compare(self, session_id: str, count: int) -> list[str]:
+        """The Redis store picks at random; here in order (the same preference)."""
+        with self._lock:
+            others = [sid for sid in sorted(self.records) if sid != session_id]
+            answering = [sid for sid in others if sid not in self.missing]
+            return (answering or [sid for sid in others if sid in self.missing])[:count]
+
+    def reserve_prestart(self, lease: Lease, limit: int) -> bool:
+        with self._lock:
+            self._held(lease)
+            if lease.session_id in self.prestarted:
+                return True
+            if len(self.prestarted) >= limit:
+                return False
+            self.prestarted.add(lease.session_id)
+            return True
 
     def timer(self, session_id: str) -> float | None:
         with self._lock:
@@ -370,6 +402,8 @@ class World:
         idle_timeout: float = 0.0,
         retention: float = 0.0,
         prestart_agent_ids: tuple[str, ...] = (),
+        prestart_max: int = 10,
+        deletion_confirm: float = 0.0,
     ) -> None:
         self.clock = FakeClock(T0)
         self.sessions = FakeSessions()
@@ -378,6 +412,10 @@ class World:
         self.decisions: list[tuple[str, Decision]] = []
         self.published: list[str] = []
         self.stopped: list[str] = []
+        self.held = 0
+        """Deletions held (``Deps.on_held``)."""
+        self.prestarts_skipped = 0
+        """Creations that started nothing for want of pre-start budget (``Deps.on_prestart_skipped``)."""
 
         def decided(session_id: str, decision: Decision) -> None:
             self.decisions.append((session_id, decision))
@@ -396,7 +434,17 @@ class World:
             retention_seconds=retention,
             on_stop=self.stopped.append,
             prestarts_agent=LifecycleSettings(prestart_agent_ids=prestart_agent_ids).prestarts_agent,
+            prestart_max_sandboxes=prestart_max,
+            on_prestart_skipped=self._prestart_skipped,
+            deletion_confirm_seconds=deletion_confirm,
+            on_held=self._held,
         )
+
+    def _held(self) -> None:
+        self.held += 1
+
+    def _prestart_skipped(self) -> None:
+        self.prestarts_skipped += 1
 
     def deliver(self, session_id: str = "sess_1") -> list[Decision] | Busy:
         """A delivery: want more work, then work it."""

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 from agents_simulator.dev import simulator_secrets
 from controller.runners.local import LocalRunner
@@ -36,8 +37,11 @@ class Loop:
         receivers: int = 2,
         workers: int = 2,
         extra_env: dict[str, str | None] | None = None,
+        worker_env: dict[int, dict[str, str]] | None = None,
     ) -> None:
         self.extra_env = dict(extra_env or {})
+        self.worker_env = dict(worker_env or {})
+        """More environment for single workers, by index (e.g. a clock that is off)."""
         self.directory = directory
         self.codex = codex
         self.redis = RedisServer(directory / "redis")
@@ -164,7 +168,7 @@ class Loop:
                 "--metrics-host",
                 "127.0.0.1",
             ),
-            {**self.controller_env(), "CONTROLLER_METRICS_PORT": str(port)},
+            {**self.controller_env(), "CONTROLLER_METRICS_PORT": str(port), **self.worker_env.get(index, {})},
             self.directory / f"worker{index}.log",
         ).start()
         self.workers.append(worker)
@@ -271,6 +275,11 @@ class Loop:
             if line.get("event") == event and (session_id is None or line.get("session_id") == session_id)
         ]
 
+    def worker_metric(self, name: str, **labels: str) -> float:
+        """``name`` summed over every worker's ``GET /metrics``."""
+        workers = [port for key, port in self.metrics_ports.items() if key != "scheduler"]
+        return sum(total(scrape(port), name, **labels) for port in workers)
+
     def started_log_lines(self) -> list[dict[str, Any]]:
         return self.worker_lines("executor process started")
 
@@ -321,6 +330,25 @@ class Loop:
 
     def post(self, port: int, headers: dict[str, str], body: bytes) -> httpx.Response:
         return httpx.post(f"http://127.0.0.1:{port}/webhooks", headers=headers, content=body, timeout=30)
+
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def scrape(port: int, path: str = "/metrics") -> Samples:
+    """Every sample of one ``GET /metrics``, by name and sorted labels."""
+    text = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def total(samples: Samples, name: str, **labels: str) -> float:
+    """The sum of ``name`` over samples whose labels include ``labels`` (ignoring ``pid``)."""
+    wanted = set(labels.items())
+    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 def assert_no_secret(text: str, secrets: Iterable[str] = SECRETS) -> None:

@@ -11,11 +11,10 @@ from typing import Any
 
 import httpx
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from tests.support.codex import codex_binary
 from tests.support.processes import wait_for
-from tests.system.loop import Loop
+from tests.system.loop import Loop, scrape, total
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
@@ -40,22 +39,6 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
         yield world.start()
     finally:
         world.stop()
-
-
-def scrape(port: int, path: str = "/metrics") -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample of one ``GET /metrics``, by name and sorted labels."""
-    text = httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).text
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def total(samples: dict[tuple[str, tuple[tuple[str, str], ...]], float], name: str, **labels: str) -> float:
-    """The sum of ``name`` over samples whose labels include ``labels`` (ignoring ``pid``)."""
-    wanted = set(labels.items())
-    return sum(v for (n, ls), v in samples.items() if n == name and wanted <= set(ls))
 
 
 def log_lines(loop: Loop, names: list[str]) -> list[dict[str, Any]]:

@@ -10,7 +10,7 @@ import pytest
 
 from controller import timers
 from controller.errors import Fenced
-from controller.lifecycle import Cause, Decision, Routing, Verdict, decide
+from controller.lifecycle import FIRST_LOOK_SECONDS, Cause, Decision, Routing, Verdict, decide
 from controller.model import Handle, Health, Record, Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
@@ -101,7 +101,7 @@ def test_a_connection_request_starts_a_stopped_session_on_its_workspace() -> Non
     """L16: the next environment_connection after a stop starts a new sandbox (same workspace)."""
     decision = decided(make_session(), record(stopped_at=T0 + 10), T0 + 20)
     assert decision.verdict is Verdict.START and "kept workspace" in decision.reason
-    assert decision.recheck_at == T0 + 20 + GRACE + timers.RESOLUTION_SECONDS
+    assert decision.recheck_at == T0 + 20 + FIRST_LOOK_SECONDS
 
 
 def test_retention_discards_a_stopped_workspace_after_it_not_before() -> None:
@@ -134,15 +134,30 @@ def started_world(**kwargs: float) -> World:
     return world
 
 
-def test_every_start_arms_a_recheck_at_the_end_of_the_grace_period() -> None:
-    """L15: a started sandbox is looked at again once its grace period is over, not at the next sweep."""
+def test_every_start_arms_a_first_look_soon_then_until_the_grace_is_over() -> None:
+    """L14/L15: a started sandbox is looked at again one ``FIRST_LOOK_SECONDS`` after its start,
+    then each time as long again as its age, until a look sees its executor connected (then the
+    usual timers take over) or its grace period is over — not at the next sweep."""
     world = started_world()
+    world.sessions.connected["env_1"] = False
+    assert world.store.timer("sess_1") == T0 + FIRST_LOOK_SECONDS
+    looks = []
+    while (due := world.store.timer("sess_1")) is not None and due < T0 + GRACE + timers.RESOLUTION_SECONDS:
+        world.clock.advance(due - world.clock.now())
+        assert world.fire_timers() == {"sess_1": [Verdict.KEEP]}
+        looks.append(world.clock.now() - T0)
+    assert looks == [1, 2, 4, 8, 16, 32]
     assert world.store.timer("sess_1") == T0 + GRACE + timers.RESOLUTION_SECONDS
+    world.sessions.connected["env_1"] = True  # seen connected at the end of the grace: kept, usual timer
+    world.clock.advance(GRACE + timers.RESOLUTION_SECONDS - looks[-1])
+    assert world.fire_timers() == {"sess_1": [Verdict.KEEP]}
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.seen_connected and saved.disconnected_at is None
 
 
 def test_a_crash_looping_sandbox_is_looked_at_again_after_each_replacement() -> None:
-    """L15: between a start and the next event, a timer re-checks the sandbox once its grace is
-    over; one that died meanwhile is replaced at once (and re-checked again), so a crash loop
+    """L15: between a start and the next event, a timer re-checks the sandbox soon after its
+    start; one that died meanwhile is replaced at once (and re-checked again), so a crash loop
     cannot use up the API's five-minute connection window waiting for the sweep."""
     world = started_world()
     world.sessions.connected["env_1"] = False
@@ -150,9 +165,9 @@ def test_a_crash_looping_sandbox_is_looked_at_again_after_each_replacement() -> 
         saved = world.store.record("sess_1")
         assert saved is not None and saved.handle.generation == generation
         world.runner.set_health(saved.handle, Health.FAILED)  # the executor crashed right away
-        world.clock.advance(GRACE + timers.RESOLUTION_SECONDS)
+        world.clock.advance(FIRST_LOOK_SECONDS)
         assert world.fire_timers() == {"sess_1": [Verdict.REPLACE]}
-        assert world.store.timer("sess_1") == world.clock.now() + GRACE + timers.RESOLUTION_SECONDS
+        assert world.store.timer("sess_1") == world.clock.now() + FIRST_LOOK_SECONDS
     assert world.stopped == ["replaced"] * 3
     assert world.runner.max_live["sess_1"] == 1
 

@@ -8,7 +8,16 @@ import pytest
 
 from controller.clock import FakeClock
 from controller.errors import ApiUnavailable, Fenced
-from controller.lifecycle import PRESTART_WINDOW_SECONDS, Decision, Routing, Verdict, decide, not_ours, work
+from controller.lifecycle import (
+    FIRST_LOOK_SECONDS,
+    PRESTART_WINDOW_SECONDS,
+    Decision,
+    Routing,
+    Verdict,
+    decide,
+    not_ours,
+    work,
+)
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.store.base import Busy
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
@@ -82,7 +91,7 @@ def test_grace_counts_from_the_first_observed_disconnect_not_from_the_start() ->
     late = decide(make_session(), seen, Health.RUNNING, False, now + GRACE + 0.5, GRACE, ROUTING)
     assert late.verdict is Verdict.REPLACE
     back = decide(make_session(), seen, Health.RUNNING, True, now + 1, GRACE, ROUTING)
-    assert back.verdict is Verdict.KEEP and back.update == replace(seen, disconnected_at=None)
+    assert back.verdict is Verdict.KEEP and back.update == replace(seen, disconnected_at=None, seen_connected=True)
 
 
 @pytest.mark.parametrize("health", [Health.GONE, Health.FAILED, Health.TERMINATING, None])
@@ -424,11 +433,12 @@ def new_session(agent_id: str = "agent_1", age: float = 2.0, **more: object) -> 
 
 def test_a_new_session_of_a_prestart_agent_gets_its_sandbox_before_it_asks() -> None:
     """L9: with the eager mode on for its agent, a self-hosted session created moments ago with
-    no sandbox gets one (a START, looked at again after the grace period), though it asks for no
-    connection yet; without it, or for another agent, nothing starts (L9, L4)."""
+    no sandbox gets one (a START that needs room in the pre-start budget, looked at again soon to
+    see its executor connected), though it asks for no connection yet; without it, or for
+    another agent, nothing starts (L9, L4)."""
     decision = decide(new_session(), None, None, None, T0, GRACE, ROUTING, prestart=True)
-    assert decision.verdict is Verdict.START and decision.reason.startswith("pre-start")
-    assert decision.recheck_at is not None and decision.recheck_at > T0 + GRACE
+    assert decision.verdict is Verdict.START and decision.reason.startswith("pre-start") and decision.prestart
+    assert decision.recheck_at == T0 + FIRST_LOOK_SECONDS
     assert decide(new_session(), None, None, None, T0, GRACE, ROUTING).verdict is Verdict.IGNORE
 
 

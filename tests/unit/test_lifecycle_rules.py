@@ -13,7 +13,7 @@ import pytest
 
 from controller import reconcile
 from controller.clock import FakeClock
-from controller.lifecycle import Cause, Decision, Routing, Verdict, decide, work
+from controller.lifecycle import FIRST_LOOK_SECONDS, Cause, Decision, Routing, Verdict, decide, work
 from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
 from controller.store.base import Busy
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
@@ -61,7 +61,7 @@ def test_max_lifetime_exactly_at_the_limit_keeps_past_it_stops_or_replaces(sessi
             Verdict.REPLACE,
             "sandbox is past its maximum lifetime; connection requested",
             cause=Cause.LIFETIME,
-            recheck_at=clock.now() + GRACE + 1.0,
+            recheck_at=clock.now() + FIRST_LOOK_SECONDS,
         )
     else:
         assert decision == Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)

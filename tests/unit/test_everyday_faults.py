@@ -1,0 +1,307 @@
+"""Live work under everyday faults (issue 16), over the fakes and a fake clock.
+
+- The executor's grace period counts only while its link is down (L14): a drop shorter than
+  the grace never replaces a live executor, whenever it comes.
+- A 404 is not a deletion until its reads have answered 404 for the confirmation period, and
+  never when most sessions read to confirm it answer 404 too (L7, L17).
+- Pre-start has a budget of sandboxes not yet used (L9).
+
+The one clock (Redis's ``TIME``) is proven against Redis (tests/contract) and with skewed
+worker clocks (tests/system); here the fake clock stands for it.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from controller.lifecycle import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Missing, Routing, Verdict, decide
+from controller.model import Handle, Health, Record, Session, SessionStatus
+from tests.support.fakes import GRACE, T0, World, make_session, verdicts
+
+WANTS = make_session()
+RUNNING = make_session(status=SessionStatus.IN_PROGRESS, actions=())
+IDLE = make_session(status=SessionStatus.IDLE, actions=())
+CONFIRM = 60.0
+
+
+def started(world: World, connect_after: float = 0.5) -> None:
+    """A connection request starts a sandbox; its executor connects ``connect_after`` later."""
+    world.sessions.put(WANTS)
+    assert verdicts(world.deliver()) == [Verdict.START]
+    world.sessions.connected["env_1"] = False
+    world.clock.advance(connect_after)
+    world.sessions.connected["env_1"] = True
+
+
+def run_timers_until(world: World, until: float) -> list[Verdict]:
+    """Fire the session's timer each time it falls due, up to ``until`` (seconds after T0)."""
+    seen: list[Verdict] = []
+    while (due := world.store.timer("sess_1")) is not None and due <= T0 + until:
+        world.clock.advance(max(0.0, due - world.clock.now()))
+        seen += world.fire_timers().get("sess_1", [])
+    world.clock.advance(max(0.0, T0 + until - world.clock.now()))
+    return seen
+
+
+def drop(world: World, at: float, seconds: float, session_then: Session, session_after: Session) -> list[Verdict]:
+    """The link drops at ``at`` (seconds after T0) for ``seconds``; the session reads as
+    ``session_then`` during the drop (a delivery comes at once, as the API's webhook would) and
+    as ``session_after`` once it is back. Returns every verdict up to 3 grace periods later."""
+    seen = run_timers_until(world, at)
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(session_then)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, at + seconds)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(session_after)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, at + seconds + 3 * GRACE)
+    return seen
+
+
+# --- the grace clock (L14) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("phase", "at", "then", "after"),
+    [
+        ("before the first look", 0.8, WANTS, RUNNING),
+        ("during a turn", 8.0, WANTS, RUNNING),
+        ("while idle", 30.0, WANTS, IDLE),
+        ("while a request is pending", 5.0, WANTS, WANTS),
+    ],
+)
+def test_a_drop_shorter_than_the_grace_never_replaces_a_live_executor(
+    phase: str, at: float, then: Session, after: Session
+) -> None:
+    """L14: a link that drops for less than the grace period is never a reason to replace the
+    executor, whatever the session was doing when it dropped; the sandbox started once."""
+    world = World()
+    started(world)
+    world.sessions.put(RUNNING if phase != "while idle" else IDLE)
+    seen = drop(world, at, GRACE - 10, then, after)
+    assert Verdict.REPLACE not in seen, phase
+    assert world.count("ensure") == 1 and world.count("release") == 0
+
+
+def test_the_first_look_after_a_start_finding_a_turn_clears_the_grace_clock() -> None:
+    """L14: the case that replaced live executors: the first look after a start finds the session
+    in a turn (no connection wanted); it still sees the executor connected and stops the clock
+    that started with the sandbox, so a blip 8 s after connecting (grace 5 s) is kept."""
+    world = World()
+    world.deps.grace_seconds = 5.0
+    started(world, connect_after=0.3)
+    world.sessions.put(RUNNING)
+    assert run_timers_until(world, 1.0) == [Verdict.IGNORE]
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.seen_connected and saved.disconnected_at is None
+    world.clock.advance(7.3)  # 8 s after connecting
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(WANTS)  # the link dropped during the turn: the API asks again
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    world.clock.advance(1.5)
+    world.sessions.connected["env_1"] = True
+    assert Verdict.REPLACE not in run_timers_until(world, 40.0)
+    assert world.count("ensure") == 1
+
+
+@pytest.mark.parametrize("status", [SessionStatus.IDLE, SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION])
+def test_any_look_that_sees_the_executor_connected_stops_the_grace_clock(status: SessionStatus) -> None:
+    """L14: the clock stops at a look that sees the link up, whatever the session's state."""
+    session = make_session(status=status, actions=())
+    down = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0, disconnected_at=T0 + 5)
+    decision = decide(session, down, Health.RUNNING, True, T0 + 10, GRACE, Routing())
+    assert decision.update is not None and decision.update.disconnected_at is None
+    assert decision.update.seen_connected
+    assert decision.verdict is not Verdict.REPLACE
+
+
+def test_a_link_down_past_the_grace_is_still_replaced_once() -> None:
+    """L14: a link that stays down past the grace while a connection is wanted is replaced by
+    exactly one new sandbox, timed from the first look that saw it down."""
+    world = World()
+    started(world)
+    run_timers_until(world, 2.0)  # seen connected
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(WANTS)
+    world.clock.advance(100)
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # the first look that sees it down
+    world.clock.advance(GRACE + 1)
+    assert verdicts(world.deliver()) == [Verdict.REPLACE]
+    assert world.count("ensure") == 2 and world.runner.max_live["sess_1"] == 1
+
+
+# --- a 404 is not a deletion until it is confirmed (L7, L17) --------------------------------------
+
+
+def gone_world(confirm: float = CONFIRM, others: tuple[str, ...] = ("sess_2",)) -> World:
+    """sess_1 has a connected sandbox; ``others`` too; then sess_1's reads answer 404."""
+    world = World(deletion_confirm=confirm)
+    for sid in ("sess_1", *others):
+        world.sessions.put(make_session(sid, env_id=f"env_{sid}"))
+        assert verdicts(world.deliver(sid)) == [Verdict.START]
+        world.sessions.connected[f"env_{sid}"] = True
+    del world.sessions.sessions["sess_1"]
+    return world
+
+
+def test_a_single_404_destroys_nothing_and_a_later_read_forgets_it() -> None:
+    """L7/L17: the first 404 only arms a timer; the sandbox and its workspace stay. A session
+    found again (a transient fault, a wrong URL fixed) is as if nothing happened."""
+    world = gone_world()
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert "sess_1" in world.runner.live and world.runner.keeps_workspace("sess_1")
+    assert world.store.missing == {"sess_1": T0}
+    assert world.store.timer("sess_1") == T0 + CONFIRM + 1
+    world.clock.advance(30)
+    world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
+    world.deliver()
+    assert world.store.missing == {} and world.count("release") == 0 and world.count("discard") == 0
+
+
+def test_a_deletion_counts_once_its_reads_answer_404_for_the_confirmation_period() -> None:
+    """L17/L16: reads that answer 404 for the whole period, while another session answers, mean
+    the session was deleted: its sandbox and workspace go then, not before."""
+    world = gone_world()
+    world.deliver()
+    world.clock.advance(CONFIRM - 1)
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert world.count("release") == 0
+    world.clock.advance(2)
+    assert world.fire_timers()["sess_1"] == [Verdict.RELEASE]
+    assert world.count("release") == 1 and world.count("discard") == 1
+    assert world.store.record("sess_1") is None and world.store.missing == {}
+    assert world.stopped == ["deleted"] and world.held == 0
+
+
+def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
+    """L17: a wrong API key (another project's) or base URL makes every read answer 404: each
+    deletion that would be confirmed compares with other sessions, finds most of them missing
+    too, and is held (an error, a metric); nothing is released, however long it lasts. Fixed,
+    every session is found again and nothing was lost."""
+    world = gone_world(others=("sess_2", "sess_3", "sess_4"))
+    world.sessions.sessions.clear()  # every read answers 404 now
+    for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):
+        world.deliver(sid)
+    held_at: list[float] = []
+    while world.clock.now() < T0 + 4 * 3600:  # four hours of a wrong key
+        world.clock.advance(min(world.store.timers.values()) - world.clock.now())
+        fired = world.fire_timers()
+        assert all(v == [Verdict.KEEP] for v in fired.values()), fired
+        if "sess_1" in fired:
+            held_at.append(world.clock.now() - T0)
+    assert world.count("release", "sess_1") == 0 and len(world.runner.live) == 4 and world.stopped == []
+    held = [d for sid, d in world.decisions if d.held]
+    assert world.held == len(held) > 0 and "wrong CONTROLLER_API_KEY" in held[-1].reason
+    # Looked at again after as long as it has answered 404 (at most an hour): not every minute.
+    assert held_at[:5] == [61, 122, 244, 488, 976], held_at
+    assert max(b - a for a, b in itertools.pairwise(held_at)) == HELD_RECHECK_MAX_SECONDS
+    for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):  # the key is fixed
+        world.sessions.put(make_session(sid, env_id=f"env_{sid}"))
+    world.clock.advance(max(world.store.timers.values()) - world.clock.now())
+    world.fire_timers()
+    assert world.store.missing == {} and len(world.runner.live) == 4
+
+
+def test_many_real_deletions_are_confirmed_when_the_sessions_compared_answer() -> None:
+    """L17: deleting most sessions at once is not mistaken for a wrong key: the sessions read to
+    confirm a deletion are those not known to answer 404 first, and they answer."""
+    world = gone_world(others=("sess_2", "sess_3", "sess_4", "sess_5"))
+    for sid in ("sess_2", "sess_3", "sess_4"):
+        del world.sessions.sessions[sid]
+    for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):
+        world.deliver(sid)
+    world.clock.advance(CONFIRM + 1)
+    fired = world.fire_timers()
+    assert {sid: fired[sid] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")} == {
+        sid: [Verdict.RELEASE] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")
+    }
+    assert list(world.runner.live) == ["sess_5"] and world.held == 0
+
+
+def test_a_lone_session_is_released_on_time_alone() -> None:
+    """L17: with no other session to compare with, the confirmation period decides."""
+    world = gone_world(others=())
+    world.deliver()
+    world.clock.advance(CONFIRM + 1)
+    assert world.fire_timers() == {"sess_1": [Verdict.RELEASE]}
+    assert world.held == 0
+
+
+def test_a_kept_workspace_without_a_sandbox_waits_for_the_confirmation_too() -> None:
+    """L16/L17: a workspace kept after its sandbox went is discarded only once the deletion of its
+    session is confirmed, never at the first 404."""
+    world = World(deletion_confirm=CONFIRM)
+    world.runner.kept_workspaces.add("sess_1")
+    world.deliver()
+    assert world.count("discard") == 0 and world.store.missing == {"sess_1": T0}
+    world.clock.advance(CONFIRM + 1)
+    world.fire_timers()
+    assert world.count("discard") == 1
+
+
+def test_the_confirmation_table() -> None:
+    """L17: ``decide`` for a session that answered 404, with what the round saw."""
+    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
+
+    def deleted(missing: Missing, now: float, record: Record | None = rec) -> tuple[Verdict, bool]:
+        decision = decide(None, record, Health.RUNNING, None, now, GRACE, Routing(), missing=missing,
+                          deletion_confirm_seconds=CONFIRM)  # fmt: skip
+        return decision.verdict, decision.held
+
+    assert deleted(Missing(), T0) == (Verdict.KEEP, False)  # the first 404
+    assert deleted(Missing(T0), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
+    assert deleted(Missing(T0), T0 + CONFIRM) == (Verdict.RELEASE, False)  # nothing to compare with
+    assert deleted(Missing(T0, compared=3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
+    assert deleted(Missing(T0, compared=3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(Missing(T0, compared=3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(Missing(T0, compared=2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
+    assert deleted(Missing(T0, compared=3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
+    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=Missing(T0),
+                       deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert confirmed.gone and confirmed.missing_since is None
+    waiting = decide(None, None, None, None, T0, GRACE, Routing(), missing=Missing(),
+                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert not waiting.gone and waiting.missing_since == T0
+
+
+# --- pre-start has a budget (L9) ------------------------------------------------------------------
+
+
+def created(world: World, n: int, first: int = 0) -> list[Verdict]:
+    """``n`` sessions of a pre-started agent are created (their creation events delivered)."""
+    seen = []
+    for i in range(first, first + n):
+        session = make_session(f"new_{i}", env_id=f"env_new_{i}", status=SessionStatus.IDLE, actions=(),
+                               created_at=int(world.clock.now()))  # fmt: skip
+        world.sessions.put(session)
+        seen += verdicts(world.deliver(session.id))
+    return seen
+
+
+def test_prestart_starts_at_most_its_budget_of_unused_sandboxes() -> None:
+    """L9: 20 creations with a budget of 3 give 3 sandboxes; the rest start nothing (counted),
+    and a session that asks for a connection is never held back by the budget."""
+    world = World(prestart_agent_ids=("agent_1",), prestart_max=3)
+    assert created(world, 20).count(Verdict.START) == 3
+    assert len(world.runner.live) == 3 and world.prestarts_skipped == 17
+    world.sessions.put(make_session("asks", env_id="env_asks"))
+    assert verdicts(world.deliver("asks")) == [Verdict.START]
+    world.sessions.put(make_session("new_10", env_id="env_new_10"))  # a skipped one asks
+    assert verdicts(world.deliver("new_10")) == [Verdict.START]
+
+
+def test_a_used_or_stopped_prestarted_sandbox_frees_its_room() -> None:
+    """L9: the budget counts pre-started sandboxes not yet used: one whose session got input, or
+    that was stopped, makes room for the next creation."""
+    world = World(prestart_agent_ids=("agent_1",), prestart_max=1, idle_timeout=600)
+    assert created(world, 2) == [Verdict.START, Verdict.IGNORE]
+    world.sessions.put(make_session("new_0", env_id="env_new_0", status=SessionStatus.IN_PROGRESS, actions=()))
+    world.sessions.connected["env_new_0"] = True
+    world.deliver("new_0")  # input came: a turn runs
+    saved = world.store.record("new_0")
+    assert saved is not None and not saved.prestarted
+    world.clock.advance(FIRST_LOOK_SECONDS)
+    assert created(world, 1, first=2) == [Verdict.START]
