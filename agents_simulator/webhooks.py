@@ -17,7 +17,7 @@ import asyncio
 import json
 import logging
 import random
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -208,7 +208,7 @@ class WebhookSender:
         self._start(hold.release(seconds))
         return hold.until
 
-    def _start(self, work: Any) -> None:
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)

@@ -24,13 +24,8 @@ from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.eventlog import EventLog
 from tests.chaos.schedule import Schedule, Step
-from tests.chaos.world import (
-    API_HOLD_SECONDS,
-    MARKER,
-    PRESTART_AGENT,
-    ChaosWorld,
-    skewed,
-)
+from tests.chaos.world import API_HOLD_SECONDS, MARKER, PRESTART_AGENT, ChaosWorld
+from tests.support import faketime
 
 SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
 SKEW_TOLERANCE_SECONDS = 5.0
@@ -42,11 +37,11 @@ def marker_command(token: str) -> list[str]:
 
 
 class Injector:
-    def __init__(self, world: ChaosWorld, book: Book, log: EventLog, faketime: str | None) -> None:
+    def __init__(self, world: ChaosWorld, book: Book, log: EventLog, can_skew: bool) -> None:
         self.world = world
         self.book = book
         self.log = log
-        self.faketime = faketime
+        self.can_skew = can_skew
         self.errors: list[str] = []
         self._threads: list[threading.Thread] = []
         self._busy: set[str] = set()
@@ -300,8 +295,8 @@ class Injector:
 
     def _skew(self, step: Step) -> None:
         name = step.subject
-        if self.faketime is None:
-            self.log.add("note", f"skipped {step.describe()}: libfaketime is not installed")
+        if not self.can_skew:
+            self.log.add("note", f"skipped {step.describe()}: no C compiler to build the clock shim")
             return
         if not self._claim(name, step):
             return
@@ -310,7 +305,7 @@ class Injector:
             window = self.log.disturbed(f"restart of {name} with its clock {offset:+d}s")
             self.world.process(name).stop()
             size = self.world.log_size(name)
-            self.world.restart(name, skewed(offset, self.faketime))
+            self.world.restart(name, faketime.skewed(offset))
             seen = time.time()
             self.log.ended(window)
             stamp = self.world.first_log_time_after(name, size)

@@ -27,8 +27,8 @@ redis-kill          SIGKILL of redis-server, restarted from its append-only file
 redis-pause         SIGSTOP of redis-server for 1–5 s, then SIGCONT
 role-flip           ``REPLICAOF`` another local redis for ~3 s, then ``REPLICAOF NO ONE`` (its
                     data is replaced by the other's); NOT in the default set (``+role-flip``)
-skew                a worker or scheduler restarted with its clock off by ±30 s (libfaketime)
-                    for 15–40 s, then restarted with the true time
+skew                a worker or scheduler restarted with its wall clock off by ±30 s
+                    (``tests/support/faketime.py``) for 15–40 s, then restarted with the true time
 webhook-duplicate   a session's latest events delivered again, same webhook-id
 webhook-late        deliveries starting in the next 1–8 s held until then, then sent in order
 webhook-reorder     the same, then sent newest first or shuffled

@@ -15,7 +15,8 @@ import pytest
 
 from tests.chaos.run import run
 from tests.chaos.schedule import select
-from tests.chaos.world import SKEW_VARIABLES, clock_offsets, faketime_library, skewed
+from tests.chaos.world import SKEW_VARIABLES, clock_offsets
+from tests.support import faketime
 
 CI_SEEDS = (1, 2)
 CI_MINUTES = 0.75
@@ -37,16 +38,11 @@ def test_a_seeded_fault_schedule_keeps_every_invariant(seed: int, tmp_path: Path
     assert not result.violations, result.failure()
 
 
-def test_libfaketime_moves_the_wall_clock_of_a_python_process_and_not_its_monotonic_one() -> None:
-    """The skew fault's tool: ``time.time()`` of a Python process started with the skew
-    variables is 30 s ahead (or behind), as the worker's log lines show during a run."""
-    library = faketime_library()
-    if library is None:
-        message = "libfaketime is not installed: `apt-get install faketime` (scripts/test does it as root)"
-        if os.environ.get("CI") == "true":
-            pytest.fail(message)
-        pytest.skip(message)
-    assert set(skewed(30, library)) == set(SKEW_VARIABLES)
-    ahead, behind, true = clock_offsets(skewed(30, library)), clock_offsets(skewed(-30, library)), clock_offsets({})
+def test_the_clock_shim_moves_the_wall_clock_of_a_python_process_and_not_its_monotonic_one() -> None:
+    """The skew fault's tool (``tests/support/faketime.py``): ``time.time()`` of a Python process
+    started with it is 30 s ahead (or behind), while its sleeps and its monotonic clock are
+    true; during a run, each skewed worker's or scheduler's first log line shows the offset."""
+    assert set(faketime.skewed(30)) == set(SKEW_VARIABLES)
+    ahead, behind, true = (clock_offsets(faketime.skewed(s)) for s in (30, -30, 0))
     assert abs(ahead[0] - 30) < 2 and abs(behind[0] + 30) < 2 and abs(true[0]) < 2
     assert max(abs(ahead[1]), abs(behind[1]), abs(true[1])) < 2

@@ -6,12 +6,13 @@ the real ``codex exec-server`` (or the labelled stand-in when codex is not insta
 Its settings are short so that a few minutes hold many idle stops, grace periods and sweeps;
 settings the controller does not know yet are left out (``controller.config.KEYS``). Processes
 are known by name (``worker0``, ``scheduler1``, ``receiver0``, ``redis``), killed and started
-again with the same command line, or with their clock moved by libfaketime.
+again with the same command line, or with their wall clock moved (``tests/support/faketime.py``:
+a preloaded shim that shifts the wall clock and leaves the monotonic one, sleeps and timeouts
+alone).
 """
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 import subprocess
@@ -68,31 +69,16 @@ def executor_command() -> tuple[str, bool]:
     return (codex or f"{sys.executable} -m agents_simulator.standin"), codex is not None
 
 
-def faketime_library() -> str | None:
-    """libfaketime (Debian package ``faketime``), if installed."""
-    found = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1") + glob.glob("/usr/lib/faketime/libfaketime.so.1"))
-    return found[0] if found else None
-
-
-def skewed(offset_seconds: int, library: str) -> dict[str, str]:
-    """The environment that moves a process's wall clock by ``offset_seconds`` (its monotonic
-    clock is left alone: timeouts and sleeps keep their length)."""
-    return {
-        "LD_PRELOAD": library,
-        "FAKETIME": f"{offset_seconds:+d}s",
-        "FAKETIME_DONT_FAKE_MONOTONIC": "1",
-    }
-
-
-SKEW_VARIABLES = ("LD_PRELOAD", "FAKETIME", "FAKETIME_DONT_FAKE_MONOTONIC")
+SKEW_VARIABLES = ("LD_PRELOAD", "SKEW_CLOCK_SECONDS")
+"""What ``faketime.skewed`` sets (a test checks): removed when a process gets the true time back."""
 
 
 def clock_offsets(env: dict[str, str]) -> tuple[float, float]:
     """How far ``time.time()`` and ``time.monotonic()`` of a Python process started with ``env``
-    are from ours."""
+    are from ours (it sleeps 0.1 s on the way, as a worker's loops do)."""
     before = time.time(), time.monotonic()
     output = subprocess.run(
-        [sys.executable, "-c", "import time; print(time.time(), time.monotonic())"],
+        [sys.executable, "-c", "import time; time.sleep(0.1); print(time.time(), time.monotonic() - 0.1)"],
         env={**os.environ, **env},
         capture_output=True,
         text=True,
