@@ -12,8 +12,9 @@ How each is seen from outside:
 3. An executor that ended while its session was busy (in a turn, or asking for a connection,
    as the session stood when the executor was found gone) and that the chaos did not kill:
    the simulator's record of the link says how long it had been down by then (since it was
-   last connected; since the executor started, if it never was). Less than the grace is a
-   violation, whether or not a new executor took its place.
+   last connected; since the executor started, if it never was; if it had come back only
+   just before, the outage it came back from). Less than the grace is a violation, whether or
+   not a new executor took its place.
 4. Each turn's command prints the workspace's marker file, then adds its own token to it.
    Every token a finished command added must be printed by every command that starts later —
    the final turn of each session that still exists included.
@@ -67,6 +68,9 @@ EARLY_MARGIN_SECONDS = 2.0
 """The API's ``last_active_at`` is whole seconds, and ``/proc`` is sampled: an idle stop up to
 this much before the timeout (counted from the session's own change to idle) is on time."""
 LATE_SECONDS = 15.0
+DECISION_SECONDS = 3.0
+"""A link back less than this before its executor went may have come back after the decision
+to replace it: the outage it came back from is what the decision saw."""
 RACE_SECONDS = 2.0
 """An input that lands within this of an idle stop that was due (L12's residual race) makes
 the stop look like a busy session's; it is not counted against grace (3)."""
@@ -337,11 +341,16 @@ class Checker:
         ):
             self.log.add("note", f"{name}: an idle stop that was due met new input (L12's race): not judged by 3")
             return
-        environment = self.sim.environments().get(executor.environment_id, {})
-        since = observe.down_since(environment.get("links") or [], executor.gone_seen)
-        down = 0.0 if since is None else executor.gone_seen - max(since, executor.first_seen - SAMPLE_SECONDS)
+        links = self.sim.environments().get(executor.environment_id, {}).get("links") or []
+        until = executor.gone_seen
+        since = observe.down_since(links, until)
+        up = observe.up_since(links, until) if since is None else None
+        if up is not None and until - up < DECISION_SECONDS:
+            # Back only just before it went: the decision was taken while it was down.
+            until, since = up, observe.down_since(links, up - 0.001)
+        down = 0.0 if since is None else until - max(since, executor.first_seen - SAMPLE_SECONDS)
         if down < self.grace - GRACE_MARGIN_SECONDS:
-            link = "its link still up" if since is None else f"its link down {down:.1f}s when it was found gone"
+            link = "its link up" if since is None else f"its link down for {down:.1f}s"
             what = f"replaced by executor {replacement.sid}" if replacement is not None else "stopped"
             earlier = f", {before[-1]['status']} before that" if before else ""
             self.violate(

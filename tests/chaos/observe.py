@@ -134,6 +134,14 @@ def state_at(history: list[dict[str, Any]], at: float) -> dict[str, Any] | None:
     return found
 
 
+def up_since(links: list[list[float | None]], at: float) -> float | None:
+    """When the link came up, if it is up at ``at`` (None while it is down)."""
+    for up, down in links:
+        if up is not None and up <= at and (down is None or down > at):
+            return float(up)
+    return None
+
+
 def down_since(links: list[list[float | None]], at: float, blip: float = 1.5) -> float | None:
     """When the link went down, if it is down at ``at`` (None while it is up). An up-stretch
     shorter than ``blip`` does not end an outage: nothing is bound to have seen it."""

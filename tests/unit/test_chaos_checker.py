@@ -126,7 +126,7 @@ def test_a_short_link_drop_that_gets_a_busy_executor_replaced_breaks_3() -> None
     world = World()
     _busy_session_with_a_link_drop(world, down_for=1.5)
     [found] = world.violations()
-    assert found.invariant == 3 and "replaced by executor 200" in found.text and "link down 1.8s" in found.text
+    assert found.invariant == 3 and "replaced by executor 200" in found.text and "link down for 1.8s" in found.text
 
 
 def test_a_replacement_for_input_after_a_short_drop_while_idle_breaks_3_not_7() -> None:
@@ -145,13 +145,38 @@ def test_a_replacement_for_input_after_a_short_drop_while_idle_breaks_3_not_7() 
     world.run(session.environment_id, 200)
     world.at(12.4)
     [found] = world.violations()
-    assert found.invariant == 3 and "link down 2.4s" in found.text
+    assert found.invariant == 3 and "link down for 2.4s" in found.text
 
 
 def test_a_replacement_after_the_grace_is_allowed() -> None:
     world = World()
     _busy_session_with_a_link_drop(world, down_for=GRACE + 1)
     assert world.violations() == []
+
+
+def test_a_replacement_decided_before_the_link_came_back_is_judged_by_the_outage() -> None:
+    """Down from 30 to 41.5 (past the grace), back at 41.5, replaced at 42: the decision saw
+    the outage. Back at 36 after 6 s down and replaced at 42: a live executor replaced."""
+    for back, broken in ((41.5, False), (36.0, True)):
+        world = World()
+        session = world.sim.session(
+            world.book,
+            "s0",
+            [
+                (0, "idle", False),
+                (0.1, "requires_action", True),
+                (1, "in_progress", False),
+                (30, "requires_action", True),
+                (back, "in_progress", False),
+            ],
+        )
+        world.sim.links[session.environment_id] = [[T0 + 1, T0 + 30], [T0 + back, None]]
+        world.run(session.environment_id, 100)
+        world.at(0.5)
+        world.at(41.8)
+        world.run(session.environment_id, 200)
+        world.at(42.2)
+        assert [v.invariant for v in world.violations()] == ([3] if broken else [])
 
 
 def test_an_executor_the_chaos_killed_may_be_replaced_at_once() -> None:
