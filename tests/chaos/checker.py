@@ -160,7 +160,8 @@ class Checker:
 
     def stop(self) -> None:
         self._stop.set()
-        self._thread.join(timeout=60)
+        if self._thread.ident is not None:
+            self._thread.join(timeout=60)
 
     def _run(self) -> None:
         while not self._stop.wait(SAMPLE_SECONDS):

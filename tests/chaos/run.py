@@ -43,13 +43,16 @@ class Result:
     summary: list[str] = field(default_factory=list)
 
     def replay(self) -> str:
+        """The command that runs the same schedule again (``--faults`` as changes to the
+        default set, or as the list itself when that is shorter)."""
         faults = self.schedule.faults
         spec = ""
         if faults != DEFAULT_FAULTS:
             changes = [f"+{n}" for n in sorted(faults - DEFAULT_FAULTS)] + [
                 f"-{n}" for n in sorted(DEFAULT_FAULTS - faults)
             ]
-            spec = f" --faults {','.join(changes)}"
+            listed = sorted(faults)
+            spec = f" --faults {','.join(listed if len(listed) < len(changes) else changes)}"
         return f"scripts/test chaos --seed {self.schedule.seed} --minutes {self.schedule.minutes:g}{spec}"
 
     def report(self) -> str:
@@ -79,15 +82,8 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         can_skew = False
     directory.mkdir(parents=True, exist_ok=True)
     world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults)
-    world.start()
     log = EventLog(directory / "events.log")
     result = Result(schedule, log)
-    log.add("note", f"seed {seed}, {minutes:g} min, faults: {', '.join(sorted(faults))}")
-    log.add("note", f"executor: {'codex' if real_codex else 'the STAND-IN (runs no commands: markers not checked)'}")
-    if world.unknown_settings:
-        log.add("note", f"not set (the controller does not know them yet): {', '.join(world.unknown_settings)}")
-    if not can_skew:
-        log.add("note", "no C compiler to build the clock shim (tests/support/skew): skew steps are skipped")
     book = Book()
     simulator = observe.Simulator(world.simulator_url, API_KEY)
     checker = Checker(
@@ -101,6 +97,16 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
     injector = Injector(world, book, log, can_skew)
     checked_commands = checked_deliveries = 0
     try:
+        world.start()
+        log.t0 = time.time()  # the schedule's times count from here
+        log.add("note", f"seed {seed}, {minutes:g} min, faults: {', '.join(sorted(faults))}")
+        log.add(
+            "note", f"executor: {'codex' if real_codex else 'the STAND-IN (runs no commands: markers not checked)'}"
+        )
+        if world.unknown_settings:
+            log.add("note", f"not set (the controller does not know them yet): {', '.join(world.unknown_settings)}")
+        if not can_skew:
+            log.add("note", "no C compiler to build the clock shim (tests/support/skew): skew steps are skipped")
         checker.start()
         injector.run(schedule)
         log.add("note", "the schedule is over: final turns, then the end checks")
