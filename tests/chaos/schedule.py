@@ -9,8 +9,9 @@ place in the story (``s0``, ``s1``, …), never by the ids the API gives them at
 Faults (``FAULTS``; ``--faults`` picks among them, see ``select``):
 
 ==================  =============================================================================
-api-404             session reads answer 404 for 1–4 s: one session (shorter than the
-                    deletion confirmation), or every session at once for 2–6 s
+api-404             session reads answer 404 for 1–4 s: one session, or every session at once
+                    for 2–5 s; at least 8 s apart, so that no session's reads answer 404 for
+                    as long as the deletion confirmation (6 s in these runs)
 api-429             session or environment reads answer 429 (Retry-After 1 s) for 2–8 s
 api-5xx             session or environment reads answer 500/502/503 for 2–8 s
 api-timeout         session or environment reads hang past the controller's API timeout, 2–8 s
@@ -53,6 +54,10 @@ MAX_LIVE_SESSIONS = 5
 FIRST_SESSIONS = 3
 BURST_SESSIONS = 5
 SKEW_SECONDS = 30
+DELETION_CONFIRM_SECONDS = 6.0
+"""``CONTROLLER_DELETION_CONFIRM_SECONDS`` of the runs (``world.py`` sets it from here)."""
+NO_404_SECONDS = DELETION_CONFIRM_SECONDS + 2.0
+"""Between two 404 windows: back to back they would add up to a deletion by the rules."""
 PROCESSES = {
     "kill-worker": ("worker0", "worker1"),
     "kill-scheduler": ("scheduler0", "scheduler1"),
@@ -120,6 +125,7 @@ class _Story:
         self.gone: dict[str, float] = {}
         self.burst: set[str] = set()
         self.fresh: set[str] = set()
+        self.no_404_before = 0.0
 
     def create(self, at: float, agent: str = "", fresh: bool = False) -> str:
         name = f"s{len(self.born)}"
@@ -222,8 +228,13 @@ def _api(status: str) -> Draw:
             target = "retrieve_session"  # an environment's 404 says nothing about the session
             one = _session(rng, story, at)
             if one is not None and rng.random() < 0.6:
-                return [Step(at, "api-fault", one, _seconds(rng, 1.0, 4.0), f"{target}:{code}")]
-            return [Step(at, "api-fault", "*", _seconds(rng, 2.0, 6.0), f"{target}:{code}")]
+                step = Step(at, "api-fault", one, _seconds(rng, 1.0, 4.0), f"{target}:{code}")
+            else:
+                step = Step(at, "api-fault", "*", _seconds(rng, 2.0, 5.0), f"{target}:{code}")
+            if at < story.no_404_before:
+                return []  # drawn all the same, so that the steps after it do not change
+            story.no_404_before = at + step.seconds + NO_404_SECONDS
+            return [step]
         return [Step(at, "api-fault", "*", _seconds(rng, 2.0, 8.0), f"{target}:{code}")]
 
     return draw

@@ -24,6 +24,7 @@ import httpx
 
 from agents_simulator.dev import find_codex
 from controller.config import KEYS
+from tests.chaos.schedule import DELETION_CONFIRM_SECONDS
 from tests.support.processes import Managed, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer
 from tests.system.loop import Loop
@@ -33,7 +34,6 @@ IDLE_TIMEOUT_SECONDS = 20.0
 API_TIMEOUT_SECONDS = 2.0
 API_HOLD_SECONDS = 5.0
 """How long an ``api-timeout`` fault holds an answer: past the controller's API timeout."""
-DELETION_CONFIRM_SECONDS = 6.0
 PRESTART_BUDGET = 3
 PRESTART_AGENT = "agent_chaos_prestart"
 TURN_SECONDS = 2.0

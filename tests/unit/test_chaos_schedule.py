@@ -4,11 +4,20 @@ that leaves role flips out until they are switched on."""
 
 from __future__ import annotations
 
+import itertools
 import re
 
 import pytest
 
-from tests.chaos.schedule import DEFAULT_FAULTS, FAULTS, MAX_LIVE_SESSIONS, draw, select
+from tests.chaos.schedule import (
+    DEFAULT_FAULTS,
+    DELETION_CONFIRM_SECONDS,
+    FAULTS,
+    MAX_LIVE_SESSIONS,
+    NO_404_SECONDS,
+    draw,
+    select,
+)
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
@@ -62,12 +71,22 @@ def test_fault_durations_stay_in_their_ranges() -> None:
     for step in draw(5, 30, DEFAULT_FAULTS | {"role-flip"}).steps:
         if step.kind == "link-drop":
             assert 0.5 <= step.seconds <= 10
-        elif step.kind == "api-fault" and step.value.endswith(":404") and step.subject != "*":
-            assert step.seconds <= 4  # shorter than the deletion confirmation
+        elif step.kind == "api-fault" and step.value.endswith(":404"):
+            assert step.seconds <= (4 if step.subject != "*" else 5) < DELETION_CONFIRM_SECONDS
         elif step.kind == "role-flip":
             assert 2.5 <= step.seconds <= 3.5
         elif step.kind == "skew":
             assert step.value in ("+30", "-30")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_no_session_reads_404_for_as_long_as_the_deletion_confirmation(seed: int) -> None:
+    """404 windows (on one session or on all) never touch: back to back they would make a
+    session that exists look deleted by the controller's own rule."""
+    windows = sorted((s.at, s.at + s.seconds) for s in draw(seed, 10, {"api-404"}).steps if s.value.endswith(":404"))
+    assert len(windows) > 10
+    for (_, end), (start, _) in itertools.pairwise(windows):
+        assert start - end >= NO_404_SECONDS > DELETION_CONFIRM_SECONDS
 
 
 def test_role_flips_are_off_by_default_and_switched_on_by_name() -> None:
