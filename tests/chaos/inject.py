@@ -310,12 +310,10 @@ class Injector:
             self.log.ended(window)
             stamp = self.world.first_log_time_after(name, size)
             measured = None if stamp is None else stamp - seen
+            says = "no time" if measured is None else f"{measured:+.1f}s"
             self.log.add(
                 "fault",
-                f"{name} runs with its clock {offset:+d}s for {step.seconds:.1f}s "
-                f"(its first log line says {measured:+.1f}s)"
-                if measured is not None
-                else f"{name} runs with its clock {offset:+d}s for {step.seconds:.1f}s",
+                f"{name} runs with its clock {offset:+d}s for {step.seconds:.1f}s (its first log line says {says})",
             )
             if measured is None or abs(measured - offset) > SKEW_TOLERANCE_SECONDS:
                 self.errors.append(f"{name}'s clock did not move by {offset:+d}s (its log says {measured})")

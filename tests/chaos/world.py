@@ -4,7 +4,8 @@ receivers, 2 Celery workers, 2 schedulers (one active, one standing by), the loc
 the real ``codex exec-server`` (or the labelled stand-in when codex is not installed).
 
 Its settings are short so that a few minutes hold many idle stops, grace periods and sweeps;
-settings the controller does not know yet are left out (``controller.config.KEYS``). Processes
+settings the controller does not know are left out (``controller.config.KEYS``), so that a
+seed can be replayed against an older controller. Processes
 are known by name (``worker0``, ``scheduler1``, ``receiver0``, ``redis``), killed and started
 again with the same command line, or with their wall clock moved (``tests/support/faketime.py``:
 a preloaded shim that shifts the wall clock and leaves the monotonic one, sleeps and timeouts
@@ -49,7 +50,7 @@ SETTINGS = {
     "CONTROLLER_API_TIMEOUT_SECONDS": f"{API_TIMEOUT_SECONDS:g}",
     "CONTROLLER_API_MAX_ATTEMPTS": "3",
     "CONTROLLER_PRESTART_AGENT_IDS": PRESTART_AGENT,
-    # Known to the controller once issue 16's items 2 and 4 are in; left out before.
+    # Issue 16's; left out when the schedule is replayed against a controller from before it.
     "CONTROLLER_DELETION_CONFIRM_SECONDS": f"{DELETION_CONFIRM_SECONDS:g}",
     "CONTROLLER_PRESTART_MAX_SANDBOXES": str(PRESTART_BUDGET),
 }
