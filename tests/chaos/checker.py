@@ -16,8 +16,9 @@ How each is seen from outside:
    just before, the outage it came back from). Less than the grace is a violation, whether or
    not a new executor took its place.
 4. Each turn's command prints the workspace's marker file, then adds its own token to it.
-   Every token a finished command added must be printed by every command that starts later —
-   the final turn of each session that still exists included.
+   Every token a finished command added must be printed by every command that starts later,
+   until the session is deleted or fails — the final turn of each session that still exists
+   included (a session's turns are read just before the harness deletes it).
 5. Every ``environment_connection`` delivery that a receiver answered 2xx: the request it
    carried must have been resolved (the simulator clears it only when an executor connects)
    unless the session was deleted or failed; and a deleted or failed session's executor must
@@ -45,7 +46,7 @@ from typing import Any, Protocol
 import httpx
 
 from tests.chaos import observe
-from tests.chaos.book import Book
+from tests.chaos.book import Book, Session
 from tests.chaos.eventlog import EventLog
 from tests.support.processes import processes_under
 
@@ -144,6 +145,8 @@ class Checker:
         self.violations: list[Violation] = []
         self.executors: dict[tuple[str, int], Executor] = {}
         self.samples = 0
+        self.markers_checked = 0
+        """Commands checked by 4 just before their session was deleted."""
         self.most_executors = 0
         self.most_prestarted = 0
         self._reported: set[tuple[Any, ...]] = set()
@@ -368,35 +371,49 @@ class Checker:
         return sorted(self.scan().get(environment_id, {}))
 
     def check_markers(self) -> int:
-        """4: every token a finished command wrote is printed by every command started after it.
-        Returns how many commands were checked."""
-        checked = 0
-        failed = {s["id"] for s in self.sim.sessions().values() if s["status"] == "failed"}
+        """4 for every session given turns and not deleted (a deleted one was checked just before
+        its deletion: ``check_session_markers``). Returns how many commands were checked in all."""
+        checked = self.markers_checked
         for session in self.book.all():
-            if session.ended_at is not None or session.prestart or session.id in failed:
-                continue
-            by_id = {t["id"]: t for t in self.sim.turns(session.id)}
-            done = []
-            for turn in session.turns:
-                found = by_id.get(turn.id)
-                command = found["commands"][0] if found and found["commands"] else None
-                if command and command["status"] == "completed" and command["exit_code"] == 0:
-                    done.append((float(command["started_at"]), float(command["finished_at"]), turn.token, command))
-            for started, _, token, command in done:
-                checked += 1
-                wanted = [t for s, finished, t, _ in done if finished < started]
-                printed = set(str(command["stdout"]).split())
-                missing = [t for t in wanted if t not in printed]
-                if missing:
-                    self.violate(
-                        ("4", session.id),
-                        4,
-                        f"{session.name} ({session.id})",
-                        f"the command of {token} (started +{started - self.log.t0:.1f}s) found the workspace "
-                        f"without {', '.join(missing)}: it printed {sorted(printed) or 'nothing'}",
-                    )
-                    break
+            if not session.prestart and session.deleted_at is None:
+                checked += self.check_session_markers(session)
         return checked
+
+    def check_session_markers(self, session: Session) -> int:
+        """4 for one session: every token a finished command wrote is printed by every command
+        started after it, until the session failed (its workspace may go then). Returns how many
+        commands were checked."""
+        history = self.sim.history(session.id)
+        ends = [float(h["at"]) for h in history if h["status"] == "failed"]
+        until = min([*ends, *([session.failed_at] if session.failed_at is not None else [])], default=float("inf"))
+        by_id = {t["id"]: t for t in self.sim.turns(session.id)}
+        done = []
+        for turn in session.turns:
+            found = by_id.get(turn.id)
+            command = found["commands"][0] if found and found["commands"] else None
+            ran = command is not None and command["status"] == "completed" and command["exit_code"] == 0
+            if command is not None and ran and float(command["started_at"]) < until:
+                done.append((float(command["started_at"]), float(command["finished_at"]), turn.token, command))
+        for started, _, token, command in done:
+            wanted = [t for s, finished, t, _ in done if finished < started]
+            printed = set(str(command["stdout"]).split())
+            missing = [t for t in wanted if t not in printed]
+            if missing:
+                self.violate(
+                    ("4", session.id),
+                    4,
+                    f"{session.name} ({session.id})",
+                    f"the command of {token} (started +{started - self.log.t0:.1f}s) found the workspace "
+                    f"without {', '.join(missing)}: it printed {sorted(printed) or 'nothing'}",
+                )
+                break
+        return len(done)
+
+    def before_deletion(self, session: Session) -> None:
+        """The harness is about to delete ``session`` (the API then forgets its turns): check 4
+        for it now."""
+        if not session.prestart:
+            self.markers_checked += self.check_session_markers(session)
 
     def check_deliveries(self) -> int:
         """5: each acknowledged environment_connection delivery's request was resolved. Returns

@@ -262,6 +262,42 @@ def test_a_token_missing_from_a_later_command_breaks_4() -> None:
     assert found.invariant == 4 and "without s0-t1" in found.text
 
 
+def test_markers_count_until_the_session_fails_and_a_deleted_one_is_checked_before_its_deletion() -> None:
+    """After a failure the workspace may go; a deleted session's turns are read just before
+    the deletion (the API forgets them) and a missing token then breaks 4 all the same."""
+    world = World()
+    failed = world.sim.session(world.book, "s0", [(0, "idle", False), (30, "failed", False)])
+    failed.failed_at = T0 + 30
+    failed.turns = [Turn("turn_1", "s0-t1", T0), Turn("turn_2", "s0-t2", T0 + 40)]
+    world.sim.turn_log[failed.id] = [
+        {"id": "turn_1", "commands": [_command(1, "")]},
+        {"id": "turn_2", "commands": [_command(41, "")]},  # after the failure: not judged
+    ]
+    assert world.checker.check_markers() == 1
+    deleted = world.sim.session(world.book, "s1", [(0, "idle", False)])
+    deleted.turns = [Turn("turn_3", "s1-t3", T0), Turn("turn_4", "s1-t4", T0 + 10)]
+    world.sim.turn_log[deleted.id] = [
+        {"id": "turn_3", "commands": [_command(1, "")]},
+        {"id": "turn_4", "commands": [_command(11, "")]},
+    ]
+    world.checker.before_deletion(deleted)
+    deleted.deleted_at = T0 + 20
+    world.sim.turn_log.pop(deleted.id)
+    assert world.checker.check_markers() == 1 + 2
+    [found] = world.violations()
+    assert found.invariant == 4 and found.subject.startswith("s1") and "without s1-t3" in found.text
+
+
+def _command(started: float, stdout: str) -> dict[str, Any]:
+    return {
+        "status": "completed",
+        "exit_code": 0,
+        "started_at": T0 + started,
+        "finished_at": T0 + started + 1,
+        "stdout": stdout,
+    }
+
+
 def test_an_acknowledged_request_that_never_got_its_executor_breaks_5() -> None:
     world = World()
     asking = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
