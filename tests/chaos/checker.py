@@ -337,11 +337,11 @@ class Checker:
                 )
             return
         before = [h for h in history if h["at"] < state["at"]]
+        idle, busy_since = observe.idle_before(history, executor.gone_seen)
         if (
-            before
-            and before[-1]["status"] == "idle"
-            and float(state["at"]) - float(before[-1]["at"]) >= self.idle_timeout - EARLY_MARGIN_SECONDS
-            and executor.gone_seen - float(state["at"]) < RACE_SECONDS
+            idle is not None
+            and busy_since - float(idle["at"]) >= self.idle_timeout - EARLY_MARGIN_SECONDS
+            and executor.gone_seen - busy_since < RACE_SECONDS
         ):
             self.log.add("note", f"{name}: an idle stop that was due met new input (L12's race): not judged by 3")
             return

@@ -134,6 +134,19 @@ def state_at(history: list[dict[str, Any]], at: float) -> dict[str, Any] | None:
     return found
 
 
+def idle_before(history: list[dict[str, Any]], at: float) -> tuple[dict[str, Any] | None, float]:
+    """The change that began the session's last idle stretch before ``at`` (None if it was never
+    idle), and when the busy stretch after it began (``at`` if it is still idle)."""
+    changes = [h for h in history if h["at"] <= at]
+    index = len(changes) - 1
+    while index >= 0 and (changes[index]["status"] != "idle" or changes[index]["wants_connection"]):
+        index -= 1
+    if index < 0:
+        return None, at
+    busy_since = float(changes[index + 1]["at"]) if index + 1 < len(changes) else at
+    return changes[index], busy_since
+
+
 def up_since(links: list[list[float | None]], at: float) -> float | None:
     """When the link came up, if it is up at ``at`` (None while it is down)."""
     for up, down in links:

@@ -179,6 +179,33 @@ def test_a_replacement_decided_before_the_link_came_back_is_judged_by_the_outage
         assert [v.invariant for v in world.violations()] == ([3] if broken else [])
 
 
+def test_an_idle_stop_that_was_due_and_met_new_input_is_not_a_replacement() -> None:
+    """L12's residual race: idle for the timeout, the stop takes the executor's link down, input
+    lands (the session asks, then a new executor connects and the turn starts): not 3. The same
+    with an idle stretch shorter than the timeout is a busy executor stopped: 3."""
+    for idle_for, broken in ((IDLE - 0.1, False), (IDLE - 5, True)):
+        world = World()
+        start = 3 + idle_for
+        session = world.sim.session(
+            world.book,
+            "s0",
+            [
+                (0, "idle", False),
+                (1, "in_progress", False),
+                (3, "idle", False),
+                (start, "requires_action", True),
+                (start + 0.3, "in_progress", False),
+            ],
+        )
+        world.sim.links[session.environment_id] = [[T0 + 1, T0 + start - 0.1], [T0 + start + 0.3, None]]
+        world.run(session.environment_id, 100)
+        world.at(2)
+        world.at(start - 0.2)
+        world.run(session.environment_id, 200)
+        world.at(start + 0.5)
+        assert [v.invariant for v in world.violations()] == ([3] if broken else [])
+
+
 def test_an_executor_the_chaos_killed_may_be_replaced_at_once() -> None:
     world = World()
     world.book.kill("env_s0", 100, T0 + 30)
