@@ -29,7 +29,7 @@ pytestmark = [pytest.mark.system, pytest.mark.timeout(int(600 + 2 * 60 * MINUTES
 
 @pytest.mark.parametrize("seed", SEEDS)
 def test_a_seeded_fault_schedule_keeps_every_invariant(seed: int, tmp_path: Path) -> None:
-    """L1, L5, L11, L12, L14, L16, L17, L18: the whole system under a seeded schedule of faults
+    """L1, L5, L9, L11, L12, L14, L16, L17, L18: the whole system under a seeded schedule of faults
     (``schedule.FAULTS``) keeps the checker's invariants (``checker.INVARIANTS``) throughout
     and at the end; a failure prints the seed and the event log to replay it."""
     result = run(tmp_path, seed, MINUTES, FAULTS)
