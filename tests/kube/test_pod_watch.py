@@ -241,6 +241,7 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
             store.want(wants.id)
             assert [d.verdict for d in _work(wants.id, deps)] == [Verdict.START]
             # The executor connected; the session waits for input, its sandbox kept warm.
+            sessions.connected[spec.environment_id] = True
             sessions.put(replace(wants, status=SessionStatus.IDLE, required_actions=()))
             store.want(wants.id)
             assert [d.verdict for d in _work(wants.id, deps)] == [Verdict.IGNORE]
