@@ -113,8 +113,9 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
 
 def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeWorld, namespace: str) -> None:
     """L1: two sessions claim at the same moment (two runners) from a pool of one: exactly one
-    gets the warm pod, the other falls back to a cold pod; each session has exactly one pod, and
-    the placements are told as one warm and one cold."""
+    gets the warm pod; the other gets another pod — a cold one, or the pod the winner's claim
+    added to refill the pool, whichever its claim found first; each session has exactly one pod,
+    and each placement is told as what it was (warm for a claimed pod, cold for a created one)."""
     template = _template(1)
     placed: list[tuple[str, str]] = []
     runners = [_runner(kube_world, namespace, template, placed), _runner(kube_world, namespace, template, placed)]
@@ -132,8 +133,9 @@ def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeW
     for spec, handle in zip(specs, handles, strict=True):
         assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handle.uid]
     assert sorted(h.name == warm.metadata.name for h in handles) == [False, True]
-    assert sum(1 for h in handles if h.name.startswith("sbx-")) == 1
-    assert sorted(placed) == [("fast", "cold"), ("fast", "warm")]
+    assert handles[0].uid != handles[1].uid
+    told = sorted(("fast", "cold" if h.name.startswith("sbx-") else "warm") for h in handles)
+    assert sorted(placed) == told and ("fast", "warm") in told
     for spec in specs:
         wait_for(lambda spec=spec: _registered(kube_world, spec), 60, "both executors to register")
 
