@@ -75,6 +75,8 @@ class Loop:
             CONTROLLER_LEASE_TTL_SECONDS="5",
             CONTROLLER_QUEUE_VISIBILITY_TIMEOUT_SECONDS="20",
             CONTROLLER_EXECUTOR_GRACE_SECONDS="30",
+            # A deletion counts once reads answered 404 this long (60 s by default).
+            CONTROLLER_DELETION_CONFIRM_SECONDS="3",
             CONTROLLER_API_MAX_ATTEMPTS="3",
             # The simulator's sessions name it as their remote_url: http://127.0.0.1:<port>.
             CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
