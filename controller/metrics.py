@@ -15,17 +15,17 @@ each worker or switch to prometheus_client's multiprocess mode.
         reason: ``remote_url`` | ``environment_id`` | ``session_id``
 
     controller_decisions_total{verdict}
-        verdict: start | replace | keep | release | ignore (``lifecycle.Verdict``), one per
+        verdict: start | replace | keep | release | ignore (``decide.Verdict``), one per
                  decision a worker makes (``Deps.on_decision``). Counted in each worker
                  process's own registry: workers serve no HTTP, so it is not scraped yet
                  (that needs prometheus_client's multiprocess mode and a port per worker).
 
     controller_sandboxes_stopped_total{reason}
         sandboxes a worker stopped, released or replaced (``Deps.on_stop``);
-        reason: idle | lifetime | failed | deleted | replaced (``lifecycle.Cause``)
+        reason: idle | lifetime | failed | deleted | replaced (``decide.Cause``)
     controller_deletions_held_total
         deletions a worker held because most sessions read to confirm them answered 404 (a wrong
-        API key, project or base URL: ``lifecycle.Missing``); each also a "deletions held" error
+        API key, project or base URL: ``decide.Missing``); each also a "deletions held" error
     controller_prestarts_skipped_total
         session creations that started no sandbox because the pre-start budget was used up
         (``CONTROLLER_PRESTART_MAX_SANDBOXES``); each also a "pre-start skipped" log line

@@ -1,6 +1,6 @@
 """Durable timers: "look at this session again at time T", carried out by the active scheduler.
 
-A decision can say when to look again (``lifecycle.Decision.recheck_at``: an idle deadline,
+A decision can say when to look again (``decide.Decision.recheck_at``: an idle deadline,
 the end of an executor's grace period, the maximum lifetime, the end of a kept workspace's
 retention). The worker arms that time under the session's lease (``SessionStore.arm``, fenced:
 a worker that lost its lease arms nothing). Each session has at most one timer, the next time
@@ -41,12 +41,6 @@ class Due(Protocol):
         """Up to ``limit`` sessions whose timer is due: each timer is removed and the session's
         work is wanted (as ``SessionStore.want`` would), in one atomic step."""
         ...
-
-
-def earliest(*times: float | None) -> float | None:
-    """The earliest of the given times, ignoring None; None when there is none."""
-    present = [t for t in times if t is not None]
-    return min(present) if present else None
 
 
 def drain(take: Callable[[int], list[str]], enqueue: Callable[[str], None], batch: int, max_batches: int) -> int:

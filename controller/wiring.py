@@ -26,9 +26,10 @@ from starlette.applications import Starlette
 from controller import logs, queue, worker
 from controller.clock import SystemClock
 from controller.config import PREFIX, Settings
+from controller.decide import Decision
 from controller.errors import ConfigError, StoreUnavailable
 from controller.inbox import Job
-from controller.lifecycle import Decision, Deps
+from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
     DECISIONS_TOTAL,

@@ -20,8 +20,8 @@ from typing import Any
 from celery import Celery, Task
 
 from controller import lifecycle, logs, queue
+from controller.decide import Verdict
 from controller.errors import Fenced, Permanent, Transient
-from controller.lifecycle import Verdict
 from controller.metrics import DELIVERY_TO_CONNECTED_SECONDS, DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
 from controller.store.base import Busy
 

@@ -17,7 +17,7 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
     sc:timers        each session's one durable timer (sorted set; score: due time, Unix ms;
                      see ``controller.timers``): ``take_due`` pops due ones and wants work
     sc:missing       per session whose reads answer 404, when they began to (hash; Unix
-                     seconds), until its deletion is confirmed (``lifecycle.Missing``)
+                     seconds), until its deletion is confirmed (``decide.Missing``)
     sc:prestarted    pre-started sandboxes not yet used, and reservations for them (sorted set;
                      score: when reserved, Unix ms): the pre-start budget
     sc:decision:{sid} the latest decision about a session (hash; for ``status``/``explain``)
@@ -47,9 +47,8 @@ import redis
 
 from controller import logs, task_message
 from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
-from controller.fleet import LastDecision
 from controller.inbox import Job, Outcome
-from controller.model import Handle, Record
+from controller.model import Handle, LastDecision, Record
 from controller.store.base import Busy, Lease
 from controller.store.pipelined import PipelinedRedis
 

@@ -16,7 +16,7 @@ import pytest
 import redis
 
 from controller import wiring
-from controller.lifecycle import Decision, Verdict
+from controller.decide import Decision, Verdict
 from controller.model import Handle, Record
 from controller.store.base import Lease
 from controller.store.redis import DECISION_TTL_SECONDS, RedisSessionStore

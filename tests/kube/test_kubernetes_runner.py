@@ -224,7 +224,8 @@ def test_an_idle_stop_deletes_the_pod_keeps_the_pvc_and_the_next_start_mounts_it
     pod of the next generation that mounts that same claim; nothing is discarded."""
     from controller import lifecycle
     from controller.clock import FakeClock
-    from controller.lifecycle import Deps, Verdict
+    from controller.decide import Verdict
+    from controller.lifecycle import Deps
     from controller.model import Environment, RequiredAction, Session, SessionStatus
     from controller.runners.kubernetes import names
     from controller.trust import Policy

@@ -17,11 +17,12 @@ import httpx
 import pytest
 from kubernetes import client
 
-from controller import lifecycle, scheduler
+from controller import decide, lifecycle, scheduler
 from controller.clock import SystemClock
 from controller.config import Settings
+from controller.decide import Verdict
 from controller.inbox import Job
-from controller.lifecycle import Deps, Verdict
+from controller.lifecycle import Deps
 from controller.model import Environment, RequiredAction, SandboxSpec, Session, SessionStatus
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
@@ -298,7 +299,7 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
     assert_no_process_left(tmp_path)
 
 
-def _work(session_id: str, deps: Deps) -> list[lifecycle.Decision]:
+def _work(session_id: str, deps: Deps) -> list[decide.Decision]:
     result = lifecycle.work(session_id, deps)
     assert isinstance(result, list), result
     return result

@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from controller import reconcile
 from controller.clock import FakeClock
 from controller.config import LifecycleSettings
+from controller.decide import Decision, Verdict
 from controller.errors import ApiUnavailable, Fenced, QueueUnavailable
 from controller.inbox import Job, Outcome
-from controller.lifecycle import Decision, Deps, Verdict, work
+from controller.lifecycle import Deps, work
 from controller.model import (
     ENVIRONMENT_CONNECTION,
     Environment,

@@ -11,9 +11,10 @@ import pytest
 from controller import trust
 from controller.clock import FakeClock
 from controller.config import PREFIX, Settings
+from controller.decide import Decision, Verdict, decide
 from controller.errors import ConfigError, RunnerRejected
 from controller.events import MALFORMED_SESSION_ID, classify, parse
-from controller.lifecycle import Decision, Deps, Routing, Verdict, decide, work
+from controller.lifecycle import Deps, Routing, work
 from controller.metrics import SESSIONS_REFUSED_TOTAL, Metrics
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.runners.base import checked

@@ -8,7 +8,8 @@ from pathlib import Path
 
 from controller import logs, queue, task_message, wiring
 from controller.config import PREFIX, Settings
-from controller.lifecycle import Decision, Deps, Verdict
+from controller.decide import Decision, Verdict
+from controller.lifecycle import Deps
 from controller.metrics import DECISIONS_TOTAL, Metrics
 from tests.support.fakes import World, make_session
 
