@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
 from typing import Any, TypeVar, overload
 
+from controller import files
 from controller.errors import ConfigError
 from controller.signing import parse_secrets
 from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
@@ -434,7 +434,8 @@ class _Parser:
             return None
         if path:
             try:
-                return Path(path).read_text(encoding="utf-8").strip() or None
+                # Never blocks (a FIFO is refused, not waited on) and never echoes the content.
+                return files.read_small(path).strip() or None
             except OSError as exc:
                 self.problems.append(f"{PREFIX}{name}_FILE: cannot read {path}: {exc.strerror}")
                 return None
@@ -449,7 +450,8 @@ class _Parser:
         if not value:
             return ()
         secrets, problems = parse_secrets(value)
-        self.problems += [f"{PREFIX}{name}: {problem}" for problem in problems]
+        where = f"{PREFIX}{name}_FILE" if self.env.get(PREFIX + name + "_FILE") else f"{PREFIX}{name}"
+        self.problems += [f"{where}: {problem}" for problem in problems]
         return tuple(Secret(s) for s in secrets)
 
     def allowlist(self, name: str) -> tuple[str, ...]:

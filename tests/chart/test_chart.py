@@ -960,7 +960,14 @@ def test_config_changes_roll_the_pods(chart: Any) -> None:
     base = checksums(CREDENTIALS)
     assert len(base) == 1  # receiver, worker and scheduler roll together
     assert checksums(merge(CREDENTIALS, {"logLevel": "DEBUG"})) != base
-    rotated = merge(CREDENTIALS, {"webhook": {"signingSecrets": [WEBHOOK_SECRET, "whsec_bmV3LXNlY3JldA=="]}})
+    rotated = merge(
+        CREDENTIALS,
+        {
+            "webhook": {
+                "signingSecrets": [WEBHOOK_SECRET, "whsec_" + base64.b64encode(b"chart-test-signing-secret-2").decode()]
+            }
+        },
+    )
     assert checksums(rotated) != base
     assert checksums(merge(CREDENTIALS, {"receiver": {"replicas": 5}})) == base
 

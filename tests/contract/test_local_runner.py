@@ -458,7 +458,7 @@ def test_executor_as_another_user_cannot_read_the_workers_environ_or_secrets(sha
     env = {
         "PATH": os.environ["PATH"],
         "CONTROLLER_API_KEY": CONTROLLER_API_KEY,
-        "CONTROLLER_WEBHOOK_SECRETS": "whsec-must-not-leak",
+        "CONTROLLER_WEBHOOK_SECRETS": "whsec-must-not-leak-0123456789",
         "CONTROLLER_EXECUTOR_KEY": EXECUTOR_KEY,
     }
     worker = Managed(

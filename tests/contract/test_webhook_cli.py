@@ -10,17 +10,16 @@ import stat
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from controller.events import HANDLED_TYPES
-from controller.signing import Verifier, sign_headers
-from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
+from controller.signing import Verifier
+from tests.support.processes import assert_no_process_left, wait_for
+from tests.support.receiver import Receiver
 from tests.support.redis_server import RedisServer
 from tests.support.simulator import SimulatorProcess, StartSimulator, WebhookReceiver, new_webhook_secret
 
@@ -43,49 +42,6 @@ class Cli:
         if check:
             assert done.returncode == 0, done.stdout + done.stderr
         return done
-
-
-class Receiver:
-    """``sandbox-controller serve`` reading its secrets from a file, as the chart mounts them."""
-
-    def __init__(self, directory: Path, redis: RedisServer, secrets_file: Path) -> None:
-        self.directory, self.redis, self.secrets_file = directory, redis, secrets_file
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/webhooks"
-        self.process: Managed | None = None
-
-    def start(self) -> Receiver:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-        env.update(CONTROLLER_REDIS_URL=self.redis.url, CONTROLLER_WEBHOOK_SECRETS_FILE=str(self.secrets_file))
-        argv = python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(self.port))
-        self.process = Managed("receiver", argv, env, self.directory / "receiver.log").start()
-        wait_for(lambda: port_open(self.port), 30, "the receiver to listen")
-        return self
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-    def post_signed(self, secret: str) -> int:
-        """A delivery signed with ``secret`` alone; the receiver's status."""
-        body = json.dumps(
-            {
-                "id": f"evt_{uuid.uuid4().hex}",
-                "object": "event",
-                "created_at": int(time.time()),
-                "type": "agent.session.action_required",
-                "data": {"id": f"sess_{uuid.uuid4().hex}", "required_action": {"type": "function_call"}},
-            }
-        ).encode()
-        headers = {
-            "content-type": "application/json",
-            **sign_headers(secret, f"wh_{uuid.uuid4().hex}", int(time.time()), body),
-        }
-        return httpx.post(self.url, content=body, headers=headers, timeout=10).status_code
 
 
 @pytest.fixture

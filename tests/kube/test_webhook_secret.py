@@ -13,6 +13,9 @@ from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
 
+OLD = "whsec_" + base64.b64encode(b"the old signing secret, 32 bytes").decode()
+NEW = "whsec_" + base64.b64encode(b"the new signing secret, 32 bytes").decode()
+
 
 def test_kube_secret_creates_then_updates_one_key(kube_api: KubeAPIServer) -> None:  # noqa: F811
     api_client = kube_api.api_client()
@@ -23,13 +26,13 @@ def test_kube_secret_creates_then_updates_one_key(kube_api: KubeAPIServer) -> No
         store = KubeSecret(core, namespace, "sandbox-controller-webhook")
         assert store.read() == []
 
-        store.write([Secret("whsec_b2xk")])  # created
+        store.write([Secret(OLD)])  # created
         core.patch_namespaced_secret(store.name, namespace, {"data": {"other": base64.b64encode(b"x").decode()}})
-        store.write([Secret("whsec_bmV3"), Secret("whsec_b2xk")])  # updated in place
+        store.write([Secret(NEW), Secret(OLD)])  # updated in place
 
         data = core.read_namespaced_secret(store.name, namespace).data or {}
-        assert base64.b64decode(data[DEFAULT_SECRET_KEY]) == b"whsec_bmV3,whsec_b2xk"
+        assert base64.b64decode(data[DEFAULT_SECRET_KEY]) == f"{NEW},{OLD}".encode()
         assert base64.b64decode(data["other"]) == b"x"
-        assert [s.reveal() for s in store.read()] == ["whsec_bmV3", "whsec_b2xk"]
+        assert [s.reveal() for s in store.read()] == [NEW, OLD]
     finally:
         api_client.close()

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import threading
 from pathlib import Path
 
 import pytest
@@ -206,12 +208,48 @@ def test_secret_file_problems(tmp_path: Path) -> None:
 
 def test_webhook_secret_validation() -> None:
     """L3: whsec_ secrets must be base64; other secrets are used as raw bytes."""
-    s = Settings.from_env(env(WEBHOOK_SECRETS=f"{WHSEC},plain-secret,,"))
-    assert s.webhook.secrets == (Secret(WHSEC), Secret("plain-secret"))
+    s = Settings.from_env(env(WEBHOOK_SECRETS=f"{WHSEC},a-plain-secret-of-24-bytes,,"))
+    assert s.webhook.secrets == (Secret(WHSEC), Secret("a-plain-secret-of-24-bytes"))
     problems = problems_of(env(WEBHOOK_SECRETS=f"{WHSEC},whsec_%%%,whsec_abc"))
     assert problems == [
         f"{PREFIX}WEBHOOK_SECRETS: secret #2 starts with whsec_ but is not base64",
         f"{PREFIX}WEBHOOK_SECRETS: secret #3 starts with whsec_ but is not base64",
+    ]
+
+
+@pytest.mark.parametrize(
+    "short", ["whsec_", "wh", "whsec_" + base64.b64encode(b"a sixteen-byte k").decode(), "a-plain-secret-23-bytes"]
+)
+def test_a_short_webhook_secret_is_refused_naming_the_setting(tmp_path: Path, short: str) -> None:
+    """L3: a webhook secret with fewer than 24 bytes of key material (``whsec_`` alone is an
+    empty HMAC key: forged deliveries would pass) is refused, directly or from a file; the
+    problem names the setting and the position, never the value."""
+    [problem] = problems_of(env(WEBHOOK_SECRETS=f"{WHSEC},{short}"))
+    assert problem.startswith(f"{PREFIX}WEBHOOK_SECRETS: secret #2 has fewer than 24 bytes of key material")
+    assert len(short) <= 6 or short.removeprefix("whsec_") not in problem
+    path = tmp_path / "secrets"
+    path.write_text(short + "\n")
+    [problem] = problems_of(env(WEBHOOK_SECRETS_FILE=str(path)))
+    assert problem.startswith(f"{PREFIX}WEBHOOK_SECRETS_FILE: secret #1 has fewer than 24 bytes")
+
+
+def test_a_secret_file_that_is_a_fifo_or_a_directory_is_refused_without_blocking(tmp_path: Path) -> None:
+    """L3: a FIFO at a ``…_FILE`` path would block the reader until something writes to it:
+    it is refused at once, as is a directory, each named."""
+    fifo, directory = tmp_path / "fifo", tmp_path / "directory"
+    os.mkfifo(fifo)
+    directory.mkdir()
+    found: list[list[str]] = []
+    reader = threading.Thread(
+        target=lambda: found.append(problems_of(env(WEBHOOK_SECRETS_FILE=str(fifo), API_KEY_FILE=str(directory)))),
+        daemon=True,
+    )
+    reader.start()
+    reader.join(5)
+    assert found, "reading the settings blocked on the FIFO"
+    assert sorted(found[0]) == [
+        f"{PREFIX}API_KEY_FILE: cannot read {directory}: is a directory, not a regular file",
+        f"{PREFIX}WEBHOOK_SECRETS_FILE: cannot read {fifo}: is a FIFO, not a regular file",
     ]
 
 
