@@ -11,8 +11,9 @@ the Helm chart sets a subset of them (a test checks).
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar, overload
 
 from controller import files
@@ -47,8 +48,84 @@ class Secret:
         return hash(self._value)
 
 
-@dataclass(frozen=True)
-class WebhookSettings:
+MASK = "***"
+_SECRET_PARAMETER = re.compile(r"pass|secret|token|key|auth|credential|signature", re.IGNORECASE)
+_PARAMETER = re.compile(r"(?P<sep>[?&;])(?P<name>[^=&;#]*)=(?P<value>[^&;#]*)")
+
+
+def _split_url(url: str) -> tuple[str, str, str, str] | None:
+    """``scheme://``, the userinfo (without its ``@``; "" when none), the rest of the authority
+    and path, and the query with its ``?`` (or "") — None when ``url`` is no URL. A password
+    may hold ``@``, ``/`` or ``?``: the userinfo ends at the *last* ``@`` (which may mask more
+    than a strict parser would, never less)."""
+    scheme, sep, rest = url.partition("://")
+    if not sep or not scheme or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
+        return None
+    userinfo, at, after = rest.rpartition("@")
+    remainder = after if at else rest
+    cut = min((i for i in (remainder.find("?"), remainder.find("#")) if i >= 0), default=len(remainder))
+    return scheme + sep, userinfo if at else "", remainder[:cut], remainder[cut:]
+
+
+def url_credentials(text: str) -> list[str]:
+    """The credentials a URL carries: its userinfo's password (or a lone token in its place)
+    and the value of any query parameter named like a credential (``?password=``, redis-py's
+    form for unix sockets; ``token``, ``secret``, ``key``…)."""
+    parts = _split_url(text.strip())
+    if parts is None:
+        return []
+    _, userinfo, _, query = parts
+    found = []
+    if userinfo:
+        user, colon, password = userinfo.partition(":")
+        found.append(password if colon else user)
+    for match in _PARAMETER.finditer(query):
+        if _SECRET_PARAMETER.search(match["name"]) and match["value"]:
+            found.append(match["value"])
+    return [value for value in found if value]
+
+
+def mask_credentials(text: str) -> str:
+    """``text`` with every credential a URL in it may carry replaced by ``***``, safe to print:
+    ``redis://:pw@host`` → ``redis://:***@host``, ``redis://user:pw@host`` → ``redis://user:***@host``,
+    ``https://token@host`` → ``https://***@host``, ``unix:///s.sock?password=pw`` →
+    ``unix:///s.sock?password=***``. Text that is no URL is returned as it is. Every setting
+    printed (``Settings.describe``: ``check-config``) goes through this."""
+    parts = _split_url(text)
+    if parts is None:
+        return text
+    scheme, userinfo, rest, query = parts
+    if userinfo:
+        user, colon, _ = userinfo.partition(":")
+        userinfo = f"{user}:{MASK}@" if colon else f"{MASK}@"
+
+    def masked(match: re.Match[str]) -> str:
+        if not _SECRET_PARAMETER.search(match["name"]):
+            return match[0]
+        return f"{match['sep']}{match['name']}={MASK}"
+
+    return f"{scheme}{userinfo}{rest}{_PARAMETER.sub(masked, query)}"
+
+
+class Printable:
+    """``repr`` of a settings dataclass, safe to print: secrets masked, and so are the
+    credentials of any URL a setting holds (``mask_credentials``), whichever field it is."""
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={_shown(getattr(self, f.name))!r}" for f in fields(self))  # type: ignore[arg-type]
+        return f"{type(self).__name__}({shown})"
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_credentials(value)
+    if isinstance(value, tuple):
+        return tuple(_shown(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True, repr=False)
+class WebhookSettings(Printable):
     secrets: tuple[Secret, ...] = ()
     """Signing secrets (comma-separated; several during rotation). ``whsec_`` ones are base64."""
     secrets_file: str | None = None
@@ -67,8 +144,8 @@ class WebhookSettings:
     (the sender retries) before its body is read. Each may buffer up to ``max_body_bytes``."""
 
 
-@dataclass(frozen=True)
-class ReceiverSettings:
+@dataclass(frozen=True, repr=False)
+class ReceiverSettings(Printable):
     """Limits of the receiver's HTTP server, so slow or hostile clients stay cheap."""
 
     max_connections: int = 400
@@ -81,8 +158,8 @@ class ReceiverSettings:
     its previous response) is closed."""
 
 
-@dataclass(frozen=True)
-class ApiSettings:
+@dataclass(frozen=True, repr=False)
+class ApiSettings(Printable):
     base_url: str = "https://api.openai.com"
     """Agents API base (without ``/v1``)."""
     api_key: Secret | None = None
@@ -92,8 +169,8 @@ class ApiSettings:
     """Short retries at the HTTP edge; the task retries for longer."""
 
 
-@dataclass(frozen=True)
-class RoutingSettings:
+@dataclass(frozen=True, repr=False)
+class RoutingSettings(Printable):
     workspace_directory: str = "/workspace"
     """Only sessions whose environment.workspace_directory equals this are ours (L6)."""
     agent_ids: tuple[str, ...] = ()
@@ -103,9 +180,9 @@ class RoutingSettings:
     """``CONTROLLER_ROUTE_METADATA=key=value``: only sessions carrying that metadata are ours."""
 
 
-@dataclass(frozen=True)
-class QueueSettings:
-    redis_url: str | None = field(default=None, repr=False)  # may carry a password: kept out of repr
+@dataclass(frozen=True, repr=False)
+class QueueSettings(Printable):
+    redis_url: str | None = None
     """Redis for the queue, de-duplication, leases and the session→sandbox mapping."""
     lease_ttl_seconds: float = 10.0
     """A worker's hold on one session, renewed every third of it while the work runs; a dead
@@ -120,8 +197,8 @@ class QueueSettings:
     enqueued again (a job merely waiting in the queue is not duplicated before that)."""
 
 
-@dataclass(frozen=True)
-class RunnerSettings:
+@dataclass(frozen=True, repr=False)
+class RunnerSettings(Printable):
     kind: str = "local"
     """``local`` (child processes) or ``kubernetes`` (pods)."""
     executor_key: Secret | None = None
@@ -144,8 +221,8 @@ class RunnerSettings:
     the controller's secrets; ``dev`` sets it). Required when the worker is not root."""
 
 
-@dataclass(frozen=True)
-class KubernetesSettings:
+@dataclass(frozen=True, repr=False)
+class KubernetesSettings(Printable):
     namespace: str = "sandboxes"
     """Namespace the sandbox pods run in (labelled to enforce Pod Security "restricted")."""
     image: str = "sandbox-controller/sandbox-runner:0.171.0"
@@ -162,8 +239,8 @@ class KubernetesSettings:
     sessions whose pod is watched to the watch. Needs ``watch`` on pods (the chart's Role)."""
 
 
-@dataclass(frozen=True)
-class LifecycleSettings:
+@dataclass(frozen=True, repr=False)
+class LifecycleSettings(Printable):
     idle_timeout_seconds: float = 1800.0
     """Stop a sandbox once its session has been idle this long (L11, L12): the worker re-reads
     the session and stops only an ``idle`` one with no pending environment_connection action
@@ -195,15 +272,15 @@ class LifecycleSettings:
         return "*" in self.prestart_agent_ids or (agent_id is not None and agent_id in self.prestart_agent_ids)
 
 
-@dataclass(frozen=True)
-class MetricsSettings:
+@dataclass(frozen=True, repr=False)
+class MetricsSettings(Printable):
     port: int = 0
     """Port of ``GET /metrics`` for workers and the scheduler (0, the default: not served; the
     Helm chart sets 9090). The receiver serves its own ``/metrics`` on its HTTP port."""
 
 
-@dataclass(frozen=True)
-class Settings:
+@dataclass(frozen=True, repr=False)
+class Settings(Printable):
     webhook: WebhookSettings = WebhookSettings()
     receiver: ReceiverSettings = ReceiverSettings()
     api: ApiSettings = ApiSettings()
@@ -220,8 +297,13 @@ class Settings:
         return _Parser(environ).settings()
 
     def describe(self) -> dict[str, Any]:
-        """The effective settings as plain data, secrets masked."""
+        """The effective settings as plain data, secrets and URL credentials masked."""
         return _describe_fields(self)
+
+    def secret_values(self) -> list[str]:
+        """Every secret's value and every credential a URL setting carries, for the log
+        formatter to redact, so none can leak into a line (whichever setting holds it)."""
+        return _secret_values(self)
 
     def require(self, role: str) -> None:
         """Check what a given process role needs; raise ConfigError listing every gap."""
@@ -247,6 +329,7 @@ class Settings:
 
 
 RUNNERS = ("local", "kubernetes")
+DAY = 24 * 3600
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -258,6 +341,8 @@ class _Parser:
         self.problems: list[str] = []
         self.read: set[str] = set()
         """Every variable name this parser looked up (so ``KEYS`` is what it really reads)."""
+        self.bounds: dict[str, tuple[float, float]] = {}
+        """Each numeric setting's (minimum, maximum), as ``number`` checks them (``BOUNDS``)."""
 
     @overload
     def get(self, key: str) -> str | None: ...
@@ -301,26 +386,36 @@ class _Parser:
             webhook=WebhookSettings(
                 secrets=secrets,
                 secrets_file=self.get(PREFIX + "WEBHOOK_SECRETS_FILE") or None,
-                tolerance_seconds=self.number("WEBHOOK_TOLERANCE_SECONDS", WebhookSettings.tolerance_seconds, int, 1),
-                max_body_bytes=self.number("WEBHOOK_MAX_BODY_BYTES", WebhookSettings.max_body_bytes, int, 1024),
-                dedup_ttl_seconds=self.number("WEBHOOK_DEDUP_TTL_SECONDS", WebhookSettings.dedup_ttl_seconds, int, 1),
-                body_timeout_seconds=self.number(
-                    "WEBHOOK_BODY_TIMEOUT_SECONDS", WebhookSettings.body_timeout_seconds, float, 0.1
+                tolerance_seconds=self.number(
+                    "WEBHOOK_TOLERANCE_SECONDS", WebhookSettings.tolerance_seconds, int, 1, 3600
                 ),
-                max_in_flight=self.number("WEBHOOK_MAX_IN_FLIGHT", WebhookSettings.max_in_flight, int, 1),
+                max_body_bytes=self.number(
+                    "WEBHOOK_MAX_BODY_BYTES", WebhookSettings.max_body_bytes, int, 1024, 16 * 1024 * 1024
+                ),
+                dedup_ttl_seconds=self.number(
+                    "WEBHOOK_DEDUP_TTL_SECONDS", WebhookSettings.dedup_ttl_seconds, int, 1, 30 * DAY
+                ),
+                body_timeout_seconds=self.number(
+                    "WEBHOOK_BODY_TIMEOUT_SECONDS", WebhookSettings.body_timeout_seconds, float, 0.1, 300
+                ),
+                max_in_flight=self.number("WEBHOOK_MAX_IN_FLIGHT", WebhookSettings.max_in_flight, int, 1, 10_000),
             ),
             receiver=ReceiverSettings(
-                max_connections=self.number("RECEIVER_MAX_CONNECTIONS", ReceiverSettings.max_connections, int, 1),
-                max_header_bytes=self.number("RECEIVER_MAX_HEADER_BYTES", ReceiverSettings.max_header_bytes, int, 1024),
+                max_connections=self.number(
+                    "RECEIVER_MAX_CONNECTIONS", ReceiverSettings.max_connections, int, 1, 100_000
+                ),
+                max_header_bytes=self.number(
+                    "RECEIVER_MAX_HEADER_BYTES", ReceiverSettings.max_header_bytes, int, 1024, 1024 * 1024
+                ),
                 header_timeout_seconds=self.number(
-                    "RECEIVER_HEADER_TIMEOUT_SECONDS", ReceiverSettings.header_timeout_seconds, float, 0.1
+                    "RECEIVER_HEADER_TIMEOUT_SECONDS", ReceiverSettings.header_timeout_seconds, float, 0.1, 300
                 ),
             ),
             api=ApiSettings(
                 base_url=base_url,
                 api_key=self.secret("API_KEY"),
-                timeout_seconds=self.number("API_TIMEOUT_SECONDS", ApiSettings.timeout_seconds, float, 0.1),
-                max_attempts=self.number("API_MAX_ATTEMPTS", ApiSettings.max_attempts, int, 1),
+                timeout_seconds=self.number("API_TIMEOUT_SECONDS", ApiSettings.timeout_seconds, float, 0.1, 600),
+                max_attempts=self.number("API_MAX_ATTEMPTS", ApiSettings.max_attempts, int, 1, 20),
             ),
             routing=RoutingSettings(
                 workspace_directory=workspace,
@@ -330,16 +425,16 @@ class _Parser:
             ),
             queue=QueueSettings(
                 redis_url=redis_url,
-                lease_ttl_seconds=self.number("LEASE_TTL_SECONDS", QueueSettings.lease_ttl_seconds, float, 1.0),
+                lease_ttl_seconds=self.number("LEASE_TTL_SECONDS", QueueSettings.lease_ttl_seconds, float, 1.0, 3600),
                 visibility_timeout_seconds=self.number(
-                    "QUEUE_VISIBILITY_TIMEOUT_SECONDS", QueueSettings.visibility_timeout_seconds, int, 1
+                    "QUEUE_VISIBILITY_TIMEOUT_SECONDS", QueueSettings.visibility_timeout_seconds, int, 1, DAY
                 ),
-                task_max_retries=self.number("TASK_MAX_RETRIES", QueueSettings.task_max_retries, int, 0),
+                task_max_retries=self.number("TASK_MAX_RETRIES", QueueSettings.task_max_retries, int, 0, 10_000),
                 recovery_interval_seconds=self.number(
-                    "RECOVERY_INTERVAL_SECONDS", QueueSettings.recovery_interval_seconds, float, 0.5
+                    "RECOVERY_INTERVAL_SECONDS", QueueSettings.recovery_interval_seconds, float, 0.5, 3600
                 ),
                 recovery_after_seconds=self.number(
-                    "RECOVERY_AFTER_SECONDS", QueueSettings.recovery_after_seconds, float, 1.0
+                    "RECOVERY_AFTER_SECONDS", QueueSettings.recovery_after_seconds, float, 1.0, DAY
                 ),
             ),
             runner=RunnerSettings(
@@ -348,7 +443,7 @@ class _Parser:
                 remote_url_allowlist=self.allowlist("REMOTE_URL_ALLOWLIST"),
                 executor_command=self.text("EXECUTOR_COMMAND", RunnerSettings.executor_command),
                 executor_grace_seconds=self.number(
-                    "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0
+                    "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0, 3600
                 ),
                 local_state_directory=self.text("LOCAL_STATE_DIRECTORY", RunnerSettings.local_state_directory),
                 local_executor_user=self.text("LOCAL_EXECUTOR_USER", RunnerSettings.local_executor_user),
@@ -364,19 +459,19 @@ class _Parser:
             ),
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
-                    "IDLE_TIMEOUT_SECONDS", LifecycleSettings.idle_timeout_seconds, float, 0.0
+                    "IDLE_TIMEOUT_SECONDS", LifecycleSettings.idle_timeout_seconds, float, 0.0, 30 * DAY
                 ),
                 workspace_retention_seconds=self.number(
-                    "WORKSPACE_RETENTION_SECONDS", LifecycleSettings.workspace_retention_seconds, float, 0.0
+                    "WORKSPACE_RETENTION_SECONDS", LifecycleSettings.workspace_retention_seconds, float, 0.0, 365 * DAY
                 ),
                 max_lifetime_seconds=self.number(
-                    "MAX_LIFETIME_SECONDS", LifecycleSettings.max_lifetime_seconds, float, 0.0
+                    "MAX_LIFETIME_SECONDS", LifecycleSettings.max_lifetime_seconds, float, 0.0, 365 * DAY
                 ),
                 reconcile_interval_seconds=self.number(
-                    "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0
+                    "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0, DAY
                 ),
                 full_sweep_interval_seconds=self.number(
-                    "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0
+                    "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0, 7 * DAY
                 ),
                 prestart_agent_ids=self.words("PRESTART_AGENT_IDS"),
             ),
@@ -405,12 +500,14 @@ class _Parser:
         return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())
 
     def metrics(self) -> MetricsSettings:
-        port = self.number("METRICS_PORT", MetricsSettings.port, int, 0)
-        if port > 65535:
-            self.problems.append(f"{PREFIX}METRICS_PORT must be at most 65535, got {port}")
-        return MetricsSettings(port=port)
+        return MetricsSettings(port=self.number("METRICS_PORT", MetricsSettings.port, int, 0, 65535))
 
-    def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float) -> T:
+    def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float, maximum: float) -> T:
+        """A number within ``[minimum, maximum]`` (both documented in README's settings table:
+        ``BOUNDS``). Every number has a maximum: an absurd one (``1e20`` seconds) would pass
+        parsing and then break at run time (a Redis expiry out of range, every delivery 503)."""
+        assert minimum <= default <= maximum, name  # type: ignore[operator]  # a default out of its own range is a bug
+        self.bounds[PREFIX + name] = (minimum, maximum)
         raw = self.get(PREFIX + name, "").strip()
         if not raw:
             return default
@@ -422,7 +519,9 @@ class _Parser:
             self.problems.append(f"{PREFIX}{name} must be a{'n integer' if cast is int else ' number'}, got {raw!r}")
             return default
         if value < minimum:  # type: ignore[operator]
-            self.problems.append(f"{PREFIX}{name} must be at least {minimum}, got {raw!r}")
+            self.problems.append(f"{PREFIX}{name} must be at least {number_text(minimum)}, got {raw!r}")
+        elif value > maximum:  # type: ignore[operator]
+            self.problems.append(f"{PREFIX}{name} must be at most {number_text(maximum)}, got {raw!r}")
         return value
 
     def raw_secret(self, name: str) -> str | None:
@@ -485,10 +584,10 @@ class _Parser:
 
 
 def _describe(value: Any) -> Any:
-    if isinstance(value, QueueSettings) and value.redis_url:
-        return {**_describe_fields(value), "redis_url": mask_url(value.redis_url)}
     if isinstance(value, Secret):
         return str(value)
+    if isinstance(value, str):
+        return mask_credentials(value)  # any setting, present or future, that holds a URL
     if is_dataclass(value) and not isinstance(value, type):
         return _describe_fields(value)
     if isinstance(value, tuple):
@@ -496,26 +595,35 @@ def _describe(value: Any) -> Any:
     return value
 
 
+def _secret_values(value: Any) -> list[str]:
+    if isinstance(value, Secret):
+        return [value.reveal()]
+    if isinstance(value, str):
+        return url_credentials(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return [found for f in fields(value) for found in _secret_values(getattr(value, f.name))]
+    if isinstance(value, tuple):
+        return [found for item in value for found in _secret_values(item)]
+    return []
+
+
 def _describe_fields(value: Any) -> dict[str, Any]:
     described: dict[str, Any] = {f.name: _describe(getattr(value, f.name)) for f in fields(value)}
     return described
 
 
-def mask_url(url: str) -> str:
-    """A URL with any password replaced, safe to print (``redis://:pw@host`` → ``redis://:***@host``)."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+def number_text(value: float) -> str:
+    """A bound as README writes it: ``300``, ``0.1``."""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _names_read() -> frozenset[str]:
+def _parse_nothing() -> _Parser:
     parser = _Parser({})
     parser.parse()
-    return frozenset(parser.read)
+    return parser
 
 
-KEYS: frozenset[str] = _names_read()
+KEYS: frozenset[str] = frozenset(_parse_nothing().read)
 """Every variable the parser reads (taken from a parse, not kept by hand)."""
+BOUNDS: Mapping[str, tuple[float, float]] = dict(_parse_nothing().bounds)
+"""Every numeric setting's (minimum, maximum) (taken from a parse; README states each one)."""

@@ -62,12 +62,8 @@ log = logs.get(__name__)
 
 
 def secret_values(settings: Settings) -> list[str]:
-    """Every secret's value, for the log formatter to redact, so none can leak into a line."""
-    values = [s.reveal() for s in settings.webhook.secrets]
-    for secret in (settings.api.api_key, settings.runner.executor_key):
-        if secret is not None:
-            values.append(secret.reveal())
-    return values
+    """Every secret's value (and URL credential), for the log formatter to redact."""
+    return settings.secret_values()
 
 
 def runner(settings: Settings, templates: Templates | None = None, counters: Counters | None = None) -> Runner:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.config import KEYS
+from controller.config import BOUNDS, KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sandbox-controller"
@@ -166,6 +167,21 @@ def test_values_validate_against_the_schema() -> None:
     assert not validator.is_valid(merge(defaults, {"receiver": {"replica": 3}}))  # a typo
     assert not validator.is_valid(merge(defaults, {"logLevel": "LOUD"}))
     assert not validator.is_valid(merge(defaults, {"redis": {"url": "http://not-redis"}}))
+
+
+def test_the_schema_bounds_every_number_as_the_controller_does() -> None:
+    """Each numeric setting the ConfigMap sets from a value has that value's minimum and
+    maximum in values.schema.json equal to the range controller.config enforces (``BOUNDS``):
+    helm refuses at install what the controller would refuse at start."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_map = (CHART / "templates" / "configmap.yaml").read_text()
+    mapped = dict(re.findall(r"^\s*(CONTROLLER_[A-Z0-9_]+): \{\{ \.Values\.([\w.]+)", config_map, flags=re.MULTILINE))
+    assert set(BOUNDS) <= set(mapped), sorted(set(BOUNDS) - set(mapped))
+    for name, (minimum, maximum) in BOUNDS.items():
+        node = schema
+        for part in mapped[name].split("."):
+            node = node["properties"][part]
+        assert (node.get("minimum"), node.get("maximum")) == (minimum, maximum), name
 
 
 def test_helm_applies_the_schema(chart: Any, helm: Any) -> None:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import KEYS, PREFIX, ReceiverSettings, Secret, Settings, _Parser, mask_url
+from controller.config import BOUNDS, KEYS, PREFIX, ReceiverSettings, Secret, Settings, _Parser, mask_credentials
 from controller.errors import ConfigError
 
 WHSEC = "whsec_" + base64.b64encode(b"a webhook signing secret, 32 by").decode()
@@ -87,7 +87,7 @@ def test_the_full_sweep_interval_and_the_pod_watch_are_parsed() -> None:
     problems = problems_of(env(FULL_SWEEP_INTERVAL_SECONDS="0.5", KUBERNETES_WATCH_PODS="sometimes"))
     assert problems == [
         f"{PREFIX}KUBERNETES_WATCH_PODS must be true or false, got 'sometimes'",
-        f"{PREFIX}FULL_SWEEP_INTERVAL_SECONDS must be at least 1.0, got '0.5'",
+        f"{PREFIX}FULL_SWEEP_INTERVAL_SECONDS must be at least 1, got '0.5'",
     ]
 
 
@@ -282,14 +282,65 @@ def test_secrets_are_masked_in_describe_and_repr() -> None:
         ("redis://:pw@host:6379/0", "redis://:***@host:6379/0"),
         ("redis://user:pw@host/1", "redis://user:***@host/1"),
         ("rediss://user:p@ss:w@rd@host:6380", "rediss://user:***@host:6380"),
+        ("redis://:p?w/d@host", "redis://:***@host"),
         ("redis://host:6379/0", "redis://host:6379/0"),
-        ("redis://user@host", "redis://user@host"),
+        ("redis://token@host", "redis://***@host"),  # a lone userinfo may be a token
         ("unix:///run/redis.sock", "unix:///run/redis.sock"),
+        ("unix:///run/redis.sock?db=0&password=pw", "unix:///run/redis.sock?db=0&password=***"),
+        ("redis://host/0?socket_timeout=5&Password=pw", "redis://host/0?socket_timeout=5&Password=***"),
+        ("https://user:pw@api.example.com/v1", "https://user:***@api.example.com/v1"),
+        ("https://api.example.com/v1?api_key=k&x=1", "https://api.example.com/v1?api_key=***&x=1"),
         ("not a url", "not a url"),
+        ("team=a", "team=a"),
     ],
 )
-def test_mask_url(url: str, masked: str) -> None:
-    assert mask_url(url) == masked
+def test_mask_credentials(url: str, masked: str) -> None:
+    """Every credential form a URL setting can carry is masked: userinfo (password, or a lone
+    token), and query parameters named like a credential (redis-py's ``?password=``)."""
+    assert mask_credentials(url) == masked
+
+
+def test_check_config_output_masks_every_credential_form_of_every_setting() -> None:
+    """L2: a Redis password given as ``?password=`` (redis-py's form for unix sockets) and
+    userinfo in CONTROLLER_API_BASE_URL are masked in ``describe`` (what `check-config` prints),
+    in ``repr`` and handed to the log formatter to redact."""
+    environ = {
+        **full_env(),
+        **env(
+            REDIS_URL=f"unix:///run/redis/redis.sock?db=0&password={REDIS_PASSWORD}",
+            API_BASE_URL="https://operator:basic-auth-pass-77@api.internal.example",
+        ),
+    }
+    s = Settings.from_env(environ)
+    shown = json.dumps(s.describe()) + repr(s) + str(s)
+    assert REDIS_PASSWORD not in shown and "basic-auth-pass-77" not in shown
+    assert s.describe()["queue"]["redis_url"] == "unix:///run/redis/redis.sock?db=0&password=***"
+    assert s.describe()["api"]["base_url"] == "https://operator:***@api.internal.example"
+    assert {REDIS_PASSWORD, "basic-auth-pass-77", API_KEY, EXECUTOR_KEY, WHSEC} <= set(s.secret_values())
+
+
+def test_every_number_has_a_maximum() -> None:
+    """A number past its documented maximum is refused (``1e20`` seconds passed before and broke
+    every delivery with 503); every numeric setting has one, and its default lies within."""
+    assert len(BOUNDS) >= 20
+    for name, (minimum, maximum) in BOUNDS.items():
+        assert minimum < maximum < 1e9, name
+    problems = problems_of(
+        env(
+            WEBHOOK_DEDUP_TTL_SECONDS="100000000000000000000",
+            IDLE_TIMEOUT_SECONDS="1e20",
+            METRICS_PORT="70000",
+            LEASE_TTL_SECONDS="86400",
+        )
+    )
+    assert problems == [
+        f"{PREFIX}WEBHOOK_DEDUP_TTL_SECONDS must be at most 2592000, got '100000000000000000000'",
+        f"{PREFIX}LEASE_TTL_SECONDS must be at most 3600, got '86400'",
+        f"{PREFIX}IDLE_TIMEOUT_SECONDS must be at most 2592000, got '1e20'",
+        f"{PREFIX}METRICS_PORT must be at most 65535, got '70000'",
+    ]
+    at_the_bounds = {name: str(maximum) for name, (_, maximum) in BOUNDS.items()}
+    Settings.from_env(at_the_bounds)  # the maximum itself is allowed
 
 
 @pytest.mark.parametrize(
