@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import re
+import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar, overload
@@ -83,6 +84,21 @@ def url_credentials(text: str) -> list[str]:
         if _SECRET_PARAMETER.search(match["name"]) and match["value"]:
             found.append(match["value"])
     return [value for value in found if value]
+
+
+def url_password(text: str) -> str | None:
+    """The password a URL carries (``scheme://user:PASSWORD@…`` or ``?password=PASSWORD``), or None."""
+    parts = _split_url(text.strip())
+    if parts is None:
+        return None
+    _, userinfo, _, query = parts
+    _, colon, password = userinfo.partition(":")
+    if colon and password:
+        return password
+    for match in _PARAMETER.finditer(query):
+        if match["name"].lower() == "password" and match["value"]:
+            return match["value"]
+    return None
 
 
 def mask_credentials(text: str) -> str:
@@ -196,6 +212,11 @@ class QueueSettings(Printable):
     """A session enqueued this long ago whose lease was never taken counts as lost and is
     enqueued again (a job merely waiting in the queue is not duplicated before that)."""
 
+    @property
+    def redis_password_set(self) -> bool:
+        """Whether connecting to Redis takes a password (in the URL's userinfo or ``?password=``)."""
+        return self.redis_url is not None and url_password(self.redis_url) is not None
+
 
 @dataclass(frozen=True, repr=False)
 class RunnerSettings(Printable):
@@ -215,10 +236,20 @@ class RunnerSettings(Printable):
     (0711 when executors run as another user); refused unless owned by the controller's uid
     and not group/world-writable, so a shared parent such as /tmp is safe."""
     local_executor_user: str = "nobody"
-    """Local runner, worker running as root: the unprivileged user (name or uid) executors run as."""
+    """Local runner, worker running as root: the unprivileged user (name or uid) every executor
+    runs as (unless ``local_executor_uids`` gives each its own)."""
+    local_executor_uids: tuple[int, int] | None = None
+    """Local runner, worker running as root: a range of uids (first, last), one per session
+    that has a sandbox or a kept workspace, so executors are apart from each other too. None
+    (the default): every executor runs as ``local_executor_user``."""
     local_executor_same_user: bool = False
     """Local runner: opt in to running executors as the worker's own uid (no separation from
     the controller's secrets; ``dev`` sets it). Required when the worker is not root."""
+    local_allow_redis_without_password: bool = False
+    """Local runner: allow executors of another uid beside a Redis URL without a password (only
+    when Redis is out of their reach: another host behind a firewall, a socket they cannot
+    open). Without it such a worker refuses to start: the executors' code could otherwise use
+    Redis as its admin (the queue, the leases, the mapping)."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -330,6 +361,8 @@ class Settings(Printable):
 
 RUNNERS = ("local", "kubernetes")
 DAY = 24 * 3600
+MAX_UID = 2**32 - 2
+"""The highest uid an executor may get (``2**32 - 1`` is ``(uid_t) -1``: "no change")."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -441,13 +474,17 @@ class _Parser:
                 kind=runner,
                 executor_key=self.secret("EXECUTOR_KEY"),
                 remote_url_allowlist=self.allowlist("REMOTE_URL_ALLOWLIST"),
-                executor_command=self.text("EXECUTOR_COMMAND", RunnerSettings.executor_command),
+                executor_command=self.command("EXECUTOR_COMMAND", RunnerSettings.executor_command),
                 executor_grace_seconds=self.number(
                     "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0, 3600
                 ),
                 local_state_directory=self.text("LOCAL_STATE_DIRECTORY", RunnerSettings.local_state_directory),
                 local_executor_user=self.text("LOCAL_EXECUTOR_USER", RunnerSettings.local_executor_user),
+                local_executor_uids=self.uid_range("LOCAL_EXECUTOR_UIDS"),
                 local_executor_same_user=self.flag("LOCAL_EXECUTOR_SAME_USER", RunnerSettings.local_executor_same_user),
+                local_allow_redis_without_password=self.flag(
+                    "LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD", RunnerSettings.local_allow_redis_without_password
+                ),
             ),
             kubernetes=KubernetesSettings(
                 namespace=self.text("KUBERNETES_NAMESPACE", KubernetesSettings.namespace),
@@ -479,11 +516,49 @@ class _Parser:
             log_level=level,
         )
         self.check_credentials_differ(settings)
+        self.check_executor_identity(settings.runner)
         return settings
 
     def text(self, name: str, default: str) -> str:
         value = self.get(PREFIX + name, "").strip()
         return value or default
+
+    def command(self, name: str, default: str) -> str:
+        """A command line, split as the runner splits it (``shlex``): an unbalanced quote is a
+        problem here, not a crash in every task."""
+        value = self.text(name, default)
+        try:
+            parts = shlex.split(value)
+            if not parts or not parts[0]:
+                raise ValueError("it names no program")
+        except ValueError as exc:
+            self.problems.append(f"{PREFIX}{name} is not a command line ({exc})")
+        return value
+
+    def uid_range(self, name: str) -> tuple[int, int] | None:
+        """``FIRST-LAST``, inclusive: uids an executor may run as (never 0, never the ``-1``
+        that means "unchanged" to the kernel)."""
+        raw = self.get(PREFIX + name, "").strip()
+        if not raw:
+            return None
+        first, dash, last = raw.partition("-")
+        if not dash or not first.strip().isdigit() or not last.strip().isdigit():
+            self.problems.append(f"{PREFIX}{name} must look like FIRST-LAST (e.g. 200000-299999), got {raw!r}")
+            return None
+        low, high = int(first), int(last)
+        if not 1 <= low <= high <= MAX_UID:
+            self.problems.append(f"{PREFIX}{name} must satisfy 1 <= FIRST <= LAST <= {MAX_UID}, got {raw!r}")
+            return None
+        return low, high
+
+    def check_executor_identity(self, runner: RunnerSettings) -> None:
+        """One way to say who executors run as."""
+        if runner.local_executor_uids is None:
+            return
+        if runner.local_executor_same_user:
+            self.problems.append(f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_SAME_USER=true, not both")
+        if self.env.get(PREFIX + "LOCAL_EXECUTOR_USER", "").strip():
+            self.problems.append(f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_USER, not both")
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self.get(PREFIX + name, "").strip().lower()

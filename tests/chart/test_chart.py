@@ -697,6 +697,8 @@ NOT_SET_BY_THE_CHART = {
     "CONTROLLER_LOCAL_STATE_DIRECTORY": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_USER": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_SAME_USER": "local runner only",
+    "CONTROLLER_LOCAL_EXECUTOR_UIDS": "local runner only",
+    "CONTROLLER_LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD": "local runner only",
 }
 
 

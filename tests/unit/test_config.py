@@ -398,3 +398,53 @@ def test_local_executor_user_settings() -> None:
     assert problems_of(env(LOCAL_EXECUTOR_SAME_USER="maybe")) == [
         f"{PREFIX}LOCAL_EXECUTOR_SAME_USER must be true or false, got 'maybe'"
     ]
+
+
+def test_executor_uid_ranges_are_parsed_and_checked() -> None:
+    """L2: CONTROLLER_LOCAL_EXECUTOR_UIDS is FIRST-LAST, never uid 0 nor (uid_t)-1, and is one
+    way of naming the executors' identity: not together with a user or the same-user opt-in."""
+    assert Settings.from_env({}).runner.local_executor_uids is None
+    assert Settings.from_env(env(LOCAL_EXECUTOR_UIDS=" 200000-299999 ")).runner.local_executor_uids == (200000, 299999)
+    assert Settings.from_env(env(LOCAL_EXECUTOR_UIDS="7-7")).runner.local_executor_uids == (7, 7)
+    for raw in ("200000", "a-b", "-5", "10-"):
+        assert problems_of(env(LOCAL_EXECUTOR_UIDS=raw)) == [
+            f"{PREFIX}LOCAL_EXECUTOR_UIDS must look like FIRST-LAST (e.g. 200000-299999), got {raw!r}"
+        ]
+    for raw in ("0-10", "10-5", "1-4294967295"):
+        assert problems_of(env(LOCAL_EXECUTOR_UIDS=raw)) == [
+            f"{PREFIX}LOCAL_EXECUTOR_UIDS must satisfy 1 <= FIRST <= LAST <= 4294967294, got {raw!r}"
+        ]
+    assert problems_of(env(LOCAL_EXECUTOR_UIDS="200000-200009", LOCAL_EXECUTOR_SAME_USER="true")) == [
+        f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_SAME_USER=true, not both"
+    ]
+    assert problems_of(env(LOCAL_EXECUTOR_UIDS="200000-200009", LOCAL_EXECUTOR_USER="sandbox")) == [
+        f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_USER, not both"
+    ]
+
+
+def test_the_executor_command_must_split_as_a_command_line() -> None:
+    """CONTROLLER_EXECUTOR_COMMAND is split as the runner splits it: a line that does not split
+    is a problem at start, not a traceback in every task."""
+    assert Settings.from_env(env(EXECUTOR_COMMAND="/opt/codex/bin/codex --flag")).runner.executor_command == (
+        "/opt/codex/bin/codex --flag"
+    )
+    assert problems_of(env(EXECUTOR_COMMAND="'x")) == [
+        f"{PREFIX}EXECUTOR_COMMAND is not a command line (No closing quotation)"
+    ]
+    assert problems_of(env(EXECUTOR_COMMAND="''")) == [
+        f"{PREFIX}EXECUTOR_COMMAND is not a command line (it names no program)"
+    ]
+
+
+def test_a_redis_password_is_found_in_either_form() -> None:
+    """L2: the local runner's check that Redis takes a password reads both of its URL forms."""
+    for url, has in (
+        ("redis://:pw@h:6379/0", True),
+        ("redis://user:pw@h/0", True),
+        ("unix:///run/redis.sock?password=pw", True),
+        ("redis://user@h/0", False),
+        ("redis://h:6379/0", False),
+        ("unix:///run/redis.sock?db=0", False),
+        ("redis://:@h/0", False),
+    ):
+        assert Settings.from_env(env(REDIS_URL=url)).queue.redis_password_set is has, url
