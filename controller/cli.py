@@ -18,7 +18,7 @@ import uvicorn
 
 from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring
 from controller.config import Settings
-from controller.errors import ConfigError, ControllerError
+from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import serve_metrics
 
 
@@ -280,11 +280,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except ConfigError as exc:
+    except ConfigError as exc:  # every problem, one per line (one alone: one line)
+        if len(exc.problems) == 1:
+            print(f"sandbox-controller: invalid configuration: {exc.problems[0]}", file=sys.stderr)
+        else:
+            print(f"sandbox-controller: {exc}", file=sys.stderr)
+        return 2
+    except UsageError as exc:  # an argument, or a file or place it names, cannot be used
         print(f"sandbox-controller: {exc}", file=sys.stderr)
         return 2
     except ControllerError as exc:  # a command's call failed: say why (ids only, never secrets)
         print(f"sandbox-controller: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file or socket a command used failed under it: one line, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"sandbox-controller: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

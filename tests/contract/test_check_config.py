@@ -66,9 +66,15 @@ def listed(stderr: str, role: str) -> list[str]:
 
 
 def refused_with(stderr: str) -> list[str]:
-    """The problems a process refusing to start printed (``sandbox-controller: invalid configuration:``)."""
+    """The problems a process refusing to start printed: ``sandbox-controller: invalid
+    configuration: PROBLEM`` (one), or that header and one ``  - PROBLEM`` line each."""
     assert "Traceback" not in stderr, stderr
-    return [line.removeprefix("  - ") for line in stderr.splitlines() if line.startswith("  - ")]
+    one = "sandbox-controller: invalid configuration: "
+    lines = stderr.strip().splitlines()
+    if len(lines) == 1 and lines[0].startswith(one):
+        return [lines[0].removeprefix(one)]
+    assert lines[0] == "sandbox-controller: invalid configuration:", stderr
+    return [line.removeprefix("  - ") for line in lines[1:]]
 
 
 @requires_root
