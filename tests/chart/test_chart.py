@@ -613,8 +613,9 @@ def _cel_variables(policy: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
 def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: str, values: dict[str, Any]) -> None:
     """L2: a ValidatingAdmissionPolicy (denying, failing closed) checks every pod created or
-    updated in the sandbox namespace, and only there; it allows the runner image(s) and names
-    the executor key Secret the controller's pods reference."""
+    updated in the sandbox namespace, and every change through a subresource that adds or
+    changes containers (ephemeral containers, resize), and only there; it allows the runner
+    image(s) and names the executor key Secret the controller's pods reference."""
     objects = render(chart, values)
     policy, binding = _pod_policy(objects)
     config = one(objects, "ConfigMap", _full(objects))["data"]
@@ -624,7 +625,12 @@ def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: 
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"],
+        }
     ]
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
