@@ -1,8 +1,18 @@
 """Typed settings, parsed once from ``CONTROLLER_*`` environment variables.
 
 Every problem is collected and reported together (``ConfigError``). Units are in the names
-(``…_SECONDS``, ``…_BYTES``). Secrets may also come from ``…_FILE`` paths (mounted Secrets);
-they are held as ``Secret`` whose ``repr``/``str`` is masked, so printing settings is safe.
+(``…_SECONDS``, ``…_BYTES``); every number has a minimum and a maximum (``BOUNDS``, stated in
+README's settings table). Secrets may also come from ``…_FILE`` paths (mounted Secrets, read
+without ever blocking: ``files.read_small``); they are held as ``Secret`` whose ``repr``/``str``
+is masked, and a credential inside any URL setting is masked too (``credentials``), so
+printing settings is safe.
+
+A new setting follows the same rules: a number goes through ``number(…, minimum, maximum)``
+(and its range into README's row and values.schema.json: tests compare them); a secret through
+``secret``/``secret_list`` (so ``…_FILE`` works and ``secret_values`` redacts it); a URL that
+may carry a password needs nothing more (``describe``, ``repr`` and ``secret_values`` mask it
+whichever field holds it); and a check a process makes at start belongs in
+``wiring.preflight``, which ``check-config`` runs too.
 
 ``KEYS`` lists every variable the parser reads, recorded from a parse rather than kept by hand;
 the Helm chart sets a subset of them (a test checks).
@@ -11,13 +21,13 @@ the Helm chart sets a subset of them (a test checks).
 from __future__ import annotations
 
 import math
-import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar, overload
 
 from controller import files
+from controller.credentials import mask_credentials, url_credentials, url_password
 from controller.errors import ConfigError
 from controller.signing import parse_secrets
 from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
@@ -47,80 +57,6 @@ class Secret:
 
     def __hash__(self) -> int:
         return hash(self._value)
-
-
-MASK = "***"
-_SECRET_PARAMETER = re.compile(r"pass|secret|token|key|auth|credential|signature", re.IGNORECASE)
-_PARAMETER = re.compile(r"(?P<sep>[?&;])(?P<name>[^=&;#]*)=(?P<value>[^&;#]*)")
-
-
-def _split_url(url: str) -> tuple[str, str, str, str] | None:
-    """``scheme://``, the userinfo (without its ``@``; "" when none), the rest of the authority
-    and path, and the query with its ``?`` (or "") — None when ``url`` is no URL. A password
-    may hold ``@``, ``/`` or ``?``: the userinfo ends at the *last* ``@`` (which may mask more
-    than a strict parser would, never less)."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or not scheme or not re.fullmatch(r"[A-Za-z][A-Za-z0-9+.-]*", scheme):
-        return None
-    userinfo, at, after = rest.rpartition("@")
-    remainder = after if at else rest
-    cut = min((i for i in (remainder.find("?"), remainder.find("#")) if i >= 0), default=len(remainder))
-    return scheme + sep, userinfo if at else "", remainder[:cut], remainder[cut:]
-
-
-def url_credentials(text: str) -> list[str]:
-    """The credentials a URL carries: its userinfo's password (or a lone token in its place)
-    and the value of any query parameter named like a credential (``?password=``, redis-py's
-    form for unix sockets; ``token``, ``secret``, ``key``…)."""
-    parts = _split_url(text.strip())
-    if parts is None:
-        return []
-    _, userinfo, _, query = parts
-    found = []
-    if userinfo:
-        user, colon, password = userinfo.partition(":")
-        found.append(password if colon else user)
-    for match in _PARAMETER.finditer(query):
-        if _SECRET_PARAMETER.search(match["name"]) and match["value"]:
-            found.append(match["value"])
-    return [value for value in found if value]
-
-
-def url_password(text: str) -> str | None:
-    """The password a URL carries (``scheme://user:PASSWORD@…`` or ``?password=PASSWORD``), or None."""
-    parts = _split_url(text.strip())
-    if parts is None:
-        return None
-    _, userinfo, _, query = parts
-    _, colon, password = userinfo.partition(":")
-    if colon and password:
-        return password
-    for match in _PARAMETER.finditer(query):
-        if match["name"].lower() == "password" and match["value"]:
-            return match["value"]
-    return None
-
-
-def mask_credentials(text: str) -> str:
-    """``text`` with every credential a URL in it may carry replaced by ``***``, safe to print:
-    ``redis://:pw@host`` → ``redis://:***@host``, ``redis://user:pw@host`` → ``redis://user:***@host``,
-    ``https://token@host`` → ``https://***@host``, ``unix:///s.sock?password=pw`` →
-    ``unix:///s.sock?password=***``. Text that is no URL is returned as it is. Every setting
-    printed (``Settings.describe``: ``check-config``) goes through this."""
-    parts = _split_url(text)
-    if parts is None:
-        return text
-    scheme, userinfo, rest, query = parts
-    if userinfo:
-        user, colon, _ = userinfo.partition(":")
-        userinfo = f"{user}:{MASK}@" if colon else f"{MASK}@"
-
-    def masked(match: re.Match[str]) -> str:
-        if not _SECRET_PARAMETER.search(match["name"]):
-            return match[0]
-        return f"{match['sep']}{match['name']}={MASK}"
-
-    return f"{scheme}{userinfo}{rest}{_PARAMETER.sub(masked, query)}"
 
 
 class Printable:
@@ -234,7 +170,9 @@ class RunnerSettings(Printable):
     local_state_directory: str = "/tmp/sandbox-controller"
     """Local runner: per-session workspaces, pid files and logs live under here. Created 0700
     (0711 when executors run as another user); refused unless owned by the controller's uid
-    and not group/world-writable, so a shared parent such as /tmp is safe."""
+    and not group/world-writable, and unless every directory on the way is owned by root or
+    the controller and writable by no one else but with the sticky bit (``runners/local.py``:
+    ``state_directory_problems``), so a shared parent such as /tmp is safe."""
     local_executor_user: str = "nobody"
     """Local runner, worker running as root: the unprivileged user (name or uid) every executor
     runs as (unless ``local_executor_uids`` gives each its own)."""

@@ -10,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import BOUNDS, KEYS, PREFIX, ReceiverSettings, Secret, Settings, _Parser, mask_credentials
+from controller.config import BOUNDS, KEYS, PREFIX, ReceiverSettings, Secret, Settings, _Parser
+from controller.credentials import mask_credentials
 from controller.errors import ConfigError
 
 WHSEC = "whsec_" + base64.b64encode(b"a webhook signing secret, 32 by").decode()
