@@ -2,6 +2,8 @@
 
     ControllerError
     ├── ConfigError          bad settings: report all problems at start-up, exit 2
+    ├── UsageError           a command's input (an argument, a file or place it names) cannot
+    │                        be used: say so in one line, exit 2, change nothing
     ├── RejectDelivery       the webhook delivery is bad: answer 4xx, change nothing
     │   ├── SignatureError   401: missing, garbled, stale or unmatched signature
     │   ├── BadPayload       400: not JSON, not an event envelope
@@ -35,6 +37,11 @@ class ConfigError(ControllerError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class UsageError(ControllerError):
+    """A command's argument, or a file or place it names, cannot be used (the message says
+    which and why, in one line, never quoting a secret)."""
 
 
 class RejectDelivery(ControllerError):

@@ -10,6 +10,10 @@ each worker or switch to prometheus_client's multiprocess mode.
         outcome: enqueued | duplicate | ignored | rejected | unavailable | error
         reason:  a fixed word (``events.Disposition.reason``, ``signature``, ``payload``,
                  ``too_large``, ``inbox``, ``bug``); never a header or body value
+    controller_webhook_secrets_refused_total{reason}
+        the receiver's secrets file changed but could not be used, so the last good secrets
+        stay in use (``signing.FileVerifier``); reason: ``not_a_file`` | ``unreadable`` |
+        ``empty`` | ``invalid`` (garbled, or a key shorter than 24 bytes)
     controller_sessions_refused_total{reason}
         sessions a worker refused to start (L2, ``controller/trust.py``);
         reason: ``remote_url`` | ``environment_id`` | ``session_id``
@@ -94,6 +98,7 @@ from controller.model import PoolState
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
+SECRETS_REFUSED_TOTAL = "controller_webhook_secrets_refused_total"
 DECISIONS_TOTAL = "controller_decisions_total"
 SANDBOXES_STOPPED_TOTAL = "controller_sandboxes_stopped_total"
 SANDBOXES_RUNNING = "controller_sandboxes_running"
@@ -147,6 +152,12 @@ class Metrics:
                 WEBHOOKS_TOTAL,
                 "Webhook deliveries by outcome and reason.",
                 ("outcome", "reason"),
+                registry=self.registry,
+            ),
+            SECRETS_REFUSED_TOTAL: Counter(
+                SECRETS_REFUSED_TOTAL,
+                "Changes of the webhook secrets file that were refused (the last good secrets stay), by reason.",
+                ("reason",),
                 registry=self.registry,
             ),
             SESSIONS_REFUSED_TOTAL: Counter(

@@ -9,6 +9,7 @@ built in Celery's ``worker_process_init`` signal, after the fork, so no connecti
 from __future__ import annotations
 
 import atexit
+import grp
 import os
 import pwd
 import shlex
@@ -55,7 +56,7 @@ from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
-from controller.runners.local import LocalRunner, RunAs
+from controller.runners.local import LocalRunner, RunAs, UidRange, state_directory_problems
 from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore, connect, connect_async
@@ -65,12 +66,8 @@ log = logs.get(__name__)
 
 
 def secret_values(settings: Settings) -> list[str]:
-    """Every secret's value, for the log formatter to redact, so none can leak into a line."""
-    values = [s.reveal() for s in settings.webhook.secrets]
-    for secret in (settings.api.api_key, settings.runner.executor_key):
-        if secret is not None:
-            values.append(secret.reveal())
-    return values
+    """Every secret's value (and URL credential), for the log formatter to redact."""
+    return settings.secret_values()
 
 
 def runner(settings: Settings, templates: Templates | None = None, counters: Counters | None = None) -> Runner:
@@ -81,32 +78,96 @@ def runner(settings: Settings, templates: Templates | None = None, counters: Cou
     return kubernetes_runner(settings, templates or sandbox_templates(settings), counters)
 
 
+def preflight(settings: Settings, role: str) -> None:
+    """Every check a process of ``role`` makes before it starts, all problems reported together
+    (``ConfigError``: exit 2). ``serve``, ``worker`` and ``scheduler`` call it first thing (through
+    ``cli``), and ``check-config`` calls this very function for each role, so it says "ready"
+    exactly when the process would start. Read only: it creates nothing."""
+    problems: list[str] = []
+    try:
+        settings.require(role)
+    except ConfigError as exc:
+        problems += exc.problems
+    if role in ("worker", "scheduler") and settings.runner.kind == "local":
+        problems += local_runner_problems(settings)
+    elif role in ("worker", "scheduler"):
+        try:
+            sandbox_templates(settings)  # a bad templates file: refused now, not in every task
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+
+
+def local_runner_problems(settings: Settings) -> list[str]:
+    """What keeps the local runner from starting: whom executors run as (``executor_identity``),
+    Redis within their reach without a password, and an unsafe state directory."""
+    problems: list[str] = []
+    try:
+        executor_identity(settings)
+    except ConfigError as exc:
+        problems += exc.problems
+    separate = not settings.runner.local_executor_same_user
+    q = settings.queue
+    if separate and q.redis_url and not q.redis_password_set and not settings.runner.local_allow_redis_without_password:
+        problems.append(
+            f"{PREFIX}REDIS_URL has no password while executors run as another user on this machine: their "
+            "code could use Redis as its admin (the queue, the leases, the session mapping). Give Redis a "
+            "password (requirepass, or an ACL user) and put it in the URL (redis://:PASSWORD@host:6379/0, or "
+            f"?password= for a unix socket), or set {PREFIX}LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD=true if the "
+            "executors cannot reach it (another host behind a firewall, a socket they cannot open)"
+        )
+    problems += state_directory_problems(Path(settings.runner.local_state_directory), traversable=separate)
+    return problems
+
+
 def local_runner(settings: Settings) -> LocalRunner:
     """Child processes on this machine; raises ConfigError (exit 2) for an unsafe state
-    directory or an executor user it cannot switch to."""
+    directory or an executor user it cannot switch to (``preflight`` said so already)."""
     assert settings.runner.executor_key is not None  # Settings.require checked it
     return LocalRunner(
         state_directory=settings.runner.local_state_directory,
         executor_command=shlex.split(settings.runner.executor_command),
         executor_key=settings.runner.executor_key.reveal(),
-        run_as=executor_user(settings),
+        run_as=executor_identity(settings),
     )
 
 
-def executor_user(settings: Settings) -> RunAs | None:
-    """Who the local runner's executors run as: ``CONTROLLER_LOCAL_EXECUTOR_USER`` when this
-    process is root; its own uid only on the ``CONTROLLER_LOCAL_EXECUTOR_SAME_USER`` opt-in."""
+def executor_identity(settings: Settings) -> RunAs | UidRange | None:
+    """Whom the local runner's executors run as, when this process is root: a uid of
+    ``CONTROLLER_LOCAL_EXECUTOR_UIDS`` per session, else ``CONTROLLER_LOCAL_EXECUTOR_USER``;
+    its own uid only on the ``CONTROLLER_LOCAL_EXECUTOR_SAME_USER`` opt-in."""
     if settings.runner.local_executor_same_user:
         return None
+    same_user = f"set {PREFIX}LOCAL_EXECUTOR_SAME_USER=true to run executors as this uid (no separation)"
+    uid = os.geteuid()
+    if settings.runner.local_executor_uids is not None:
+        first, last = settings.runner.local_executor_uids
+        setting = f"{PREFIX}LOCAL_EXECUTOR_UIDS={first}-{last}"
+        if uid != 0:
+            raise ConfigError(
+                [f"executors run as uids of {setting}, which needs the worker to run as root (it runs as uid {uid})"]
+            )
+        taken = sorted(
+            {f"uid {e.pw_uid} (user {e.pw_name!r})" for e in pwd.getpwall() if first <= e.pw_uid <= last}
+            | {f"gid {g.gr_gid} (group {g.gr_name!r})" for g in grp.getgrall() if first <= g.gr_gid <= last}
+        )
+        if taken:
+            raise ConfigError(
+                [
+                    f"{setting} includes {', '.join(taken[:3])}{' and more' if len(taken) > 3 else ''}: executors "
+                    "would run as (or with the group of) an account of this machine; choose a range no user or "
+                    "group has"
+                ]
+            )
+        return UidRange(first, last)
     name = settings.runner.local_executor_user
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except KeyError:
         raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is not a user on this machine"]) from None
-    same_user = f"set {PREFIX}LOCAL_EXECUTOR_SAME_USER=true to run executors as this uid (no separation)"
     if entry.pw_uid == 0:
         raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is root; name an unprivileged user, or {same_user}"])
-    uid = os.geteuid()
     if entry.pw_uid == uid:
         raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is this process's own uid {uid}; {same_user}"])
     if uid != 0:

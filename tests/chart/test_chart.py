@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.config import KEYS
+from controller.config import BOUNDS, KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sandbox-controller"
@@ -166,6 +167,21 @@ def test_values_validate_against_the_schema() -> None:
     assert not validator.is_valid(merge(defaults, {"receiver": {"replica": 3}}))  # a typo
     assert not validator.is_valid(merge(defaults, {"logLevel": "LOUD"}))
     assert not validator.is_valid(merge(defaults, {"redis": {"url": "http://not-redis"}}))
+
+
+def test_the_schema_bounds_every_number_as_the_controller_does() -> None:
+    """Each numeric setting the ConfigMap sets from a value has that value's minimum and
+    maximum in values.schema.json equal to the range controller.config enforces (``BOUNDS``):
+    helm refuses at install what the controller would refuse at start."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_map = (CHART / "templates" / "configmap.yaml").read_text()
+    mapped = dict(re.findall(r"^\s*(CONTROLLER_[A-Z0-9_]+): \{\{ \.Values\.([\w.]+)", config_map, flags=re.MULTILINE))
+    assert set(BOUNDS) <= set(mapped), sorted(set(BOUNDS) - set(mapped))
+    for name, (minimum, maximum) in BOUNDS.items():
+        node = schema
+        for part in mapped[name].split("."):
+            node = node["properties"][part]
+        assert (node.get("minimum"), node.get("maximum")) == (minimum, maximum), name
 
 
 def test_helm_applies_the_schema(chart: Any, helm: Any) -> None:
@@ -597,8 +613,9 @@ def _cel_variables(policy: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
 def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: str, values: dict[str, Any]) -> None:
     """L2: a ValidatingAdmissionPolicy (denying, failing closed) checks every pod created or
-    updated in the sandbox namespace, and only there; it allows the runner image(s) and names
-    the executor key Secret the controller's pods reference."""
+    updated in the sandbox namespace, and every change through a subresource that adds or
+    changes containers (ephemeral containers, resize), and only there; it allows the runner
+    image(s) and names the executor key Secret the controller's pods reference."""
     objects = render(chart, values)
     policy, binding = _pod_policy(objects)
     config = one(objects, "ConfigMap", _full(objects))["data"]
@@ -608,7 +625,12 @@ def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: 
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"],
+        }
     ]
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
@@ -681,6 +703,8 @@ NOT_SET_BY_THE_CHART = {
     "CONTROLLER_LOCAL_STATE_DIRECTORY": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_USER": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_SAME_USER": "local runner only",
+    "CONTROLLER_LOCAL_EXECUTOR_UIDS": "local runner only",
+    "CONTROLLER_LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD": "local runner only",
 }
 
 
@@ -960,7 +984,14 @@ def test_config_changes_roll_the_pods(chart: Any) -> None:
     base = checksums(CREDENTIALS)
     assert len(base) == 1  # receiver, worker and scheduler roll together
     assert checksums(merge(CREDENTIALS, {"logLevel": "DEBUG"})) != base
-    rotated = merge(CREDENTIALS, {"webhook": {"signingSecrets": [WEBHOOK_SECRET, "whsec_bmV3LXNlY3JldA=="]}})
+    rotated = merge(
+        CREDENTIALS,
+        {
+            "webhook": {
+                "signingSecrets": [WEBHOOK_SECRET, "whsec_" + base64.b64encode(b"chart-test-signing-secret-2").decode()]
+            }
+        },
+    )
     assert checksums(rotated) != base
     assert checksums(merge(CREDENTIALS, {"receiver": {"replicas": 5}})) == base
 

@@ -758,6 +758,128 @@ def test_the_policy_binds_only_the_sandbox_namespace(unguarded: _Rbac) -> None:
     assert created["metadata"]["namespace"] == unguarded.release_ns
 
 
+# -- every way to add or change a sandbox pod's containers -----------------------------------------
+
+# Pod subresources that take an update or patch yet change no container: the API server keeps
+# the spec of a pods/status write (its status strategy copies the old spec), and pods/proxy
+# passes HTTP methods on to the pod's port (admission sees a CONNECT; no pod object is written).
+CHANGES_NO_CONTAINER = {"pods/status", "pods/proxy"}
+
+
+def test_the_policy_sees_every_pod_subresource_that_can_change_containers(unguarded: _Rbac) -> None:
+    """L2: the API server's own discovery lists the pod subresources it serves; every one that
+    can be written with update or patch (and so change the pod) is matched by the chart's
+    policy, except pods/status and pods/proxy, which cannot change a container. The others are
+    create-only, connect-only or read-only (binding, eviction, exec, attach, portforward, log)."""
+    resources = client.CoreV1Api(unguarded.admin).get_api_resources().resources
+    writable = {r.name for r in resources if r.name.startswith("pods/") and {"update", "patch"} & set(r.verbs or [])}
+    assert "pods/ephemeralcontainers" in writable and "pods/resize" in writable  # what the server serves
+    policy = client.AdmissionregistrationV1Api(unguarded.admin).read_validating_admission_policy(unguarded.policy_name)
+    [rule] = policy.spec.match_constraints.resource_rules
+    assert set(rule.operations) == {"CREATE", "UPDATE"}
+    assert writable - CHANGES_NO_CONTAINER <= set(rule.resources), writable - set(rule.resources)
+    others = {r.name for r in resources if r.name.startswith("pods/")} - writable
+    for name in others:  # nothing else can write a pod
+        verbs = set(next(r for r in resources if r.name == name).verbs or [])
+        assert verbs <= {"create", "get", "list"}, (name, verbs)
+
+
+def _restricted_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _ephemeral(**changes: Any) -> dict[str, Any]:
+    container = {"name": "debug", "image": RUNNER_IMAGE, "securityContext": _restricted_context()}
+    container.update(changes)
+    return container
+
+
+@pytest.fixture(scope="module")
+def sandbox_pod(unguarded: _Rbac) -> Iterator[str]:
+    """A runner pod that exists (created by the admin, admitted by the policy), to add to."""
+    pod = unguarded.runner_pod()
+    created = client.CoreV1Api(unguarded.admin).create_namespaced_pod(unguarded.sandbox_ns, pod)
+    yield created.metadata.name
+    client.CoreV1Api(unguarded.admin).delete_namespaced_pod(created.metadata.name, unguarded.sandbox_ns)
+
+
+def _add_ephemeral(world: _Rbac, pod_name: str, container: dict[str, Any]) -> Any:
+    """Add an ephemeral container as the cluster admin (dry run: the pod is left as it was)."""
+    return client.CoreV1Api(world.admin).patch_namespaced_pod_ephemeralcontainers(
+        pod_name, world.sandbox_ns, {"spec": {"ephemeralContainers": [container]}}, dry_run="All"
+    )
+
+
+@pytest.mark.parametrize(
+    ("container", "refusal"),
+    [
+        (_ephemeral(image="attacker.example.com/miner:latest"), "run only the runner images"),
+        (
+            _ephemeral(env=[{"name": "LOOT", "valueFrom": {"secretKeyRef": {"name": "other-secret", "key": "k"}}}]),
+            "may reference only the executor key Secret",
+        ),
+        (_ephemeral(envFrom=[{"secretRef": {"name": "other-secret"}}]), "may reference only the executor key Secret"),
+        (_ephemeral(securityContext={**_restricted_context(), "runAsNonRoot": False, "runAsUser": 0}), "non-root"),
+        (_ephemeral(securityContext={**_restricted_context(), "allowPrivilegeEscalation": True}), "escalation"),
+        (
+            _ephemeral(
+                securityContext={**_restricted_context(), "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}}
+            ),
+            "capabilities drop ALL",
+        ),
+        (
+            _ephemeral(securityContext={**_restricted_context(), "seccompProfile": {"type": "Unconfined"}}),
+            "seccomp RuntimeDefault or Localhost",
+        ),
+        (_ephemeral(targetContainerName="executor"), "may not target a container"),
+    ],
+    ids=["foreign-image", "secret-env", "secret-env-from", "root", "escalation", "capability", "seccomp", "target"],
+)
+def test_an_ephemeral_container_of_a_foreign_shape_is_refused(
+    unguarded: _Rbac, sandbox_pod: str, container: dict[str, Any], refusal: str
+) -> None:
+    """L2: ``pods/ephemeralcontainers`` adds containers to a running sandbox pod; the policy holds
+    each to the rules of the pod's own containers (allowed image, only the executor key Secret,
+    the restricted security context) and refuses one that targets the sandbox container's
+    processes, whoever asks (here the cluster admin; the controller's Role cannot at all)."""
+    with pytest.raises(ApiException) as refused:
+        _add_ephemeral(unguarded, sandbox_pod, container)
+    assert refused.value.status == 403, refused.value.body
+    message = json.loads(refused.value.body)["message"]
+    assert f"ValidatingAdmissionPolicy '{unguarded.policy_name}'" in message and refusal in message, message
+
+
+def test_an_ephemeral_container_of_the_runners_shape_is_admitted(unguarded: _Rbac, sandbox_pod: str) -> None:
+    """The refusals above are the policy's, not the API server's: the same request with an
+    allowed image and the restricted context is admitted (dry run)."""
+    patched = _add_ephemeral(unguarded, sandbox_pod, _ephemeral())
+    assert [c.name for c in patched.spec.ephemeral_containers] == ["debug"]
+
+
+def test_changing_a_sandbox_pods_image_is_refused(unguarded: _Rbac, sandbox_pod: str) -> None:
+    """L2: a container's image is mutable on a live pod (pods UPDATE/PATCH): a foreign one is
+    refused as on creation."""
+    core = client.CoreV1Api(unguarded.admin)
+    container = core.read_namespaced_pod(sandbox_pod, unguarded.sandbox_ns).spec.containers[0].name
+    patch = {"spec": {"containers": [{"name": container, "image": "attacker.example.com/miner:latest"}]}}
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_pod(sandbox_pod, unguarded.sandbox_ns, patch, dry_run="All")
+    assert refused.value.status == 403 and "run only the runner images" in (refused.value.body or "")
+
+
+@pytest.mark.parametrize("subresource", ["ephemeralcontainers", "resize"])
+def test_the_token_cannot_change_a_sandbox_pods_containers_through_a_subresource(rbac: _Rbac, subresource: str) -> None:
+    """L2: the controller's Role grants no pods subresource: neither update nor patch of
+    ephemeral containers or of resources (the policy is the second line, for everyone else)."""
+    for verb in ("update", "patch"):
+        assert not _can(rbac, verb, "pods", rbac.sandbox_ns, subresource=subresource), (verb, subresource)
+
+
 def _ensure_runtime_class(admin: client.ApiClient, name: str) -> None:
     try:
         client.NodeV1Api(admin).create_runtime_class(

@@ -7,8 +7,10 @@ One stand-in, said plainly (as in the opt-in cluster tier): codex sends its key 
 adds an ephemeral container to each sandbox pod (same network namespace, "restricted"-compliant,
 the controller image running a few lines of stdlib Python) that forwards the pod's loopback port
 to the simulator at the node's address. In production that hop is the pod's HTTPS route to the
-API. The sandbox pod policy does not see it: it checks pod creation and updates, and the
-controller's Role cannot add ephemeral containers (only this admin test does).
+API. The sandbox pod policy checks ephemeral containers like the pod's own (allowed image,
+"restricted" context), so the values add the controller image to
+``sandbox.podPolicy.extraImages``; the controller's Role cannot add ephemeral containers at
+all (only this admin test does).
 
 NetworkPolicy is not enforced by the bridge CNI plugin here: nothing in this tier claims it.
 """

@@ -19,7 +19,7 @@ def test_simulator_subcommand_takes_its_options_first() -> None:
     assert args.func is simulator_cli.command
     assert (args.port, args.webhook_urls, args.turn_seconds) == (8090, ["http://127.0.0.1:8080/webhooks"], 1.0)
     prefix = simulator_cli.ENV_PREFIX
-    secrets = {prefix + "ENVIRONMENT_KEY": "ek-test", prefix + "WEBHOOK_SECRET": "s"}
+    secrets = {prefix + "ENVIRONMENT_KEY": "ek-test", prefix + "WEBHOOK_SECRET": "a-webhook-secret-of-24-bytes"}
     assert simulator_cli.config_from_args(args, environ=secrets).port == 8090
 
 
@@ -72,7 +72,7 @@ def test_check_config_says_what_each_process_would_refuse(
     assert "serve: would refuse to start" in err and "CONTROLLER_REDIS_URL is required for `serve`" in err
     assert "worker: would refuse to start" in err and "CONTROLLER_API_KEY" in err
     monkeypatch.setenv("CONTROLLER_REDIS_URL", "redis://127.0.0.1:1/0")
-    monkeypatch.setenv("CONTROLLER_WEBHOOK_SECRETS", "a-webhook-secret")
+    monkeypatch.setenv("CONTROLLER_WEBHOOK_SECRETS", "a-webhook-secret-of-24-bytes")
     assert main(["check-config", "--role", "serve"]) == 0
     assert "serve: ready" in capsys.readouterr().err
     monkeypatch.setenv("CONTROLLER_METRICS_PORT", "not-a-port")

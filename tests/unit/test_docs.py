@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from controller.config import KubernetesSettings
+from controller.config import BOUNDS, KEYS, KubernetesSettings, number_text
 from controller.events import HANDLED_TYPES
 from controller.runners.kubernetes.manifests import SandboxTemplate
 
@@ -175,3 +175,23 @@ def test_every_metric_a_doc_names_is_exported() -> None:
             if name not in known:
                 unknown.append(f"{doc.name}: {name}")
     assert unknown == [], unknown
+
+
+def _settings_rows() -> dict[str, str]:
+    """README's settings table: each variable named at the start of a row, with its row."""
+    rows = {}
+    for line in _text(ROOT / "README.md").splitlines():
+        for name in re.findall(r"^\| `(CONTROLLER_[A-Z0-9_]+)`(?: / `(_FILE)`)?", line):
+            rows[name[0]] = line
+            if name[1]:
+                rows[name[0] + "_FILE"] = line
+    return rows
+
+
+def test_the_settings_table_names_every_setting_and_every_numbers_range() -> None:
+    """Every setting the parser reads has its row in README's table, and every number's row
+    states the range ``config`` enforces (``BOUNDS``), as ``min–max``."""
+    rows = _settings_rows()
+    assert KEYS - set(rows) == set(), sorted(KEYS - set(rows))
+    for name, (minimum, maximum) in BOUNDS.items():
+        assert f"range {number_text(minimum)}–{number_text(maximum)}" in rows[name], name

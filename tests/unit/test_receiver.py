@@ -23,6 +23,8 @@ from controller.signing import Verifier
 from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET, action_required, session_event, signed
 from tests.support.fakes import FakeInbox
 
+OTHER_SECRET = "whsec_" + base64.b64encode(b"another signing secret, 32 bytes").decode()
+
 NOW = 1_700_000_000
 LIMIT = 4096
 
@@ -379,7 +381,7 @@ def test_with_prestart_a_creation_is_enqueued(inbox: FakeInbox, clock: FakeClock
 
 def test_services_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
     """L3: settings' secrets (several, during rotation) build the verifier."""
-    settings = WebhookSettings(secrets=(Secret("whsec_b2xk"), Secret(SECRET)), max_body_bytes=1024)
+    settings = WebhookSettings(secrets=(Secret(OTHER_SECRET), Secret(SECRET)), max_body_bytes=1024)
     services = ReceiverServices.from_settings(settings, inbox, clock)
     assert services.max_body_bytes == 1024
     with TestClient(create_app(services)) as client:

@@ -18,7 +18,7 @@ def settings(tmp_path: Path) -> Settings:
     return Settings.from_env(
         {
             PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
-            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret",
+            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret-of-24-bytes",
             PREFIX + "API_KEY": "sk-test-api-key",
             PREFIX + "EXECUTOR_KEY": "envkey-test",
             PREFIX + "RUNNER": "local",
@@ -71,7 +71,7 @@ def test_the_worker_app_has_the_task_the_publisher_names(tmp_path: Path) -> None
 
 def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> None:
     formatter = logs.JsonFormatter(wiring.secret_values(settings(tmp_path)))
-    secrets = ("sk-test-api-key", "envkey-test", "a-webhook-secret")
+    secrets = ("sk-test-api-key", "envkey-test", "a-webhook-secret-of-24-bytes")
     record = logging.makeLogRecord({"msg": "leaked: %s %s %s", "args": secrets, "levelname": "INFO"})
     line = formatter.format(record)
     assert not [s for s in secrets if s in line]

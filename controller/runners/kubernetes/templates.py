@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Any
 
+from controller import files
 from controller.errors import ConfigError
 from controller.model import Session
 from controller.runners.kubernetes.manifests import SandboxTemplate
@@ -76,7 +76,7 @@ def load(path: str | None, base: SandboxTemplate) -> Templates:
     if not path:
         return Templates({"default": base}, {})
     try:
-        raw = json.loads(Path(path).read_text(encoding="utf-8") or "{}")
+        raw = json.loads(files.read_small(path, limit=1024 * 1024) or "{}")  # never blocks on a FIFO
     except (OSError, ValueError) as exc:
         raise ConfigError([f"CONTROLLER_KUBERNETES_TEMPLATES_FILE: cannot read JSON from {path}: {exc}"]) from exc
     return parse(raw, base)
