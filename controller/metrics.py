@@ -19,10 +19,9 @@ each worker or switch to prometheus_client's multiprocess mode.
         reason: ``remote_url`` | ``environment_id`` | ``session_id``
 
     controller_decisions_total{verdict}
-        verdict: start | replace | keep | release | ignore (``decide.Verdict``), one per
-                 decision a worker makes (``Deps.on_decision``). Counted in each worker
-                 process's own registry: workers serve no HTTP, so it is not scraped yet
-                 (that needs prometheus_client's multiprocess mode and a port per worker).
+        verdict: start | replace | keep | stop | release | discard | ignore (``decide.Verdict``),
+                 one per decision a worker makes (``Deps.on_decision``); each worker serves the
+                 sum of its pool processes (multiprocess mode, below)
 
     controller_sandboxes_stopped_total{reason}
         sandboxes a worker stopped, released or replaced (``Deps.on_stop``);

@@ -1,4 +1,5 @@
-"""The queue's one task. Tasks are thin: ids in, ``lifecycle.work`` does the rest.
+"""The queue's two tasks, both thin: ``sync_session`` (ids in, ``lifecycle.work`` does the rest)
+and ``watch_connection`` (measures delivery → executor connected; it never decides).
 
 Errors map to what the caller should do: ``Transient`` and ``Busy`` → retry later (with
 jittered backoff), ``Permanent`` → log and give up, ``Fenced`` → drop quietly.
