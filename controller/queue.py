@@ -28,6 +28,7 @@ from celery import Celery
 from controller import task_message
 from controller.config import Settings
 from controller.inbox import Job
+from controller.redis_client import Endpoint
 
 TASK_SYNC_SESSION = "controller.sync_session"
 TASK_WATCH_CONNECTION = "controller.watch_connection"
@@ -42,11 +43,16 @@ CONSUMED = (QUEUE, MAINTENANCE_QUEUE)
 def make_app(settings: Settings) -> Celery:
     """A Celery app configured for the queue (no task registered: publishing needs none)."""
     app = Celery("sandbox-controller", set_as_current=False)
+    # Where the broker is: one URL, or a Sentinel set (kombu's Sentinel transport), with TLS;
+    # through controller.broker, which survives an outage and follows the master.
+    broker = Endpoint.from_settings(settings.queue).broker()
     app.conf.update(
-        broker_url=settings.queue.redis_url,
-        broker_transport="controller.broker:Transport",  # survives a broker outage (see there)
+        broker_url=broker["broker_url"],
+        broker_transport=broker["broker_transport"],
+        broker_use_ssl=broker.get("broker_use_ssl"),
         broker_connection_retry_on_startup=True,
         broker_transport_options={
+            **broker["transport_options"],
             "visibility_timeout": settings.queue.visibility_timeout_seconds,
             # Sweep for a dead worker's unacknowledged jobs often enough to honour the timeout.
             "unacked_restore_interval": max(1, min(10, settings.queue.visibility_timeout_seconds // 5)),

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import Any, NamedTuple
+from urllib.parse import unquote, urlsplit
 
 import redis
 from celery import Celery, signals
@@ -48,6 +49,7 @@ from controller.metrics import (
 from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
+from controller.redis_client import Endpoint
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
@@ -55,7 +57,7 @@ from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs
 from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisInbox, RedisSessionStore, connect, connect_async
+from controller.store.redis import RedisInbox, RedisSessionStore
 from controller.trust import Policy
 
 log = logs.get(__name__)
@@ -64,9 +66,12 @@ log = logs.get(__name__)
 def secret_values(settings: Settings) -> list[str]:
     """Every secret's value, for the log formatter to redact, so none can leak into a line."""
     values = [s.reveal() for s in settings.webhook.secrets]
-    for secret in (settings.api.api_key, settings.runner.executor_key):
+    for secret in (settings.api.api_key, settings.runner.executor_key, settings.queue.redis_sentinel_password):
         if secret is not None:
             values.append(secret.reveal())
+    redis_password = urlsplit(settings.queue.redis_url or "").password
+    if redis_password:
+        values.append(unquote(redis_password))
     return values
 
 
@@ -170,10 +175,14 @@ def sandbox_templates(settings: Settings) -> Templates:
     return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
 
 
+def redis_endpoint(settings: Settings) -> Endpoint:
+    """Where Redis is: one URL, or the master a Sentinel set names (``redis_client``)."""
+    return Endpoint.from_settings(settings.queue)
+
+
 def store(settings: Settings, client: redis.Redis | None = None) -> RedisSessionStore:
     q = settings.queue
-    assert q.redis_url is not None
-    return RedisSessionStore(client or connect(q.redis_url), q.lease_ttl_seconds, q.recovery_after_seconds)
+    return RedisSessionStore(client or redis_endpoint(settings).client(), q.lease_ttl_seconds, q.recovery_after_seconds)
 
 
 def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
@@ -340,9 +349,8 @@ class SchedulerParts(NamedTuple):
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
-    assert settings.queue.redis_url is not None
     app = queue.make_app(settings)
-    client = connect(settings.queue.redis_url)
+    client = redis_endpoint(settings).client()
     metrics, pools = Metrics(), WarmPoolCollector()
     metrics.registry.register(pools)
     return SchedulerParts(
@@ -360,8 +368,7 @@ def scheduler_parts(settings: Settings) -> SchedulerParts:
 def receiver_app(settings: Settings) -> Starlette:
     """The Starlette app with its Redis inbox: one script per delivery, awaited on the event loop,
     that de-duplicates, wants the work and pushes the Celery task message (``task_message``)."""
-    assert settings.queue.redis_url is not None
-    client = connect_async(settings.queue.redis_url)  # one pipelined connection for every delivery
+    client = redis_endpoint(settings).pipelined()  # one pipelined connection for every delivery
     inbox = RedisInbox(
         client,
         queue.QUEUE,

@@ -18,7 +18,15 @@ Errors are redis-py's, so the store translates them as it does any other
   the next command connects again;
 - a command not answered within ``timeout_seconds`` closes the connection (Redis answers in
   order, so every command behind it would wait too): they fail with ``redis.TimeoutError``;
-- an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``).
+- an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``), except one
+  saying the server is not the master (``READONLY``, ``UNBLOCKED``, ``MASTERDOWN``: a failover or
+  role change happened): that closes the connection, and its commands fail with
+  ``redis.ConnectionError``.
+
+The master: each connection asks ``ROLE`` first and is used only if the server says it is the
+master. With sentinels (``sentinels``, ``master_name``), the address is asked of them at each
+connect (``SENTINEL GET-MASTER-ADDR-BY-NAME``, one sentinel after another until one answers), so
+after a failover the next connection goes to the new master.
 """
 
 from __future__ import annotations
@@ -32,9 +40,17 @@ from typing import Any, cast
 
 import redis
 from redis.asyncio.connection import SSLConnection, parse_url
-from redis.exceptions import NoScriptError
+from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
 
 Arg = str | int | float | bytes
+
+
+def not_the_master(error: redis.ResponseError) -> bool:
+    """Whether an error reply says the server is not (or no longer) the master."""
+    text = str(error)
+    return isinstance(error, ReadOnlyError | MasterDownError) or text.startswith(
+        ("READONLY", "UNBLOCKED", "MASTERDOWN")
+    )
 
 
 def command(*args: Arg) -> bytes:
@@ -143,6 +159,13 @@ class _Connection(asyncio.Protocol):
                     break
                 value, position = parsed
                 answer, _ = waiting.popleft()
+                if isinstance(value, redis.ResponseError) and not_the_master(value):
+                    # A failover or role change: nothing more goes to this server.
+                    lost = redis.ConnectionError(f"Redis is no longer the master ({value}); connecting again")
+                    if not answer.done():
+                        answer.set_exception(lost)
+                    self.close(lost)
+                    return
                 if answer.done():  # its caller was cancelled
                     continue
                 if isinstance(value, redis.ResponseError):
@@ -189,10 +212,26 @@ class _Connection(asyncio.Protocol):
 
 
 class PipelinedRedis:
-    """A lazily connected client on one connection, used from one event loop."""
+    """A lazily connected client on one connection, used from one event loop.
 
-    def __init__(self, url: str, timeout_seconds: float = 3.0) -> None:
-        options = parse_url(url)
+    With ``sentinels`` the URL's host is not an address but the master's name at the sentinels
+    (``master_name`` when it differs: the URL lower-cases hosts); ``sentinel_password`` is their
+    own password, and with a ``rediss://`` URL they are spoken to over TLS too. ``ca_file``: the CA
+    bundle that signed the servers' certificates (``rediss://``)."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_seconds: float = 3.0,
+        *,
+        sentinels: Sequence[tuple[str, int]] = (),
+        master_name: str | None = None,
+        sentinel_password: str | None = None,
+        ca_file: str | None = None,
+    ) -> None:
+        options: dict[str, Any] = dict(parse_url(url))
+        if ca_file:
+            options["ssl_ca_certs"] = ca_file
         self._host = str(options.get("host", "localhost"))
         self._port = int(options.get("port", 6379))
         self._path = options.get("path")
@@ -201,6 +240,9 @@ class PipelinedRedis:
         self._password = options.get("password")
         self._tls = tls_context(options) if options.get("connection_class") is SSLConnection else None
         self._timeout = timeout_seconds
+        self._sentinels = list(sentinels)
+        self._master_name = master_name or self._host
+        self._sentinel_password = sentinel_password
         self._connection: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
 
@@ -227,33 +269,92 @@ class PipelinedRedis:
         async with self._connecting:
             if self._connection is not None and not self._connection.closed:
                 return self._connection  # another caller connected meanwhile
-            loop = asyncio.get_running_loop()
-            connection = _Connection(loop, self._timeout)
             try:
                 async with asyncio.timeout(self._timeout):
-                    if self._path:
-                        await loop.create_unix_connection(lambda: connection, str(self._path))
-                    else:
-                        host = self._host if self._tls else None
-                        await loop.create_connection(
-                            lambda: connection, self._host, self._port, ssl=self._tls, server_hostname=host
-                        )
-                    if self._password:
-                        credentials = [self._username, self._password] if self._username else [self._password]
-                        await connection.send(command("AUTH", *credentials))
-                    if self._db:
-                        await connection.send(command("SELECT", self._db))
-            except (OSError, TimeoutError) as exc:
-                connection.close()
+                    host, port = await self._master_address()
+                    connection = await self._open(host, port)
+                    try:
+                        if self._password:
+                            credentials = [self._username, self._password] if self._username else [self._password]
+                            await connection.send(command("AUTH", *credentials))
+                        if self._db:
+                            await connection.send(command("SELECT", self._db))
+                        role = await _role(connection)
+                    except BaseException:
+                        connection.close()
+                        raise
+            except TimeoutError as exc:  # connecting, or the set-up (AUTH, SELECT, ROLE) unanswered
+                raise redis.TimeoutError(f"Redis did not answer within {self._timeout:g} seconds") from exc
+            except OSError as exc:
                 raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
             except redis.ResponseError as exc:  # AUTH or SELECT refused
-                connection.close()
                 raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc
-            except BaseException:
-                connection.close()
-                raise
+            _check_master(role, connection, f"{host}:{port}" if not self._path else str(self._path))
             self._connection = connection
             return connection
+
+    async def _open(self, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        connection = _Connection(loop, self._timeout)
+        try:
+            if self._path:
+                await loop.create_unix_connection(lambda: connection, str(self._path))
+            else:
+                server_hostname = host if self._tls else None
+                await loop.create_connection(
+                    lambda: connection, host, port, ssl=self._tls, server_hostname=server_hostname
+                )
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    async def _master_address(self) -> tuple[str, int]:
+        """The URL's address, or the one the first sentinel that answers gives for the master
+        (that sentinel is asked first next time)."""
+        if not self._sentinels:
+            return self._host, self._port
+        problems = []
+        for index, (host, port) in enumerate(list(self._sentinels)):
+            try:
+                sentinel = await self._open(host, port)
+                try:
+                    if self._sentinel_password:
+                        await sentinel.send(command("AUTH", self._sentinel_password))
+                    address = await sentinel.send(command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name))
+                finally:
+                    sentinel.close()
+            except (OSError, redis.RedisError) as exc:
+                problems.append(f"sentinel {host}:{port}: {exc}")
+                continue
+            if not address:
+                problems.append(f"sentinel {host}:{port} knows no master {self._master_name!r}")
+                continue
+            self._sentinels.insert(0, self._sentinels.pop(index))
+            return str(address[0]), int(address[1])
+        raise redis.ConnectionError(f"no sentinel named the master: {'; '.join(problems)}")
+
+
+async def _role(connection: _Connection) -> Any:
+    """``ROLE``'s reply; a server that refuses the command (some managed services rename or
+    forbid it) counts as a master without known replicas."""
+    try:
+        return await connection.send(command("ROLE"))
+    except redis.ResponseError as exc:
+        if not_the_master(exc):
+            raise
+        return ["master", 0, []]
+
+
+def _check_master(role: Any, connection: _Connection, where: str) -> None:
+    """Take a ``ROLE`` reply: a server that is not the master closes the connection
+    (``redis.ConnectionError``)."""
+    if isinstance(role, list) and role and role[0] == "master":
+        return
+    what = role[0] if isinstance(role, list) and role else role
+    error = redis.ConnectionError(f"Redis{' at ' + where if where else ''} is a {what}, not the master")
+    connection.close(error)
+    raise error
 
 
 class Script:

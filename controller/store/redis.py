@@ -45,6 +45,7 @@ from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
 from controller.fleet import LastDecision
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record
+from controller.redis_client import Endpoint
 from controller.store.base import Busy, Lease
 from controller.store.pipelined import PipelinedRedis
 
@@ -208,14 +209,10 @@ DECISION_TTL_SECONDS = 7 * 24 * 3600
 
 
 def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
-    """A client with short timeouts, so an unreachable Redis becomes a quick 503, not a hang."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        health_check_interval=15,
-        decode_responses=True,
-    )
+    """A client of the Redis at ``url`` with short timeouts, so an unreachable Redis becomes a
+    quick 503, not a hang (``redis_client.Endpoint.client``; the processes build theirs from the
+    settings, Sentinel included)."""
+    return Endpoint(url).client(timeout_seconds)
 
 
 @contextmanager
@@ -448,10 +445,10 @@ The want is ``_WANT``'s (same keys, same pending-index score)."""
 
 
 def connect_async(url: str, timeout_seconds: float = 3.0) -> PipelinedRedis:
-    """The receiver's client: one pipelined connection (``store.pipelined``), connected lazily on
-    the event loop that first uses it, with a short timeout so an unreachable Redis becomes a
-    quick 503."""
-    return PipelinedRedis(url, timeout_seconds)
+    """The receiver's client for the Redis at ``url``: one pipelined connection
+    (``store.pipelined``), connected lazily on the event loop that first uses it, with a short
+    timeout so an unreachable Redis becomes a quick 503 (``redis_client.Endpoint.pipelined``)."""
+    return Endpoint(url).pipelined(timeout_seconds)
 
 
 class RedisInbox:
