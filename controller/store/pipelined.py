@@ -27,12 +27,21 @@ The master: each connection asks ``ROLE`` first and is used only if the server s
 master. With sentinels (``sentinels``, ``master_name``), the address is asked of them at each
 connect (``SENTINEL GET-MASTER-ADDR-BY-NAME``, one sentinel after another until one answers), so
 after a failover the next connection goes to the new master.
+
+Replicas: ``execute(..., replicated=True)`` returns only once the command's writes are on at
+least one replica (``WAIT 1``, bounded by ``replica_timeout_seconds``; past it,
+``ReplicaTimeout``), when the master has replicas (``ROLE`` lists them; asked again every
+second). Redis's replication is asynchronous: without this a write the master acknowledged is
+lost if the master dies before sending it on. ``WAIT`` counts the connection's own writes, and
+the commands of one connection run in order, so one ``WAIT`` sent after several commands
+covers them all: the callers that ask in one turn of the event loop share one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import ssl
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -43,6 +52,12 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
 
 Arg = str | int | float | bytes
+ROLE_REFRESH_SECONDS = 1.0
+"""How long a connection trusts the master's last word on how many replicas it has."""
+
+
+class ReplicaTimeout(redis.TimeoutError):
+    """The master has replicas, and none confirmed a write within the bound."""
 
 
 def not_the_master(error: redis.ResponseError) -> bool:
@@ -123,7 +138,11 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._watchdog: asyncio.TimerHandle | None = None
         self._outgoing: list[bytes] = []
+        self._unsent_wait: asyncio.Future[Any] | None = None
         self.closed = False
+        self.replicas = 0
+        """Replicas the master listed at the last ``ROLE`` (``role_asked_at``, loop time)."""
+        self.role_asked_at = -math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
@@ -140,10 +159,18 @@ class _Connection(asyncio.Protocol):
             self._arm()
         return answer
 
+    def wait_for_replica(self, timeout_ms: int) -> asyncio.Future[Any]:
+        """``WAIT 1 timeout_ms``: how many replicas have every write this connection sent so far.
+        Shared with the other callers until it is written: sent later, it covers their writes too."""
+        if self._unsent_wait is None:
+            self._unsent_wait = self.send(command("WAIT", 1, timeout_ms))
+        return self._unsent_wait
+
     def _flush(self) -> None:
         """Write every command issued since the last flush at once: one system call for the
         deliveries that reached Redis in the same turn of the event loop."""
         outgoing, self._outgoing = self._outgoing, []
+        self._unsent_wait = None
         if self._transport is not None and not self.closed:
             self._transport.write(b"".join(outgoing))
 
@@ -228,7 +255,10 @@ class PipelinedRedis:
         master_name: str | None = None,
         sentinel_password: str | None = None,
         ca_file: str | None = None,
+        replica_timeout_seconds: float = 1.0,
     ) -> None:
+        """``replica_timeout_seconds`` (at most half of ``timeout_seconds``): how long a write may
+        take to reach a replica (``execute(..., replicated=True)``)."""
         options: dict[str, Any] = dict(parse_url(url))
         if ca_file:
             options["ssl_ca_certs"] = ca_file
@@ -243,14 +273,21 @@ class PipelinedRedis:
         self._sentinels = list(sentinels)
         self._master_name = master_name or self._host
         self._sentinel_password = sentinel_password
+        # WAIT blocks the connection: it must end well before the commands behind it time out.
+        self._replica_timeout_ms = max(1, int(min(replica_timeout_seconds, timeout_seconds / 2) * 1000))
         self._connection: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
 
-    async def execute(self, *args: Arg) -> Any:
+    async def execute(self, *args: Arg, replicated: bool = False) -> Any:
+        """Send one command and return its reply; with ``replicated``, once its writes are on a
+        replica too (when the master has any; ``ReplicaTimeout`` past the bound)."""
         connection = self._connection
         if connection is None or connection.closed:
             connection = await self._connect()
-        return await connection.send(command(*args))
+        reply = await connection.send(command(*args))
+        if replicated:
+            await self._replicated(connection)
+        return reply
 
     async def ping(self) -> bool:
         return bool(await self.execute("PING") == "PONG")
@@ -262,6 +299,20 @@ class PipelinedRedis:
         if self._connection is not None:
             self._connection.close()
             self._connection = None
+
+    async def _replicated(self, connection: _Connection) -> None:
+        """Return once ``connection``'s writes are on at least one replica, or at once when the
+        master has none. On the same connection: a new one's ``WAIT`` would count nothing."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - connection.role_asked_at >= ROLE_REFRESH_SECONDS:
+            connection.role_asked_at = loop.time()  # the callers meanwhile go by the last answer
+            _check_master(await _role(connection), connection, "")
+        if connection.replicas == 0:
+            return
+        acked = await asyncio.shield(connection.wait_for_replica(self._replica_timeout_ms))
+        if int(acked) < 1:
+            connection.role_asked_at = -math.inf  # the replica may be gone: ask again next time
+            raise ReplicaTimeout(f"no replica confirmed the write within {self._replica_timeout_ms} ms")
 
     async def _connect(self) -> _Connection:
         if self._connecting is None:
@@ -290,6 +341,7 @@ class PipelinedRedis:
             except redis.ResponseError as exc:  # AUTH or SELECT refused
                 raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc
             _check_master(role, connection, f"{host}:{port}" if not self._path else str(self._path))
+            connection.role_asked_at = asyncio.get_running_loop().time()
             self._connection = connection
             return connection
 
@@ -347,9 +399,10 @@ async def _role(connection: _Connection) -> Any:
 
 
 def _check_master(role: Any, connection: _Connection, where: str) -> None:
-    """Take a ``ROLE`` reply: a server that is not the master closes the connection
-    (``redis.ConnectionError``)."""
+    """Take a ``ROLE`` reply: the number of replicas of a master; a server that is not the
+    master closes the connection (``redis.ConnectionError``)."""
     if isinstance(role, list) and role and role[0] == "master":
+        connection.replicas = len(role[2]) if len(role) > 2 and isinstance(role[2], list) else 0
         return
     what = role[0] if isinstance(role, list) and role else role
     error = redis.ConnectionError(f"Redis{' at ' + where if where else ''} is a {what}, not the master")
@@ -366,8 +419,10 @@ class Script:
         self._text = text
         self._sha = hashlib.sha1(text.encode("utf-8")).hexdigest()
 
-    async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = ()) -> Any:
+    async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = (), replicated: bool = False) -> Any:
+        """Run the script; with ``replicated``, return once its writes are on a replica too
+        (``PipelinedRedis.execute``)."""
         try:
-            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args)
+            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args, replicated=replicated)
         except NoScriptError:
-            return await self._client.execute("EVAL", self._text, len(keys), *keys, *args)
+            return await self._client.execute("EVAL", self._text, len(keys), *keys, *args, replicated=replicated)

@@ -222,7 +222,8 @@ def _translated(what: str) -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
         raise StoreUnavailable(f"redis unavailable during {what}", retry_after=2) from exc
     except redis.ResponseError as exc:
-        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN")):
+        # NOREPLICAS: the server's min-replicas-to-write refuses writes while too few replicas are in sync.
+        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "NOREPLICAS")):
             raise StoreUnavailable(f"redis not ready during {what}", retry_after=2) from exc
         raise
 
@@ -462,6 +463,14 @@ class RedisInbox:
     (503, the sender retries) and, the script being atomic, left nothing half done. A retry of
     a delivery whose answer was lost after the script ran is a duplicate, not a second job.
 
+    When the master has replicas, "stored" means on a replica too: ``submit`` returns once the
+    script's writes reached one (``WAIT``), and raises ``StoreUnavailable`` (503) if none
+    confirms within a second. A failover then promotes a replica that has every delivery the
+    receiver acknowledged. A duplicate waits too: since Redis 7.0 ``WAIT`` counts everything the
+    master had written when the connection's last command ran (not only the connection's own
+    writes), so a duplicate's 2xx also means the first delivery, whichever receiver took it, is
+    on a replica.
+
     An id claimed "pending" by a receiver of the earlier design (during a rolling upgrade) is
     looked at again for up to ``wait_seconds``, then answered 503: never a 2xx for a job whose
     enqueue might still fail.
@@ -489,7 +498,7 @@ class RedisInbox:
         deadline = time.monotonic() + self._wait
         while True:
             with _translated("enqueue"):
-                result = int(await self._submit(keys=keys, args=args))
+                result = int(await self._submit(keys=keys, args=args, replicated=True))
             if result == 1:
                 return Outcome.ENQUEUED
             if result == 0:

@@ -1,6 +1,7 @@
 """Every Redis client follows the master, against real redis-servers on loopback (a primary and
 its replica): a server that is a replica, or becomes one (``REPLICAOF``, as a failover or an
-operator does), is a lost connection, never a place to write.
+operator does), is a lost connection, never a place to write; and a delivery the receiver
+acknowledges is on a replica first (``WAIT``), so a failover cannot lose it.
 """
 
 from __future__ import annotations
@@ -15,8 +16,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from controller.errors import StoreUnavailable
+from controller.inbox import Job, Outcome
 from controller.redis_client import Endpoint
-from controller.store.pipelined import PipelinedRedis
+from controller.store.pipelined import PipelinedRedis, ReplicaTimeout
+from controller.store.redis import RedisInbox
 from tests.support.processes import assert_no_process_left, free_port, wait_for
 from tests.support.redis_server import RedisServer
 
@@ -105,3 +109,63 @@ def test_the_sync_client_writes_only_to_the_master(pair: tuple[RedisServer, Redi
         assert client.get("roles:sync") == "three"
     finally:
         client.close()
+
+
+def test_a_replicated_write_returns_once_a_replica_has_it(pair: tuple[RedisServer, RedisServer]) -> None:
+    """L5: with a replica attached, ``replicated`` returns only once the write is on it; while the
+    replica does not answer, it fails at the bound (``ReplicaTimeout``, a 503; not the
+    connection's timeout, which would close it) though the master took the write; without a
+    replica (stopped: the master drops it) there is nothing to wait for and it succeeds."""
+    primary, replica = pair
+
+    async def main() -> None:
+        client = PipelinedRedis(primary.url, timeout_seconds=3.0, replica_timeout_seconds=1.0)
+        write = client.register_script(WRITE)
+        try:
+            assert await write(keys=["roles:w"], args=["one"], replicated=True) == "OK"
+            with replica.client(timeout=1) as on_replica:
+                assert on_replica.get("roles:w") == "one"  # there already: no wait needed to see it
+            with paused(replica):
+                with pytest.raises(ReplicaTimeout):
+                    await write(keys=["roles:w"], args=["two"], replicated=True)
+                assert await write(keys=["roles:w"], args=["three"]) == "OK"  # the same connection carries on
+            replica.stop()
+            await asyncio.sleep(1.2)  # the master's word on its replicas is at most a second old
+            assert await write(keys=["roles:w"], args=["four"], replicated=True) == "OK"
+        finally:
+            await client.aclose()
+
+    asyncio.run(main())
+    assert primary.client().get("roles:w") == "four"
+
+
+def test_a_duplicate_is_acknowledged_only_once_the_first_delivery_is_on_a_replica(
+    pair: tuple[RedisServer, RedisServer],
+) -> None:
+    """L5: one receiver queued a delivery but no replica confirmed it (503: the sender retries);
+    the retry reaches another receiver, where it is a duplicate. That 2xx is a promise too:
+    it waits for the replica, so it fails as well while the replica cannot confirm the first
+    delivery's writes, and succeeds once it can."""
+    primary, replica = pair
+    job = Job("sess_dup", "msg_dup", "agent.session.action_required")
+
+    async def main() -> None:
+        first = RedisInbox(PipelinedRedis(primary.url, replica_timeout_seconds=1.0), "roles:queue", 3600)
+        second = RedisInbox(PipelinedRedis(primary.url, replica_timeout_seconds=1.0), "roles:queue", 3600)
+        assert await second.ready()  # the second receiver's connection exists (it wrote nothing yet)
+        try:
+            # A delivery before: on the replica, which has confirmed everything up to it.
+            assert await first.submit(Job("sess_before", "msg_before", "agent.session.action_required"))
+            with paused(replica):
+                with pytest.raises(StoreUnavailable):
+                    await first.submit(job)
+                with pytest.raises(StoreUnavailable):
+                    await second.submit(job)
+            assert await second.submit(job) is Outcome.DUPLICATE
+        finally:
+            await first.close()
+            await second.close()
+
+    asyncio.run(main())
+    with replica.client(timeout=1) as on_replica:
+        assert on_replica.llen("roles:queue") == 2

@@ -53,7 +53,7 @@ async def pipelined_write(target: Endpoint, key: str, value: str) -> str:
     client = target.pipelined()
     try:
         write = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
-        return str(await write(keys=[key], args=[value]))
+        return str(await write(keys=[key], args=[value], replicated=True))
     finally:
         await client.aclose()
 
@@ -69,7 +69,7 @@ def test_every_client_finds_the_master_through_the_sentinels_and_follows_a_failo
     write = receiver.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
 
     async def receiver_write(key: str, value: str) -> str:
-        return str(await write(keys=[key], args=[value]))
+        return str(await write(keys=[key], args=[value], replicated=True))
 
     loop = asyncio.new_event_loop()
     try:
