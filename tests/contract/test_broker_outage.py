@@ -1,5 +1,5 @@
 """A worker survives its broker going away, or becoming a replica, while it holds a job
-(``controller.broker``).
+(``controller.broker``); one that must give up exits non-zero.
 
 A real Celery worker (the product's app and worker arguments, ``tests.support.order_worker``)
 with two pool processes takes a job and holds it unacknowledged while it waits for the next
@@ -17,8 +17,11 @@ is the master again and goes on.
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from controller import queue
 from controller.config import PREFIX, Settings
@@ -132,4 +135,35 @@ def test_a_worker_started_while_redis_is_read_only_works_once_it_is_the_master(t
         worker.stop()
         client.close()
         server.stop()
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_gives_up_exits_non_zero(tmp_path: Path) -> None:
+    """A worker that cannot go on (here the webhook queue's key holds a string, not a list:
+    Celery's "Unrecoverable error") exits with a non-zero status, so a supervisor that restarts
+    on failure brings it back (it used to exit 0). The real ``sandbox-controller worker``."""
+    server = RedisServer(tmp_path / "redis").start()
+    with server.client() as client:
+        client.set(queue.QUEUE, "not a list")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)},
+        PREFIX + "REDIS_URL": server.url,
+        PREFIX + "API_KEY": "sk-worker-exit-test",
+        PREFIX + "EXECUTOR_KEY": "envkey-worker-exit-test",
+        PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
+    }
+    worker = Managed("worker", python_module("controller", "worker", "--concurrency", "1"), env, tmp_path / "w.log")
+    worker.start()
+    try:
+        assert worker.proc is not None
+        code = worker.proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        worker.stop()
+        server.stop()
+    assert "Unrecoverable error" in worker.output()
+    assert code == 1, worker.output()[-2000:]
     assert_no_process_left(tmp_path)
