@@ -112,7 +112,6 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         parts.client,
         parts.publish,
         on_sweep=parts.on_sweep,
-        publish_many=parts.publish_many,
         watch=parts.watch,
         on_pools=parts.on_pools,
     )

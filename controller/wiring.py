@@ -24,11 +24,10 @@ import redis
 from celery import Celery, signals
 from starlette.applications import Starlette
 
-from controller import logs, queue, worker
+from controller import logs, queue, scheduler, worker
 from controller.clock import Clock, SystemClock
 from controller.config import PREFIX, Settings
 from controller.errors import ConfigError, StoreUnavailable
-from controller.inbox import Job
 from controller.lifecycle import Decision, Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
@@ -55,7 +54,6 @@ from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs
-from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisInbox, RedisSessionStore
 from controller.trust import Policy
@@ -161,7 +159,7 @@ def kubernetes_api() -> Any:
     return client.CoreV1Api(client.ApiClient())
 
 
-def pod_watch(settings: Settings) -> SandboxWatch | None:
+def pod_watch(settings: Settings) -> scheduler.SandboxWatch | None:
     """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off)."""
     if settings.runner.kind != "kubernetes" or not settings.kubernetes.watch_pods:
         return None
@@ -332,10 +330,9 @@ class SchedulerParts(NamedTuple):
     store: RedisSessionStore
     runner: Runner
     client: redis.Redis
-    publish: Callable[[Job], None]
+    publish: scheduler.Publish
     metrics: Metrics
-    publish_many: Callable[[Sequence[Job]], None]
-    watch: SandboxWatch | None = None
+    watch: scheduler.SandboxWatch | None = None
     pools: WarmPoolCollector | None = None
 
     def on_sweep(self, sweep: Sweep) -> None:
@@ -349,17 +346,17 @@ class SchedulerParts(NamedTuple):
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
-    app = queue.make_app(settings)
-    client = redis_endpoint(settings).client()
+    # Leadership's renewals and the leader's pushes: a short timeout, well within the renew deadline.
+    client = redis_endpoint(settings).client(timeout_seconds=1.0)
     metrics, pools = Metrics(), WarmPoolCollector()
     metrics.registry.register(pools)
     return SchedulerParts(
         store(settings),
         runner(settings),
         client,
-        queue.publisher(app, queue.MAINTENANCE_QUEUE),
+        # The leader's jobs, pushed only while its term holds the leader key (fenced).
+        queue.fenced_publisher(client, queue.MAINTENANCE_QUEUE, scheduler.LEADER_KEY),
         metrics,
-        queue.batch_publisher(client, queue.MAINTENANCE_QUEUE),
         pod_watch(settings),
         pools,
     )
