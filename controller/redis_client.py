@@ -32,18 +32,12 @@ from urllib.parse import quote, urlsplit
 
 import redis
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
-from redis.exceptions import MasterDownError, ReadOnlyError
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
 from controller.config import QueueSettings
-from controller.store.pipelined import PipelinedRedis
+from controller.store.pipelined import PipelinedRedis, not_the_master
 
 DEFAULT_TIMEOUT_SECONDS = 3.0
-
-
-def not_the_master(error: redis.ResponseError) -> bool:
-    """Whether an error reply says the server is not (or no longer) the master."""
-    return isinstance(error, ReadOnlyError | MasterDownError) or str(error).startswith(("UNBLOCKED", "READONLY"))
 
 
 class _FollowsMaster:

@@ -32,9 +32,10 @@ Replicas: ``execute(..., replicated=True)`` returns only once the command's writ
 least one replica (``WAIT 1``, bounded by ``replica_timeout_seconds``; past it,
 ``ReplicaTimeout``), when the master has replicas (``ROLE`` lists them; asked again every
 second). Redis's replication is asynchronous: without this a write the master acknowledged is
-lost if the master dies before sending it on. ``WAIT`` counts the connection's own writes, and
-the commands of one connection run in order, so one ``WAIT`` sent after several commands
-covers them all: the callers that ask in one turn of the event loop share one.
+lost if the master dies before sending it on. ``WAIT`` covers what the master had written by the
+connection's previous command (since Redis 7.0; before, the connection's own writes), and the
+commands of one connection run in order, so one ``WAIT`` sent after several commands covers them
+all: the callers that ask in one turn of the event loop share one.
 """
 
 from __future__ import annotations
@@ -320,9 +321,9 @@ class PipelinedRedis:
         async with self._connecting:
             if self._connection is not None and not self._connection.closed:
                 return self._connection  # another caller connected meanwhile
+            host, port = await self._master_address()
             try:
                 async with asyncio.timeout(self._timeout):
-                    host, port = await self._master_address()
                     connection = await self._open(host, port)
                     try:
                         if self._password:
@@ -367,17 +368,20 @@ class PipelinedRedis:
         if not self._sentinels:
             return self._host, self._port
         problems = []
+        each = max(0.2, self._timeout / len(self._sentinels))  # one that never answers leaves time for the rest
         for index, (host, port) in enumerate(list(self._sentinels)):
             try:
-                sentinel = await self._open(host, port)
-                try:
-                    if self._sentinel_password:
-                        await sentinel.send(command("AUTH", self._sentinel_password))
-                    address = await sentinel.send(command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name))
-                finally:
-                    sentinel.close()
-            except (OSError, redis.RedisError) as exc:
-                problems.append(f"sentinel {host}:{port}: {exc}")
+                async with asyncio.timeout(each):
+                    sentinel = await self._open(host, port)
+                    try:
+                        if self._sentinel_password:
+                            await sentinel.send(command("AUTH", self._sentinel_password))
+                        asked = command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name)
+                        address = await sentinel.send(asked)
+                    finally:
+                        sentinel.close()
+            except (OSError, redis.RedisError) as exc:  # TimeoutError is an OSError
+                problems.append(f"sentinel {host}:{port}: {exc or type(exc).__name__}")
                 continue
             if not address:
                 problems.append(f"sentinel {host}:{port} knows no master {self._master_name!r}")

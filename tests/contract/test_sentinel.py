@@ -19,7 +19,7 @@ from controller.config import Settings
 from controller.inbox import Job
 from controller.redis_client import Endpoint
 from tests.support.processes import assert_no_process_left, wait_for
-from tests.support.redis_server import ReplicatedRedis, Tls
+from tests.support.redis_server import RedisServer, ReplicatedRedis, Tls
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -140,3 +140,29 @@ def test_tls_to_the_sentinels_and_the_master_is_verified_against_the_ca_file(ha_
         untrusted.client(timeout_seconds=2).ping()
     with pytest.raises((redis.ConnectionError, ssl.SSLError)):
         asyncio.run(pipelined_write(untrusted, "tls:x", "x"))
+
+
+def test_tls_without_sentinels_as_a_managed_redis_offers_it(tmp_path: Path) -> None:
+    """One ``rediss://`` URL (a managed Redis's primary endpoint) and ``CONTROLLER_REDIS_CA_FILE``:
+    the store's client, the receiver's and the broker reach it over TLS, checked against the CA."""
+    tls = Tls.create(tmp_path / "tls")
+    server = RedisServer(tmp_path / "redis", password="tls-test-password", tls=tls).start()
+    try:
+        settings = Settings.from_env({"CONTROLLER_REDIS_URL": server.url, "CONTROLLER_REDIS_CA_FILE": str(tls.ca_file)})
+        target = Endpoint.from_settings(settings.queue)
+        client = target.client(timeout_seconds=2)
+        try:
+            client.set("tls:plain", "yes")
+        finally:
+            client.close()
+        assert asyncio.run(pipelined_write(target, "tls:receiver", "yes")) == "OK"
+        queue.publisher(queue.make_app(settings), "test:tls-plain")(Job("sess_tls", "", "timer"))
+        with server.client(timeout=1) as direct:
+            assert (direct.get("tls:plain"), direct.get("tls:receiver"), direct.llen("test:tls-plain")) == (
+                "yes",
+                "yes",
+                1,
+            )
+    finally:
+        server.stop()
+    assert_no_process_left(tmp_path)
