@@ -12,8 +12,9 @@ script that pushes only while the key holds that term (``queue.fenced_publisher`
 that arrives late, after another took over, queues nothing; long steps (timers, recovery, the
 sweep) publish in batches and check the term before each one. Wanting work is not a leader
 action (a webhook wants work too; the worker decides under the session's lease): what a
-refused push leaves wanted, the next recovery pass enqueues. A scheduler that stops releases the
-key, so a standby takes over at once.
+refused push leaves wanted, the next recovery pass enqueues. Tending the warm pools (Kubernetes
+calls) is checked against the term before it starts, not fenced. A scheduler that stops
+releases the key, so a standby takes over at once.
 
 Each round the leader fires the durable timers that fell due (``controller.timers``, every
 ``timers.RESOLUTION_SECONDS``: about one second), runs the recovery pass
@@ -50,7 +51,6 @@ from functools import partial
 from types import FrameType
 from typing import Protocol
 
-import kombu.exceptions
 import redis
 
 from controller import logs, reconcile, recovery, timers
@@ -131,7 +131,7 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
 """
-_BROKER_ERRORS = (redis.RedisError, kombu.exceptions.KombuError, OSError)
+_BROKER_ERRORS = (redis.RedisError, OSError)  # the queue is a Redis list the leader pushes to
 
 Publish = Callable[[Sequence[Job], str], None]
 """Queue jobs as the leader of the given term; raises ``LeadershipLost`` when that term no
