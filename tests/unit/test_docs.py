@@ -83,3 +83,22 @@ def test_scripts_test_takes_every_tier_the_docs_name_and_refuses_others_before_s
     assert done.returncode == 2
     assert "unknown tier: no-such-tier" in done.stderr
     assert "==>" not in done.stdout  # refused before any set-up step
+
+
+def test_readme_documents_every_setting() -> None:
+    """Each setting the config reads (``KEYS``) has a row in README's configuration table (a
+    secret's ``_FILE`` variant on its row: ``CONTROLLER_X`` / ``_FILE``), and the table names
+    no setting the config does not read."""
+    from controller.config import KEYS
+
+    readme = _text(ROOT / "README.md")
+    table = readme[readme.index("## Configuration") : readme.index("## Operations")]
+    rows = [line for line in table.splitlines() if line.startswith("| `CONTROLLER_")]
+    named = set()
+    for row in rows:
+        first = row.split(" | ")[0]
+        [name] = re.findall(r"`(CONTROLLER_[A-Z_]+)`", first)
+        named.add(name)
+        if "/ `_FILE`" in first:
+            named.add(name + "_FILE")
+    assert named == KEYS, (sorted(KEYS - named), sorted(named - KEYS))
