@@ -47,8 +47,10 @@ def run(app: Celery, argv: list[str]) -> int:
     """Run ``celery <argv>`` (the worker) and return its exit status.
 
     What ``app.worker_main`` does, keeping the status it drops: a worker that gives up (Celery's
-    "Unrecoverable error", or the broker unreachable past its retries) returns 1, so the process
-    exits non-zero and a supervisor that restarts on failure brings it back."""
+    "Unrecoverable error") returns 1, so the process exits non-zero and a supervisor that
+    restarts on failure brings it back; a warm shutdown (SIGTERM) returns 0."""
+    # Imported here: Celery's command line is for the worker process only (the receiver and the
+    # scheduler import this module through wiring, and never run it).
     from celery.bin.celery import celery as command
 
     command.params[0].default = app  # as Celery.start does: the app the command runs
