@@ -54,6 +54,7 @@ def world(tmp_path: Path) -> Iterator[Loop]:
         yield loop
     finally:
         loop.stop()
+    assert_no_process_left(tmp_path)  # the redis-servers and sentinels too, not only the executors
 
 
 def _send_until_accepted(loop: Loop, port: int, session_id: str, deadline: float) -> tuple[float, float] | None:
