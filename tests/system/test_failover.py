@@ -260,9 +260,7 @@ def test_two_schedulers_whose_round_takes_20_seconds_never_lead_at_once(tmp_path
         SANDBOXES: "3",
     }
     schedulers = {
-        name: Managed(
-            name, python_module("tests.support.slow_scheduler"), {**env, NAME: name}, tmp_path / f"{name}.log"
-        )
+        name: Managed(name, python_module(SLOW_SCHEDULER), {**env, NAME: name}, tmp_path / f"{name}.log")
         for name in ("first", "second")
     }
     consumer = threading.Thread(target=consume, daemon=True)
