@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring
+from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring, worker
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import serve_metrics
@@ -101,8 +101,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
     if settings.metrics.port:
         wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)
-    app.worker_main(worker_argv(args.concurrency, args.hostname))
-    return 0
+    return worker.run(app, worker_argv(args.concurrency, args.hostname))
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
@@ -117,7 +116,6 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         parts.client,
         parts.publish,
         on_sweep=parts.on_sweep,
-        publish_many=parts.publish_many,
         watch=parts.watch,
         on_pools=parts.on_pools,
     )

@@ -25,6 +25,7 @@ import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar, overload
+from urllib.parse import urlsplit
 
 from controller import files
 from controller.credentials import mask_credentials, url_credentials, url_password
@@ -33,6 +34,8 @@ from controller.signing import parse_secrets
 from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
 
 PREFIX = "CONTROLLER_"
+MAX_CA_FILE_BYTES = 16 * 1024 * 1024
+"""A CA bundle is PEM text: a system's whole bundle is a few hundred KiB."""
 T = TypeVar("T")
 
 
@@ -135,7 +138,19 @@ class RoutingSettings(Printable):
 @dataclass(frozen=True, repr=False)
 class QueueSettings(Printable):
     redis_url: str | None = None
-    """Redis for the queue, de-duplication, leases and the session→sandbox mapping."""
+    """Redis for the queue, de-duplication, leases and the session→sandbox mapping. With
+    ``redis_sentinels`` it still gives the password and database; its host is the master's name
+    (``redis://:PASSWORD@mymaster/0``)."""
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    """Redis Sentinel addresses (``CONTROLLER_REDIS_SENTINELS``, comma-separated ``host:port``):
+    every process asks them for the master and follows it through a failover."""
+    redis_sentinel_master: str | None = None
+    """The master's name at the sentinels (default: the host of ``redis_url``)."""
+    redis_sentinel_password: Secret | None = None
+    """The sentinels' own password (their ``requirepass``), if they have one."""
+    redis_ca_file: str | None = None
+    """CA bundle that signed the Redis server's (and the sentinels') TLS certificate, for a
+    ``rediss://`` URL (default: the system's CAs)."""
     lease_ttl_seconds: float = 10.0
     """A worker's hold on one session, renewed every third of it while the work runs; a dead
     worker's sessions are free again after this."""
@@ -361,6 +376,7 @@ class _Parser:
         redis_url = self.get(PREFIX + "REDIS_URL") or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             self.problems.append(f"{PREFIX}REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        sentinels, sentinel_master, sentinel_password, ca_file = self.redis_connection(redis_url)
         settings = Settings(
             webhook=WebhookSettings(
                 secrets=secrets,
@@ -404,6 +420,10 @@ class _Parser:
             ),
             queue=QueueSettings(
                 redis_url=redis_url,
+                redis_sentinels=sentinels,
+                redis_sentinel_master=sentinel_master,
+                redis_sentinel_password=sentinel_password,
+                redis_ca_file=ca_file,
                 lease_ttl_seconds=self.number("LEASE_TTL_SECONDS", QueueSettings.lease_ttl_seconds, float, 1.0, 3600),
                 visibility_timeout_seconds=self.number(
                     "QUEUE_VISIBILITY_TIMEOUT_SECONDS", QueueSettings.visibility_timeout_seconds, int, 1, DAY
@@ -593,6 +613,51 @@ class _Parser:
                 self.problems.append(f"{PREFIX}{name}: {problem}")
         return patterns
 
+    def redis_connection(
+        self, url: str | None
+    ) -> tuple[tuple[tuple[str, int], ...], str | None, Secret | None, str | None]:
+        """Sentinel addresses, the master's name, the sentinels' password and the TLS CA file."""
+        sentinels = tuple(p for p in (self.address("REDIS_SENTINELS", w) for w in self.words("REDIS_SENTINELS")) if p)
+        master = self.get(PREFIX + "REDIS_SENTINEL_MASTER", "").strip() or None
+        password = self.secret("REDIS_SENTINEL_PASSWORD")
+        ca_file = self.get(PREFIX + "REDIS_CA_FILE", "").strip() or None
+        scheme = (url or "").partition("://")[0]
+        host = _url_host(url or "")
+        if sentinels:
+            if scheme == "unix":
+                self.problems.append(f"{PREFIX}REDIS_SENTINELS needs a redis:// or rediss:// {PREFIX}REDIS_URL")
+            elif url and master and host and host != master:
+                self.problems.append(
+                    f"{PREFIX}REDIS_SENTINEL_MASTER is {master!r} but {PREFIX}REDIS_URL names {host!r}: with "
+                    "sentinels the URL's host is the master's name (they must agree)"
+                )
+            elif url and not (master or host):
+                self.problems.append(
+                    f"{PREFIX}REDIS_SENTINEL_MASTER (or the host of {PREFIX}REDIS_URL) must name the master"
+                )
+            master = master or host or None
+        elif master or password:
+            self.problems.append(
+                f"{PREFIX}REDIS_SENTINEL_MASTER and {PREFIX}REDIS_SENTINEL_PASSWORD need {PREFIX}REDIS_SENTINELS"
+            )
+        if ca_file:
+            if url and scheme != "rediss":
+                self.problems.append(f"{PREFIX}REDIS_CA_FILE is for TLS: {PREFIX}REDIS_URL must be a rediss:// URL")
+            try:  # a regular file, read without blocking (a FIFO is refused, not waited on)
+                files.read_small(ca_file, limit=MAX_CA_FILE_BYTES)
+            except OSError as exc:
+                self.problems.append(f"{PREFIX}REDIS_CA_FILE: cannot read {ca_file}: {exc.strerror}")
+        return sentinels, master, password, ca_file
+
+    def address(self, name: str, text: str) -> tuple[str, int] | None:
+        """``host:port`` (``[v6]:port`` for an IPv6 address), or None with the problem noted."""
+        host, sep, port = text.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            self.problems.append(f"{PREFIX}{name}: {text!r} is not host:port")
+            return None
+        return host, int(port)
+
     def metadata_route(self) -> tuple[str | None, str | None]:
         raw = self.get(PREFIX + "ROUTE_METADATA", "").strip()
         if not raw:
@@ -642,6 +707,13 @@ def _describe_fields(value: Any) -> dict[str, Any]:
 def number_text(value: float) -> str:
     """A bound as README writes it: ``300``, ``0.1``."""
     return str(int(value)) if float(value).is_integer() else str(value)
+
+
+def _url_host(url: str) -> str:
+    """The host of a URL as written (case kept: a Sentinel master's name is case-sensitive)."""
+    host = urlsplit(url).netloc.rpartition("@")[2]
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() and not host.endswith("]") else host
 
 
 def _parse_nothing() -> _Parser:

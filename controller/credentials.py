@@ -12,6 +12,7 @@ whether a Redis URL takes a password. Pure functions: no I/O.
 from __future__ import annotations
 
 import re
+from urllib.parse import unquote
 
 MASK = "***"
 _SECRET_PARAMETER = re.compile(r"pass|secret|token|key|auth|credential|signature", re.IGNORECASE)
@@ -35,7 +36,8 @@ def _split_url(url: str) -> tuple[str, str, str, str] | None:
 def url_credentials(text: str) -> list[str]:
     """The credentials a URL carries: its userinfo's password (or a lone token in its place)
     and the value of any query parameter named like a credential (``?password=``, redis-py's
-    form for unix sockets; ``token``, ``secret``, ``key``…)."""
+    form for unix sockets; ``token``, ``secret``, ``key``…), each as written and as a client
+    decodes it (percent-escapes undone)."""
     parts = _split_url(text.strip())
     if parts is None:
         return []
@@ -47,7 +49,8 @@ def url_credentials(text: str) -> list[str]:
     for match in _PARAMETER.finditer(query):
         if _SECRET_PARAMETER.search(match["name"]) and match["value"]:
             found.append(match["value"])
-    return [value for value in found if value]
+    decoded = [unquote(value) for value in found]  # what a client sends: %2F is a "/" in the password
+    return list(dict.fromkeys(value for value in found + decoded if value))
 
 
 def url_password(text: str) -> str | None:

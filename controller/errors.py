@@ -19,6 +19,7 @@
     │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
     │   └── RunnerRejected   the runner backend refused the spec (bad config)
     └── Fenced               a stale decision (the lease was lost): drop it, look again later
+        └── LeadershipLost   the scheduler no longer leads: its leader actions are refused
 
 Third-party exceptions are translated once, in the adapter that sees them, with
 ``raise ... from exc``. Messages carry ids, never secrets.
@@ -108,3 +109,8 @@ class RunnerRejected(Permanent):
 
 class Fenced(ControllerError):
     """The caller no longer holds the session's lease; its decision is stale."""
+
+
+class LeadershipLost(Fenced):
+    """The scheduler's leadership term is over (renew deadline missed, or another leads): what it
+    was about to do as the leader is not done."""

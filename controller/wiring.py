@@ -24,12 +24,11 @@ import redis
 from celery import Celery, signals
 from starlette.applications import Starlette
 
-from controller import logs, queue, worker
+from controller import logs, queue, scheduler, worker
 from controller.clock import SystemClock
 from controller.config import PREFIX, Settings
 from controller.decide import Decision
 from controller.errors import ConfigError, StoreUnavailable
-from controller.inbox import Job
 from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
@@ -52,14 +51,14 @@ from controller.metrics import (
 from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
+from controller.redis_client import Endpoint
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs, UidRange, state_directory_problems
-from controller.scheduler import SandboxWatch
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore, connect, connect_async
+from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore
 from controller.trust import Policy
 
 log = logs.get(__name__)
@@ -220,7 +219,7 @@ def kubernetes_api() -> Any:
     return client.CoreV1Api(client.ApiClient())
 
 
-def pod_watch(settings: Settings) -> SandboxWatch | None:
+def pod_watch(settings: Settings) -> scheduler.SandboxWatch | None:
     """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off)."""
     if settings.runner.kind != "kubernetes" or not settings.kubernetes.watch_pods:
         return None
@@ -234,10 +233,14 @@ def sandbox_templates(settings: Settings) -> Templates:
     return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
 
 
+def redis_endpoint(settings: Settings) -> Endpoint:
+    """Where Redis is: one URL, or the master a Sentinel set names (``redis_client``)."""
+    return Endpoint.from_settings(settings.queue)
+
+
 def store(settings: Settings, client: redis.Redis | None = None) -> RedisSessionStore:
     q = settings.queue
-    assert q.redis_url is not None
-    return RedisSessionStore(client or connect(q.redis_url), q.lease_ttl_seconds, q.recovery_after_seconds)
+    return RedisSessionStore(client or redis_endpoint(settings).client(), q.lease_ttl_seconds, q.recovery_after_seconds)
 
 
 def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
@@ -275,8 +278,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
     metrics = counters if counters is not None else Metrics()
     templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
-    assert settings.queue.redis_url is not None
-    client = connect(settings.queue.redis_url)
+    client = redis_endpoint(settings).client()
     session_store = store(settings, client)
     lifecycle = settings.lifecycle
     return Deps(
@@ -389,8 +391,7 @@ class FleetParts(NamedTuple):
 def fleet_parts(settings: Settings) -> FleetParts:
     """What ``status`` reads: the mapping and last decisions, the runner's view of each sandbox,
     and Redis's clock (the one the workers decide on)."""
-    assert settings.queue.redis_url is not None
-    client = connect(settings.queue.redis_url)
+    client = redis_endpoint(settings).client()
     return FleetParts(store(settings, client), runner(settings), RedisClock(client))
 
 
@@ -398,10 +399,9 @@ class SchedulerParts(NamedTuple):
     store: RedisSessionStore
     runner: Runner
     client: redis.Redis
-    publish: Callable[[Job], None]
+    publish: scheduler.Publish
     metrics: Metrics
-    publish_many: Callable[[Sequence[Job]], None]
-    watch: SandboxWatch | None = None
+    watch: scheduler.SandboxWatch | None = None
     pools: WarmPoolCollector | None = None
 
     def on_sweep(self, sweep: Sweep) -> None:
@@ -415,18 +415,17 @@ class SchedulerParts(NamedTuple):
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
-    assert settings.queue.redis_url is not None
-    app = queue.make_app(settings)
-    client = connect(settings.queue.redis_url)
+    # Leadership's renewals and the leader's pushes: a short timeout, well within the renew deadline.
+    client = redis_endpoint(settings).client(timeout_seconds=1.0)
     metrics, pools = Metrics(), WarmPoolCollector()
     metrics.registry.register(pools)
     return SchedulerParts(
         store(settings),
         runner(settings),
         client,
-        queue.publisher(app, queue.MAINTENANCE_QUEUE),
+        # The leader's jobs, pushed only while its term holds the leader key (fenced).
+        queue.fenced_publisher(client, queue.MAINTENANCE_QUEUE, scheduler.LEADER_KEY),
         metrics,
-        queue.batch_publisher(client, queue.MAINTENANCE_QUEUE),
         pod_watch(settings),
         pools,
     )
@@ -435,8 +434,7 @@ def scheduler_parts(settings: Settings) -> SchedulerParts:
 def receiver_app(settings: Settings) -> Starlette:
     """The Starlette app with its Redis inbox: one script per delivery, awaited on the event loop,
     that de-duplicates, wants the work and pushes the Celery task message (``task_message``)."""
-    assert settings.queue.redis_url is not None
-    client = connect_async(settings.queue.redis_url)  # one pipelined connection for every delivery
+    client = redis_endpoint(settings).pipelined()  # one pipelined connection for every delivery
     inbox = RedisInbox(
         client,
         queue.QUEUE,

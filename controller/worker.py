@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import click
 from celery import Celery, Task
 
 from controller import lifecycle, logs, queue
@@ -41,6 +42,25 @@ def watch_delay(asked: int) -> float:
 def announce_ready(**_: Any) -> None:
     """Celery's ``worker_ready`` signal: the worker consumes the queue from now on."""
     log.info("worker ready", extra={"pid": os.getpid()})
+
+
+def run(app: Celery, argv: list[str]) -> int:
+    """Run ``celery <argv>`` (the worker) and return its exit status.
+
+    What ``app.worker_main`` does, keeping the status it drops: a worker that gives up (Celery's
+    "Unrecoverable error") returns 1, so the process exits non-zero and a supervisor that
+    restarts on failure brings it back; a warm shutdown (SIGTERM) returns 0."""
+    # Imported here: Celery's command line is for the worker process only (the receiver and the
+    # scheduler import this module through wiring, and never run it).
+    from celery.bin.celery import celery as command
+
+    command.params[0].default = app  # as Celery.start does: the app the command runs
+    try:
+        return int(command.main(args=argv, standalone_mode=False) or 0)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    finally:
+        command.params[0].default = None
 
 
 def backoff_seconds(retries: int, hint: float | None) -> float:

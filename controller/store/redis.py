@@ -22,6 +22,9 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
                      score: when reserved, Unix ms): the pre-start budget
     sc:decision:{sid} the latest decision about a session (hash; for ``status``/``explain``)
 
+Beside them, the scheduler's ``sc:scheduler:leader`` (``scheduler.LEADER_KEY``: the leading
+term, with a TTL) and Celery's queues (``queue.QUEUE``, ``queue.MAINTENANCE_QUEUE``).
+
 ``sc:want``/``sc:done`` are deleted by the ``complete`` that catches up with the last want of
 a session that has no mapping: nothing is pending then, and a later delivery simply starts
 again from zero. The pending index is kept in the same scripts as the counters, so a
@@ -49,6 +52,7 @@ from controller import logs, task_message
 from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
 from controller.inbox import Job, Outcome
 from controller.model import Handle, LastDecision, Record
+from controller.redis_client import Endpoint
 from controller.store.base import Busy, Lease
 from controller.store.pipelined import PipelinedRedis
 
@@ -254,14 +258,10 @@ DECISION_TTL_SECONDS = 7 * 24 * 3600
 
 
 def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
-    """A client with short timeouts, so an unreachable Redis becomes a quick 503, not a hang."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        health_check_interval=15,
-        decode_responses=True,
-    )
+    """A client of the Redis at ``url`` with short timeouts, so an unreachable Redis becomes a
+    quick 503, not a hang (``redis_client.Endpoint.client``; the processes build theirs from the
+    settings, Sentinel included)."""
+    return Endpoint(url).client(timeout_seconds)
 
 
 @contextmanager
@@ -271,7 +271,8 @@ def _translated(what: str) -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
         raise StoreUnavailable(f"redis unavailable during {what}", retry_after=2) from exc
     except redis.ResponseError as exc:
-        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN")):
+        # NOREPLICAS: the server's min-replicas-to-write refuses writes while too few replicas are in sync.
+        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "NOREPLICAS")):
             raise StoreUnavailable(f"redis not ready during {what}", retry_after=2) from exc
         raise
 
@@ -558,10 +559,10 @@ The want is ``_WANT``'s (same keys, same pending-index score)."""
 
 
 def connect_async(url: str, timeout_seconds: float = 3.0) -> PipelinedRedis:
-    """The receiver's client: one pipelined connection (``store.pipelined``), connected lazily on
-    the event loop that first uses it, with a short timeout so an unreachable Redis becomes a
-    quick 503."""
-    return PipelinedRedis(url, timeout_seconds)
+    """The receiver's client for the Redis at ``url``: one pipelined connection
+    (``store.pipelined``), connected lazily on the event loop that first uses it, with a short
+    timeout so an unreachable Redis becomes a quick 503 (``redis_client.Endpoint.pipelined``)."""
+    return Endpoint(url).pipelined(timeout_seconds)
 
 
 class RedisInbox:
@@ -574,6 +575,14 @@ class RedisInbox:
     script did, so the receiver's 2xx means the job is stored; any failure raises ``Transient``
     (503, the sender retries) and, the script being atomic, left nothing half done. A retry of
     a delivery whose answer was lost after the script ran is a duplicate, not a second job.
+
+    When the master has replicas, "stored" means on a replica too: ``submit`` returns once the
+    script's writes reached one (``WAIT``), and raises ``StoreUnavailable`` (503) if none
+    confirms within a second. A failover then promotes a replica that has every delivery the
+    receiver acknowledged. A duplicate waits too: since Redis 7.0 ``WAIT`` counts everything the
+    master had written when the connection's last command ran (not only the connection's own
+    writes), so a duplicate's 2xx also means the first delivery, whichever receiver took it, is
+    on a replica.
 
     An id claimed "pending" by a receiver of the earlier design (during a rolling upgrade) is
     looked at again for up to ``wait_seconds``, then answered 503: never a 2xx for a job whose
@@ -602,7 +611,7 @@ class RedisInbox:
         deadline = time.monotonic() + self._wait
         while True:
             with _translated("enqueue"):
-                result = int(await self._submit(keys=keys, args=args))
+                result = int(await self._submit(keys=keys, args=args, replicated=True))
             if result == 1:
                 return Outcome.ENQUEUED
             if result == 0:

@@ -282,6 +282,22 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
             merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "auth": {"existingSecret": "r"}}}),
             "redis.auth.existingSecret is for the bundled Redis",
         ),
+        (
+            merge(CREDENTIALS, {"redis": {"sentinel": {"addresses": ["sentinel:26379"]}}}),
+            "redis.sentinel and redis.tls are for an external Redis",
+        ),
+        (
+            merge(CREDENTIALS, {"redis": {"tls": {"caSecret": "redis-ca"}}}),
+            "redis.sentinel and redis.tls are for an external Redis",
+        ),
+        (
+            merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "sentinel": {"masterName": "m"}}}),
+            "need redis.sentinel.addresses",
+        ),
+        (
+            merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "tls": {"caSecret": "redis-ca"}}}),
+            "redis.url must be a rediss:// URL",
+        ),
         (merge(CREDENTIALS, {"sandbox": {"executorKey": {"value": API_KEY}}}), "separate, restricted key"),
         (merge(CREDENTIALS, {"sandbox": {"namespace": {"name": NAMESPACE}}}), "must differ"),
         (
@@ -304,6 +320,10 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
         "no-redis",
         "two-redis",
         "external-redis-auth",
+        "sentinel-bundled",
+        "tls-bundled",
+        "sentinel-master-alone",
+        "ca-without-tls",
         "same-key",
         "same-ns",
         "allow-anywhere",
@@ -699,6 +719,7 @@ NOT_SET_BY_THE_CHART = {
     "CONTROLLER_WEBHOOK_SECRETS": "the chart mounts the secrets as a file: CONTROLLER_WEBHOOK_SECRETS_FILE",
     "CONTROLLER_EXECUTOR_KEY": "the Kubernetes runner hands the key to pods through a Secret (L2)",
     "CONTROLLER_EXECUTOR_KEY_FILE": "the Kubernetes runner hands the key to pods through a Secret (L2)",
+    "CONTROLLER_REDIS_SENTINEL_PASSWORD": "the chart mounts it as a file: CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE",
     "CONTROLLER_EXECUTOR_COMMAND": "local runner only (pods run the image's entrypoint)",
     "CONTROLLER_LOCAL_STATE_DIRECTORY": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_USER": "local runner only",
@@ -781,6 +802,60 @@ def test_settings_parse_in_the_controller(chart: Any, tmp_path: Path) -> None:
     assert settings.webhook.max_in_flight == 100
     assert settings.receiver.header_timeout_seconds == settings.webhook.body_timeout_seconds == 10.0
     assert settings.runner.remote_url_allowlist == ("*.openai.com", "*.openai.org")  # the config's default too
+
+
+def test_an_external_redis_behind_sentinel_with_tls_reaches_every_component(chart: Any, tmp_path: Path) -> None:
+    """An external Redis run for failover (ci/ha-redis-values.yaml): the sentinels and the
+    master's name in the ConfigMap; the sentinels' password and the TLS CA mounted from their
+    existing Secrets as files into every controller pod, named by their ``_FILE`` settings; no
+    bundled Redis. With those files in place the controller accepts the settings."""
+    from controller.config import Settings
+
+    objects = render(chart, load_values(CI_DIR / "ha-redis-values.yaml"))
+    assert of_kind(objects, "StatefulSet") == []
+    full = _full(objects)
+    data = one(objects, "ConfigMap", full)["data"]
+    assert data["CONTROLLER_REDIS_SENTINELS"] == ",".join(
+        f"redis-ha-sentinel-{n}.redis-ha.data.svc:26379" for n in range(3)
+    )
+    assert data["CONTROLLER_REDIS_SENTINEL_MASTER"] == "mymaster"
+    files: dict[str, str] = {}
+    for component in ("receiver", "worker", "scheduler"):
+        spec = one(objects, "Deployment", f"{full}-{component}")["spec"]["template"]["spec"]
+        [container] = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
+        for setting, volume, secret, key in (
+            (
+                "CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE",
+                "redis-sentinel-password",
+                "redis-ha-sentinel",
+                "sentinel-password",
+            ),
+            ("CONTROLLER_REDIS_CA_FILE", "redis-ca", "redis-ha-ca", "ca.crt"),
+        ):
+            path = env[setting]
+            assert mounts[volume] == str(Path(path).parent), component
+            assert volumes[volume]["secretName"] == secret, component
+            assert volumes[volume]["items"] == [{"key": key, "path": Path(path).name}], component
+            files[setting] = path
+    env = {k: v for k, v in data.items() if k not in KUBERNETES_KEYS}
+    for setting, content in (
+        ("CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE", "sentinel-password-0123"),
+        ("CONTROLLER_REDIS_CA_FILE", "-----BEGIN CERTIFICATE-----"),
+    ):
+        local = tmp_path / Path(files[setting]).name
+        local.write_text(content)
+        env[setting] = str(local)
+    env.update(CONTROLLER_REDIS_URL="rediss://:redis-pass@mymaster/0")
+    queue = Settings.from_env(env).queue
+    assert [host for host, _ in queue.redis_sentinels] == [f"redis-ha-sentinel-{n}.redis-ha.data.svc" for n in range(3)]
+    assert queue.redis_sentinel_master == "mymaster"
+    assert (
+        queue.redis_sentinel_password is not None and queue.redis_sentinel_password.reveal() == "sentinel-password-0123"
+    )
+    assert queue.redis_ca_file == env["CONTROLLER_REDIS_CA_FILE"]
 
 
 # -- workloads ----------------------------------------------------------------------------------

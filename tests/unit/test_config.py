@@ -449,3 +449,76 @@ def test_a_redis_password_is_found_in_either_form() -> None:
         ("redis://:@h/0", False),
     ):
         assert Settings.from_env(env(REDIS_URL=url)).queue.redis_password_set is has, url
+
+
+SENTINEL_PASSWORD = "sentinel-pass-77abc"
+
+
+def test_redis_sentinel_settings_are_parsed() -> None:
+    """With sentinels the URL gives password and database and its host names the master."""
+    s = Settings.from_env(
+        {
+            **full_env(),
+            **env(
+                REDIS_URL=f"redis://:{REDIS_PASSWORD}@MyMaster/2",
+                REDIS_SENTINELS="10.0.0.1:26379, sentinel-b.internal:26380,[fd00::3]:26381",
+                REDIS_SENTINEL_PASSWORD=SENTINEL_PASSWORD,
+            ),
+        }
+    )
+    q = s.queue
+    assert q.redis_sentinels == (("10.0.0.1", 26379), ("sentinel-b.internal", 26380), ("fd00::3", 26381))
+    assert q.redis_sentinel_master == "MyMaster"  # as written: Sentinel's names are case-sensitive
+    assert q.redis_sentinel_password == Secret(SENTINEL_PASSWORD)
+    named = Settings.from_env({**full_env(), **env(REDIS_SENTINELS="s:26379", REDIS_SENTINEL_MASTER="redis.internal")})
+    assert named.queue.redis_sentinel_master == "redis.internal"  # the same name the URL gives
+
+
+def test_the_sentinel_password_comes_from_a_file_and_is_masked(tmp_path: Path) -> None:
+    (tmp_path / "sentinel").write_text(SENTINEL_PASSWORD + "\n")
+    s = Settings.from_env(
+        {
+            **full_env(),
+            **env(REDIS_SENTINELS="s:26379", REDIS_SENTINEL_PASSWORD_FILE=str(tmp_path / "sentinel")),
+        }
+    )
+    assert s.queue.redis_sentinel_password == Secret(SENTINEL_PASSWORD)
+    shown = json.dumps(s.describe()) + repr(s)
+    assert SENTINEL_PASSWORD not in shown and REDIS_PASSWORD not in shown
+    assert s.describe()["queue"]["redis_sentinel_password"] == "Secret('**********')"
+
+
+def test_redis_tls_ca_file_is_parsed(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("-----BEGIN CERTIFICATE-----\n")
+    s = Settings.from_env({**full_env(), **env(REDIS_URL="rediss://:pw@redis.internal:6380/0", REDIS_CA_FILE=str(ca))})
+    assert s.queue.redis_ca_file == str(ca)
+
+
+def test_redis_connection_problems_are_reported_together(tmp_path: Path) -> None:
+    problems = problems_of(
+        {
+            **full_env(),
+            **env(
+                REDIS_URL="redis://:pw@mymaster/0",
+                REDIS_SENTINELS="good:26379, no-port, bad:port, far:70000",
+                REDIS_SENTINEL_MASTER="othermaster",
+                REDIS_CA_FILE=str(tmp_path / "missing.pem"),
+            ),
+        }
+    )
+    assert problems == [
+        f"{PREFIX}REDIS_SENTINELS: 'no-port' is not host:port",
+        f"{PREFIX}REDIS_SENTINELS: 'bad:port' is not host:port",
+        f"{PREFIX}REDIS_SENTINELS: 'far:70000' is not host:port",
+        f"{PREFIX}REDIS_SENTINEL_MASTER is 'othermaster' but {PREFIX}REDIS_URL names 'mymaster': with sentinels "
+        "the URL's host is the master's name (they must agree)",
+        f"{PREFIX}REDIS_CA_FILE is for TLS: {PREFIX}REDIS_URL must be a rediss:// URL",
+        f"{PREFIX}REDIS_CA_FILE: cannot read {tmp_path / 'missing.pem'}: No such file or directory",
+    ]
+    assert problems_of({**full_env(), **env(REDIS_SENTINEL_MASTER="m", REDIS_SENTINEL_PASSWORD="p")}) == [
+        f"{PREFIX}REDIS_SENTINEL_MASTER and {PREFIX}REDIS_SENTINEL_PASSWORD need {PREFIX}REDIS_SENTINELS"
+    ]
+    assert problems_of({**full_env(), **env(REDIS_URL="unix:///run/redis.sock", REDIS_SENTINELS="s:26379")}) == [
+        f"{PREFIX}REDIS_SENTINELS needs a redis:// or rediss:// {PREFIX}REDIS_URL"
+    ]

@@ -189,9 +189,11 @@ def _settings_rows() -> dict[str, str]:
 
 
 def test_the_settings_table_names_every_setting_and_every_numbers_range() -> None:
-    """Every setting the parser reads has its row in README's table, and every number's row
-    states the range ``config`` enforces (``BOUNDS``), as ``min–max``."""
+    """Every setting the parser reads has its row in README's table (a secret's ``_FILE`` variant
+    on its row: ``CONTROLLER_X`` / ``_FILE``), the table names no setting the parser does not read,
+    and every number's row states the range ``config`` enforces (``BOUNDS``), as ``min–max``."""
     rows = _settings_rows()
     assert KEYS - set(rows) == set(), sorted(KEYS - set(rows))
+    assert set(rows) - KEYS == set(), sorted(set(rows) - KEYS)
     for name, (minimum, maximum) in BOUNDS.items():
         assert f"range {number_text(minimum)}–{number_text(maximum)}" in rows[name], name

@@ -94,3 +94,19 @@ def test_only_the_kubernetes_runner_gets_a_pod_watch_and_it_can_be_turned_off(tm
     assert wiring.pod_watch(settings(tmp_path)) is None
     off = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_WATCH_PODS": "false"})
     assert wiring.pod_watch(off) is None
+
+
+def test_the_redis_and_sentinel_passwords_are_redacted_from_log_lines(tmp_path: Path) -> None:
+    with_sentinels = Settings.from_env(
+        {
+            PREFIX + "REDIS_URL": "redis://:the-redis%2Fpassword@mymaster/0",
+            PREFIX + "REDIS_SENTINELS": "127.0.0.1:26379",
+            PREFIX + "REDIS_SENTINEL_PASSWORD": "the-sentinel-password",
+        }
+    )
+    formatter = logs.JsonFormatter(wiring.secret_values(with_sentinels))
+    record = logging.makeLogRecord(
+        {"msg": "leaked: %s %s", "args": ("the-redis/password", "the-sentinel-password"), "levelname": "INFO"}
+    )
+    line = formatter.format(record)
+    assert "password" not in line.replace("[REDACTED]", "") and line.count("[REDACTED]") == 2
