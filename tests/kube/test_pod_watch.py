@@ -8,7 +8,7 @@ import base64
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -260,12 +260,16 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
                 "the pod to run",
             )
         published: list[Job] = []
+
+        def publish(jobs: Sequence[Job], term: str) -> None:  # the leader's publisher, as a list
+            published.extend(jobs)
+
         settings = Settings.from_env(
             {"CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3600", "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": "3600"}
         )
         thread = threading.Thread(
             target=scheduler.run,
-            args=(settings, store, runner, client, published.append, stop),
+            args=(settings, store, runner, client, publish, stop),
             kwargs={"watch": watch},
             daemon=True,
         )
