@@ -953,11 +953,16 @@ def pooled(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
     world.close()
 
 
-def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_get_on_events(pooled: _Rbac) -> None:
-    """L2: a template with a warm pool adds exactly two grants: patch on pods (the claim) and get
-    on events (the placement record)."""
+def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_create_and_get_on_leases(pooled: _Rbac) -> None:
+    """L2: a template with a warm pool adds exactly three grants: patch on pods (the claim), and
+    create and get on leases (the placement record)."""
     role = client.RbacAuthorizationV1Api(pooled.admin).read_namespaced_role(pooled.role_name, pooled.sandbox_ns)
-    assert _grants(role) == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
+    warm = {
+        ("", "pods", "patch"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+    }
+    assert _grants(role) == EXPECTED_GRANTS | warm
 
 
 def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow(pooled: _Rbac) -> None:

@@ -330,18 +330,29 @@ def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: 
 
 
 def test_a_placement_whose_pod_is_gone_moves_on_to_the_next_generation(kube_world: KubeWorld, namespace: str) -> None:
-    """L14, L1: the placement record of generation 1 outlives its pod; ensuring generation 1
-    again (a retry after the pod died) places generation 2, never waits on the dead record; the
-    record itself is the pod's Event (no key in it)."""
+    """L14, L1: the placement record of generation 1 outlives its pod (here no garbage collector
+    deletes it with the pod, as a cluster's does); ensuring generation 1 again (a retry after
+    the pod died) places generation 2, never waits on the dead record. The record is a Lease
+    owned by the placed pod; the claim is told to ``kubectl describe`` by an Event (no key in
+    either)."""
     template = _template(2)
     runner = _runner(kube_world, namespace, template)
     runner.tend_pools()
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
     spec = _session(kube_world)
     first = runner.ensure(spec, 1)
-    record = kube_world.core.read_namespaced_event(names.placement_name(spec.session_id, 1), namespace)
-    assert (record.involved_object.name, record.involved_object.uid) == (first.name, first.uid)
-    assert record.reason == "SandboxClaimed" and kube_world.simulator.environment_key not in record.message
+    leases = client.CoordinationV1Api(kube_world.core.api_client)
+    record = leases.read_namespaced_lease(names.placement_name(spec.session_id, 1), namespace)
+    [owner] = record.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid) == ("Pod", first.name, first.uid)
+    assert record.spec.holder_identity == first.name
+    selector = f"involvedObject.name={first.name}"
+    [event] = [e for e in kube_world.core.list_namespaced_event(namespace, field_selector=selector).items]
+    assert event.reason == "SandboxClaimed" and spec.session_id in event.message
+    for shown in (record, event):
+        assert kube_world.simulator.environment_key not in json.dumps(
+            client.ApiClient().sanitize_for_serialization(shown)
+        )
     runner.release(first)
     wait_for(lambda: runner.status(first) is Health.GONE, 60, "the first pod to be gone")
     second = runner.ensure(spec, 1)

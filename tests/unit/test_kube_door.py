@@ -56,7 +56,7 @@ class _Pods:
 
 
 def _kube(core: _Core) -> KubeApi:
-    return KubeApi(core)  # type: ignore[arg-type]
+    return KubeApi(core, leases=core)  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(
@@ -68,7 +68,7 @@ def _kube(core: _Core) -> KubeApi:
         (lambda kube: kube.patch_pod_if(NS, "p", []), 422),
         (lambda kube: kube.patch_pod_if(NS, "p", []), 409),
         (lambda kube: kube.read_claim(NS, "c"), 404),
-        (lambda kube: kube.record_subject(NS, "r"), 404),
+        (lambda kube: kube.lease_owner(NS, "l"), 404),
         (lambda kube: kube.read_secret(NS, "s"), 404),
     ],
 )
@@ -89,11 +89,11 @@ def test_a_delete_that_misses_is_false(status: int) -> None:
     assert _kube(_Core()).delete_pod(NS, "p", "uid-1") is True
 
 
-def test_a_record_or_claim_of_a_taken_name_is_false() -> None:
+def test_a_lease_or_claim_of_a_taken_name_is_false() -> None:
     """L1: creating a placement record (or a workspace claim) that exists already is no error:
     another placement was first (the claim is there already)."""
-    assert _kube(_Core(_refusal(409))).create_record(NS, "r", PodRef("p", "u"), "SandboxClaimed", "m") is False
-    assert _kube(_Core()).create_record(NS, "r", PodRef("p", "u"), "SandboxClaimed", "m") is True
+    assert _kube(_Core(_refusal(409))).create_lease(NS, "l", PodRef("p", "u"), {}, {}) is False
+    assert _kube(_Core()).create_lease(NS, "l", PodRef("p", "u"), {}, {}) is True
     assert _kube(_Core(_refusal(409))).create_claim(NS, {"metadata": {"name": "ws-1"}}) is False
 
 
@@ -125,11 +125,11 @@ def test_rbac_refusals_name_the_permission_and_admission_refusals_carry_its_mess
     with pytest.raises(RunnerRejected, match="grant the controller's service account 'list' on 'pods' in namespace"):
         _kube(core).list_pods(NS, "a=b")
     assert core.calls == 1
-    events = _Core(_refusal(403, 'events is forbidden: User "u" cannot create resource "events"'))
-    with pytest.raises(RunnerRejected, match=r"'create' on 'events' in namespace sandboxes"):
-        _kube(events).create_record(NS, "r", PodRef("p", "u"), "SandboxClaimed", "m")
+    leases = _Core(_refusal(403, 'leases.coordination.k8s.io is forbidden: User "u" cannot create resource'))
+    with pytest.raises(RunnerRejected, match=r"'create' on 'leases\.coordination\.k8s\.io' in namespace sandboxes"):
+        _kube(leases).create_lease(NS, "l", PodRef("p", "u"), {}, {})
     unauthorized = _Core(_refusal(401, "Unauthorized"))
-    cli = KubeApi(unauthorized, grantee="the credentials in use")  # type: ignore[arg-type]
+    cli = KubeApi(unauthorized, grantee="the credentials in use", leases=unauthorized)  # type: ignore[arg-type]
     with pytest.raises(RunnerRejected, match="grant the credentials in use 'get' on 'secrets'"):
         cli.read_secret(NS, "s")
     admission = _refusal(403, 'pods "p" is forbidden: violates PodSecurity "restricted:latest": seccompProfile')

@@ -9,7 +9,7 @@ second: its callers import it only when they build one, so receivers and the wor
 local runner never pay for it.
 
 ``KubeApi`` speaks the project's own values (``objects``: ``Pod``, ``Claim``, ``PodRef``) through
-a small set of verbs on pods, workspace claims, events and secrets, and the pod watch's
+a small set of verbs on pods, workspace claims, events, leases and secrets, and the pod watch's
 list and stream. It translates the API server's answers here, once:
 
 - 404, 409 and 410 are idempotency signals, answered as values (``None`` or ``False``: not
@@ -51,6 +51,7 @@ log = logs.get(__name__)
 T = TypeVar("T")
 CONTROLLER = "the controller's service account"
 """Whom a refusal asks to be granted the permission, by default (the chart's ServiceAccount)."""
+LEASES = "leases.coordination.k8s.io"
 
 
 class Expired(Exception):
@@ -79,10 +80,13 @@ def connect(needed_by: str = "the Kubernetes runner", grantee: str = CONTROLLER)
 class KubeApi:
     """The API server, as the controller uses it (every verb names its namespace)."""
 
-    def __init__(self, core: k8s.CoreV1Api, grantee: str = CONTROLLER) -> None:
-        """``core`` makes the requests; ``grantee`` is whom a refusal asks to grant a missing
-        permission."""
+    def __init__(
+        self, core: k8s.CoreV1Api, grantee: str = CONTROLLER, leases: k8s.CoordinationV1Api | None = None
+    ) -> None:
+        """``core`` and ``leases`` (by default on ``core``'s own ``ApiClient``) make the requests;
+        ``grantee`` is whom a refusal asks to grant a missing permission."""
         self._core = core
+        self._leases = leases if leases is not None else k8s.CoordinationV1Api(core.api_client)
         self._grantee = grantee
 
     # -- pods -------------------------------------------------------------------------------
@@ -211,36 +215,40 @@ class KubeApi:
         except (ApiException, Urllib3Error, OSError) as exc:
             log.info("could not record a pod event", extra={"pod": pod.name, "reason": type(exc).__name__})
 
-    def create_record(self, namespace: str, name: str, pod: PodRef, reason: str, message: str) -> bool:
-        """Create the Event ``name`` on the pod, a record whose name says what it records;
-        False when an Event of that name exists (409)."""
-        now = datetime.now(UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(name=name),
-            involved_object=k8s.V1ObjectReference(
-                api_version="v1", kind="Pod", name=pod.name, namespace=namespace, uid=pod.uid
+    # -- leases ----------------------------------------------------------------------------
+
+    def create_lease(
+        self, namespace: str, name: str, owner: PodRef, labels: Mapping[str, str], annotations: Mapping[str, str]
+    ) -> bool:
+        """Create the Lease ``name``, held by ``owner`` and owned by it (the garbage collector
+        deletes it once the pod is gone); False when a Lease of that name exists (409)."""
+        lease = k8s.V1Lease(
+            metadata=k8s.V1ObjectMeta(
+                name=name,
+                labels=dict(labels),
+                annotations=dict(annotations),
+                owner_references=[k8s.V1OwnerReference(api_version="v1", kind="Pod", name=owner.name, uid=owner.uid)],
             ),
-            reason=reason,
-            message=message,
-            type="Normal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=k8s.V1EventSource(component="sandbox-controller"),
+            spec=k8s.V1LeaseSpec(holder_identity=owner.name, acquire_time=datetime.now(UTC)),
         )
         created = self._unless(
-            "create", "events", namespace, lambda: self._core.create_namespaced_event(namespace, event), signals=(409,)
+            "create",
+            LEASES,
+            namespace,
+            lambda: self._leases.create_namespaced_lease(namespace, lease),
+            signals=(409,),
         )
         return created is not None
 
-    def record_subject(self, namespace: str, name: str) -> PodRef | None:
-        """The pod the Event ``name`` is about, or None when there is no such Event."""
+    def lease_owner(self, namespace: str, name: str) -> PodRef | None:
+        """The pod that owns the Lease ``name``, or None when there is no such Lease."""
         found = self._unless(
-            "get", "events", namespace, lambda: self._core.read_namespaced_event(name, namespace), signals=(404, 410)
+            "get", LEASES, namespace, lambda: self._leases.read_namespaced_lease(name, namespace), signals=(404, 410)
         )
         if found is None:
             return None
-        return PodRef(str(found.involved_object.name), str(found.involved_object.uid))
+        owners = [o for o in (found.metadata.owner_references if found.metadata else None) or [] if o.kind == "Pod"]
+        return PodRef(str(owners[0].name), str(owners[0].uid)) if owners else None
 
     # -- secrets (``webhook --kube-secret``) ------------------------------------------------
 

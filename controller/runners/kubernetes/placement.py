@@ -4,17 +4,23 @@ and generation, L1), and keeping each pool at its size.
 A pooled template's pod is placed by claiming a warm pod (a JSON patch that succeeds only while
 the pod is unclaimed, ``manifests.claim_patch``), else by creating a cold one. A claimed pod has
 no name derived from the session, so the name that makes a cold start idempotent is carried by
-a **placement record** instead: an Event on the placed pod named after the session and
-generation (``names.placement_name``). Whoever creates it first decides that generation: a
-placement that finds it taken deletes its own pod and returns the recorded one.
+a **placement record** instead: a Lease named after the session and generation
+(``names.placement_name``), owned by the placed pod. Whoever creates it first decides that
+generation: a placement that finds it taken deletes its own pod and returns the recorded one.
+The record lives exactly as long as its pod: the garbage collector deletes it once the pod is
+gone (its ownerReference), and nothing deletes it while the pod lives. (An Event, the record
+before, lapsed with the API server's event TTL, an hour by default, while its pod served.) Each
+record written is also told to ``kubectl describe`` of the pod, by an Event (``SandboxClaimed``,
+or ``SandboxStarted`` for a cold pod).
 
 A pod is claimed before its record exists, so a look that finds the session's live pods trusts
 none of them, not even a lone one, until the record names it (``settled``); it writes the record
 itself, for the earliest of them, when there is none yet (a placement that stopped between its
 claim and its record). A record whose pod is no longer live moves the placement on to the next
-generation, as a cold pod's terminating name does; so does a cold name taken by a pod that is
-dying, unless the record, read again, names a live pod (a rival's claim won while this
-placement's cold pod lost). So ``ensure`` calls racing for one session (possible only once its
+generation, as a cold pod's terminating name does (once the collector has deleted the record
+with its pod, that generation is free again, as a cold pod's name is). So does a cold name taken
+by a pod that is dying, unless the record, read again, names a live pod (a rival's claim won
+while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only once its
 lease lapsed) all return the same pod.
 
 A claim adds one warm pod in its place at once; ``tend`` (the scheduler's leader, every few
@@ -138,7 +144,7 @@ class WarmPools:
 
     def holder(self, session_id: str, generation: int) -> PodRef | None:
         """The pod the session's placement record of ``generation`` names; None when there is none."""
-        return self._kube.record_subject(self._ns, names.placement_name(session_id, generation))
+        return self._kube.lease_owner(self._ns, names.placement_name(session_id, generation))
 
     def placed(self, session_id: str, generation: int, pod: Pod) -> PodRef | None:
         """The pod the placement record names once this placement of ``pod`` tried to create
@@ -148,13 +154,17 @@ class WarmPools:
         return self.holder(session_id, generation)
 
     def _record(self, session_id: str, generation: int, pod: Pod) -> bool:
-        """Create the placement record (an Event on ``pod``, which ``kubectl describe`` shows):
-        True when it names ``pod``, False when another placement was first."""
+        """Create the placement record naming ``pod`` (and, for ``kubectl describe``, an Event
+        on it): True when it does, False when another placement was first."""
         environment_id = pod.annotations.get(names.ENVIRONMENT_ID_ANNOTATION, "")
         record = names.placement_name(session_id, generation)
+        labels = names.labels(session_id, generation)
+        annotations = {names.SESSION_ID_ANNOTATION: session_id, names.ENVIRONMENT_ID_ANNOTATION: environment_id}
+        if not self._kube.create_lease(self._ns, record, pod.ref, labels, annotations):
+            return False
         reason, what = ("SandboxClaimed", "warm sandbox claimed") if pod.claimed else ("SandboxStarted", "executor")
-        message = f"{what} for session {session_id}, environment {environment_id}"
-        return self._kube.create_record(self._ns, record, pod.ref, reason, message)
+        self._kube.note(self._ns, pod.ref, reason, f"{what} for session {session_id}, environment {environment_id}")
+        return True
 
     def _yield(self, session_id: str, pod: Pod) -> None:
         """Delete a pod another placement won the session's record over."""

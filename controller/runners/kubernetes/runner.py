@@ -9,7 +9,7 @@ generation is created instead (L14). Deletes carry a UID precondition, so a stal
 never delete a newer pod of the same name.
 
 A template with a warm pool is placed by ``placement.WarmPools`` instead: a claimed warm pod,
-else a cold one, kept only when the session's placement record (an Event on the pod) names
+else a cold one, kept only when the session's placement record (a Lease owned by the pod) names
 it. Its look at the session's live pods goes through that record too (``settled``).
 
 Every call to the API server goes through ``api.KubeApi``, the one door, which translates its
