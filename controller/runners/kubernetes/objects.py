@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.model import Handle, Health
+from controller.model import Health
 from controller.runners.kubernetes import names
 
 
@@ -97,17 +97,6 @@ class Claim:
     name: str
     annotations: dict[str, str] = field(default_factory=dict)
     deleting: bool = False
-
-
-def handle(session_id: str, pod: Pod) -> Handle:
-    return Handle(
-        session_id=session_id,
-        name=pod.name,
-        generation=pod.generation,
-        uid=pod.uid,
-        environment_id=pod.annotations.get(names.ENVIRONMENT_ID_ANNOTATION, ""),
-        created_at=pod.started_at,
-    )
 
 
 def newest(live: list[Pod]) -> tuple[int, list[Pod]]:

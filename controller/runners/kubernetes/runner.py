@@ -29,7 +29,7 @@ from controller.runners.base import checked
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
-from controller.runners.kubernetes.objects import Pod, PodRef, handle, newest
+from controller.runners.kubernetes.objects import Pod, PodRef, newest
 from controller.runners.kubernetes.placement import MAX_GENERATION_SKIPS, WarmPools, live_pods
 
 log = logs.get(__name__)
@@ -60,16 +60,16 @@ class KubernetesRunner:
         live = live_pods(self._kube, self._ns, spec.session_id)
         template = self._templates(spec.template)
         if live and not template.pooled:
-            return handle(spec.session_id, self._warm.chosen(spec.session_id, live))
+            return _handle(spec.session_id, self._warm.chosen(spec.session_id, live))
         if live:
             settled = self._warm.settled(spec.session_id, live)
             if settled is not None:
-                return handle(spec.session_id, settled)
+                return _handle(spec.session_id, settled)
             generation = max(generation, newest(live)[0])  # that one is over
         if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
             # warm pods mount the routing's directory
-            return handle(spec.session_id, self._warm.place(spec, generation, template))
-        return handle(spec.session_id, self._create_cold(spec, generation, template))
+            return _handle(spec.session_id, self._warm.place(spec, generation, template))
+        return _handle(spec.session_id, self._create_cold(spec, generation, template))
 
     def _create_cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
         """The session's pod of ``generation`` (or the next free one): created, or the one a twin
@@ -119,7 +119,7 @@ class KubernetesRunner:
 
     def find(self, session_id: str) -> Handle | None:
         live = live_pods(self._kube, self._ns, session_id)
-        return handle(session_id, self._warm.chosen(session_id, live)) if live else None
+        return _handle(session_id, self._warm.chosen(session_id, live)) if live else None
 
     def keeps_workspace(self, session_id: str) -> bool:
         """A claim being deleted (it waits for its pvc-protection finalizer) is no longer kept."""
@@ -138,4 +138,16 @@ class KubernetesRunner:
 
     def list_managed(self) -> list[Handle]:
         pods = self._kube.list_pods(self._ns, names.managed_selector())
-        return [handle(pod.session_id, pod) for pod in pods if pod.session_id]
+        return [_handle(pod.session_id, pod) for pod in pods if pod.session_id]
+
+
+def _handle(session_id: str, pod: Pod) -> Handle:
+    """The runner's name for the session's pod."""
+    return Handle(
+        session_id=session_id,
+        name=pod.name,
+        generation=pod.generation,
+        uid=pod.uid,
+        environment_id=pod.annotations.get(names.ENVIRONMENT_ID_ANNOTATION, ""),
+        created_at=pod.started_at,
+    )
