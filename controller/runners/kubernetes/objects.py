@@ -27,6 +27,8 @@ class PodRef:
 
 @dataclass(frozen=True)
 class Pod:
+    """A pod as the controller reads it (a sandbox, or a warm pod of a pool)."""
+
     name: str
     uid: str
     resource_version: str = ""
