@@ -18,6 +18,10 @@
     ├── Permanent            give up on this job, log it; retrying will not help
     │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
     │   └── RunnerRejected   the runner backend refused the spec (bad config)
+    ├── KubernetesError      the API server refused a request with an answer the caller did
+    │                        not expect (no idempotency signal, not 401/403/429/5xx): a bug,
+    │                        or input to check; said loudly, neither retried as Transient nor
+    │                        given up on as Permanent
     └── Fenced               a stale decision (the lease was lost): drop it, look again later
         └── LeadershipLost   the scheduler no longer leads: its leader actions are refused
 
@@ -105,6 +109,16 @@ class ApiRejected(Permanent):
 
 class RunnerRejected(Permanent):
     pass
+
+
+class KubernetesError(ControllerError):
+    """An answer of the API server no caller expects (translated by ``runners.kubernetes.api``):
+    its HTTP ``status`` and ``reason`` ride along."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
 
 
 class Fenced(ControllerError):

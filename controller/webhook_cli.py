@@ -25,7 +25,7 @@ from controller.config import Secret, Settings
 from controller.errors import ControllerError, UsageError
 from controller.events import HANDLED_TYPES, SESSION_CREATED, handled_types
 from controller.webhook_endpoints import DEFAULT_NAME, OVERLAP_SECONDS, Endpoint, HttpWebhookEndpoints, register
-from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret, SecretFile, SecretStore, kube_core_api
+from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret, SecretFile, SecretStore, kube_api
 
 
 def _handled() -> tuple[str, ...]:
@@ -67,7 +67,7 @@ def _secret_store(args: argparse.Namespace) -> SecretStore | None:
         namespace, _, name = args.kube_secret.partition("/")
         if not namespace or not name:
             raise UsageError(f"--kube-secret takes NAMESPACE/NAME, got {args.kube_secret!r}")
-        return KubeSecret(kube_core_api(), namespace, name, args.kube_secret_key)
+        return KubeSecret(kube_api(), namespace, name, args.kube_secret_key)
     return None
 
 

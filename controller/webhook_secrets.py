@@ -11,20 +11,22 @@ Neither ever logs or prints a value.
 ``prepare()`` proves, before the API is asked for a secret, that ``write`` will succeed (the
 directory made and a file created and removed in it; the Secret written with a server-side dry
 run): a secret the API shows only once must not be lost to a destination that cannot take it.
-Every problem is a ``UsageError`` (fix the place) or ``KubernetesUnavailable`` (try again), in
-one line.
+Every problem is one line: a ``UsageError`` or ``Permanent`` (fix the place; a missing
+permission is ``RunnerRejected``, naming it) or ``KubernetesUnavailable`` (try again).
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from controller import files
 from controller.config import Secret
-from controller.errors import KubernetesUnavailable, Permanent, UsageError
+from controller.errors import KubernetesError, Permanent, UsageError
+
+if TYPE_CHECKING:
+    from controller.runners.kubernetes.api import KubeApi
 
 DEFAULT_SECRET_KEY = "webhook-secrets"
 
@@ -79,23 +81,21 @@ class SecretFile:
 
 
 class KubeSecret:
-    """One key of a Secret; ``api`` is a ``kubernetes.client.CoreV1Api``."""
+    """One key of a Secret, through ``kube`` (``runners.kubernetes.api.KubeApi``, the one door
+    to the API server, which translates its errors: 429/5xx and no connection are
+    ``KubernetesUnavailable``, a missing permission ``RunnerRejected`` naming it)."""
 
-    def __init__(self, api: Any, namespace: str, name: str, key: str = DEFAULT_SECRET_KEY) -> None:
-        self._api = api
+    def __init__(self, kube: KubeApi, namespace: str, name: str, key: str = DEFAULT_SECRET_KEY) -> None:
+        self._kube = kube
         self.namespace, self.name, self.key = namespace, name, key
 
     def describe(self) -> str:
         return f"Secret {self.namespace}/{self.name} (key {self.key})"
 
     def read(self) -> list[Secret]:
-        import base64
-
-        found = self._read()
-        if found is None:
-            return []
-        encoded = (found.data or {}).get(self.key)
-        return split(base64.b64decode(encoded).decode("utf-8")) if encoded else []
+        found = self._read(f"reading {self.describe()}")
+        value = (found or {}).get(self.key)
+        return split(value.decode("utf-8")) if value else []
 
     def prepare(self) -> None:
         """A server-side dry run of the very write (RBAC, the namespace, admission), storing nothing."""
@@ -105,74 +105,32 @@ class KubeSecret:
         self._write(secrets, dry_run=False)
 
     def _write(self, secrets: Sequence[Secret], dry_run: bool) -> None:
-        import base64
-
-        from kubernetes import client
-
-        encoded = base64.b64encode(join(secrets).encode()).decode()
-        extra = {"dry_run": "All"} if dry_run else {}
         doing = f"{'checking that it may write' if dry_run else 'writing'} {self.describe()}"
+        data = {self.key: join(secrets).encode()}
+        exists = self._read(doing) is not None
         try:
-            if self._read() is None:
-                body = client.V1Secret(
-                    metadata=client.V1ObjectMeta(name=self.name, namespace=self.namespace),
-                    type="Opaque",
-                    data={self.key: encoded},
-                )
-                self._api.create_namespaced_secret(self.namespace, body, **extra)
+            if exists:
+                self._kube.patch_secret(self.namespace, self.name, data, dry_run=dry_run)
             else:
-                self._api.patch_namespaced_secret(self.name, self.namespace, {"data": {self.key: encoded}}, **extra)
-        except client.ApiException as exc:
-            raise _translate(exc, doing) from exc
-        except _unreachable() as exc:
-            raise KubernetesUnavailable(f"could not reach the API server {doing}") from exc
+                self._kube.create_secret(self.namespace, self.name, data, dry_run=dry_run)
+        except KubernetesError as exc:  # the namespace is missing, the name is invalid …
+            raise Permanent(f"the API server answered {exc.status} {doing}") from exc
 
-    def _read(self) -> Any:
-        from kubernetes import client
-
+    def _read(self, doing: str) -> dict[str, bytes] | None:
         try:
-            return self._api.read_namespaced_secret(self.name, self.namespace)
-        except client.ApiException as exc:
-            if exc.status == 404:
-                return None
-            raise _translate(exc, f"reading {self.describe()}") from exc
-        except _unreachable() as exc:
-            raise KubernetesUnavailable(f"could not reach the API server reading {self.describe()}") from exc
+            return self._kube.read_secret(self.namespace, self.name)
+        except KubernetesError as exc:
+            raise Permanent(f"the API server answered {exc.status} {doing}") from exc
 
 
-def kube_core_api() -> Any:
-    """A ``CoreV1Api`` from in-cluster credentials, else ``$KUBECONFIG`` (as the runner loads
-    them); no credentials at all is a ``UsageError`` (one line), not a traceback."""
-    from kubernetes import client, config
+def kube_api() -> KubeApi:
+    """The API server, from in-cluster credentials, else ``$KUBECONFIG`` (as the runner loads
+    them); no credentials at all is a ``UsageError`` (one line), not a traceback. The client is
+    imported here, on first use: the other ``webhook`` commands never pay for it."""
+    from controller.runners.kubernetes import api
 
-    try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()  # type: ignore[no-untyped-call]
-        else:
-            config.load_kube_config()  # type: ignore[no-untyped-call]
-    except (config.ConfigException, OSError, ValueError, TypeError) as exc:
-        where = "in-cluster credentials" if os.environ.get("KUBERNETES_SERVICE_HOST") else "a kubeconfig"
-        reason = " ".join(str(exc).split()) or type(exc).__name__
-        raise UsageError(
-            f"--kube-secret needs {where} ($KUBECONFIG or ~/.kube/config) and found none usable: {reason}"
-        ) from exc
-    return client.CoreV1Api()
-
-
-def _unreachable() -> tuple[type[BaseException], ...]:
-    """What the Kubernetes client raises when it cannot reach the API server (evaluated only
-    when something was raised: the client's libraries are imported on first use)."""
-    import urllib3
-
-    return (OSError, urllib3.exceptions.HTTPError)
+    return api.connect(needed_by="--kube-secret", grantee="the credentials in use")
 
 
 def _reason(exc: OSError) -> str:
     return exc.strerror or type(exc).__name__
-
-
-def _translate(exc: Any, what: str) -> Exception:
-    status = getattr(exc, "status", None) or 0
-    if status == 429 or status >= 500:
-        return KubernetesUnavailable(f"the API server answered {status} {what}")
-    return Permanent(f"the API server answered {status} {what}")

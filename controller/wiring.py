@@ -182,12 +182,14 @@ def executor_identity(settings: Settings) -> RunAs | UidRange | None:
 def kubernetes_runner(settings: Settings, templates: Templates, counters: Counters | None = None) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
     # Imported here, not at the top: the Kubernetes client takes about half a second to import
-    # and only this runner needs it (receivers, and workers with the local runner, never do).
+    # and only this runner and the pod watch need it (receivers, and workers with the local
+    # runner, never do). ``runners.kubernetes.api`` is the one module that imports it.
+    from controller.runners.kubernetes import api
     from controller.runners.kubernetes.runner import KubernetesRunner
 
     k = settings.kubernetes
     return KubernetesRunner(
-        kubernetes_api(),
+        api.connect(),
         PodSettings(
             namespace=k.namespace,
             executor_key_secret=k.executor_key_secret,
@@ -208,24 +210,15 @@ def count_placements(counters: Counters) -> Callable[[str, str], None]:
     return on_placed
 
 
-def kubernetes_api() -> Any:
-    """A ``CoreV1Api`` with its own connection pool: in-cluster credentials, else $KUBECONFIG."""
-    from kubernetes import client, config
-
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.CoreV1Api(client.ApiClient())
-
-
 def pod_watch(settings: Settings) -> scheduler.SandboxWatch | None:
-    """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off)."""
+    """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off), with a
+    client of its own (its long request holds a connection)."""
     if settings.runner.kind != "kubernetes" or not settings.kubernetes.watch_pods:
         return None
+    from controller.runners.kubernetes import api
     from controller.runners.kubernetes.watch import PodWatch
 
-    return PodWatch(kubernetes_api(), settings.kubernetes.namespace)
+    return PodWatch(api.connect(), settings.kubernetes.namespace)
 
 
 def sandbox_templates(settings: Settings) -> Templates:

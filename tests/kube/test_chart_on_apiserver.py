@@ -33,6 +33,7 @@ from kubernetes.dynamic import DynamicClient
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
 from controller.runners.kubernetes import names
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod, make_warm_pod
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.watch import PodWatch
@@ -341,7 +342,7 @@ class _Rbac:
         self._wait_for_the_policy()
 
     def runner(self, template: SandboxTemplate, namespace: str | None = None) -> KubernetesRunner:
-        return KubernetesRunner(self.core, self.pod_settings(namespace), lambda name: template)
+        return KubernetesRunner(KubeApi(self.core), self.pod_settings(namespace), lambda name: template)
 
     def pod_settings(self, namespace: str | None = None) -> PodSettings:
         return PodSettings(namespace=namespace or self.sandbox_ns, executor_key_secret=self.secret_name)
@@ -456,7 +457,7 @@ def test_the_controller_does_its_whole_job_with_the_charts_service_account(
     sees the released pod go. (No kubelet here: pods stay Pending, i.e. STARTING.)"""
     runner = rbac.runner(template)
     spec = _spec()
-    watch = PodWatch(rbac.core, rbac.sandbox_ns, timeout_seconds=2)  # the scheduler's: list + watch
+    watch = PodWatch(KubeApi(rbac.core), rbac.sandbox_ns, timeout_seconds=2)  # the scheduler's: list + watch
     seen: list[str] = []
     watch.start(seen.append)
     try:
@@ -952,11 +953,16 @@ def pooled(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
     world.close()
 
 
-def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_get_on_events(pooled: _Rbac) -> None:
-    """L2: a template with a warm pool adds exactly two grants: patch on pods (the claim) and get
-    on events (the placement record)."""
+def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_create_and_get_on_leases(pooled: _Rbac) -> None:
+    """L2: a template with a warm pool adds exactly three grants: patch on pods (the claim), and
+    create and get on leases (the placement record)."""
     role = client.RbacAuthorizationV1Api(pooled.admin).read_namespaced_role(pooled.role_name, pooled.sandbox_ns)
-    assert _grants(role) == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
+    warm = {
+        ("", "pods", "patch"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+    }
+    assert _grants(role) == EXPECTED_GRANTS | warm
 
 
 def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow(pooled: _Rbac) -> None:
@@ -965,7 +971,7 @@ def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow
     too) succeeds once and only once; a downward-API volume reaching beyond the pod's
     annotations is refused."""
     template = SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=1)
-    runner = KubernetesRunner(pooled.core, pooled.pod_settings(), lambda name: template, [template])
+    runner = KubernetesRunner(KubeApi(pooled.core), pooled.pod_settings(), lambda name: template, [template])
     runner.tend_pools()
     [warm] = pooled.core.list_namespaced_pod(pooled.sandbox_ns, label_selector=names.pool_selector("fast")).items
     assert warm.spec.automount_service_account_token is False

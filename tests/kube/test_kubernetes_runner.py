@@ -13,6 +13,7 @@ from kubernetes import client
 
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
@@ -24,7 +25,9 @@ TEMPLATE = SandboxTemplate(image=RUNNER_IMAGE)
 
 
 def _runner(world: KubeWorld, namespace: str | None = None, template: SandboxTemplate = TEMPLATE) -> KubernetesRunner:
-    return KubernetesRunner(world.core, PodSettings(namespace=namespace or world.namespace), lambda name: template)
+    return KubernetesRunner(
+        KubeApi(world.core), PodSettings(namespace=namespace or world.namespace), lambda name: template
+    )
 
 
 def _session(world: KubeWorld) -> SandboxSpec:

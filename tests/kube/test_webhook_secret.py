@@ -10,6 +10,7 @@ import pytest
 from kubernetes import client
 
 from controller.config import Secret
+from controller.runners.kubernetes.api import KubeApi
 from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
@@ -24,7 +25,7 @@ def test_kube_secret_creates_then_updates_one_key(kube_api: KubeAPIServer) -> No
         core = client.CoreV1Api(api_client)
         namespace = f"ns-{uuid.uuid4().hex[:8]}"
         kube_api.create_namespace(namespace)
-        store = KubeSecret(core, namespace, "sandbox-controller-webhook")
+        store = KubeSecret(KubeApi(core), namespace, "sandbox-controller-webhook")
         assert store.read() == []
 
         store.write([Secret(OLD)])  # created
@@ -50,13 +51,13 @@ def test_prepare_is_a_dry_run_that_answers_for_the_write(kube_api: KubeAPIServer
         core = client.CoreV1Api(api_client)
         namespace = f"ns-{uuid.uuid4().hex[:8]}"
         kube_api.create_namespace(namespace)
-        store = KubeSecret(core, namespace, "sandbox-controller-webhook")
+        store = KubeSecret(KubeApi(core), namespace, "sandbox-controller-webhook")
         store.prepare()  # would create: dry run only
         assert store.read() == []
         store.write([Secret(OLD)])
         store.prepare()  # would patch: dry run only
         assert [s.reveal() for s in store.read()] == [OLD]
-        missing = KubeSecret(core, f"absent-{uuid.uuid4().hex[:6]}", "sandbox-controller-webhook")
+        missing = KubeSecret(KubeApi(core), f"absent-{uuid.uuid4().hex[:6]}", "sandbox-controller-webhook")
         with pytest.raises(Permanent, match="answered 404 checking that it may write Secret"):
             missing.prepare()
     finally:
