@@ -1,7 +1,8 @@
 """A local simulator of OpenAI's Agents API: sessions, signed webhooks, executors and their work.
 
 Users run the whole loop on one machine with it, and every test tier uses it as the
-Agents API. Production modules never import it. One port serves everything::
+Agents API. Production modules never import it. One port serves everything (``--tls-listen``
+adds a second one serving the same over TLS, see ``cli.py``)::
 
     python -m agents_simulator --port 8100 --environment-key KEY \\
         --webhook-url http://127.0.0.1:8000/webhooks --webhook-secret whsec_...
