@@ -6,10 +6,13 @@ import io
 import logging
 from pathlib import Path
 
+import pytest
+
 from controller import logs, queue, task_message, wiring
 from controller.config import PREFIX, Settings
 from controller.lifecycle import Decision, Deps, Verdict
 from controller.metrics import DECISIONS_TOTAL, Metrics
+from controller.model import SandboxSpec
 from tests.support.fakes import World, make_session
 
 
@@ -93,3 +96,20 @@ def test_only_the_kubernetes_runner_gets_a_pod_watch_and_it_can_be_turned_off(tm
     assert wiring.pod_watch(settings(tmp_path)) is None
     off = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_WATCH_PODS": "false"})
     assert wiring.pod_watch(off) is None
+
+
+def test_the_ca_bundle_setting_reaches_the_pods_the_kubernetes_runner_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP → every sandbox pod mounts it (no cluster needed:
+    the runner is only built, never asked to call the API)."""
+    from controller.runners.kubernetes import templates
+    from controller.runners.kubernetes.manifests import SandboxTemplate, make_pod
+    from controller.runners.kubernetes.runner import KubernetesRunner
+
+    monkeypatch.setattr(wiring, "kubernetes_api", lambda: object())
+    s = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_CA_BUNDLE_CONFIGMAP": "proxy-ca"})
+    runner = wiring.kubernetes_runner(s, templates.load(None, SandboxTemplate()))
+    assert isinstance(runner, KubernetesRunner)
+    spec = SandboxSpec("sess_ca", "env_ca", "https://api.openai.com", "/workspace")
+    pod = make_pod(spec, 1, SandboxTemplate(), runner._settings)
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "ca-bundle"]
+    assert volume["configMap"]["name"] == "proxy-ca"
