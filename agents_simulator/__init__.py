@@ -42,7 +42,8 @@ Admin (no auth; loopback only)
     GET    /admin/registrations[?environment_id=]   every register call: id, environment_id,
                                                     received_at, key_matched, environment_known,
                                                     status_code, security_profile,
-                                                    executor_public_key_present (never the key)
+                                                    executor_public_key_present, scheme
+                                                    (https: over TLS) (never the key)
     GET    /admin/deliveries[?event_id=&type=]       each (event, URL) delivery with its attempts
     GET    /admin/events                             every event envelope sent
     POST   /admin/webhooks/resend/{event_id}         deliver an event again (same webhook-id) → 202

@@ -460,6 +460,7 @@ def test_over_tls_the_real_codex_trusts_the_ca_named_by_ssl_cert_file(
         wait_for(lambda: sim.environment_status(session.environment.id) == "connected", 20, "codex to connect over TLS")
         [registration] = sim.registrations(session.environment.id)
         assert registration["key_matched"] is True and registration["status_code"] == 200
+        assert registration["scheme"] == "https"
     finally:
         codex.send_signal(signal.SIGTERM)
         codex.wait(timeout=20)
