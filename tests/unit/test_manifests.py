@@ -246,6 +246,19 @@ def test_a_ca_bundle_is_mounted_and_named_in_ssl_cert_file() -> None:
     assert make_pod(SPEC, 1, SandboxTemplate(), PodSettings(ca_bundle_configmap=None)) == EXPECTED_POD
 
 
+def test_a_proxy_routes_the_sandboxs_https() -> None:
+    """A template's httpsProxy and noProxy: both spellings of each in the executor's environment
+    (codex honours HTTPS_PROXY for its registration and its WebSocket)."""
+    expected = expected_pod()
+    container(expected)["env"] += [
+        {"name": "HTTPS_PROXY", "value": "http://10.20.30.40:3128"},
+        {"name": "https_proxy", "value": "http://10.20.30.40:3128"},
+        {"name": "NO_PROXY", "value": ".svc"},
+        {"name": "no_proxy", "value": ".svc"},
+    ]
+    assert pod(https_proxy="http://10.20.30.40:3128", no_proxy=".svc") == expected
+
+
 def test_pvc_size_and_storage_class() -> None:
     """L16: the claim's size and storage class come from the template."""
     expected = copy.deepcopy(EXPECTED_PVC)

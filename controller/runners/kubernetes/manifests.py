@@ -62,6 +62,10 @@ class SandboxTemplate:
     """Keep this many warm pods of this template started and waiting for a session (0: none)."""
     warm_max_age_seconds: int = 3600
     """A warm pod no session claimed within this is replaced (a fresh image pull policy, key)."""
+    https_proxy: str | None = None
+    """``HTTPS_PROXY`` of the pod: codex's registration and WebSocket go through it."""
+    no_proxy: str | None = None
+    """``NO_PROXY`` of the pod."""
 
     @property
     def pooled(self) -> bool:
@@ -180,6 +184,16 @@ def _ca_bundle(settings: PodSettings) -> tuple[list[dict[str, Any]], list[tuple[
     return [{"name": "SSL_CERT_FILE", "value": f"{CA_BUNDLE_DIRECTORY}/{CA_BUNDLE_KEY}"}], [(volume, mount)]
 
 
+def _proxy_env(template: SandboxTemplate) -> list[dict[str, Any]]:
+    """The template's proxy, in both spellings tools read."""
+    env: list[dict[str, Any]] = []
+    if template.https_proxy:
+        env += [{"name": n, "value": template.https_proxy} for n in ("HTTPS_PROXY", "https_proxy")]
+    if template.no_proxy:
+        env += [{"name": n, "value": template.no_proxy} for n in ("NO_PROXY", "no_proxy")]
+    return env
+
+
 def _pod_spec(
     binding_env: list[dict[str, Any]],
     workspace_directory: str,
@@ -222,6 +236,7 @@ def _pod_spec(
             {"name": "HOME", "value": "/home/sandbox"},
             {"name": "TMPDIR", "value": "/tmp"},
             *ca_env,
+            *_proxy_env(template),
         ],
         "workingDir": workspace_directory,
         "securityContext": container_security,
