@@ -253,13 +253,16 @@ def test_strict_validation_is_really_on(kube_api: KubeAPIServer, admin: client.A
 def test_controller_pods_are_admitted_where_restricted_is_enforced(
     kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any, case: str, values: dict[str, Any]
 ) -> None:
-    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, helm test)
-    pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
-    templates, so each template is dry-run as a bare Pod in a namespace that enforces it."""
+    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, the helm test
+    pods) pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
+    templates, so each template is dry-run as a bare Pod in a namespace that enforces it (the
+    network-policy helm test pod in the sandbox namespace, enforcing it too)."""
     release_ns = _unique("rel")
     kube_api.create_namespace(release_ns, RESTRICTED)
     values = _case_values(case, values, release_ns)
     objects = render(chart, values, release_ns)
+    for elsewhere in {o["metadata"]["namespace"] for o in objects if o["kind"] == "Pod"} - {release_ns}:
+        kube_api.create_namespace(elsewhere, RESTRICTED)
     core = client.CoreV1Api(admin)
     # The ServiceAccount admission plugin wants the pods' ServiceAccount to exist.
     for sa in (o for o in objects if o["kind"] == "ServiceAccount"):
@@ -286,7 +289,7 @@ def test_controller_pods_are_admitted_where_restricted_is_enforced(
             continue
         _dry_run_create(dynamic, copy.deepcopy(pod))
         admitted.append(pod["metadata"]["name"])
-    assert len(admitted) >= 4, admitted  # receiver, worker, scheduler, helm test (+ Redis)
+    assert len(admitted) >= 5, admitted  # receiver, worker, scheduler, two helm test pods (+ Redis)
 
 
 # -- RBAC proven live ---------------------------------------------------------------------------
