@@ -5,10 +5,10 @@ Secrets may come from flags or, to keep them out of the process list, from the e
 ``SANDBOX_CONTROLLER_SIMULATOR_API_KEY`` (a flag wins over its variable).
 
 ``--tls-listen HOST:PORT --tls-cert FILE --tls-key FILE`` serves the same API (one engine) over
-TLS at a second address as well, and ``--public-url`` names what sessions give executors as
-``remote_url``: together they stand the simulator in for ``https://api.openai.com`` where that
-name resolves to the TLS address and the executor trusts the certificate's CA (the real-node
-tier).
+TLS at a second address as well, the admin endpoints excepted (they stay on the main one), and
+``--public-url`` names what sessions give executors as ``remote_url``: together they stand the
+simulator in for ``https://api.openai.com`` where that name resolves to the TLS address and the
+executor trusts the certificate's CA (the real-node tier).
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import uvicorn
+from starlette.responses import JSONResponse
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from agents_simulator import config as defaults
 from agents_simulator.app import create_app
@@ -166,6 +168,19 @@ def _tls_listener(args: argparse.Namespace) -> TlsListener | None:
     return TlsListener(host.strip("[]"), int(port), args.tls_cert, args.tls_key)
 
 
+def _without_admin(app: ASGIApp) -> ASGIApp:
+    """The app as the TLS listener serves it: what the real API serves (the public API, the
+    executor's endpoints, /healthz), not the admin endpoints, which stay on the main listener."""
+
+    async def public(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and str(scope.get("path", "")).startswith("/admin"):
+            await JSONResponse({"error": {"code": "not_found", "message": "Not found."}}, 404)(scope, receive, send)
+            return
+        await app(scope, receive, send)
+
+    return public
+
+
 class _Beside(uvicorn.Server):
     """A listener served beside the main one: the main server owns the signals, and its end
     ends this one."""
@@ -206,8 +221,8 @@ def run(config: SimulatorConfig, log_level: str = "info") -> None:
     tls = config.tls
     beside = _Beside(
         uvicorn.Config(
-            app, host=tls.host, port=tls.port, lifespan="off", ssl_certfile=tls.certfile, ssl_keyfile=tls.keyfile,
-            **common,
+            _without_admin(app), host=tls.host, port=tls.port, lifespan="off", ssl_certfile=tls.certfile,
+            ssl_keyfile=tls.keyfile, **common,
         )
     )  # fmt: skip
     asyncio.run(_serve_both(main, beside))

@@ -444,6 +444,9 @@ def test_over_tls_the_real_codex_trusts_the_ca_named_by_ssl_cert_file(
     assert httpx.get(public + "/healthz", verify=ssl.create_default_context(cafile=str(ca_file))).status_code == 200
     with pytest.raises(httpx.ConnectError):
         httpx.get(public + "/healthz")  # the system's CAs do not know the test CA
+    trusting = ssl.create_default_context(cafile=str(ca_file))
+    assert httpx.get(public + "/admin/events", verify=trusting).status_code == 404  # admin: main listener only
+    assert httpx.get(sim.base_url + "/admin/events").status_code == 200
     client = sim.openai()
 
     refused = client.beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
