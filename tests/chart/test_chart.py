@@ -1071,6 +1071,8 @@ def test_helm_test_checks_the_sandbox_network_policy_from_a_pod_it_selects(chart
     assert 'probe "the Kubernetes API server" "kubernetes.default.svc" "443"' in probe
     assert f'probe "the receiver (a controller pod)" "{full}-receiver.{NAMESPACE}.svc" "80"' in probe
     assert "does not enforce NetworkPolicy" in probe and "timeout=5" in probe
+    notes = chart.render(CREDENTIALS, name=RELEASE, namespace=NAMESPACE)["sandbox-controller/templates/NOTES.txt"]
+    assert f"kubectl -n {NAMESPACE}-sandboxes logs {full}-test-network-policy" in notes
 
 
 def test_helm_test_of_the_network_policy_follows_the_values(chart: Any) -> None:

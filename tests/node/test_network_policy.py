@@ -215,8 +215,9 @@ def test_a_sandbox_pod_reaches_only_the_dns_pods_and_public_443(
 
 
 def test_no_pod_connects_into_a_sandbox_pod(installed: Installed, control: str) -> None:
-    """No ingress: a listener in a sandbox pod (the controller's, for a session) answers inside
-    the pod, and a connection to it from another pod (the control pod) is refused."""
+    """L8 (nothing dials into the pod), enforced: a listener in a sandbox pod (the controller's,
+    for a session) answers inside the pod, and a connection to it from another pod (the control
+    pod) is refused."""
     timeline = _one_session(installed)
     session_id = timeline["session_id"]
     # A long command keeps the session busy (no idle stop) while the test probes.

@@ -172,8 +172,8 @@ def test_the_chart_runs_as_real_containers(installed: Installed) -> None:
 
 
 def test_a_signed_webhook_becomes_a_connected_executor_in_a_container(world: Installed) -> None:
-    """Webhook (signed) → receiver Service → worker → sandbox pod (runner image, restricted)
-    → the real codex exec-server registers with the key from the Secret and connects, over TLS
+    """L8: webhook (signed) → receiver Service → worker → sandbox pod (runner image, restricted)
+    → the real codex exec-server dials out: registers with the key from the Secret and connects, over TLS
     to https://api.openai.com (the session's remote_url, allowed by the default allowlist),
     trusting the CA the chart's sandbox.caBundle mounts."""
     timeline = _one_session(world)
