@@ -116,9 +116,6 @@ def _values(
         "sandbox": {
             "executorKey": {"value": environment_key},
             "image": repo_tag("sandbox-runner"),
-            # The test's loopback forwarder, an ephemeral container of each sandbox pod, runs the
-            # controller image: the pod policy holds ephemeral containers to the allowed images.
-            "podPolicy": {"extraImages": [world_images["sandbox-controller"].ref]},
             # Sessions that ask for it (metadata sandbox_template) get a workspace volume (a PVC,
             # bound to one of the node's hostPath PersistentVolumes).
             "templates": {
