@@ -537,17 +537,14 @@ def _port_53_rules(egress: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_sandbox_network_policy_defaults(chart: Any) -> None:
     """L8: nothing dials into a sandbox; it reaches the cluster DNS pods on 53 and public
     addresses on TCP 443, never a private, shared or link-local range (pods, services, nodes,
-    the API server, cloud metadata). These are the exact rules: nothing else is open."""
+    the API server, cloud metadata). These are the exact rules: nothing else is open. They hold
+    for every pod of the sandbox namespace, whatever its labels (no pod can leave them by
+    leaving out a label)."""
     objects = render(chart, CREDENTIALS)
     policy = _sandbox_policy(objects)
     assert policy["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
     spec = policy["spec"]
-    assert spec["podSelector"] == {
-        "matchLabels": {
-            "app.kubernetes.io/managed-by": "sandbox-controller",
-            "app.kubernetes.io/component": "sandbox",
-        }
-    }
+    assert spec["podSelector"] == {}
     assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
     assert spec["ingress"] == []
     assert spec["egress"] == [
@@ -1151,17 +1148,17 @@ def _network_policy_test(objects: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def test_helm_test_checks_the_sandbox_network_policy_from_a_pod_it_selects(chart: Any) -> None:
-    """`helm test` also runs a pod in the sandbox namespace that the sandbox NetworkPolicy
-    selects (the sandbox pods' labels), with the sandbox image (what the admission policy
-    admits there) under the "restricted" security context, no token; it tries Redis, the API
-    server and the receiver by their cluster names and fails, saying the network plugin does not
-    enforce NetworkPolicy, if any answers."""
+    """`helm test` also runs a pod in the sandbox namespace, which the sandbox NetworkPolicy
+    selects as it selects every pod there (it also carries the sandbox pods' labels), with the
+    sandbox image (what the admission policy admits there) under the "restricted" security
+    context, no token; it tries Redis, the API server and the receiver by their cluster names and
+    fails, saying the network plugin does not enforce NetworkPolicy, if any answers."""
     objects = render(chart, CREDENTIALS)
     pod = _network_policy_test(objects)
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     assert pod["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
-    selector = _sandbox_policy(objects)["spec"]["podSelector"]["matchLabels"]
-    assert selector.items() <= pod["metadata"]["labels"].items()
+    assert _sandbox_policy(objects)["spec"]["podSelector"] == {}  # every pod of the namespace
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "sandbox"
     spec = pod["spec"]
     assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
     assert spec["securityContext"]["runAsNonRoot"] is True
