@@ -78,14 +78,6 @@ def uri_path(uri: str) -> str:
     return str(PurePosixPath(unquote(parsed.path)))
 
 
-def public_key_json(key: noise.HybridPublicKey) -> dict[str, str]:
-    return {
-        "suite": noise.SUITE,
-        "x25519_public_key": base64.b64encode(key.x25519).decode(),
-        "mlkem768_public_key": base64.b64encode(key.mlkem768).decode(),
-    }
-
-
 def parse_public_key(value: Any) -> noise.HybridPublicKey | None:
     """The hybrid key in a registration or validation body, or None if it is not one."""
     if not isinstance(value, dict):

@@ -73,9 +73,6 @@ class CipherState:
         self.key = key
         self.n = 0
 
-    def has_key(self) -> bool:
-        return self.key is not None
-
     def encrypt(self, ad: bytes, plaintext: bytes) -> bytes:
         if self.key is None:
             return plaintext

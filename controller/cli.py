@@ -16,16 +16,18 @@ from collections.abc import Sequence
 
 import uvicorn
 
-from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring
+from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring, worker
 from controller.config import Settings
-from controller.errors import ConfigError, ControllerError
+from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import serve_metrics
 
 
 def _settings(role: str | None = None) -> Settings:
+    """The settings, after every check a process of ``role`` makes at start (``wiring.preflight``,
+    the very checks ``check-config`` reports)."""
     settings = Settings.from_env(os.environ)
     if role is not None:
-        settings.require(role)
+        wiring.preflight(settings, role)
     logs.setup(settings.log_level, secrets=wiring.secret_values(settings))
     return settings
 
@@ -34,10 +36,12 @@ ROLES = ("serve", "worker", "scheduler")
 
 
 def cmd_check_config(args: argparse.Namespace) -> int:
-    """Print the effective settings, then whether each process would start with them.
+    """Print the effective settings (every credential masked), then whether each process would
+    start with them: each role runs ``wiring.preflight``, exactly what that process runs at
+    start (as this user, on this machine: run it where and as whom the process runs).
 
     Exit 2: the settings themselves are invalid (nothing would start). Exit 1: valid, but a
-    role asked about lacks something it needs (listed). Exit 0: every role asked about would start.
+    role asked about would refuse (every reason listed). Exit 0: every role asked about would start.
     """
     settings = Settings.from_env(os.environ)
     print(json.dumps(settings.describe(), indent=2))
@@ -45,7 +49,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
     refused = 0
     for role in roles:
         try:
-            settings.require(role)
+            wiring.preflight(settings, role)
         except ConfigError as exc:
             refused += 1
             print(f"{role}: would refuse to start (exit 2):", file=sys.stderr)
@@ -93,12 +97,11 @@ def worker_argv(concurrency: int, hostname: str) -> list[str]:
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
     if settings.runner.kind == "local":
-        wiring.local_runner(settings)  # an unsafe state directory or executor user: exit 2 now, not per task
+        wiring.local_runner(settings)  # creates the state directory (checked again once created)
     if settings.metrics.port:
         wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)
-    app.worker_main(worker_argv(args.concurrency, args.hostname))
-    return 0
+    return worker.run(app, worker_argv(args.concurrency, args.hostname))
 
 
 def cmd_scheduler(args: argparse.Namespace) -> int:
@@ -113,7 +116,6 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
         parts.client,
         parts.publish,
         on_sweep=parts.on_sweep,
-        publish_many=parts.publish_many,
         watch=parts.watch,
         on_pools=parts.on_pools,
     )
@@ -283,11 +285,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         code: int = args.func(args)
-    except ConfigError as exc:
+    except ConfigError as exc:  # every problem, one per line (one alone: one line)
+        if len(exc.problems) == 1:
+            print(f"sandbox-controller: invalid configuration: {exc.problems[0]}", file=sys.stderr)
+        else:
+            print(f"sandbox-controller: {exc}", file=sys.stderr)
+        return 2
+    except UsageError as exc:  # an argument, or a file or place it names, cannot be used
         print(f"sandbox-controller: {exc}", file=sys.stderr)
         return 2
     except ControllerError as exc:  # a command's call failed: say why (ids only, never secrets)
         print(f"sandbox-controller: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except OSError as exc:  # a file or socket a command used failed under it: one line, no traceback
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"sandbox-controller: {exc.strerror or type(exc).__name__}{where}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         return 130

@@ -1,8 +1,18 @@
 """Typed settings, parsed once from ``CONTROLLER_*`` environment variables.
 
 Every problem is collected and reported together (``ConfigError``). Units are in the names
-(``…_SECONDS``, ``…_BYTES``). Secrets may also come from ``…_FILE`` paths (mounted Secrets);
-they are held as ``Secret`` whose ``repr``/``str`` is masked, so printing settings is safe.
+(``…_SECONDS``, ``…_BYTES``); every number has a minimum and a maximum (``BOUNDS``, stated in
+README's settings table). Secrets may also come from ``…_FILE`` paths (mounted Secrets, read
+without ever blocking: ``files.read_small``); they are held as ``Secret`` whose ``repr``/``str``
+is masked, and a credential inside any URL setting is masked too (``credentials``), so
+printing settings is safe.
+
+A new setting follows the same rules: a number goes through ``number(…, minimum, maximum)``
+(and its range into README's row and values.schema.json: tests compare them); a secret through
+``secret``/``secret_list`` (so ``…_FILE`` works and ``secret_values`` redacts it); a URL that
+may carry a password needs nothing more (``describe``, ``repr`` and ``secret_values`` mask it
+whichever field holds it); and a check a process makes at start belongs in
+``wiring.preflight``, which ``check-config`` runs too.
 
 ``KEYS`` lists every variable the parser reads, recorded from a parse rather than kept by hand;
 the Helm chart sets a subset of them (a test checks).
@@ -11,17 +21,24 @@ the Helm chart sets a subset of them (a test checks).
 from __future__ import annotations
 
 import math
+import re
+import shlex
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
-from pathlib import Path
+from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, TypeVar, overload
+from urllib.parse import urlsplit
 
+from controller import files
+from controller.credentials import mask_credentials, url_credentials, url_password
 from controller.errors import ConfigError
 from controller.signing import parse_secrets
 from controller.trust import DEFAULT_ALLOWLIST, pattern_problem
 
 PREFIX = "CONTROLLER_"
+MAX_CA_FILE_BYTES = 16 * 1024 * 1024
+"""A CA bundle is PEM text: a system's whole bundle is a few hundred KiB."""
 T = TypeVar("T")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class Secret:
@@ -47,8 +64,25 @@ class Secret:
         return hash(self._value)
 
 
-@dataclass(frozen=True)
-class WebhookSettings:
+class Printable:
+    """``repr`` of a settings dataclass, safe to print: secrets masked, and so are the
+    credentials of any URL a setting holds (``mask_credentials``), whichever field it is."""
+
+    def __repr__(self) -> str:
+        shown = ", ".join(f"{f.name}={_shown(getattr(self, f.name))!r}" for f in fields(self))  # type: ignore[arg-type]
+        return f"{type(self).__name__}({shown})"
+
+
+def _shown(value: Any) -> Any:
+    if isinstance(value, str):
+        return mask_credentials(value)
+    if isinstance(value, tuple):
+        return tuple(_shown(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True, repr=False)
+class WebhookSettings(Printable):
     secrets: tuple[Secret, ...] = ()
     """Signing secrets (comma-separated; several during rotation). ``whsec_`` ones are base64."""
     secrets_file: str | None = None
@@ -67,8 +101,8 @@ class WebhookSettings:
     (the sender retries) before its body is read. Each may buffer up to ``max_body_bytes``."""
 
 
-@dataclass(frozen=True)
-class ReceiverSettings:
+@dataclass(frozen=True, repr=False)
+class ReceiverSettings(Printable):
     """Limits of the receiver's HTTP server, so slow or hostile clients stay cheap."""
 
     max_connections: int = 400
@@ -81,8 +115,8 @@ class ReceiverSettings:
     its previous response) is closed."""
 
 
-@dataclass(frozen=True)
-class ApiSettings:
+@dataclass(frozen=True, repr=False)
+class ApiSettings(Printable):
     base_url: str = "https://api.openai.com"
     """Agents API base (without ``/v1``)."""
     api_key: Secret | None = None
@@ -92,8 +126,8 @@ class ApiSettings:
     """Short retries at the HTTP edge; the task retries for longer."""
 
 
-@dataclass(frozen=True)
-class RoutingSettings:
+@dataclass(frozen=True, repr=False)
+class RoutingSettings(Printable):
     workspace_directory: str = "/workspace"
     """Only sessions whose environment.workspace_directory equals this are ours (L6)."""
     agent_ids: tuple[str, ...] = ()
@@ -103,10 +137,22 @@ class RoutingSettings:
     """``CONTROLLER_ROUTE_METADATA=key=value``: only sessions carrying that metadata are ours."""
 
 
-@dataclass(frozen=True)
-class QueueSettings:
-    redis_url: str | None = field(default=None, repr=False)  # may carry a password: kept out of repr
-    """Redis for the queue, de-duplication, leases and the session→sandbox mapping."""
+@dataclass(frozen=True, repr=False)
+class QueueSettings(Printable):
+    redis_url: str | None = None
+    """Redis for the queue, de-duplication, leases and the session→sandbox mapping. With
+    ``redis_sentinels`` it still gives the password and database; its host is the master's name
+    (``redis://:PASSWORD@mymaster/0``)."""
+    redis_sentinels: tuple[tuple[str, int], ...] = ()
+    """Redis Sentinel addresses (``CONTROLLER_REDIS_SENTINELS``, comma-separated ``host:port``):
+    every process asks them for the master and follows it through a failover."""
+    redis_sentinel_master: str | None = None
+    """The master's name at the sentinels (default: the host of ``redis_url``)."""
+    redis_sentinel_password: Secret | None = None
+    """The sentinels' own password (their ``requirepass``), if they have one."""
+    redis_ca_file: str | None = None
+    """CA bundle that signed the Redis server's (and the sentinels') TLS certificate, for a
+    ``rediss://`` URL (default: the system's CAs)."""
     lease_ttl_seconds: float = 10.0
     """A worker's hold on one session, renewed every third of it while the work runs; a dead
     worker's sessions are free again after this."""
@@ -119,9 +165,14 @@ class QueueSettings:
     """A session enqueued this long ago whose lease was never taken counts as lost and is
     enqueued again (a job merely waiting in the queue is not duplicated before that)."""
 
+    @property
+    def redis_password_set(self) -> bool:
+        """Whether connecting to Redis takes a password (in the URL's userinfo or ``?password=``)."""
+        return self.redis_url is not None and url_password(self.redis_url) is not None
 
-@dataclass(frozen=True)
-class RunnerSettings:
+
+@dataclass(frozen=True, repr=False)
+class RunnerSettings(Printable):
     kind: str = "local"
     """``local`` (child processes) or ``kubernetes`` (pods)."""
     executor_key: Secret | None = None
@@ -136,16 +187,28 @@ class RunnerSettings:
     local_state_directory: str = "/tmp/sandbox-controller"
     """Local runner: per-session workspaces, pid files and logs live under here. Created 0700
     (0711 when executors run as another user); refused unless owned by the controller's uid
-    and not group/world-writable, so a shared parent such as /tmp is safe."""
+    and not group/world-writable, and unless every directory on the way is owned by root or
+    the controller and writable by no one else but with the sticky bit (``runners/local.py``:
+    ``state_directory_problems``), so a shared parent such as /tmp is safe."""
     local_executor_user: str = "nobody"
-    """Local runner, worker running as root: the unprivileged user (name or uid) executors run as."""
+    """Local runner, worker running as root: the unprivileged user (name or uid) every executor
+    runs as (unless ``local_executor_uids`` gives each its own)."""
+    local_executor_uids: tuple[int, int] | None = None
+    """Local runner, worker running as root: a range of uids (first, last), one per session
+    that has a sandbox or a kept workspace, so executors are apart from each other too. None
+    (the default): every executor runs as ``local_executor_user``."""
     local_executor_same_user: bool = False
     """Local runner: opt in to running executors as the worker's own uid (no separation from
     the controller's secrets; ``dev`` sets it). Required when the worker is not root."""
+    local_allow_redis_without_password: bool = False
+    """Local runner: allow executors of another uid beside a Redis URL without a password (only
+    when Redis is out of their reach: another host behind a firewall, a socket they cannot
+    open). Without it such a worker refuses to start: the executors' code could otherwise use
+    Redis as its admin (the queue, the leases, the mapping)."""
 
 
-@dataclass(frozen=True)
-class KubernetesSettings:
+@dataclass(frozen=True, repr=False)
+class KubernetesSettings(Printable):
     namespace: str = "sandboxes"
     """Namespace the sandbox pods run in (labelled to enforce Pod Security "restricted")."""
     image: str = "sandbox-controller/sandbox-runner:0.171.0"
@@ -160,10 +223,14 @@ class KubernetesSettings:
     """The active scheduler watches the sandbox pods and has the session of a pod that was
     deleted, failed, restarted or became Ready looked at at once; partial sweeps then leave
     sessions whose pod is watched to the watch. Needs ``watch`` on pods (the chart's Role)."""
+    ca_bundle_configmap: str | None = None
+    """ConfigMap in the sandbox namespace whose ``ca-bundle.crt`` (PEM) every sandbox pod mounts
+    read-only, with ``SSL_CERT_FILE`` pointing at it: the CAs the executor trusts (for example a
+    TLS-inspecting proxy's). None: the image's own CA list."""
 
 
-@dataclass(frozen=True)
-class LifecycleSettings:
+@dataclass(frozen=True, repr=False)
+class LifecycleSettings(Printable):
     idle_timeout_seconds: float = 1800.0
     """Stop a sandbox once its session has been idle this long (L11, L12): the worker re-reads
     the session and stops only an ``idle`` one with no pending environment_connection action
@@ -203,15 +270,15 @@ class LifecycleSettings:
         return "*" in self.prestart_agent_ids or (agent_id is not None and agent_id in self.prestart_agent_ids)
 
 
-@dataclass(frozen=True)
-class MetricsSettings:
+@dataclass(frozen=True, repr=False)
+class MetricsSettings(Printable):
     port: int = 0
     """Port of ``GET /metrics`` for workers and the scheduler (0, the default: not served; the
     Helm chart sets 9090). The receiver serves its own ``/metrics`` on its HTTP port."""
 
 
-@dataclass(frozen=True)
-class Settings:
+@dataclass(frozen=True, repr=False)
+class Settings(Printable):
     webhook: WebhookSettings = WebhookSettings()
     receiver: ReceiverSettings = ReceiverSettings()
     api: ApiSettings = ApiSettings()
@@ -228,8 +295,13 @@ class Settings:
         return _Parser(environ).settings()
 
     def describe(self) -> dict[str, Any]:
-        """The effective settings as plain data, secrets masked."""
+        """The effective settings as plain data, secrets and URL credentials masked."""
         return _describe_fields(self)
+
+    def secret_values(self) -> list[str]:
+        """Every secret's value and every credential a URL setting carries, for the log
+        formatter to redact, so none can leak into a line (whichever setting holds it)."""
+        return _secret_values(self)
 
     def require(self, role: str) -> None:
         """Check what a given process role needs; raise ConfigError listing every gap."""
@@ -255,6 +327,9 @@ class Settings:
 
 
 RUNNERS = ("local", "kubernetes")
+DAY = 24 * 3600
+MAX_UID = 2**32 - 2
+"""The highest uid an executor may get (``2**32 - 1`` is ``(uid_t) -1``: "no change")."""
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
@@ -266,6 +341,8 @@ class _Parser:
         self.problems: list[str] = []
         self.read: set[str] = set()
         """Every variable name this parser looked up (so ``KEYS`` is what it really reads)."""
+        self.bounds: dict[str, tuple[float, float]] = {}
+        """Each numeric setting's (minimum, maximum), as ``number`` checks them (``BOUNDS``)."""
 
     @overload
     def get(self, key: str) -> str | None: ...
@@ -305,30 +382,41 @@ class _Parser:
         redis_url = self.get(PREFIX + "REDIS_URL") or None
         if redis_url and not redis_url.startswith(("redis://", "rediss://", "unix://")):
             self.problems.append(f"{PREFIX}REDIS_URL must be a redis://, rediss:// or unix:// URL")
+        sentinels, sentinel_master, sentinel_password, ca_file = self.redis_connection(redis_url)
         settings = Settings(
             webhook=WebhookSettings(
                 secrets=secrets,
                 secrets_file=self.get(PREFIX + "WEBHOOK_SECRETS_FILE") or None,
-                tolerance_seconds=self.number("WEBHOOK_TOLERANCE_SECONDS", WebhookSettings.tolerance_seconds, int, 1),
-                max_body_bytes=self.number("WEBHOOK_MAX_BODY_BYTES", WebhookSettings.max_body_bytes, int, 1024),
-                dedup_ttl_seconds=self.number("WEBHOOK_DEDUP_TTL_SECONDS", WebhookSettings.dedup_ttl_seconds, int, 1),
-                body_timeout_seconds=self.number(
-                    "WEBHOOK_BODY_TIMEOUT_SECONDS", WebhookSettings.body_timeout_seconds, float, 0.1
+                tolerance_seconds=self.number(
+                    "WEBHOOK_TOLERANCE_SECONDS", WebhookSettings.tolerance_seconds, int, 1, 3600
                 ),
-                max_in_flight=self.number("WEBHOOK_MAX_IN_FLIGHT", WebhookSettings.max_in_flight, int, 1),
+                max_body_bytes=self.number(
+                    "WEBHOOK_MAX_BODY_BYTES", WebhookSettings.max_body_bytes, int, 1024, 16 * 1024 * 1024
+                ),
+                dedup_ttl_seconds=self.number(
+                    "WEBHOOK_DEDUP_TTL_SECONDS", WebhookSettings.dedup_ttl_seconds, int, 1, 30 * DAY
+                ),
+                body_timeout_seconds=self.number(
+                    "WEBHOOK_BODY_TIMEOUT_SECONDS", WebhookSettings.body_timeout_seconds, float, 0.1, 300
+                ),
+                max_in_flight=self.number("WEBHOOK_MAX_IN_FLIGHT", WebhookSettings.max_in_flight, int, 1, 10_000),
             ),
             receiver=ReceiverSettings(
-                max_connections=self.number("RECEIVER_MAX_CONNECTIONS", ReceiverSettings.max_connections, int, 1),
-                max_header_bytes=self.number("RECEIVER_MAX_HEADER_BYTES", ReceiverSettings.max_header_bytes, int, 1024),
+                max_connections=self.number(
+                    "RECEIVER_MAX_CONNECTIONS", ReceiverSettings.max_connections, int, 1, 100_000
+                ),
+                max_header_bytes=self.number(
+                    "RECEIVER_MAX_HEADER_BYTES", ReceiverSettings.max_header_bytes, int, 1024, 1024 * 1024
+                ),
                 header_timeout_seconds=self.number(
-                    "RECEIVER_HEADER_TIMEOUT_SECONDS", ReceiverSettings.header_timeout_seconds, float, 0.1
+                    "RECEIVER_HEADER_TIMEOUT_SECONDS", ReceiverSettings.header_timeout_seconds, float, 0.1, 300
                 ),
             ),
             api=ApiSettings(
                 base_url=base_url,
                 api_key=self.secret("API_KEY"),
-                timeout_seconds=self.number("API_TIMEOUT_SECONDS", ApiSettings.timeout_seconds, float, 0.1),
-                max_attempts=self.number("API_MAX_ATTEMPTS", ApiSettings.max_attempts, int, 1),
+                timeout_seconds=self.number("API_TIMEOUT_SECONDS", ApiSettings.timeout_seconds, float, 0.1, 600),
+                max_attempts=self.number("API_MAX_ATTEMPTS", ApiSettings.max_attempts, int, 1, 20),
             ),
             routing=RoutingSettings(
                 workspace_directory=workspace,
@@ -338,29 +426,37 @@ class _Parser:
             ),
             queue=QueueSettings(
                 redis_url=redis_url,
-                lease_ttl_seconds=self.number("LEASE_TTL_SECONDS", QueueSettings.lease_ttl_seconds, float, 1.0),
+                redis_sentinels=sentinels,
+                redis_sentinel_master=sentinel_master,
+                redis_sentinel_password=sentinel_password,
+                redis_ca_file=ca_file,
+                lease_ttl_seconds=self.number("LEASE_TTL_SECONDS", QueueSettings.lease_ttl_seconds, float, 1.0, 3600),
                 visibility_timeout_seconds=self.number(
-                    "QUEUE_VISIBILITY_TIMEOUT_SECONDS", QueueSettings.visibility_timeout_seconds, int, 1
+                    "QUEUE_VISIBILITY_TIMEOUT_SECONDS", QueueSettings.visibility_timeout_seconds, int, 1, DAY
                 ),
-                task_max_retries=self.number("TASK_MAX_RETRIES", QueueSettings.task_max_retries, int, 0),
+                task_max_retries=self.number("TASK_MAX_RETRIES", QueueSettings.task_max_retries, int, 0, 10_000),
                 recovery_interval_seconds=self.number(
-                    "RECOVERY_INTERVAL_SECONDS", QueueSettings.recovery_interval_seconds, float, 0.5
+                    "RECOVERY_INTERVAL_SECONDS", QueueSettings.recovery_interval_seconds, float, 0.5, 3600
                 ),
                 recovery_after_seconds=self.number(
-                    "RECOVERY_AFTER_SECONDS", QueueSettings.recovery_after_seconds, float, 1.0
+                    "RECOVERY_AFTER_SECONDS", QueueSettings.recovery_after_seconds, float, 1.0, DAY
                 ),
             ),
             runner=RunnerSettings(
                 kind=runner,
                 executor_key=self.secret("EXECUTOR_KEY"),
                 remote_url_allowlist=self.allowlist("REMOTE_URL_ALLOWLIST"),
-                executor_command=self.text("EXECUTOR_COMMAND", RunnerSettings.executor_command),
+                executor_command=self.command("EXECUTOR_COMMAND", RunnerSettings.executor_command),
                 executor_grace_seconds=self.number(
-                    "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0
+                    "EXECUTOR_GRACE_SECONDS", RunnerSettings.executor_grace_seconds, float, 1.0, 3600
                 ),
                 local_state_directory=self.text("LOCAL_STATE_DIRECTORY", RunnerSettings.local_state_directory),
                 local_executor_user=self.text("LOCAL_EXECUTOR_USER", RunnerSettings.local_executor_user),
+                local_executor_uids=self.uid_range("LOCAL_EXECUTOR_UIDS"),
                 local_executor_same_user=self.flag("LOCAL_EXECUTOR_SAME_USER", RunnerSettings.local_executor_same_user),
+                local_allow_redis_without_password=self.flag(
+                    "LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD", RunnerSettings.local_allow_redis_without_password
+                ),
             ),
             kubernetes=KubernetesSettings(
                 namespace=self.text("KUBERNETES_NAMESPACE", KubernetesSettings.namespace),
@@ -369,40 +465,79 @@ class _Parser:
                 templates_file=self.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
                 runtime_class=self.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
                 watch_pods=self.flag("KUBERNETES_WATCH_PODS", KubernetesSettings.watch_pods),
+                ca_bundle_configmap=self.object_name("KUBERNETES_CA_BUNDLE_CONFIGMAP"),
             ),
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
-                    "IDLE_TIMEOUT_SECONDS", LifecycleSettings.idle_timeout_seconds, float, 0.0
+                    "IDLE_TIMEOUT_SECONDS", LifecycleSettings.idle_timeout_seconds, float, 0.0, 30 * DAY
                 ),
                 workspace_retention_seconds=self.number(
-                    "WORKSPACE_RETENTION_SECONDS", LifecycleSettings.workspace_retention_seconds, float, 0.0
+                    "WORKSPACE_RETENTION_SECONDS", LifecycleSettings.workspace_retention_seconds, float, 0.0, 365 * DAY
                 ),
                 max_lifetime_seconds=self.number(
-                    "MAX_LIFETIME_SECONDS", LifecycleSettings.max_lifetime_seconds, float, 0.0
+                    "MAX_LIFETIME_SECONDS", LifecycleSettings.max_lifetime_seconds, float, 0.0, 365 * DAY
                 ),
                 reconcile_interval_seconds=self.number(
-                    "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0
+                    "RECONCILE_INTERVAL_SECONDS", LifecycleSettings.reconcile_interval_seconds, float, 1.0, DAY
                 ),
                 full_sweep_interval_seconds=self.number(
-                    "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0
+                    "FULL_SWEEP_INTERVAL_SECONDS", LifecycleSettings.full_sweep_interval_seconds, float, 1.0, 7 * DAY
                 ),
                 prestart_agent_ids=self.words("PRESTART_AGENT_IDS"),
                 prestart_max_sandboxes=self.number(
-                    "PRESTART_MAX_SANDBOXES", LifecycleSettings.prestart_max_sandboxes, int, 0
+                    "PRESTART_MAX_SANDBOXES", LifecycleSettings.prestart_max_sandboxes, int, 0, 10_000
                 ),
                 deletion_confirm_seconds=self.number(
-                    "DELETION_CONFIRM_SECONDS", LifecycleSettings.deletion_confirm_seconds, float, 0.0
+                    "DELETION_CONFIRM_SECONDS", LifecycleSettings.deletion_confirm_seconds, float, 0.0, 86_400
                 ),
             ),
             metrics=self.metrics(),
             log_level=level,
         )
         self.check_credentials_differ(settings)
+        self.check_executor_identity(settings.runner)
         return settings
 
     def text(self, name: str, default: str) -> str:
         value = self.get(PREFIX + name, "").strip()
         return value or default
+
+    def command(self, name: str, default: str) -> str:
+        """A command line, split as the runner splits it (``shlex``): an unbalanced quote is a
+        problem here, not a crash in every task."""
+        value = self.text(name, default)
+        try:
+            parts = shlex.split(value)
+            if not parts or not parts[0]:
+                raise ValueError("it names no program")
+        except ValueError as exc:
+            self.problems.append(f"{PREFIX}{name} is not a command line ({exc})")
+        return value
+
+    def uid_range(self, name: str) -> tuple[int, int] | None:
+        """``FIRST-LAST``, inclusive: uids an executor may run as (never 0, never the ``-1``
+        that means "unchanged" to the kernel)."""
+        raw = self.get(PREFIX + name, "").strip()
+        if not raw:
+            return None
+        first, dash, last = raw.partition("-")
+        if not dash or not first.strip().isdigit() or not last.strip().isdigit():
+            self.problems.append(f"{PREFIX}{name} must look like FIRST-LAST (e.g. 200000-299999), got {raw!r}")
+            return None
+        low, high = int(first), int(last)
+        if not 1 <= low <= high <= MAX_UID:
+            self.problems.append(f"{PREFIX}{name} must satisfy 1 <= FIRST <= LAST <= {MAX_UID}, got {raw!r}")
+            return None
+        return low, high
+
+    def check_executor_identity(self, runner: RunnerSettings) -> None:
+        """One way to say who executors run as."""
+        if runner.local_executor_uids is None:
+            return
+        if runner.local_executor_same_user:
+            self.problems.append(f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_SAME_USER=true, not both")
+        if self.env.get(PREFIX + "LOCAL_EXECUTOR_USER", "").strip():
+            self.problems.append(f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_USER, not both")
 
     def flag(self, name: str, default: bool) -> bool:
         raw = self.get(PREFIX + name, "").strip().lower()
@@ -415,16 +550,30 @@ class _Parser:
         self.problems.append(f"{PREFIX}{name} must be true or false, got {raw!r}")
         return default
 
+    def object_name(self, name: str) -> str | None:
+        """A Kubernetes object name (a DNS-1123 subdomain), or None when unset."""
+        value = self.get(PREFIX + name, "").strip()
+        if not value:
+            return None
+        if len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
+            self.problems.append(
+                f"{PREFIX}{name} must be a Kubernetes object name (lower-case letters, digits, '-', '.'), got {value!r}"
+            )
+            return None
+        return value
+
     def words(self, name: str) -> tuple[str, ...]:
         return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())
 
     def metrics(self) -> MetricsSettings:
-        port = self.number("METRICS_PORT", MetricsSettings.port, int, 0)
-        if port > 65535:
-            self.problems.append(f"{PREFIX}METRICS_PORT must be at most 65535, got {port}")
-        return MetricsSettings(port=port)
+        return MetricsSettings(port=self.number("METRICS_PORT", MetricsSettings.port, int, 0, 65535))
 
-    def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float) -> T:
+    def number(self, name: str, default: T, cast: Callable[[str], T], minimum: float, maximum: float) -> T:
+        """A number within ``[minimum, maximum]`` (both documented in README's settings table:
+        ``BOUNDS``). Every number has a maximum: an absurd one (``1e20`` seconds) would pass
+        parsing and then break at run time (a Redis expiry out of range, every delivery 503)."""
+        assert minimum <= default <= maximum, name  # type: ignore[operator]  # a default out of its own range is a bug
+        self.bounds[PREFIX + name] = (minimum, maximum)
         raw = self.get(PREFIX + name, "").strip()
         if not raw:
             return default
@@ -436,7 +585,9 @@ class _Parser:
             self.problems.append(f"{PREFIX}{name} must be a{'n integer' if cast is int else ' number'}, got {raw!r}")
             return default
         if value < minimum:  # type: ignore[operator]
-            self.problems.append(f"{PREFIX}{name} must be at least {minimum}, got {raw!r}")
+            self.problems.append(f"{PREFIX}{name} must be at least {number_text(minimum)}, got {raw!r}")
+        elif value > maximum:  # type: ignore[operator]
+            self.problems.append(f"{PREFIX}{name} must be at most {number_text(maximum)}, got {raw!r}")
         return value
 
     def raw_secret(self, name: str) -> str | None:
@@ -448,7 +599,8 @@ class _Parser:
             return None
         if path:
             try:
-                return Path(path).read_text(encoding="utf-8").strip() or None
+                # Never blocks (a FIFO is refused, not waited on) and never echoes the content.
+                return files.read_small(path).strip() or None
             except OSError as exc:
                 self.problems.append(f"{PREFIX}{name}_FILE: cannot read {path}: {exc.strerror}")
                 return None
@@ -463,7 +615,8 @@ class _Parser:
         if not value:
             return ()
         secrets, problems = parse_secrets(value)
-        self.problems += [f"{PREFIX}{name}: {problem}" for problem in problems]
+        where = f"{PREFIX}{name}_FILE" if self.env.get(PREFIX + name + "_FILE") else f"{PREFIX}{name}"
+        self.problems += [f"{where}: {problem}" for problem in problems]
         return tuple(Secret(s) for s in secrets)
 
     def allowlist(self, name: str) -> tuple[str, ...]:
@@ -478,6 +631,51 @@ class _Parser:
             if problem is not None:
                 self.problems.append(f"{PREFIX}{name}: {problem}")
         return patterns
+
+    def redis_connection(
+        self, url: str | None
+    ) -> tuple[tuple[tuple[str, int], ...], str | None, Secret | None, str | None]:
+        """Sentinel addresses, the master's name, the sentinels' password and the TLS CA file."""
+        sentinels = tuple(p for p in (self.address("REDIS_SENTINELS", w) for w in self.words("REDIS_SENTINELS")) if p)
+        master = self.get(PREFIX + "REDIS_SENTINEL_MASTER", "").strip() or None
+        password = self.secret("REDIS_SENTINEL_PASSWORD")
+        ca_file = self.get(PREFIX + "REDIS_CA_FILE", "").strip() or None
+        scheme = (url or "").partition("://")[0]
+        host = _url_host(url or "")
+        if sentinels:
+            if scheme == "unix":
+                self.problems.append(f"{PREFIX}REDIS_SENTINELS needs a redis:// or rediss:// {PREFIX}REDIS_URL")
+            elif url and master and host and host != master:
+                self.problems.append(
+                    f"{PREFIX}REDIS_SENTINEL_MASTER is {master!r} but {PREFIX}REDIS_URL names {host!r}: with "
+                    "sentinels the URL's host is the master's name (they must agree)"
+                )
+            elif url and not (master or host):
+                self.problems.append(
+                    f"{PREFIX}REDIS_SENTINEL_MASTER (or the host of {PREFIX}REDIS_URL) must name the master"
+                )
+            master = master or host or None
+        elif master or password:
+            self.problems.append(
+                f"{PREFIX}REDIS_SENTINEL_MASTER and {PREFIX}REDIS_SENTINEL_PASSWORD need {PREFIX}REDIS_SENTINELS"
+            )
+        if ca_file:
+            if url and scheme != "rediss":
+                self.problems.append(f"{PREFIX}REDIS_CA_FILE is for TLS: {PREFIX}REDIS_URL must be a rediss:// URL")
+            try:  # a regular file, read without blocking (a FIFO is refused, not waited on)
+                files.read_small(ca_file, limit=MAX_CA_FILE_BYTES)
+            except OSError as exc:
+                self.problems.append(f"{PREFIX}REDIS_CA_FILE: cannot read {ca_file}: {exc.strerror}")
+        return sentinels, master, password, ca_file
+
+    def address(self, name: str, text: str) -> tuple[str, int] | None:
+        """``host:port`` (``[v6]:port`` for an IPv6 address), or None with the problem noted."""
+        host, sep, port = text.rpartition(":")
+        host = host.removeprefix("[").removesuffix("]")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+            self.problems.append(f"{PREFIX}{name}: {text!r} is not host:port")
+            return None
+        return host, int(port)
 
     def metadata_route(self) -> tuple[str | None, str | None]:
         raw = self.get(PREFIX + "ROUTE_METADATA", "").strip()
@@ -497,10 +695,10 @@ class _Parser:
 
 
 def _describe(value: Any) -> Any:
-    if isinstance(value, QueueSettings) and value.redis_url:
-        return {**_describe_fields(value), "redis_url": mask_url(value.redis_url)}
     if isinstance(value, Secret):
         return str(value)
+    if isinstance(value, str):
+        return mask_credentials(value)  # any setting, present or future, that holds a URL
     if is_dataclass(value) and not isinstance(value, type):
         return _describe_fields(value)
     if isinstance(value, tuple):
@@ -508,26 +706,42 @@ def _describe(value: Any) -> Any:
     return value
 
 
+def _secret_values(value: Any) -> list[str]:
+    if isinstance(value, Secret):
+        return [value.reveal()]
+    if isinstance(value, str):
+        return url_credentials(value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return [found for f in fields(value) for found in _secret_values(getattr(value, f.name))]
+    if isinstance(value, tuple):
+        return [found for item in value for found in _secret_values(item)]
+    return []
+
+
 def _describe_fields(value: Any) -> dict[str, Any]:
     described: dict[str, Any] = {f.name: _describe(getattr(value, f.name)) for f in fields(value)}
     return described
 
 
-def mask_url(url: str) -> str:
-    """A URL with any password replaced, safe to print (``redis://:pw@host`` → ``redis://:***@host``)."""
-    scheme, sep, rest = url.partition("://")
-    userinfo, at, host = rest.rpartition("@")
-    if not sep or not at or ":" not in userinfo:
-        return url
-    user = userinfo.split(":", 1)[0]
-    return f"{scheme}://{user}:***@{host}"
+def number_text(value: float) -> str:
+    """A bound as README writes it: ``300``, ``0.1``."""
+    return str(int(value)) if float(value).is_integer() else str(value)
 
 
-def _names_read() -> frozenset[str]:
+def _url_host(url: str) -> str:
+    """The host of a URL as written (case kept: a Sentinel master's name is case-sensitive)."""
+    host = urlsplit(url).netloc.rpartition("@")[2]
+    name, colon, port = host.rpartition(":")
+    return name if colon and port.isdigit() and not host.endswith("]") else host
+
+
+def _parse_nothing() -> _Parser:
     parser = _Parser({})
     parser.parse()
-    return frozenset(parser.read)
+    return parser
 
 
-KEYS: frozenset[str] = _names_read()
+KEYS: frozenset[str] = frozenset(_parse_nothing().read)
 """Every variable the parser reads (taken from a parse, not kept by hand)."""
+BOUNDS: Mapping[str, tuple[float, float]] = dict(_parse_nothing().bounds)
+"""Every numeric setting's (minimum, maximum) (taken from a parse; README states each one)."""

@@ -2,6 +2,8 @@
 
     ControllerError
     ├── ConfigError          bad settings: report all problems at start-up, exit 2
+    ├── UsageError           a command's input (an argument, a file or place it names) cannot
+    │                        be used: say so in one line, exit 2, change nothing
     ├── RejectDelivery       the webhook delivery is bad: answer 4xx, change nothing
     │   ├── SignatureError   401: missing, garbled, stale or unmatched signature
     │   ├── BadPayload       400: not JSON, not an event envelope
@@ -16,7 +18,12 @@
     ├── Permanent            give up on this job, log it; retrying will not help
     │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
     │   └── RunnerRejected   the runner backend refused the spec (bad config)
+    ├── KubernetesError      the API server refused a request with an answer the caller did
+    │                        not expect (no idempotency signal, not 401/403/429/5xx): a bug,
+    │                        or input to check; said loudly, neither retried as Transient nor
+    │                        given up on as Permanent
     └── Fenced               a stale decision (the lease was lost): drop it, look again later
+        └── LeadershipLost   the scheduler no longer leads: its leader actions are refused
 
 Third-party exceptions are translated once, in the adapter that sees them, with
 ``raise ... from exc``. Messages carry ids, never secrets.
@@ -35,6 +42,11 @@ class ConfigError(ControllerError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class UsageError(ControllerError):
+    """A command's argument, or a file or place it names, cannot be used (the message says
+    which and why, in one line, never quoting a secret)."""
 
 
 class RejectDelivery(ControllerError):
@@ -99,5 +111,20 @@ class RunnerRejected(Permanent):
     pass
 
 
+class KubernetesError(ControllerError):
+    """An answer of the API server no caller expects (translated by ``runners.kubernetes.api``):
+    its HTTP ``status`` and ``reason`` ride along."""
+
+    def __init__(self, message: str, status: int, reason: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+
+
 class Fenced(ControllerError):
     """The caller no longer holds the session's lease; its decision is stale."""
+
+
+class LeadershipLost(Fenced):
+    """The scheduler's leadership term is over (renew deadline missed, or another leads): what it
+    was about to do as the leader is not done."""

@@ -3,7 +3,7 @@
 ``status`` lists every mapped session with its sandbox (runner, name, generation, age,
 health) and the last decision a worker made about it (``LastDecision``, noted through
 ``Deps.on_decision``). ``explain`` observes one session the way ``lifecycle.act`` does and
-asks ``lifecycle.decide`` what it says now — it takes no lease and starts, releases, saves
+asks ``decide.decide`` what it says now — it takes no lease and starts, releases, saves
 and discards nothing: a sandbox found without a record is considered (as ``act`` would adopt
 it) but not recorded. A unit test holds ``explain`` to what ``act`` decides.
 """
@@ -14,19 +14,11 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from controller.lifecycle import Decision, Deps, decide_observed, observe
+from controller.decide import Decision
+from controller.lifecycle import Deps, decide_observed, observe
+from controller.model import LastDecision
 from controller.runners.base import Runner
 from controller.store.base import SessionStore
-
-
-@dataclass(frozen=True)
-class LastDecision:
-    verdict: str
-    reason: str
-    at: float
-    """When it was made (Unix seconds, Redis's clock)."""
-    held: bool = False
-    """A deletion it held because most sessions read answer 404 (``lifecycle.Decision.held``)."""
 
 
 class DecisionLog(Protocol):
@@ -108,7 +100,7 @@ HELD_NOTICE = (
     "deletions held: most sessions read to confirm a deletion answer 404 — a wrong CONTROLLER_API_KEY "
     "(another project's key) or CONTROLLER_API_BASE_URL? Nothing is released while this lasts."
 )
-"""What ``status`` says when a worker held deletions (``lifecycle.Decision.held``)."""
+"""What ``status`` says when a worker held deletions (``decide.Decision.held``)."""
 
 
 @dataclass(frozen=True)

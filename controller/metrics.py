@@ -10,22 +10,25 @@ each worker or switch to prometheus_client's multiprocess mode.
         outcome: enqueued | duplicate | ignored | rejected | unavailable | error
         reason:  a fixed word (``events.Disposition.reason``, ``signature``, ``payload``,
                  ``too_large``, ``inbox``, ``bug``); never a header or body value
+    controller_webhook_secrets_refused_total{reason}
+        the receiver's secrets file changed but could not be used, so the last good secrets
+        stay in use (``signing.FileVerifier``); reason: ``not_a_file`` | ``unreadable`` |
+        ``empty`` | ``invalid`` (garbled, or a key shorter than 24 bytes)
     controller_sessions_refused_total{reason}
         sessions a worker refused to start (L2, ``controller/trust.py``);
         reason: ``remote_url`` | ``environment_id`` | ``session_id``
 
     controller_decisions_total{verdict}
-        verdict: start | replace | keep | release | ignore (``lifecycle.Verdict``), one per
-                 decision a worker makes (``Deps.on_decision``). Counted in each worker
-                 process's own registry: workers serve no HTTP, so it is not scraped yet
-                 (that needs prometheus_client's multiprocess mode and a port per worker).
+        verdict: start | replace | keep | stop | release | discard | ignore (``decide.Verdict``),
+                 one per decision a worker makes (``Deps.on_decision``); each worker serves the
+                 sum of its pool processes (multiprocess mode, below)
 
     controller_sandboxes_stopped_total{reason}
         sandboxes a worker stopped, released or replaced (``Deps.on_stop``);
-        reason: idle | lifetime | failed | deleted | replaced (``lifecycle.Cause``)
+        reason: idle | lifetime | failed | deleted | replaced (``decide.Cause``)
     controller_deletions_held_total
         deletions a worker held because most sessions read to confirm them answered 404 (a wrong
-        API key, project or base URL: ``lifecycle.Missing``); each also a "deletions held" error
+        API key, project or base URL: ``decide.Missing``); each also a "deletions held" error
     controller_prestarts_skipped_total
         session creations that started no sandbox because the pre-start budget was used up
         (``CONTROLLER_PRESTART_MAX_SANDBOXES``); each also a "pre-start skipped" log line
@@ -94,6 +97,7 @@ from controller.model import PoolState
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
+SECRETS_REFUSED_TOTAL = "controller_webhook_secrets_refused_total"
 DECISIONS_TOTAL = "controller_decisions_total"
 SANDBOXES_STOPPED_TOTAL = "controller_sandboxes_stopped_total"
 SANDBOXES_RUNNING = "controller_sandboxes_running"
@@ -147,6 +151,12 @@ class Metrics:
                 WEBHOOKS_TOTAL,
                 "Webhook deliveries by outcome and reason.",
                 ("outcome", "reason"),
+                registry=self.registry,
+            ),
+            SECRETS_REFUSED_TOTAL: Counter(
+                SECRETS_REFUSED_TOTAL,
+                "Changes of the webhook secrets file that were refused (the last good secrets stay), by reason.",
+                ("reason",),
                 registry=self.registry,
             ),
             SESSIONS_REFUSED_TOTAL: Counter(

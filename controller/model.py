@@ -135,7 +135,7 @@ class Record:
     down counts the grace period from here (L14)."""
     seen_connected: bool = False
     """Whether a look ever saw this sandbox's executor connected. Until one does, the sandbox is
-    looked at again soon after its start (``lifecycle.FIRST_LOOK_SECONDS``), so that a link that
+    looked at again soon after its start (``decide.FIRST_LOOK_SECONDS``), so that a link that
     comes up and then drops is timed from the drop, not from the start."""
     prestarted: bool = False
     """Started at the session's creation, before anything asked for it (L9's pre-start), and not
@@ -144,3 +144,15 @@ class Record:
     @property
     def stopped(self) -> bool:
         return self.stopped_at is not None
+
+
+@dataclass(frozen=True)
+class LastDecision:
+    """The latest decision a worker made about a session, as ``status`` and ``explain`` show it."""
+
+    verdict: str
+    reason: str
+    at: float
+    """When it was made (Unix seconds, Redis's clock)."""
+    held: bool = False
+    """A deletion it held because most sessions read answer 404 (``decide.Decision.held``)."""

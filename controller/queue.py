@@ -14,8 +14,10 @@ already running, never behind the 10,000 jobs a sweep just queued. (``round_robi
 default, would move a queue to the back after each pop: webhook and maintenance jobs would
 alternate.) A retried job stays on the queue it came from (Celery retries to the same route).
 
-The receiver and the scheduler publish through ``publisher`` (by task name, so they never
-import the worker); ``worker.register`` adds the task that consumes the queues.
+The receiver queues its jobs itself (``task_message``, in its Redis script); the scheduler
+through ``fenced_publisher`` (one push per batch, made only while its leadership term holds);
+``publisher`` publishes one job through Celery (by task name, so nothing here imports the
+worker); ``worker.register`` adds the task that consumes the queues.
 """
 
 from __future__ import annotations
@@ -27,7 +29,9 @@ from celery import Celery
 
 from controller import task_message
 from controller.config import Settings
+from controller.errors import LeadershipLost
 from controller.inbox import Job
+from controller.redis_client import Endpoint
 
 TASK_SYNC_SESSION = "controller.sync_session"
 TASK_WATCH_CONNECTION = "controller.watch_connection"
@@ -42,11 +46,16 @@ CONSUMED = (QUEUE, MAINTENANCE_QUEUE)
 def make_app(settings: Settings) -> Celery:
     """A Celery app configured for the queue (no task registered: publishing needs none)."""
     app = Celery("sandbox-controller", set_as_current=False)
+    # Where the broker is: one URL, or a Sentinel set (kombu's Sentinel transport), with TLS;
+    # through controller.broker, which survives an outage and follows the master.
+    broker = Endpoint.from_settings(settings.queue).broker()
     app.conf.update(
-        broker_url=settings.queue.redis_url,
-        broker_transport="controller.broker:Transport",  # survives a broker outage (see there)
+        broker_url=broker["broker_url"],
+        broker_transport=broker["broker_transport"],
+        broker_use_ssl=broker.get("broker_use_ssl"),
         broker_connection_retry_on_startup=True,
         broker_transport_options={
+            **broker["transport_options"],
             "visibility_timeout": settings.queue.visibility_timeout_seconds,
             # Sweep for a dead worker's unacknowledged jobs often enough to honour the timeout.
             "unacked_restore_interval": max(1, min(10, settings.queue.visibility_timeout_seconds // 5)),
@@ -81,6 +90,30 @@ def publisher(app: Celery, queue: str = QUEUE) -> Callable[[Job], None]:
         app.send_task(TASK_SYNC_SESSION, args=[job.session_id], kwargs=task_message.job_kwargs(job), queue=queue)
 
     return publish
+
+
+_FENCED_PUSH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return -1 end
+return redis.call('LPUSH', KEYS[2], unpack(ARGV, 2))
+"""
+
+
+def fenced_publisher(
+    client: redis.Redis, queue: str, fence_key: str, batch: int = 1000
+) -> Callable[[Sequence[Job], str], None]:
+    """``batch_publisher``'s pushes, each made only while ``fence_key`` holds the given token (one
+    script: the check and the push are one step), so a scheduler whose leadership term is over
+    queues nothing, however late its push arrives. Raises ``LeadershipLost`` for a refused push
+    (that batch and the rest are not queued), and redis-py's errors as ``batch_publisher`` does."""
+    push = client.register_script(_FENCED_PUSH)
+
+    def publish_many(jobs: Sequence[Job], token: str) -> None:
+        for start in range(0, len(jobs), batch):
+            messages = [task_message.encode(job, queue) for job in jobs[start : start + batch]]
+            if int(push(keys=[fence_key, queue], args=[token, *messages])) < 0:
+                raise LeadershipLost(f"term {token} no longer leads: {len(jobs) - start} jobs not queued")
+
+    return publish_many
 
 
 def batch_publisher(client: redis.Redis, queue: str = QUEUE, batch: int = 1000) -> Callable[[Sequence[Job]], None]:

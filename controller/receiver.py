@@ -61,7 +61,7 @@ from controller.errors import (
     Unqueueable,
 )
 from controller.inbox import Inbox, Job
-from controller.metrics import WEBHOOKS_TOTAL, Counters, Metrics
+from controller.metrics import SECRETS_REFUSED_TOTAL, WEBHOOKS_TOTAL, Counters, Metrics
 from controller.signing import FileVerifier, Verifier
 from controller.trust import MAX_ID_CHARS
 
@@ -101,8 +101,13 @@ class ReceiverServices:
         prestart: bool = False,
     ) -> ReceiverServices:
         secrets = [s.reveal() for s in webhook.secrets]
+        counted = counters if counters is not None else Metrics()
+
+        def refused(reason: str) -> None:
+            counted.inc(SECRETS_REFUSED_TOTAL, reason=reason)
+
         verifier = (
-            FileVerifier(Path(webhook.secrets_file), secrets, webhook.tolerance_seconds)
+            FileVerifier(Path(webhook.secrets_file), secrets, webhook.tolerance_seconds, on_refused=refused)
             if webhook.secrets_file
             else Verifier(secrets, webhook.tolerance_seconds)
         )
@@ -111,7 +116,7 @@ class ReceiverServices:
             inbox,
             clock,
             webhook.max_body_bytes,
-            counters if counters is not None else Metrics(),
+            counted,
             webhook.body_timeout_seconds,
             webhook.max_in_flight,
             prestart,

@@ -5,7 +5,7 @@ Deleting a session sends nothing, so only a sweep finds compute whose session is
 (404), failed or past its maximum lifetime, a mapping whose sandbox vanished, a sandbox
 nobody recorded, or a kept workspace whose session is gone. The sweep decides nothing
 itself: it asks for work on each such session; the worker, holding the session's lease,
-re-reads it and decides with ``lifecycle.decide`` (release, adopt, discard, or leave
+re-reads it and decides with ``decide.decide`` (release, adopt, discard, or leave
 alone). A start and a cleanup of one session therefore never interleave (L18). Each of those
 decisions re-arms the session's durable timer, so the sweep also gives a timer back to a
 mapped session that lost its own (``controller.timers``).

@@ -16,7 +16,7 @@ The active scheduler runs it every few seconds (``CONTROLLER_RECOVERY_INTERVAL_S
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -44,8 +44,10 @@ class Recovered:
     enqueued: int
 
 
-def recover(backlog: Backlog, enqueue: Callable[[str], None], batch: int = BATCH, max_batches: int = 20) -> Recovered:
-    """Enqueue every overdue session (at most ``batch * max_batches`` per pass)."""
+def recover(
+    backlog: Backlog, enqueue: Callable[[Sequence[str]], None], batch: int = BATCH, max_batches: int = 20
+) -> Recovered:
+    """Enqueue every overdue session, a batch at a time (at most ``batch * max_batches`` per pass)."""
     enqueued = timers.drain(backlog.take_overdue, enqueue, batch, max_batches)
     if enqueued:
         log.warning("wanted work re-enqueued: no job was going to do it", extra={"enqueued": enqueued})

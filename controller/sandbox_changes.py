@@ -13,7 +13,7 @@ session or has just become able to:
 
 Anything else (a label, a status timestamp, a bookmark, the pod being scheduled) asks for
 nothing. A look is never an action: the worker re-reads the session under its lease and
-decides with ``lifecycle.decide`` (L7, L12, L13), exactly as for a sweep or a timer.
+decides with ``decide.decide`` (L7, L12, L13), exactly as for a sweep or a timer.
 
 After the watch had to list the pods again (its resource version expired: HTTP 410),
 ``look_again_after_list`` compares what it knew with what the list shows: a pod it knew that

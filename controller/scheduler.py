@@ -1,18 +1,28 @@
 """``sandbox-controller scheduler``: one active process that sweeps and recovers on timers.
 
-Leadership is a Redis key holding this process's token with a TTL of three rounds
-(``leadership_ttl_seconds``), renewed every round by a compare-and-expire script: it lapses
-only when a leader misses two renewals in a row, and a standby takes over within three rounds
-of the leader stopping. A scheduler that cannot renew stops working until it wins the key
-again, so two never act at once.
+Leadership is elected as client-go's ``leaderelection`` does it, on one Redis key
+(``LEADER_KEY``, ``Leadership``): the key holds the leader's term (its fencing token) with a TTL,
+the lease (``LEASE_SECONDS``). A thread of its own renews it every ``RETRY_SECONDS``, whatever
+the round is doing; a standby tries as often, and takes the key once it has lapsed. A leader
+counts itself the leader only until the renew deadline (``RENEW_DEADLINE_SECONDS``, shorter
+than the lease) has passed since it sent its last successful renewal: one that cannot renew
+(Redis away, the process starved or paused) stops acting before its lease can lapse, so before
+a standby can take over. Every leader action carries the term: the jobs are pushed by a
+script that pushes only while the key holds that term (``queue.fenced_publisher``), so a push
+that arrives late, after another took over, queues nothing; long steps (timers, recovery, the
+sweep) publish in batches and check the term before each one. Wanting work is not a leader
+action (a webhook wants work too; the worker decides under the session's lease): what a
+refused push leaves wanted, the next recovery pass enqueues. Tending the warm pools (Kubernetes
+calls) is checked against the term before it starts, not fenced. A scheduler that stops
+releases the key, so a standby takes over at once.
 
 Each round the leader fires the durable timers that fell due (``controller.timers``, every
 ``timers.RESOLUTION_SECONDS``: about one second), runs the recovery pass
 (``controller.recovery``, every ``CONTROLLER_RECOVERY_INTERVAL_SECONDS``) and, when due, the
 reconcile sweep (``controller.reconcile``, every ``CONTROLLER_RECONCILE_INTERVAL_SECONDS``;
 a full one every ``CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS``, and the first; every one is
-full without a pod watch).
-A round is therefore at most a second long, and so is a third of the leadership's TTL.
+full without a pod watch). However long a round takes (10,000 due timers, a slow listing of
+the sandboxes), leadership is renewed meanwhile.
 With a runner that keeps warm pools (``runners.base.Pools``), the leader also tends them every
 ``POOL_TEND_SECONDS`` (dead or too old warm pods replaced, the pools filled to their size).
 
@@ -20,7 +30,7 @@ With the Kubernetes runner the leader also watches the sandbox pods (``watch``:
 ``runners.kubernetes.watch``, started when this process wins leadership and stopped when it
 loses it). The watch hands over the sessions whose pod changed in a way that matters; each
 round the leader wants work on them and enqueues them on the maintenance queue, exactly as a
-sweep does (``store.want_many``, then the batch publisher), so de-duplication and leases are
+sweep does (``store.want_many``, then a fenced publish), so de-duplication and leases are
 the same. While the watch is live, partial sweeps leave sessions whose pod is there to it.
 
 Redis or the broker being away is a state, not a crash: the loop logs "redis unavailable"
@@ -30,6 +40,7 @@ when another process really holds the key.
 
 from __future__ import annotations
 
+import math
 import secrets
 import signal
 import threading
@@ -40,12 +51,11 @@ from functools import partial
 from types import FrameType
 from typing import Protocol
 
-import kombu.exceptions
 import redis
 
 from controller import logs, reconcile, recovery, timers
 from controller.config import Settings
-from controller.errors import QueueUnavailable, StoreUnavailable, Transient
+from controller.errors import LeadershipLost, QueueUnavailable, StoreUnavailable, Transient
 from controller.inbox import Job
 from controller.model import PoolState
 from controller.recovery import RecoverableStore
@@ -92,36 +102,149 @@ class Changed:
 
 log = logs.get(__name__)
 LEADER_KEY = "sc:scheduler:leader"
+LEASE_SECONDS = 3.0
+"""How long the leader key lives after a renewal: a standby may take over this long after the
+leader's last renewal."""
+RENEW_DEADLINE_SECONDS = 2.0
+"""How long after sending its last successful renewal a leader still acts. Shorter than the
+lease: a leader that cannot renew stops acting a second before a standby could take over."""
+RETRY_SECONDS = 0.5
+"""How often the leader renews, and a standby tries to take the lead."""
 POOL_TEND_SECONDS = 2.0
 """How often the leader tends the warm pools (a claim refills its pool at once; this is the net)."""
-_RENEW = """
-if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
-return redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) and 1 or 0
+_ACQUIRE_OR_RENEW = """
+local held = redis.call('GET', KEYS[1])
+if held and held == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[3])
+  return held
+end
+if held and held ~= ARGV[4] then return false end
+local t = redis.call('TIME')
+local term = string.format('%d', tonumber(t[1]) * 1000000 + tonumber(t[2])) .. '-' .. ARGV[2]
+redis.call('SET', KEYS[1], term, 'PX', ARGV[3])
+return term
 """
-_BROKER_ERRORS = (redis.RedisError, kombu.exceptions.KombuError, OSError)
+"""Renew the term this process holds (``ARGV[1]``), or start a new one when the key is free or
+holds this process's own lapsed term (``ARGV[4]``): Redis time in microseconds and the process's
+id (``ARGV[2]``), so every term is new. Returns the term held, or nothing when another leads."""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+_BROKER_ERRORS = (redis.RedisError, OSError)  # the queue is a Redis list the leader pushes to
 
-
-def leadership_ttl_seconds(interval_seconds: float) -> float:
-    """Three rounds (renewals are one round apart): longer than the wait between renewals."""
-    return 3 * interval_seconds
+Publish = Callable[[Sequence[Job], str], None]
+"""Queue jobs as the leader of the given term; raises ``LeadershipLost`` when that term no
+longer leads (``queue.fenced_publisher``)."""
 
 
 class Leadership:
-    def __init__(self, client: redis.Redis, ttl_seconds: float) -> None:
-        self._token = secrets.token_hex(8)
-        self._ttl_ms = int(ttl_seconds * 1000)
-        self._renew = client.register_script(_RENEW)
+    """One process's side of the leader election (see the module's docstring).
 
-    def hold(self) -> bool:
-        """Take or keep leadership: True when this process leads, False when another does.
+    ``attempt`` tries once to take or keep the lead; ``start`` runs it every ``retry_seconds`` on
+    a thread of its own; ``term`` is the term this process leads in right now, or None.
+    """
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        lease_seconds: float = LEASE_SECONDS,
+        renew_deadline_seconds: float = RENEW_DEADLINE_SECONDS,
+        retry_seconds: float = RETRY_SECONDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not retry_seconds < renew_deadline_seconds < lease_seconds:
+            raise ValueError("leadership needs retry < renew deadline < lease")
+        self._id = secrets.token_hex(4)
+        self._lease_ms = int(lease_seconds * 1000)
+        self._deadline = renew_deadline_seconds
+        self._retry = retry_seconds
+        self._clock = clock
+        self._acquire_or_renew = client.register_script(_ACQUIRE_OR_RENEW)
+        self._release = client.register_script(_RELEASE)
+        self._lock = threading.Lock()
+        self._term: str | None = None
+        self._valid_until = -math.inf
+        self._lapsed: str | None = None
+        self.unreachable: str | None = None
+        """Why the last attempt could not ask Redis (None when it could)."""
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def term(self) -> str | None:
+        """The term this process leads in, while it is sure no other process can: its last
+        renewal was sent less than the renew deadline ago. None otherwise."""
+        with self._lock:
+            return self._term if self._clock() < self._valid_until else None
+
+    def leads(self, term: str) -> bool:
+        return self.term() == term
+
+    def end(self, term: str) -> None:
+        """Take ``term`` as over at once (a push under it was refused: the key is no longer
+        its), rather than at the next renewal."""
+        with self._lock:
+            if self._term == term:
+                self._term, self._valid_until = None, -math.inf
+
+    def attempt(self) -> bool:
+        """Take or keep the lead, once: True when this process leads now.
 
         Raises ``StoreUnavailable`` when Redis cannot be asked (then nobody can prove
-        leadership, and nobody should act).
-        """
+        leadership; a leader stops acting at its renew deadline all the same)."""
+        sent = self._clock()
+        with self._lock:
+            if self._term is not None and sent >= self._valid_until:
+                # The renew deadline passed: this term is over, whatever the key says. A new
+                # one may replace it at once (nobody else led meanwhile if the key is still ours).
+                self._term, self._lapsed = None, self._term
+            held, lapsed = self._term, self._lapsed
         try:
-            return bool(self._renew(keys=[LEADER_KEY], args=[self._token, self._ttl_ms]))
+            term = self._acquire_or_renew(keys=[LEADER_KEY], args=[held or "", self._id, self._lease_ms, lapsed or ""])
         except redis.RedisError as exc:
+            self.unreachable = str(exc)
             raise StoreUnavailable(f"cannot reach redis to hold leadership: {exc}", retry_after=2) from exc
+        self.unreachable = None
+        with self._lock:
+            if term:  # renewed, or a new term (the key was free, or held our lapsed one)
+                self._term, self._valid_until, self._lapsed = str(term), sent + self._deadline, None
+            else:
+                self._term, self._lapsed = None, None  # another process leads (the key is theirs)
+            return self._term is not None and self._clock() < self._valid_until
+
+    def start(self) -> Leadership:
+        """Try once now (so the first round knows its role), then renew or try to take the lead
+        every ``retry_seconds`` on a thread of its own."""
+        self._try()
+        self._thread = threading.Thread(target=self._run, name="leadership", daemon=True)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._retry):
+            self._try()
+
+    def _try(self) -> None:
+        try:
+            self.attempt()
+        except StoreUnavailable:
+            pass  # said by the round (``unreachable``); the renew deadline does the rest
+        except Exception:  # a bug: say so, keep trying (a leader that cannot renew stops acting)
+            log.exception("leadership attempt failed unexpectedly")
+
+    def stop(self) -> None:
+        """Stop renewing, and give the lead up at once if this process holds it (a standby takes
+        over within its retry period instead of a lease)."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        with self._lock:
+            term, self._term, self._valid_until = self._term, None, -math.inf
+        if term is not None:
+            try:
+                self._release(keys=[LEADER_KEY], args=[term])
+            except redis.RedisError:
+                pass  # the lease lapses by itself
 
 
 class Role(StrEnum):
@@ -130,29 +253,55 @@ class Role(StrEnum):
     UNREACHABLE = "redis unavailable"
 
 
+class Acting:
+    """What the leader does in one term: each batch it publishes is checked against the term first
+    and pushed under it (``Publish``), so a term that ended stops the step at the next batch."""
+
+    def __init__(self, leadership: Leadership, term: str, publish: Publish) -> None:
+        self._leadership = leadership
+        self.term = term
+        self._publish = publish
+
+    def check(self) -> None:
+        if not self._leadership.leads(self.term):
+            raise LeadershipLost(f"term {self.term} is over")
+
+    def enqueue(self, session_ids: Sequence[str], event_type: str) -> None:
+        self.check()
+        jobs = [Job(session_id=sid, webhook_id="", event_type=event_type) for sid in session_ids]
+        try:
+            self._publish(jobs, self.term)
+        except _BROKER_ERRORS as exc:
+            raise QueueUnavailable(f"broker refused {event_type} jobs: {exc}", retry_after=2) from exc
+
+    def enqueuer(self, event_type: str) -> Callable[[Sequence[str]], None]:
+        return lambda session_ids: self.enqueue(session_ids, event_type)
+
+
 def run(
     settings: Settings,
     store: SchedulerStore,
     runner: Runner,
     client: redis.Redis,
-    publish: Callable[[Job], None],
+    publish: Publish,
     stop: threading.Event | None = None,
     on_sweep: Callable[[reconcile.Sweep], None] = lambda sweep: None,
-    publish_many: Callable[[Sequence[Job]], None] | None = None,
     watch: SandboxWatch | None = None,
     on_pools: Callable[[Sequence[PoolState]], None] = lambda pools: None,
+    leadership: Leadership | None = None,
 ) -> None:
-    """``on_sweep`` is told each sweep's counts (the running-sandboxes gauge); ``publish_many``
-    publishes the sweep's batches (one ``publish`` per job without it); ``watch`` (optional)
-    names sessions whose sandbox changed, and runs while this process leads; ``on_pools`` is
-    told how each warm pool was found at each tending (the warm-pool gauges), and told of no
-    pool when this process stops leading (its figures would go stale)."""
+    """``publish`` queues the leader's jobs under its term (``Publish``); ``on_sweep`` is told each
+    sweep's counts (the running-sandboxes gauge); ``watch`` (optional) names sessions whose
+    sandbox changed, and runs while this process leads; ``on_pools`` is told how each warm pool
+    was found at each tending (the warm-pool gauges), and told of no pool when this process
+    stops leading (its figures would go stale); ``leadership`` (default: the standard timings on
+    ``client``) is started here and stopped on the way out."""
     sweep_every = settings.lifecycle.reconcile_interval_seconds
     full_every = settings.lifecycle.full_sweep_interval_seconds
     recover_every = settings.queue.recovery_interval_seconds
     fire_every = timers.RESOLUTION_SECONDS
     tick = min(sweep_every, recover_every, fire_every)
-    leadership = Leadership(client, ttl_seconds=leadership_ttl_seconds(tick))
+    leadership = leadership or Leadership(client)
     stop = stop or threading.Event()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -162,37 +311,18 @@ def run(
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
 
-    def enqueuer(event_type: str) -> Callable[[str], None]:
-        def enqueue(session_id: str) -> None:
-            try:
-                publish(Job(session_id=session_id, webhook_id="", event_type=event_type))
-            except _BROKER_ERRORS as exc:
-                raise QueueUnavailable(f"broker refused a {event_type} job: {exc}", retry_after=2) from exc
-
-        return enqueue
-
-    def enqueue_many(session_ids: Sequence[str], event_type: str = "reconcile") -> None:
-        jobs = [Job(session_id=sid, webhook_id="", event_type=event_type) for sid in session_ids]
-        try:
-            if publish_many is not None:
-                publish_many(jobs)
-            else:
-                for job in jobs:
-                    publish(job)
-        except _BROKER_ERRORS as exc:
-            raise QueueUnavailable(f"broker refused {event_type} jobs: {exc}", retry_after=2) from exc
-
     changed = Changed()
 
-    def enqueue_changed() -> None:
+    def enqueue_changed(acting: Acting) -> None:
         """The sessions the watch named: wanted, then enqueued, as a sweep does; kept for the
-        next round when Redis or the broker refuses."""
+        next round when Redis or the broker refuses, or the term ends."""
         session_ids = changed.take()
         if not session_ids:
             return
         try:
+            acting.check()
             store.want_many(session_ids)
-            enqueue_many(session_ids, "pod")
+            acting.enqueue(session_ids, "pod")
         except BaseException:
             changed.give_back(session_ids)
             raise
@@ -207,29 +337,56 @@ def run(
     next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
     pools = runner if isinstance(runner, Pools) else None
 
-    def sweep_once(now: float) -> None:
+    def sweep_once(acting: Acting, now: float) -> None:
         """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
         every 3600 s with a pass every 300 s is exactly every 12th)."""
         nonlocal next_full
         # Without a watch (the local runner, or the pod watch turned off) every sweep is full:
         # nothing else would notice a sandbox that died while its session's timer is far away.
         full = now >= next_full or watch is None
-        on_sweep(reconcile.sweep(store, runner, enqueue_many, full=full, watched=watch is not None and watch.live()))
+        watched = watch is not None and watch.live()
+        on_sweep(reconcile.sweep(store, runner, acting.enqueuer("reconcile"), full=full, watched=watched))
         if full:
             next_full = now + full_every
 
+    def lead(acting: Acting) -> None:
+        """One round of the leader's steps; a ``LeadershipLost`` ends it where it stands."""
+        nonlocal next_fire, next_recovery, next_sweep, next_tend
+        now = time.monotonic()
+        _guarded("enqueueing changed sandboxes", partial(enqueue_changed, acting))
+        taking = _Taking(store, acting)
+        if now >= next_fire and _guarded("timers", lambda: timers.fire(taking, acting.enqueuer("timer"))):
+            next_fire = now + fire_every
+        if now >= next_recovery and _guarded(
+            "recovery pass", lambda: recovery.recover(taking, acting.enqueuer("recovery"))
+        ):
+            next_recovery = now + recover_every
+        if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, acting, now)):
+            next_sweep = now + sweep_every
+        if pools is not None and now >= next_tend:
+            acting.check()
+            if _guarded("warm pools", lambda: on_pools(pools.tend_pools())):
+                next_tend = now + POOL_TEND_SECONDS
+
+    leadership.start()
     try:
         while not stop.is_set():
-            try:
-                now_role = Role.LEADING if leadership.hold() else Role.STANDING_BY
-                reason = ""
-            except StoreUnavailable as exc:
-                now_role, reason = Role.UNREACHABLE, str(exc.__cause__ or exc)
+            term = leadership.term()
+            if term is not None:
+                now_role, reason = Role.LEADING, ""
+            elif leadership.unreachable is not None:
+                now_role, reason = Role.UNREACHABLE, leadership.unreachable
+            else:
+                now_role, reason = Role.STANDING_BY, ""
             was_leading, leading = role is Role.LEADING, now_role is Role.LEADING
             if now_role is Role.UNREACHABLE:
                 log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
+            elif leading and not was_leading:
+                log.info("leading: sweeping and recovering", extra={"term": term})
             elif now_role is not role:
-                log.info("leading: sweeping and recovering" if leading else "another scheduler is active; standing by")
+                log.info("another scheduler is active; standing by")
+            if was_leading and not leading and role is not None:
+                log.warning("stopped leading: the term could not be renewed in time, or another leads")
             role = now_role
             if leading and not was_leading and watch is not None:
                 watch.start(changed.add)  # only the leader watches
@@ -238,39 +395,50 @@ def run(
                     watch.stop()
                 if pools is not None:
                     on_pools(())  # its figures would go stale: the new leader reports the pools
-            if leading:
-                now = time.monotonic()
-                _guarded("enqueueing changed sandboxes", enqueue_changed)
-                if now >= next_fire and _guarded("timers", lambda: timers.fire(store, enqueuer("timer"))):
-                    next_fire = now + fire_every
-                if now >= next_recovery and _guarded(
-                    "recovery pass", lambda: recovery.recover(store, enqueuer("recovery"))
-                ):
-                    next_recovery = now + recover_every
-                if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, now)):
-                    next_sweep = now + sweep_every
-                if (
-                    pools is not None
-                    and now >= next_tend
-                    and _guarded("warm pools", lambda: on_pools(pools.tend_pools()))
-                ):
-                    next_tend = now + POOL_TEND_SECONDS
+            if term is not None:
+                try:
+                    lead(Acting(leadership, term, publish))
+                except LeadershipLost as exc:
+                    leadership.end(term)
+                    log.warning("leadership lost mid-round; acting no further", extra={"reason": str(exc)})
+                    continue
                 # Wake for whichever is due next (a failed step is retried after one tick).
                 wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
                 stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)
             else:
-                stop.wait(tick)
+                stop.wait(min(tick, RETRY_SECONDS))
     finally:
         if watch is not None and role is Role.LEADING:
             watch.stop()
+        leadership.stop()
     log.info("scheduler stopped")
 
 
+class _Taking:
+    """The store's ``take_due`` and ``take_overdue`` (``timers.Due``, ``recovery.Backlog``), each
+    done only while the term holds: what a stale leader would take, it leaves."""
+
+    def __init__(self, store: SchedulerStore, acting: Acting) -> None:
+        self._store = store
+        self._acting = acting
+
+    def take_due(self, limit: int) -> list[str]:
+        self._acting.check()
+        return self._store.take_due(limit)
+
+    def take_overdue(self, limit: int) -> list[str]:
+        self._acting.check()
+        return self._store.take_overdue(limit)
+
+
 def _guarded(what: str, step: Callable[[], object]) -> bool:
-    """Run one step; a failure is logged and retried next round, never ends the loop."""
+    """Run one step; a failure is logged and retried next round, never ends the loop (a
+    ``LeadershipLost`` ends the round: it is raised)."""
     try:
         step()
         return True
+    except LeadershipLost:
+        raise
     except (StoreUnavailable, QueueUnavailable) as exc:
         reason = str(exc.__cause__ or exc)
         log.warning(f"redis unavailable: {reason}; {what} retried next round", extra={"reason": reason})

@@ -15,14 +15,9 @@ from urllib.parse import quote
 import httpx
 import tenacity
 
-from controller import logs
+from controller import agents_api
 from controller.errors import ApiRejected, ApiUnavailable
 from controller.model import DEFAULT_WORKSPACE, Environment, RequiredAction, Session, SessionStatus
-
-log = logs.get(__name__)
-
-BETA_HEADER = {"OpenAI-Beta": "agents=v1"}
-_RETRY_AFTER_CAP_SECONDS = 30.0
 
 
 def parse_session(data: Mapping[str, Any]) -> Session:
@@ -49,16 +44,6 @@ def parse_session(data: Mapping[str, Any]) -> Session:
         last_active_at=data.get("last_active_at"),
         error=data.get("error"),
     )
-
-
-def retry_after_seconds(response: httpx.Response) -> float | None:
-    raw = response.headers.get("retry-after")
-    if raw is None:
-        return None
-    try:
-        return min(max(float(raw), 0.0), _RETRY_AFTER_CAP_SECONDS)
-    except ValueError:
-        return None
 
 
 class _Wait(tenacity.wait.wait_base):
@@ -91,7 +76,11 @@ class HttpSessions:
         """Told (operation, status) after every request: the status code, ``timeout`` or ``transport_error``."""
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
-            headers={"Authorization": f"Bearer {api_key}", **BETA_HEADER, "User-Agent": "sandbox-controller"},
+            headers={
+                "Authorization": f"Bearer {api_key}",
+                **agents_api.BETA_HEADER,
+                "User-Agent": "sandbox-controller",
+            },
             timeout=timeout_seconds,
             transport=transport,
         )
@@ -106,11 +95,8 @@ class HttpSessions:
         self._client.close()
 
     def get(self, session_id: str) -> Session | None:
-        data = self._get_json(
-            f"/v1/agents/sessions/{quote(session_id, safe='')}",
-            what=f"session {session_id}",
-            operation="retrieve_session",
-        )
+        path = f"/v1/agents/sessions/{quote(session_id, safe='')}"
+        data = self._get_json(path, f"reading session {session_id}", "retrieve_session")
         if data is None:
             return None
         try:
@@ -119,12 +105,9 @@ class HttpSessions:
             raise ApiUnavailable(f"Agents API sent a session body the controller cannot read ({session_id})") from exc
 
     def environment_connected(self, environment_id: str) -> bool | None:
+        path = f"/v1/agents/environments/{quote(environment_id, safe='')}"
         try:
-            data = self._get_json(
-                f"/v1/agents/environments/{quote(environment_id, safe='')}",
-                what=f"environment {environment_id}",
-                operation="retrieve_environment",
-            )
+            data = self._get_json(path, f"reading environment {environment_id}", "retrieve_environment")
         except (ApiUnavailable, ApiRejected):
             return None
         if data is None:
@@ -132,31 +115,13 @@ class HttpSessions:
         return data.get("status") == "connected"
 
     def _get_json(self, path: str, what: str, operation: str) -> dict[str, Any] | None:
-        result: dict[str, Any] | None = self._retrying(self._get_once, path, what, operation)
-        return result
+        """A GET that may answer 404 (None), retried briefly on what ``agents_api`` calls
+        unavailable; each answer is counted by ``operation`` and status."""
 
-    def _get_once(self, path: str, what: str, operation: str) -> dict[str, Any] | None:
-        try:
-            response = self._client.get(path)
-        except httpx.TimeoutException as exc:
-            self._on_response(operation, "timeout")
-            raise ApiUnavailable(f"timed out reading {what}") from exc
-        except httpx.TransportError as exc:
-            self._on_response(operation, "transport_error")
-            raise ApiUnavailable(f"could not reach the Agents API reading {what}: {type(exc).__name__}") from exc
-        status = response.status_code
-        self._on_response(operation, str(status))
-        if status == 404:
-            return None
-        if status == 429 or status >= 500:
-            log.info("agents api busy", extra={"status": status, "path": path})
-            raise ApiUnavailable(f"Agents API answered {status} reading {what}", retry_after_seconds(response))
-        if status >= 400:
-            raise ApiRejected(f"Agents API answered {status} reading {what}")
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise ApiUnavailable(f"Agents API sent a body that is not JSON reading {what}") from exc
-        if not isinstance(body, dict):
-            raise ApiUnavailable(f"Agents API sent an unexpected body reading {what}")
-        return body
+        def on_status(status: str) -> None:
+            self._on_response(operation, status)
+
+        result: dict[str, Any] | None = self._retrying(
+            agents_api.call, self._client, "GET", path, what, missing_ok=True, on_status=on_status
+        )
+        return result

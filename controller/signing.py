@@ -2,7 +2,10 @@
 
 Signed content is ``f"{webhook_id}.{timestamp}.".encode() + raw_body``, HMAC-SHA256,
 standard base64. A secret ``whsec_<base64>`` is decoded after the prefix; any other
-secret is used as its UTF-8 bytes. Several secrets may be valid at once (rotation), and
+secret is used as its UTF-8 bytes. Either way the key must have at least ``MIN_KEY_BYTES``
+(24) bytes, as Standard Webhooks asks (24 to 64 random bytes): an empty or short key (``whsec_``
+alone, a truncated file) would let anyone forge deliveries, so it is refused wherever a secret
+is taken in. Several secrets may be valid at once (rotation), and
 a ``webhook-signature`` header may carry several space-separated ``v1,<sig>`` entries:
 a delivery is genuine when any entry matches any secret. Every entry is compared with
 every secret's signature (constant-time, no early exit), so timing does not reveal which matched.
@@ -14,7 +17,8 @@ timestamp in the window), so a receiver can refuse a delivery before reading its
 ``FileVerifier`` takes its secrets from a file (a mounted Kubernetes Secret) and reads it again
 once it has changed (looking at most once a second, when a delivery comes): a rotation that
 writes ``NEW,OLD`` into the Secret, and the one that later retires ``OLD``, need no restart of
-the receiver.
+the receiver. A file it cannot use (not a regular file, unreadable, garbled, a short key)
+leaves the last good secrets in use, with a warning and ``on_refused(reason)``.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller import logs
+from controller import files, logs
 from controller.errors import SignatureError
 
 log = logs.get(__name__)
@@ -37,6 +41,8 @@ log = logs.get(__name__)
 DEFAULT_TOLERANCE_SECONDS = 300
 _PREFIX = "whsec_"
 _MAX_HEADER_CHARS = 4096
+MIN_KEY_BYTES = 24
+"""The shortest HMAC key taken (Standard Webhooks: 24 to 64 random bytes)."""
 
 
 def secret_key(secret: str) -> bytes:
@@ -49,20 +55,46 @@ def secret_key(secret: str) -> bytes:
     return secret.encode("utf-8")
 
 
+def key_problem(secret: str) -> str | None:
+    """Why ``secret`` cannot sign (never quoting it), or None."""
+    try:
+        key = secret_key(secret)
+    except ValueError:
+        return "starts with whsec_ but is not base64"
+    if len(key) < MIN_KEY_BYTES:
+        form = "after whsec_ decoding" if secret.startswith(_PREFIX) else "as UTF-8"
+        return (
+            f"has fewer than {MIN_KEY_BYTES} bytes of key material {form}: anyone could guess it "
+            f"(use the whsec_ secret `webhook register` or the API gave, 24 to 64 random bytes)"
+        )
+    return None
+
+
 def parse_secrets(text: str) -> tuple[list[str], list[str]]:
     """The secrets in ``text`` (separated by commas or lines; blanks skipped) and the problems
-    found (by position, never by value): a ``whsec_`` secret that is not base64 is left out."""
+    found (by position, never by value): a ``whsec_`` secret that is not base64, or any key
+    shorter than ``MIN_KEY_BYTES``, is left out."""
     secrets, problems = [], []
     for position, item in enumerate((s.strip() for s in text.replace("\n", ",").split(",")), start=1):
         if not item:
             continue
-        try:
-            secret_key(item)
-        except ValueError:
-            problems.append(f"secret #{position} starts with whsec_ but is not base64")
+        problem = key_problem(item)
+        if problem is not None:
+            problems.append(f"secret #{position} {problem}")
             continue
         secrets.append(item)
     return secrets, problems
+
+
+def _keys(secrets: Iterable[str]) -> tuple[bytes, ...]:
+    """The HMAC keys of ``secrets``; ValueError (no values quoted) when one cannot sign."""
+    keys = []
+    for position, secret in enumerate(secrets, start=1):
+        problem = key_problem(secret)
+        if problem is not None:
+            raise ValueError(f"webhook secret #{position} {problem}")
+        keys.append(secret_key(secret))
+    return tuple(keys)
 
 
 def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
@@ -102,7 +134,7 @@ class Verifier:
     """Checks deliveries against a list of secrets within a replay window."""
 
     def __init__(self, secrets: Iterable[str], tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS) -> None:
-        self._keys = tuple(secret_key(s) for s in secrets)
+        self._keys = _keys(secrets)
         if not self._keys:
             raise ValueError("at least one webhook secret is needed")
         self._tolerance = tolerance_seconds
@@ -164,8 +196,13 @@ class FileVerifier(Verifier):
     file (a ``stat``); only when it changed since it was last read (its inode, size or
     modification time) is it read again, before that delivery is checked. So a new secret is
     accepted, and a retired one refused, within a second of the file's change; between looks a
-    delivery costs a clock read more. A file that cannot be read or holds no valid secret
-    leaves the secrets in use as they were (logged, without values)."""
+    delivery costs a clock read more.
+
+    A file that cannot be used leaves the secrets in use as they were, logged (without values)
+    and reported as ``on_refused(reason)``: ``not_a_file`` (a FIFO, a directory, a device: read
+    without blocking, so the receiver never hangs on one), ``unreadable`` (gone, no permission,
+    too large, not UTF-8), ``empty``, or ``invalid`` (a garbled ``whsec_`` secret, or a key
+    shorter than ``MIN_KEY_BYTES``: a truncated file must not become a guessable key)."""
 
     def __init__(
         self,
@@ -174,6 +211,7 @@ class FileVerifier(Verifier):
         tolerance_seconds: int = DEFAULT_TOLERANCE_SECONDS,
         min_interval: float = 1.0,
         monotonic: Callable[[], float] = time.monotonic,
+        on_refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         super().__init__(secrets, tolerance_seconds)
         self._path = path
@@ -181,6 +219,7 @@ class FileVerifier(Verifier):
         self._min_interval = min_interval
         self._monotonic = monotonic
         self._looked = monotonic()
+        self._on_refused = on_refused
 
     def _refresh(self) -> None:
         now = self._monotonic()
@@ -192,19 +231,30 @@ class FileVerifier(Verifier):
             return
         self._stamp = stamp
         try:
-            secrets, problems = parse_secrets(self._path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError) as exc:
-            log.warning("cannot read the webhook secrets file; the secrets in use stay", extra={"reason": str(exc)})
+            secrets, problems = parse_secrets(files.read_small(self._path))
+        except files.NotAFile as exc:
+            self._refuse("not_a_file", exc.strerror or "not a regular file")
+            return
+        except OSError as exc:
+            self._refuse("unreadable", exc.strerror or type(exc).__name__)
             return
         if problems or not secrets:
             log.warning(
                 "the webhook secrets file holds no valid secret list; the secrets in use stay",
                 extra={"problems": problems or ["no secret"]},
             )
+            self._on_refused("invalid" if problems else "empty")
             return
         logs.redact(secrets)
-        self._keys = tuple(secret_key(s) for s in secrets)
+        self._keys = _keys(secrets)
         log.info("webhook secrets read again", extra={"secrets": len(secrets)})
+
+    def _refuse(self, reason: str, why: str) -> None:
+        log.warning(
+            "cannot read the webhook secrets file; the secrets in use stay",
+            extra={"path": str(self._path), "reason": why},
+        )
+        self._on_refused(reason)
 
 
 def _stamp(path: Path) -> tuple[int, int, int] | None:

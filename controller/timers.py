@@ -1,6 +1,6 @@
 """Durable timers: "look at this session again at time T", carried out by the active scheduler.
 
-A decision can say when to look again (``lifecycle.Decision.recheck_at``: an idle deadline,
+A decision can say when to look again (``decide.Decision.recheck_at``: an idle deadline,
 the end of an executor's grace period, the maximum lifetime, the end of a kept workspace's
 retention). The worker arms that time under the session's lease (``SessionStore.arm``, fenced:
 a worker that lost its lease arms nothing). Each session has at most one timer, the next time
@@ -24,7 +24,7 @@ has a timer is left to it between full sweeps.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from controller import logs
@@ -43,28 +43,25 @@ class Due(Protocol):
         ...
 
 
-def earliest(*times: float | None) -> float | None:
-    """The earliest of the given times, ignoring None; None when there is none."""
-    present = [t for t in times if t is not None]
-    return min(present) if present else None
-
-
-def drain(take: Callable[[int], list[str]], enqueue: Callable[[str], None], batch: int, max_batches: int) -> int:
-    """Enqueue every session ``take`` hands out, ``batch`` at a time, until it has fewer left
-    (at most ``batch * max_batches`` per call); returns how many were enqueued."""
+def drain(
+    take: Callable[[int], list[str]], enqueue: Callable[[Sequence[str]], None], batch: int, max_batches: int
+) -> int:
+    """Enqueue every session ``take`` hands out, ``batch`` at a time (one ``enqueue`` per batch:
+    one round trip to the queue, and where the scheduler checks it still leads), until it has
+    fewer left (at most ``batch * max_batches`` per call); returns how many were enqueued."""
     enqueued = 0
     for _ in range(max_batches):
         taken = take(batch)
-        for session_id in taken:
-            enqueue(session_id)
-            enqueued += 1
+        if taken:
+            enqueue(taken)
+            enqueued += len(taken)
         if len(taken) < batch:
             break
     return enqueued
 
 
-def fire(due: Due, enqueue: Callable[[str], None], batch: int = BATCH, max_batches: int = 20) -> int:
-    """Enqueue a job for every session whose timer is due; returns how many."""
+def fire(due: Due, enqueue: Callable[[Sequence[str]], None], batch: int = BATCH, max_batches: int = 20) -> int:
+    """Enqueue a job for every session whose timer is due, a batch at a time; returns how many."""
     fired = drain(due.take_due, enqueue, batch, max_batches)
     if fired:
         log.info("timers fired", extra={"fired": fired})

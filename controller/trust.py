@@ -20,7 +20,7 @@ Ids: session and environment ids must match ``ID_PATTERN`` (``sess_…``, ``env_
 digits, ``_`` and ``-``, starting with a letter or digit, at most 128 characters), so that an
 id can never be read as an option (``--flag``), a path (``../``) or anything else.
 
-``untrusted(session, policy)`` is what ``lifecycle.decide`` asks; ``spec_problem(spec)`` is the
+``untrusted(session, policy)`` is what ``decide.decide`` asks; ``spec_problem(spec)`` is the
 runners' last line of defence before an argument list or a manifest (ids and URL shape; the
 allow-list is the decision's business).
 """

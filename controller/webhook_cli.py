@@ -4,6 +4,11 @@ The API calls are ``webhook_endpoints.HttpWebhookEndpoints``; where the receiver
 go (a 0600 file, a Kubernetes Secret, or printed once) is ``webhook_secrets``. The event
 types are ``events.handled_types``: ``HANDLED_TYPES``, plus ``agent.session.created`` when
 ``CONTROLLER_PRESTART_AGENT_IDS`` is set. Secrets are never taken as arguments and never logged.
+
+A new secret is never lost: the API shows it once, so ``register`` and ``rotate`` check their
+input and prove the destination writable (``SecretStore.prepare``) *before* they ask the API
+for one, and if saving it still fails afterwards they print it once with the reason and exit 1.
+Every error is one line and a non-zero exit (``UsageError``: 2; an API or Kubernetes failure: 1).
 """
 
 from __future__ import annotations
@@ -11,15 +16,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 
 from controller import logs, wiring
 from controller.config import Secret, Settings
-from controller.errors import ConfigError
+from controller.errors import ControllerError, UsageError
 from controller.events import HANDLED_TYPES, SESSION_CREATED, handled_types
 from controller.webhook_endpoints import DEFAULT_NAME, OVERLAP_SECONDS, Endpoint, HttpWebhookEndpoints, register
-from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret, SecretFile, SecretStore, kube_core_api
+from controller.webhook_secrets import DEFAULT_SECRET_KEY, KubeSecret, SecretFile, SecretStore, kube_api
 
 
 def _handled() -> tuple[str, ...]:
@@ -35,14 +41,33 @@ def _webhook_api() -> HttpWebhookEndpoints:
     return HttpWebhookEndpoints(settings.api.base_url, settings.api.api_key.reveal(), settings.api.timeout_seconds)
 
 
+def _text_argument(option: str, value: str | None) -> None:
+    """An argument the API or a path will carry must be text: one that holds bytes that are not
+    UTF-8 (a lone surrogate from the command line) or control characters is refused here."""
+    if value is None:
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise UsageError(f"{option} holds bytes that are not UTF-8 text") from None
+    if not value.isprintable():
+        raise UsageError(f"{option} holds control characters")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    for option in ("url", "id", "name", "secret_file", "kube_secret", "kube_secret_key", "event_type"):
+        _text_argument("--" + option.replace("_", "-"), getattr(args, option, None))
+
+
 def _secret_store(args: argparse.Namespace) -> SecretStore | None:
+    _check_arguments(args)
     if args.secret_file:
         return SecretFile(Path(args.secret_file))
     if args.kube_secret:
         namespace, _, name = args.kube_secret.partition("/")
         if not namespace or not name:
-            raise ConfigError([f"--kube-secret takes NAMESPACE/NAME, got {args.kube_secret!r}"])
-        return KubeSecret(kube_core_api(), namespace, name, args.kube_secret_key)
+            raise UsageError(f"--kube-secret takes NAMESPACE/NAME, got {args.kube_secret!r}")
+        return KubeSecret(kube_api(), namespace, name, args.kube_secret_key)
     return None
 
 
@@ -51,17 +76,28 @@ def _endpoint(api: HttpWebhookEndpoints, args: argparse.Namespace) -> Endpoint:
         return api.retrieve(args.id)
     found = api.find(args.url)
     if found is None:
-        raise ConfigError([f"no webhook endpoint is registered for {args.url}"])
+        raise UsageError(f"no webhook endpoint is registered for {args.url}")
     return found
 
 
-def _keep(store: SecretStore, secrets: list[Secret]) -> str:
-    store.write(secrets)
-    return f"written to {store.describe()}"
+def _keep(store: SecretStore, secrets: list[Secret], what: str) -> bool:
+    """Write ``secrets`` to ``store``; if that fails after all (``prepare`` passed), print them
+    once with the reason, since the API will not show them again. Whether they were written."""
+    try:
+        store.write(secrets)
+    except ControllerError as exc:  # UsageError, KubernetesUnavailable, Permanent: each one line
+        print(f"sandbox-controller: could not save the {what}: {exc}", file=sys.stderr)
+        print(f"{what} (shown once, since it was not saved; keep it, e.g. as CONTROLLER_WEBHOOK_SECRETS):")
+        print(",".join(s.reveal() for s in secrets))
+        return False
+    print(f"{what} written to {store.describe()}")
+    return True
 
 
 def cmd_webhook_register(args: argparse.Namespace) -> int:
     store = _secret_store(args)
+    if store is not None:
+        store.prepare()  # before the API makes a secret it shows only once
     api = _webhook_api()
     try:
         done = register(api, args.url, _handled(), args.name)
@@ -73,28 +109,34 @@ def cmd_webhook_register(args: argparse.Namespace) -> int:
         state = "updated" if done.changed else "already registered, unchanged"
         print(f"webhook endpoint {endpoint.id} for {endpoint.url}: {state}; event types: {types}")
         print("its signing secret stands and is not shown again (`sandbox-controller webhook rotate` makes a new one)")
+        if store is not None and not store.read():
+            print(f"note: {store.describe()} holds no secret; if it was lost, `webhook rotate` makes a new one")
         return 0
     print(f"webhook endpoint {endpoint.id} for {endpoint.url}: created; event types: {types}")
     if store is None:
         print("signing secret (shown once; set it as CONTROLLER_WEBHOOK_SECRETS):")
         print(done.secret.reveal())
-    else:
-        print(f"signing secret {_keep(store, [done.secret])}")
-    return 0
+        return 0
+    return 0 if _keep(store, [done.secret], "signing secret") else 1
 
 
 def cmd_webhook_rotate(args: argparse.Namespace) -> int:
     store = _secret_store(args)
     if args.finish:
         if store is None:
-            raise ConfigError(["--finish needs --secret-file or --kube-secret"])
+            raise UsageError("--finish needs --secret-file or --kube-secret")
         current = store.read()
         if not current:
-            raise ConfigError([f"{store.describe()} holds no secret"])
-        print(f"kept only the newest signing secret: {_keep(store, current[:1])}")
-        print("restart the receiver so it reads it")
+            raise UsageError(f"{store.describe()} holds no secret")
+        store.write(current[:1])  # the newest is in the store already: a failure loses nothing
+        print(f"kept only the newest signing secret: written to {store.describe()}")
+        print(
+            "a receiver reading that file takes it up by itself; one given CONTROLLER_WEBHOOK_SECRETS needs a restart"
+        )
         return 0
     current = store.read() if store is not None else []
+    if store is not None:
+        store.prepare()  # before the API makes a secret it shows only once
     api = _webhook_api()
     try:
         endpoint = _endpoint(api, args)
@@ -110,8 +152,12 @@ def cmd_webhook_rotate(args: argparse.Namespace) -> int:
         print(rotated.secret.reveal())
         if overlap:
             print("set CONTROLLER_WEBHOOK_SECRETS to NEW,OLD (the new one first) and restart the receiver")
+    elif not _keep(store, value, "receiver secrets (new, old)" if overlap else "receiver secret"):
+        return 1
     else:
-        print(f"receiver secrets (new, old) {_keep(store, value)}; restart the receiver so it reads them")
+        print(
+            "a receiver reading that file takes them up by itself; one given CONTROLLER_WEBHOOK_SECRETS needs a restart"
+        )
     if overlap:
         print(f"the API signs with both until {until}; after that, drop the old one:")
         print("  sandbox-controller webhook rotate --finish --secret-file … | --kube-secret …")
@@ -121,6 +167,7 @@ def cmd_webhook_rotate(args: argparse.Namespace) -> int:
 
 
 def cmd_webhook_test(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     api = _webhook_api()
     try:
         result = api.test(_endpoint(api, args).id, args.event_type)
@@ -150,6 +197,7 @@ def cmd_webhook_list(args: argparse.Namespace) -> int:
 
 
 def cmd_webhook_delete(args: argparse.Namespace) -> int:
+    _check_arguments(args)
     api = _webhook_api()
     try:
         endpoint = _endpoint(api, args)

@@ -1,7 +1,7 @@
 """The Agents API's webhook endpoints (``/v1/webhook_endpoints``), for ``sandbox-controller webhook``.
 
-``HttpWebhookEndpoints`` is the adapter (httpx; errors translated as ``errors.py`` groups
-them: timeouts, 429 and 5xx are ``ApiUnavailable``, other 4xx ``ApiRejected``). It does not
+``HttpWebhookEndpoints`` is the adapter (httpx; errors translated once, by ``agents_api.call``:
+timeouts, 429 and 5xx are ``ApiUnavailable``, other 4xx ``ApiRejected``). It does not
 retry: ``register`` is idempotent per URL, so running the command again is the retry, and a
 blind retry of a create could make a second endpoint. A signing secret comes back as a
 ``config.Secret`` (masked in every repr) and only from ``create`` and ``rotate_secret``.
@@ -19,8 +19,9 @@ from urllib.parse import quote
 
 import httpx
 
+from controller import agents_api
 from controller.config import Secret
-from controller.errors import ApiRejected, ApiUnavailable
+from controller.errors import ApiUnavailable
 
 DEFAULT_NAME = "sandbox-controller"
 OVERLAP_SECONDS = 24 * 3600
@@ -150,23 +151,8 @@ class HttpWebhookEndpoints:
         return next((e for e in self.list() if e.url == url), None)
 
     def _call(self, method: str, path: str, what: str, **kwargs: Any) -> dict[str, Any]:
-        try:
-            response = self._client.request(method, path, **kwargs)
-        except httpx.TimeoutException as exc:
-            raise ApiUnavailable(f"timed out {what}") from exc
-        except httpx.TransportError as exc:
-            raise ApiUnavailable(f"could not reach the Agents API {what}: {type(exc).__name__}") from exc
-        status = response.status_code
-        if status == 429 or status >= 500:
-            raise ApiUnavailable(f"Agents API answered {status} {what}")
-        if status >= 400:
-            raise ApiRejected(f"Agents API answered {status} {what}: {_message(response)}")
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise ApiUnavailable(f"Agents API sent a body that is not JSON {what}") from exc
-        if not isinstance(body, dict):
-            raise ApiUnavailable(f"Agents API sent an unexpected body {what}")
+        body = agents_api.call(self._client, method, path, what, **kwargs)
+        assert body is not None  # a 404 is ApiRejected here (no missing_ok)
         return body
 
 
@@ -194,11 +180,3 @@ def _params(name: str, url: str, event_types: Sequence[str]) -> dict[str, Any]:
 
 def _path(endpoint_id: str) -> str:
     return f"/webhook_endpoints/{quote(endpoint_id, safe='')}"
-
-
-def _message(response: httpx.Response) -> str:
-    try:
-        error = response.json().get("error") or {}
-        return str(error.get("message") or "no message")[:300]
-    except (ValueError, AttributeError):
-        return "no message"

@@ -9,6 +9,7 @@ built in Celery's ``worker_process_init`` signal, after the fork, so no connecti
 from __future__ import annotations
 
 import atexit
+import grp
 import os
 import pwd
 import shlex
@@ -23,12 +24,12 @@ import redis
 from celery import Celery, signals
 from starlette.applications import Starlette
 
-from controller import logs, queue, worker
+from controller import logs, queue, scheduler, worker
 from controller.clock import SystemClock
 from controller.config import PREFIX, Settings
+from controller.decide import Decision
 from controller.errors import ConfigError, StoreUnavailable
-from controller.inbox import Job
-from controller.lifecycle import Decision, Deps
+from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
     DECISIONS_TOTAL,
@@ -50,26 +51,22 @@ from controller.metrics import (
 from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
+from controller.redis_client import Endpoint
 from controller.runners.base import Runner
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
-from controller.runners.local import LocalRunner, RunAs
-from controller.scheduler import SandboxWatch
+from controller.runners.local import LocalRunner, RunAs, UidRange, state_directory_problems
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore, connect, connect_async
+from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore
 from controller.trust import Policy
 
 log = logs.get(__name__)
 
 
 def secret_values(settings: Settings) -> list[str]:
-    """Every secret's value, for the log formatter to redact, so none can leak into a line."""
-    values = [s.reveal() for s in settings.webhook.secrets]
-    for secret in (settings.api.api_key, settings.runner.executor_key):
-        if secret is not None:
-            values.append(secret.reveal())
-    return values
+    """Every secret's value (and URL credential), for the log formatter to redact."""
+    return settings.secret_values()
 
 
 def runner(settings: Settings, templates: Templates | None = None, counters: Counters | None = None) -> Runner:
@@ -80,32 +77,96 @@ def runner(settings: Settings, templates: Templates | None = None, counters: Cou
     return kubernetes_runner(settings, templates or sandbox_templates(settings), counters)
 
 
+def preflight(settings: Settings, role: str) -> None:
+    """Every check a process of ``role`` makes before it starts, all problems reported together
+    (``ConfigError``: exit 2). ``serve``, ``worker`` and ``scheduler`` call it first thing (through
+    ``cli``), and ``check-config`` calls this very function for each role, so it says "ready"
+    exactly when the process would start. Read only: it creates nothing."""
+    problems: list[str] = []
+    try:
+        settings.require(role)
+    except ConfigError as exc:
+        problems += exc.problems
+    if role in ("worker", "scheduler") and settings.runner.kind == "local":
+        problems += local_runner_problems(settings)
+    elif role in ("worker", "scheduler"):
+        try:
+            sandbox_templates(settings)  # a bad templates file: refused now, not in every task
+        except ConfigError as exc:
+            problems += exc.problems
+    if problems:
+        raise ConfigError(problems)
+
+
+def local_runner_problems(settings: Settings) -> list[str]:
+    """What keeps the local runner from starting: whom executors run as (``executor_identity``),
+    Redis within their reach without a password, and an unsafe state directory."""
+    problems: list[str] = []
+    try:
+        executor_identity(settings)
+    except ConfigError as exc:
+        problems += exc.problems
+    separate = not settings.runner.local_executor_same_user
+    q = settings.queue
+    if separate and q.redis_url and not q.redis_password_set and not settings.runner.local_allow_redis_without_password:
+        problems.append(
+            f"{PREFIX}REDIS_URL has no password while executors run as another user on this machine: their "
+            "code could use Redis as its admin (the queue, the leases, the session mapping). Give Redis a "
+            "password (requirepass, or an ACL user) and put it in the URL (redis://:PASSWORD@host:6379/0, or "
+            f"?password= for a unix socket), or set {PREFIX}LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD=true if the "
+            "executors cannot reach it (another host behind a firewall, a socket they cannot open)"
+        )
+    problems += state_directory_problems(Path(settings.runner.local_state_directory), traversable=separate)
+    return problems
+
+
 def local_runner(settings: Settings) -> LocalRunner:
     """Child processes on this machine; raises ConfigError (exit 2) for an unsafe state
-    directory or an executor user it cannot switch to."""
+    directory or an executor user it cannot switch to (``preflight`` said so already)."""
     assert settings.runner.executor_key is not None  # Settings.require checked it
     return LocalRunner(
         state_directory=settings.runner.local_state_directory,
         executor_command=shlex.split(settings.runner.executor_command),
         executor_key=settings.runner.executor_key.reveal(),
-        run_as=executor_user(settings),
+        run_as=executor_identity(settings),
     )
 
 
-def executor_user(settings: Settings) -> RunAs | None:
-    """Who the local runner's executors run as: ``CONTROLLER_LOCAL_EXECUTOR_USER`` when this
-    process is root; its own uid only on the ``CONTROLLER_LOCAL_EXECUTOR_SAME_USER`` opt-in."""
+def executor_identity(settings: Settings) -> RunAs | UidRange | None:
+    """Whom the local runner's executors run as, when this process is root: a uid of
+    ``CONTROLLER_LOCAL_EXECUTOR_UIDS`` per session, else ``CONTROLLER_LOCAL_EXECUTOR_USER``;
+    its own uid only on the ``CONTROLLER_LOCAL_EXECUTOR_SAME_USER`` opt-in."""
     if settings.runner.local_executor_same_user:
         return None
+    same_user = f"set {PREFIX}LOCAL_EXECUTOR_SAME_USER=true to run executors as this uid (no separation)"
+    uid = os.geteuid()
+    if settings.runner.local_executor_uids is not None:
+        first, last = settings.runner.local_executor_uids
+        setting = f"{PREFIX}LOCAL_EXECUTOR_UIDS={first}-{last}"
+        if uid != 0:
+            raise ConfigError(
+                [f"executors run as uids of {setting}, which needs the worker to run as root (it runs as uid {uid})"]
+            )
+        taken = sorted(
+            {f"uid {e.pw_uid} (user {e.pw_name!r})" for e in pwd.getpwall() if first <= e.pw_uid <= last}
+            | {f"gid {g.gr_gid} (group {g.gr_name!r})" for g in grp.getgrall() if first <= g.gr_gid <= last}
+        )
+        if taken:
+            raise ConfigError(
+                [
+                    f"{setting} includes {', '.join(taken[:3])}{' and more' if len(taken) > 3 else ''}: executors "
+                    "would run as (or with the group of) an account of this machine; choose a range no user or "
+                    "group has"
+                ]
+            )
+        return UidRange(first, last)
     name = settings.runner.local_executor_user
     try:
         entry = pwd.getpwuid(int(name)) if name.isdigit() else pwd.getpwnam(name)
     except KeyError:
         raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is not a user on this machine"]) from None
-    same_user = f"set {PREFIX}LOCAL_EXECUTOR_SAME_USER=true to run executors as this uid (no separation)"
     if entry.pw_uid == 0:
         raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is root; name an unprivileged user, or {same_user}"])
-    uid = os.geteuid()
     if entry.pw_uid == uid:
         raise ConfigError([f"{PREFIX}LOCAL_EXECUTOR_USER={name!r} is this process's own uid {uid}; {same_user}"])
     if uid != 0:
@@ -121,16 +182,19 @@ def executor_user(settings: Settings) -> RunAs | None:
 def kubernetes_runner(settings: Settings, templates: Templates, counters: Counters | None = None) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
     # Imported here, not at the top: the Kubernetes client takes about half a second to import
-    # and only this runner needs it (receivers, and workers with the local runner, never do).
+    # and only this runner and the pod watch need it (receivers, and workers with the local
+    # runner, never do). ``runners.kubernetes.api`` is the one module that imports it.
+    from controller.runners.kubernetes import api
     from controller.runners.kubernetes.runner import KubernetesRunner
 
     k = settings.kubernetes
     return KubernetesRunner(
-        kubernetes_api(),
+        api.connect(),
         PodSettings(
             namespace=k.namespace,
             executor_key_secret=k.executor_key_secret,
             workspace_directory=settings.routing.workspace_directory,
+            ca_bundle_configmap=k.ca_bundle_configmap,
         ),
         templates.get,
         templates.pooled(),
@@ -147,24 +211,15 @@ def count_placements(counters: Counters) -> Callable[[str, str], None]:
     return on_placed
 
 
-def kubernetes_api() -> Any:
-    """A ``CoreV1Api`` with its own connection pool: in-cluster credentials, else $KUBECONFIG."""
-    from kubernetes import client, config
-
-    if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()  # type: ignore[no-untyped-call]
-    else:
-        config.load_kube_config()  # type: ignore[no-untyped-call]
-    return client.CoreV1Api(client.ApiClient())
-
-
-def pod_watch(settings: Settings) -> SandboxWatch | None:
-    """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off)."""
+def pod_watch(settings: Settings) -> scheduler.SandboxWatch | None:
+    """The scheduler's watch on the sandbox pods (Kubernetes runner, unless turned off), with a
+    client of its own (its long request holds a connection)."""
     if settings.runner.kind != "kubernetes" or not settings.kubernetes.watch_pods:
         return None
+    from controller.runners.kubernetes import api
     from controller.runners.kubernetes.watch import PodWatch
 
-    return PodWatch(kubernetes_api(), settings.kubernetes.namespace)
+    return PodWatch(api.connect(), settings.kubernetes.namespace)
 
 
 def sandbox_templates(settings: Settings) -> Templates:
@@ -172,10 +227,14 @@ def sandbox_templates(settings: Settings) -> Templates:
     return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
 
 
+def redis_endpoint(settings: Settings) -> Endpoint:
+    """Where Redis is: one URL, or the master a Sentinel set names (``redis_client``)."""
+    return Endpoint.from_settings(settings.queue)
+
+
 def store(settings: Settings, client: redis.Redis | None = None) -> RedisSessionStore:
     q = settings.queue
-    assert q.redis_url is not None
-    return RedisSessionStore(client or connect(q.redis_url), q.lease_ttl_seconds, q.recovery_after_seconds)
+    return RedisSessionStore(client or redis_endpoint(settings).client(), q.lease_ttl_seconds, q.recovery_after_seconds)
 
 
 def count_decisions(counters: Counters) -> Callable[[str, Decision], None]:
@@ -213,8 +272,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
     metrics = counters if counters is not None else Metrics()
     templates = sandbox_templates(settings)  # read once: the runner builds pods from it, lifecycle chooses
-    assert settings.queue.redis_url is not None
-    client = connect(settings.queue.redis_url)
+    client = redis_endpoint(settings).client()
     session_store = store(settings, client)
     lifecycle = settings.lifecycle
     return Deps(
@@ -327,8 +385,7 @@ class FleetParts(NamedTuple):
 def fleet_parts(settings: Settings) -> FleetParts:
     """What ``status`` reads: the mapping and last decisions, the runner's view of each sandbox,
     and Redis's clock (the one the workers decide on)."""
-    assert settings.queue.redis_url is not None
-    client = connect(settings.queue.redis_url)
+    client = redis_endpoint(settings).client()
     return FleetParts(store(settings, client), runner(settings), RedisClock(client))
 
 
@@ -336,10 +393,9 @@ class SchedulerParts(NamedTuple):
     store: RedisSessionStore
     runner: Runner
     client: redis.Redis
-    publish: Callable[[Job], None]
+    publish: scheduler.Publish
     metrics: Metrics
-    publish_many: Callable[[Sequence[Job]], None]
-    watch: SandboxWatch | None = None
+    watch: scheduler.SandboxWatch | None = None
     pools: WarmPoolCollector | None = None
 
     def on_sweep(self, sweep: Sweep) -> None:
@@ -353,18 +409,17 @@ class SchedulerParts(NamedTuple):
 
 
 def scheduler_parts(settings: Settings) -> SchedulerParts:
-    assert settings.queue.redis_url is not None
-    app = queue.make_app(settings)
-    client = connect(settings.queue.redis_url)
+    # Leadership's renewals and the leader's pushes: a short timeout, well within the renew deadline.
+    client = redis_endpoint(settings).client(timeout_seconds=1.0)
     metrics, pools = Metrics(), WarmPoolCollector()
     metrics.registry.register(pools)
     return SchedulerParts(
         store(settings),
         runner(settings),
         client,
-        queue.publisher(app, queue.MAINTENANCE_QUEUE),
+        # The leader's jobs, pushed only while its term holds the leader key (fenced).
+        queue.fenced_publisher(client, queue.MAINTENANCE_QUEUE, scheduler.LEADER_KEY),
         metrics,
-        queue.batch_publisher(client, queue.MAINTENANCE_QUEUE),
         pod_watch(settings),
         pools,
     )
@@ -373,8 +428,7 @@ def scheduler_parts(settings: Settings) -> SchedulerParts:
 def receiver_app(settings: Settings) -> Starlette:
     """The Starlette app with its Redis inbox: one script per delivery, awaited on the event loop,
     that de-duplicates, wants the work and pushes the Celery task message (``task_message``)."""
-    assert settings.queue.redis_url is not None
-    client = connect_async(settings.queue.redis_url)  # one pipelined connection for every delivery
+    client = redis_endpoint(settings).pipelined()  # one pipelined connection for every delivery
     inbox = RedisInbox(
         client,
         queue.QUEUE,

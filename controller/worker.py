@@ -1,4 +1,5 @@
-"""The queue's one task. Tasks are thin: ids in, ``lifecycle.work`` does the rest.
+"""The queue's two tasks, both thin: ``sync_session`` (ids in, ``lifecycle.work`` does the rest)
+and ``watch_connection`` (measures delivery → executor connected; it never decides).
 
 Errors map to what the caller should do: ``Transient`` and ``Busy`` → retry later (with
 jittered backoff), ``Permanent`` → log and give up, ``Fenced`` → drop quietly.
@@ -17,11 +18,12 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import click
 from celery import Celery, Task
 
 from controller import lifecycle, logs, queue
+from controller.decide import Verdict
 from controller.errors import Fenced, Permanent, Transient
-from controller.lifecycle import Verdict
 from controller.metrics import DELIVERY_TO_CONNECTED_SECONDS, DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
 from controller.store.base import Busy
 
@@ -40,6 +42,25 @@ def watch_delay(asked: int) -> float:
 def announce_ready(**_: Any) -> None:
     """Celery's ``worker_ready`` signal: the worker consumes the queue from now on."""
     log.info("worker ready", extra={"pid": os.getpid()})
+
+
+def run(app: Celery, argv: list[str]) -> int:
+    """Run ``celery <argv>`` (the worker) and return its exit status.
+
+    What ``app.worker_main`` does, keeping the status it drops: a worker that gives up (Celery's
+    "Unrecoverable error") returns 1, so the process exits non-zero and a supervisor that
+    restarts on failure brings it back; a warm shutdown (SIGTERM) returns 0."""
+    # Imported here: Celery's command line is for the worker process only (the receiver and the
+    # scheduler import this module through wiring, and never run it).
+    from celery.bin.celery import celery as command
+
+    command.params[0].default = app  # as Celery.start does: the app the command runs
+    try:
+        return int(command.main(args=argv, standalone_mode=False) or 0)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    finally:
+        command.params[0].default = None
 
 
 def backoff_seconds(retries: int, hint: float | None) -> float:

@@ -1,7 +1,8 @@
 """The local-process runner: one executor child process per session, on this machine.
 
 Layout under the state directory (created by this runner, owned by its uid, never group- or
-world-writable; a directory that is not is refused with ``ConfigError``)::
+world-writable; a directory that is not is refused with ``ConfigError``, and so is one any
+directory on the way to which another user could replace: see ``state_directory_problems``)::
 
     sessions/<key>/lock           flock'ed around every change of this session's process
     sessions/<key>/sandbox.json   {"session_id", "generation", "pid", "pgid", "start_ticks", "name", …}
@@ -9,6 +10,7 @@ world-writable; a directory that is not is refused with ``ConfigError``)::
     sessions/<key>/home/          the executor's $HOME
     sessions/<key>/executor.log   its stdout and stderr (opened by the runner; the executor only
                                   holds the descriptor)
+    uids/                         with a uid per session: who holds which uid (``runners/uids.py``)
 
 **A sandbox is a process group.** The executor starts as the leader of a new session and
 process group (``start_new_session``), so its pid is also its session id and its group id.
@@ -31,15 +33,19 @@ never left behind.
 Under the lock, ``ensure`` starts a process only when no healthy one exists for the session, so
 two workers (or a worker and its redelivered job) can never start a second one (L1).
 
-**The sandbox runs apart from the controller** (L2). Given ``run_as`` (the worker runs as root;
-``CONTROLLER_LOCAL_EXECUTOR_USER``, default ``nobody``), the executor runs as that unprivileged
-uid with no supplementary groups and umask 077; its workspace and home are 0700 and owned by
-it, while the state directory and each session directory are 0711 (enter, not list) and
-everything else in them is 0600 and owned by the runner. It therefore cannot read the
-worker's ``/proc/<pid>/environ``, the runner's files or other users' files. Without
-``run_as`` the executor runs as the runner's own uid (an explicit opt-in in the settings).
-All executors share that one uid, so they are not isolated *from each other*: one sandbox can
-reach another's workspace (or signal it). Per-sandbox isolation needs the Kubernetes runner.
+**The sandbox runs apart from the controller** (L2). Given ``run_as`` (the worker runs as root),
+the executor runs as an unprivileged uid with no supplementary groups and umask 077; its
+workspace and home are 0700 and owned by that uid, while the state directory and each session
+directory are 0711 (enter, not list) and everything else in them is 0600 and owned by the
+runner. It therefore cannot read the worker's ``/proc/<pid>/environ``, the runner's files or
+other users' files. ``run_as`` is either one user for every executor (``RunAs``:
+``CONTROLLER_LOCAL_EXECUTOR_USER``, default ``nobody``: executors are apart from the
+controller, not from each other), or a range of uids (``UidRange``:
+``CONTROLLER_LOCAL_EXECUTOR_UIDS``) from which each session gets its own for as long as it has
+a sandbox or a kept workspace (``runners/uids.py``): then one session's code can neither read
+another's workspace nor signal its processes, and stopping a sandbox also stops whatever runs
+as its uid (even a process that left its session with ``setsid``). Without ``run_as`` the
+executor runs as the runner's own uid (an explicit opt-in in the settings).
 
 Its environment is built from scratch: PATH, HOME, CODEX_API_KEY (the environment key, L2)
 and SANDBOX_WORKSPACE; the controller's own variables (its API key among them) never reach it.
@@ -66,6 +72,9 @@ from controller import logs
 from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.base import checked
+from controller.runners.uids import UidClaims, UidRange, signal_uid, uid_processes
+
+__all__ = ["LocalRunner", "RunAs", "UidRange", "prepare_state_directory", "session_key", "state_directory_problems"]
 
 log = logs.get(__name__)
 
@@ -137,41 +146,120 @@ def members(leader: int, start_ticks: int, processes: list[ProcStat] | None = No
     return [p for p in processes if p.sid == leader and p.start_ticks >= start_ticks and p.running]
 
 
-def prepare_state_directory(path: Path, traversable: bool) -> None:
-    """Create the state directory 0700 (0711 when another uid must reach its workspace in it),
-    or refuse one that this uid does not own, that is group/world-writable or a symlink."""
+def _prefixes(path: Path) -> list[Path]:
+    """``/``, ``/a``, ``/a/b`` … ``path`` (absolute)."""
+    return [*reversed(path.parents), path]
+
+
+def _way_problems(path: Path) -> list[str]:
+    """Problems with the directories on the way to ``path`` (as written, and as its symlinks
+    resolve): each one that exists must be owned by root or this uid, and others may write to
+    it only with the sticky bit set.
+
+    Whoever may write to a directory may rename what is in it and put their own in its place:
+    the state directory, or a directory above it, swapped for one they control, with a forged
+    ``sandbox.json`` naming a root-owned process the controller would then signal. The sticky
+    bit (``/tmp``, mode 1777) takes that right away for entries owned by someone else, and the
+    next component is then checked to be owned by root or this uid: so ``/tmp/sandbox-controller``
+    is safe, ``/home/alice/state`` (alice could move it) or a group-writable ``/srv`` is not."""
+    me = os.geteuid()
+    absolute = Path(os.path.abspath(path))
+    problems: list[str] = []
+    seen: set[Path] = set()
+    for chain in (_prefixes(absolute), _prefixes(absolute.resolve())):
+        for component in chain[:-1]:  # the state directory itself: stricter rules, in the caller
+            if component in seen:
+                continue
+            seen.add(component)
+            try:
+                info = os.lstat(component)
+            except FileNotFoundError:
+                break  # the rest is created by this runner
+            except OSError as exc:
+                problems.append(f"{component} (on the way to the local state directory {path}): {exc.strerror}")
+                break
+            where = f"{component} (on the way to the local state directory {path})"
+            if info.st_uid not in (0, me):
+                problems.append(
+                    f"{where} is owned by uid {info.st_uid}, neither root nor this controller (uid {me}): "
+                    "its owner could swap the state directory for one of their own; choose another directory"
+                )
+            elif stat.S_ISDIR(info.st_mode) and info.st_mode & 0o022 and not info.st_mode & stat.S_ISVTX:
+                problems.append(
+                    f"{where} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o}) without the "
+                    "sticky bit: others could swap the state directory for one of their own; choose another directory"
+                )
+    return problems
+
+
+def state_directory_problems(path: Path, traversable: bool) -> list[str]:
+    """Everything that makes ``path`` unsafe as the state directory, as far as it exists (read
+    only: ``check-config`` and every process start run this; ``prepare_state_directory`` again
+    after creating it). ``traversable``: executors of another uid must reach their workspace in it."""
+    problems = _way_problems(path)
     try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        info: os.stat_result | None = path.lstat()
+    except FileNotFoundError:
+        info = None
+    except OSError as exc:
+        return [*problems, f"local state directory {path}: {exc.strerror}"]
+    if info is not None:
+        if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
+            problems.append(f"local state directory {path} is not a directory (symlinks are refused)")
+        elif info.st_uid != os.geteuid():
+            problems.append(
+                f"local state directory {path} is owned by uid {info.st_uid}, not by this controller "
+                f"(uid {os.geteuid()}); another user may have created it: choose another directory"
+            )
+        elif info.st_mode & 0o022:
+            problems.append(
+                f"local state directory {path} is group- or world-writable "
+                f"(mode {stat.S_IMODE(info.st_mode):04o}); make it 0700 or choose another directory"
+            )
+    if traversable:
+        existing = [p for p in Path(os.path.abspath(path)).resolve().parents if p.exists()]
+        blocked = [p for p in existing if not os.stat(p).st_mode & stat.S_IXOTH]
+        if blocked:
+            problems.append(
+                f"local state directory {path}: the executor user cannot reach it, because "
+                f"{blocked[-1]} is not searchable by others (needs o+x); choose another directory"
+            )
+    return problems
+
+
+def prepare_state_directory(path: Path, traversable: bool) -> None:
+    """Create the state directory 0700 (0711 when another uid must reach its workspace in it;
+    missing parents 0755, whatever the umask), or refuse an unsafe one (``ConfigError``)."""
+    problems = state_directory_problems(path, traversable)
+    if problems:
+        raise ConfigError(problems)
+    try:
+        missing = [p for p in _prefixes(Path(os.path.abspath(path)))[:-1] if not p.exists()]
+        for parent in missing:
+            with suppress(FileExistsError):
+                parent.mkdir(mode=0o755)
+                os.chmod(parent, 0o755)
+        path.mkdir(mode=0o700, exist_ok=True)
         info = path.lstat()
     except OSError as exc:
         raise ConfigError([f"local state directory {path}: {exc.strerror}"]) from exc
-    problems = []
-    if stat.S_ISLNK(info.st_mode) or not stat.S_ISDIR(info.st_mode):
-        problems.append(f"local state directory {path} is not a directory (symlinks are refused)")
-    elif info.st_uid != os.geteuid():
-        problems.append(
-            f"local state directory {path} is owned by uid {info.st_uid}, not by this controller "
-            f"(uid {os.geteuid()}); another user may have created it: choose another directory"
-        )
-    elif info.st_mode & 0o022:
-        problems.append(
-            f"local state directory {path} is group- or world-writable (mode {stat.S_IMODE(info.st_mode):04o}); "
-            "make it 0700 or choose another directory"
-        )
+    problems = state_directory_problems(path, traversable)  # what was just created, checked too
     if problems:
         raise ConfigError(problems)
     # Readable by nobody else; searchable by others when executors of another uid need it (a
     # runner built without run_as, e.g. for clean-up, does not take that away).
     os.chmod(path, 0o711 if traversable or info.st_mode & 0o011 else 0o700)
-    if traversable:
-        blocked = [p for p in path.resolve().parents if not os.stat(p).st_mode & stat.S_IXOTH]
-        if blocked:
-            raise ConfigError(
-                [
-                    f"local state directory {path}: the executor user cannot reach it, because "
-                    f"{blocked[0]} is not searchable by others (needs o+x); choose another directory"
-                ]
-            )
+
+
+def _hand_over(path: Path, uid: int, gid: int) -> None:
+    """Make ``path`` and everything below it owned by ``uid``:``gid``, never following a symlink
+    (``os.fwalk`` works through directory descriptors, so a directory swapped for a symlink
+    while it walks leads nowhere outside)."""
+    os.chown(path, uid, gid, follow_symlinks=False)
+    for _, directories, files, descriptor in os.fwalk(path, follow_symlinks=False):
+        for name in (*directories, *files):
+            with suppress(FileNotFoundError):
+                os.chown(name, uid, gid, dir_fd=descriptor, follow_symlinks=False)
 
 
 def _write_private(path: Path, text: str) -> None:
@@ -190,10 +278,11 @@ class LocalRunner:
         executor_command: Sequence[str],
         executor_key: str,
         extra_env: dict[str, str] | None = None,
-        run_as: RunAs | None = None,
+        run_as: RunAs | UidRange | None = None,
     ) -> None:
-        """``run_as``: the user executors run as; None runs them as this process's own uid
-        (the settings allow that only on an explicit opt-in)."""
+        """``run_as``: the user every executor runs as, or the range each session's executor gets
+        its own uid from; None runs them as this process's own uid (the settings allow that
+        only on an explicit opt-in)."""
         state = Path(state_directory)
         prepare_state_directory(state, traversable=run_as is not None)
         self._dir_mode = stat.S_IMODE(state.stat().st_mode)  # 0700, or 0711 when executors must reach in
@@ -204,6 +293,7 @@ class LocalRunner:
         self._key = executor_key
         self._extra_env = dict(extra_env or {})
         self._run_as = run_as
+        self._claims = UidClaims(state / "uids", run_as) if isinstance(run_as, UidRange) else None
         self._children: dict[int, subprocess.Popen[bytes]] = {}
 
     # -- protocol -------------------------------------------------------------------------
@@ -243,12 +333,15 @@ class LocalRunner:
         return current if current is not None and self._members(current) else None
 
     def discard(self, session_id: str) -> None:
-        """Remove the session's workspace once it is released for good (L16)."""
+        """Remove the session's workspace once it is released for good (L16); its uid, if it
+        holds one of a range, is free again."""
         directory = self._root / session_key(session_id)
         with self._locked(directory):
             if self._read(directory) is None:
                 shutil.rmtree(directory / "workspace", ignore_errors=True)
                 shutil.rmtree(directory / "home", ignore_errors=True)
+                if self._claims is not None:
+                    self._claims.release(session_key(session_id))
 
     def keeps_workspace(self, session_id: str) -> bool:
         return (self._root / session_key(session_id) / "workspace").is_dir()
@@ -328,18 +421,37 @@ class LocalRunner:
         pid, ticks = self._leader(handle)
         return members(pid, ticks, processes)
 
-    def _private_directory(self, path: Path) -> None:
-        """A directory only the executor's user may enter (0700, owned by it)."""
+    def _identity(self, directory: Path) -> tuple[int, int] | None:
+        """The (uid, gid) the session's executor runs as; None: this process's own."""
+        if isinstance(self._run_as, RunAs):
+            return self._run_as.uid, self._run_as.gid
+        if self._claims is not None:
+            uid = self._claims.claim(directory.name)  # the session's uid, or a fresh one
+            return uid, uid
+        return None
+
+    def _executor_uid(self, session_id: str) -> int | None:
+        """The uid of a session's own (a range's uid), whose every process is the sandbox's."""
+        return self._claims.uid_of(session_key(session_id)) if self._claims is not None else None
+
+    @staticmethod
+    def _private_directory(path: Path, identity: tuple[int, int] | None) -> None:
+        """A directory only the executor's uid may enter (0700, owned by it). A kept one owned
+        by another uid (a workspace from before executors got a uid each) is handed over whole."""
         path.mkdir(mode=0o700, exist_ok=True)
-        if self._run_as is not None:
-            os.chown(path, self._run_as.uid, self._run_as.gid)
+        if identity is not None:
+            uid, gid = identity
+            info = path.lstat()
+            if (info.st_uid, info.st_gid) != (uid, gid):
+                _hand_over(path, uid, gid)
         os.chmod(path, 0o700)
 
     def _spawn(self, directory: Path, spec: SandboxSpec, generation: int) -> Handle:
         workspace = directory / "workspace"
         home = directory / "home"
-        self._private_directory(workspace)
-        self._private_directory(home)
+        identity = self._identity(directory)
+        self._private_directory(workspace, identity)
+        self._private_directory(home, identity)
         env = {
             "PATH": os.environ.get("PATH", "/usr/local/bin:/usr/bin:/bin"),
             "HOME": str(home),
@@ -355,7 +467,6 @@ class LocalRunner:
             "--environment-id",
             spec.environment_id,
         ]
-        run_as = self._run_as
         log_descriptor = os.open(directory / "executor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             with os.fdopen(log_descriptor, "ab") as output:
@@ -367,10 +478,10 @@ class LocalRunner:
                     stdout=output,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,  # leader of its own session and process group
-                    user=run_as.uid if run_as else None,
-                    group=run_as.gid if run_as else None,
-                    extra_groups=[] if run_as else None,
-                    umask=0o077 if run_as else -1,
+                    user=identity[0] if identity else None,
+                    group=identity[1] if identity else None,
+                    extra_groups=[] if identity else None,
+                    umask=0o077 if identity else -1,
                 )
         except OSError as exc:
             raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: {exc.strerror}") from exc
@@ -397,7 +508,12 @@ class LocalRunner:
         )
         log.info(
             "executor process started",
-            extra={"session_id": spec.session_id, "pid": child.pid, "generation": generation},
+            extra={
+                "session_id": spec.session_id,
+                "pid": child.pid,
+                "generation": generation,
+                "uid": identity[0] if identity else os.geteuid(),
+            },
         )
         return Handle(
             session_id=spec.session_id,
@@ -409,18 +525,23 @@ class LocalRunner:
         )
 
     def _stop(self, handle: Handle) -> None:
-        """SIGTERM to every process group of the sandbox's session; SIGKILL to what is left after
-        the grace period; return once no member runs (or warn after a bounded wait)."""
+        """SIGTERM to every process group of the sandbox's session (and, when the session has a
+        uid of its own, to every process of that uid); SIGKILL to what is left after the grace
+        period; return once nothing of it runs (or warn after a bounded wait)."""
+        uid = self._executor_uid(handle.session_id)
         for sig, wait in ((signal.SIGTERM, _STOP_WAIT_SECONDS), (signal.SIGKILL, _KILL_WAIT_SECONDS)):
-            if not self._signal_members(handle, sig):
+            signalled = self._signal_members(handle, sig)
+            if uid is not None:
+                signalled = signal_uid(uid, sig) or signalled
+            if not signalled:
                 return
             deadline = time.monotonic() + wait
             while time.monotonic() < deadline:
                 self._reap()
-                if not self._members(handle):
+                if not self._members(handle) and (uid is None or not uid_processes(uid)):
                     return
                 time.sleep(0.05)
-        left = [p.pid for p in self._members(handle)]
+        left = [p.pid for p in self._members(handle)] + (uid_processes(uid) if uid is not None else [])
         if left:
             log.warning(
                 "executor processes survived SIGKILL",

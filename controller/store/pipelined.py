@@ -18,13 +18,31 @@ Errors are redis-py's, so the store translates them as it does any other
   the next command connects again;
 - a command not answered within ``timeout_seconds`` closes the connection (Redis answers in
   order, so every command behind it would wait too): they fail with ``redis.TimeoutError``;
-- an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``).
+- an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``), except one
+  saying the server is not the master (``READONLY``, ``UNBLOCKED``, ``MASTERDOWN``: a failover or
+  role change happened): that closes the connection, and its commands fail with
+  ``redis.ConnectionError``.
+
+The master: each connection asks ``ROLE`` first and is used only if the server says it is the
+master. With sentinels (``sentinels``, ``master_name``), the address is asked of them at each
+connect (``SENTINEL GET-MASTER-ADDR-BY-NAME``, one sentinel after another until one answers), so
+after a failover the next connection goes to the new master.
+
+Replicas: ``execute(..., replicated=True)`` returns only once the command's writes are on at
+least one replica (``WAIT 1``, bounded by ``replica_timeout_seconds``; past it,
+``ReplicaTimeout``), when the master has replicas (``ROLE`` lists them; asked again every
+second). Redis's replication is asynchronous: without this a write the master acknowledged is
+lost if the master dies before sending it on. ``WAIT`` covers what the master had written by the
+connection's previous command (since Redis 7.0; before, the connection's own writes), and the
+commands of one connection run in order, so one ``WAIT`` sent after several commands covers them
+all: the callers that ask in one turn of the event loop share one.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import math
 import ssl
 from collections import deque
 from collections.abc import Mapping, Sequence
@@ -32,9 +50,23 @@ from typing import Any, cast
 
 import redis
 from redis.asyncio.connection import SSLConnection, parse_url
-from redis.exceptions import NoScriptError
+from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
 
 Arg = str | int | float | bytes
+ROLE_REFRESH_SECONDS = 1.0
+"""How long a connection trusts the master's last word on how many replicas it has."""
+
+
+class ReplicaTimeout(redis.TimeoutError):
+    """The master has replicas, and none confirmed a write within the bound."""
+
+
+def not_the_master(error: redis.ResponseError) -> bool:
+    """Whether an error reply says the server is not (or no longer) the master."""
+    text = str(error)
+    return isinstance(error, ReadOnlyError | MasterDownError) or text.startswith(
+        ("READONLY", "UNBLOCKED", "MASTERDOWN")
+    )
 
 
 def command(*args: Arg) -> bytes:
@@ -107,7 +139,11 @@ class _Connection(asyncio.Protocol):
         self._buffer = bytearray()
         self._watchdog: asyncio.TimerHandle | None = None
         self._outgoing: list[bytes] = []
+        self._unsent_wait: asyncio.Future[Any] | None = None
         self.closed = False
+        self.replicas = 0
+        """Replicas the master listed at the last ``ROLE`` (``role_asked_at``, loop time)."""
+        self.role_asked_at = -math.inf
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
@@ -124,10 +160,18 @@ class _Connection(asyncio.Protocol):
             self._arm()
         return answer
 
+    def wait_for_replica(self, timeout_ms: int) -> asyncio.Future[Any]:
+        """``WAIT 1 timeout_ms``: how many replicas have every write this connection sent so far.
+        Shared with the other callers until it is written: sent later, it covers their writes too."""
+        if self._unsent_wait is None:
+            self._unsent_wait = self.send(command("WAIT", 1, timeout_ms))
+        return self._unsent_wait
+
     def _flush(self) -> None:
         """Write every command issued since the last flush at once: one system call for the
         deliveries that reached Redis in the same turn of the event loop."""
         outgoing, self._outgoing = self._outgoing, []
+        self._unsent_wait = None
         if self._transport is not None and not self.closed:
             self._transport.write(b"".join(outgoing))
 
@@ -143,6 +187,13 @@ class _Connection(asyncio.Protocol):
                     break
                 value, position = parsed
                 answer, _ = waiting.popleft()
+                if isinstance(value, redis.ResponseError) and not_the_master(value):
+                    # A failover or role change: nothing more goes to this server.
+                    lost = redis.ConnectionError(f"Redis is no longer the master ({value}); connecting again")
+                    if not answer.done():
+                        answer.set_exception(lost)
+                    self.close(lost)
+                    return
                 if answer.done():  # its caller was cancelled
                     continue
                 if isinstance(value, redis.ResponseError):
@@ -189,10 +240,29 @@ class _Connection(asyncio.Protocol):
 
 
 class PipelinedRedis:
-    """A lazily connected client on one connection, used from one event loop."""
+    """A lazily connected client on one connection, used from one event loop.
 
-    def __init__(self, url: str, timeout_seconds: float = 3.0) -> None:
-        options = parse_url(url)
+    With ``sentinels`` the URL's host is not an address but the master's name at the sentinels
+    (``master_name`` when it differs: the URL lower-cases hosts); ``sentinel_password`` is their
+    own password, and with a ``rediss://`` URL they are spoken to over TLS too. ``ca_file``: the CA
+    bundle that signed the servers' certificates (``rediss://``)."""
+
+    def __init__(
+        self,
+        url: str,
+        timeout_seconds: float = 3.0,
+        *,
+        sentinels: Sequence[tuple[str, int]] = (),
+        master_name: str | None = None,
+        sentinel_password: str | None = None,
+        ca_file: str | None = None,
+        replica_timeout_seconds: float = 1.0,
+    ) -> None:
+        """``replica_timeout_seconds`` (at most half of ``timeout_seconds``): how long a write may
+        take to reach a replica (``execute(..., replicated=True)``)."""
+        options: dict[str, Any] = dict(parse_url(url))
+        if ca_file:
+            options["ssl_ca_certs"] = ca_file
         self._host = str(options.get("host", "localhost"))
         self._port = int(options.get("port", 6379))
         self._path = options.get("path")
@@ -201,14 +271,24 @@ class PipelinedRedis:
         self._password = options.get("password")
         self._tls = tls_context(options) if options.get("connection_class") is SSLConnection else None
         self._timeout = timeout_seconds
+        self._sentinels = list(sentinels)
+        self._master_name = master_name or self._host
+        self._sentinel_password = sentinel_password
+        # WAIT blocks the connection: it must end well before the commands behind it time out.
+        self._replica_timeout_ms = max(1, int(min(replica_timeout_seconds, timeout_seconds / 2) * 1000))
         self._connection: _Connection | None = None
         self._connecting: asyncio.Lock | None = None
 
-    async def execute(self, *args: Arg) -> Any:
+    async def execute(self, *args: Arg, replicated: bool = False) -> Any:
+        """Send one command and return its reply; with ``replicated``, once its writes are on a
+        replica too (when the master has any; ``ReplicaTimeout`` past the bound)."""
         connection = self._connection
         if connection is None or connection.closed:
             connection = await self._connect()
-        return await connection.send(command(*args))
+        reply = await connection.send(command(*args))
+        if replicated:
+            await self._replicated(connection)
+        return reply
 
     async def ping(self) -> bool:
         return bool(await self.execute("PING") == "PONG")
@@ -221,39 +301,117 @@ class PipelinedRedis:
             self._connection.close()
             self._connection = None
 
+    async def _replicated(self, connection: _Connection) -> None:
+        """Return once ``connection``'s writes are on at least one replica, or at once when the
+        master has none. On the same connection: a new one's ``WAIT`` would count nothing."""
+        loop = asyncio.get_running_loop()
+        if loop.time() - connection.role_asked_at >= ROLE_REFRESH_SECONDS:
+            connection.role_asked_at = loop.time()  # the callers meanwhile go by the last answer
+            _check_master(await _role(connection), connection, "")
+        if connection.replicas == 0:
+            return
+        acked = await asyncio.shield(connection.wait_for_replica(self._replica_timeout_ms))
+        if int(acked) < 1:
+            connection.role_asked_at = -math.inf  # the replica may be gone: ask again next time
+            raise ReplicaTimeout(f"no replica confirmed the write within {self._replica_timeout_ms} ms")
+
     async def _connect(self) -> _Connection:
         if self._connecting is None:
             self._connecting = asyncio.Lock()
         async with self._connecting:
             if self._connection is not None and not self._connection.closed:
                 return self._connection  # another caller connected meanwhile
-            loop = asyncio.get_running_loop()
-            connection = _Connection(loop, self._timeout)
+            host, port = await self._master_address()
             try:
                 async with asyncio.timeout(self._timeout):
-                    if self._path:
-                        await loop.create_unix_connection(lambda: connection, str(self._path))
-                    else:
-                        host = self._host if self._tls else None
-                        await loop.create_connection(
-                            lambda: connection, self._host, self._port, ssl=self._tls, server_hostname=host
-                        )
-                    if self._password:
-                        credentials = [self._username, self._password] if self._username else [self._password]
-                        await connection.send(command("AUTH", *credentials))
-                    if self._db:
-                        await connection.send(command("SELECT", self._db))
-            except (OSError, TimeoutError) as exc:
-                connection.close()
+                    connection = await self._open(host, port)
+                    try:
+                        if self._password:
+                            credentials = [self._username, self._password] if self._username else [self._password]
+                            await connection.send(command("AUTH", *credentials))
+                        if self._db:
+                            await connection.send(command("SELECT", self._db))
+                        role = await _role(connection)
+                    except BaseException:
+                        connection.close()
+                        raise
+            except TimeoutError as exc:  # connecting, or the set-up (AUTH, SELECT, ROLE) unanswered
+                raise redis.TimeoutError(f"Redis did not answer within {self._timeout:g} seconds") from exc
+            except OSError as exc:
                 raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
             except redis.ResponseError as exc:  # AUTH or SELECT refused
-                connection.close()
                 raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc
-            except BaseException:
-                connection.close()
-                raise
+            _check_master(role, connection, f"{host}:{port}" if not self._path else str(self._path))
+            connection.role_asked_at = asyncio.get_running_loop().time()
             self._connection = connection
             return connection
+
+    async def _open(self, host: str, port: int) -> _Connection:
+        loop = asyncio.get_running_loop()
+        connection = _Connection(loop, self._timeout)
+        try:
+            if self._path:
+                await loop.create_unix_connection(lambda: connection, str(self._path))
+            else:
+                server_hostname = host if self._tls else None
+                await loop.create_connection(
+                    lambda: connection, host, port, ssl=self._tls, server_hostname=server_hostname
+                )
+        except BaseException:
+            connection.close()
+            raise
+        return connection
+
+    async def _master_address(self) -> tuple[str, int]:
+        """The URL's address, or the one the first sentinel that answers gives for the master
+        (that sentinel is asked first next time)."""
+        if not self._sentinels:
+            return self._host, self._port
+        problems = []
+        each = max(0.2, self._timeout / len(self._sentinels))  # one that never answers leaves time for the rest
+        for index, (host, port) in enumerate(list(self._sentinels)):
+            try:
+                async with asyncio.timeout(each):
+                    sentinel = await self._open(host, port)
+                    try:
+                        if self._sentinel_password:
+                            await sentinel.send(command("AUTH", self._sentinel_password))
+                        asked = command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name)
+                        address = await sentinel.send(asked)
+                    finally:
+                        sentinel.close()
+            except (OSError, redis.RedisError) as exc:  # TimeoutError is an OSError
+                problems.append(f"sentinel {host}:{port}: {exc or type(exc).__name__}")
+                continue
+            if not address:
+                problems.append(f"sentinel {host}:{port} knows no master {self._master_name!r}")
+                continue
+            self._sentinels.insert(0, self._sentinels.pop(index))
+            return str(address[0]), int(address[1])
+        raise redis.ConnectionError(f"no sentinel named the master: {'; '.join(problems)}")
+
+
+async def _role(connection: _Connection) -> Any:
+    """``ROLE``'s reply; a server that refuses the command (some managed services rename or
+    forbid it) counts as a master without known replicas."""
+    try:
+        return await connection.send(command("ROLE"))
+    except redis.ResponseError as exc:
+        if not_the_master(exc):
+            raise
+        return ["master", 0, []]
+
+
+def _check_master(role: Any, connection: _Connection, where: str) -> None:
+    """Take a ``ROLE`` reply: the number of replicas of a master; a server that is not the
+    master closes the connection (``redis.ConnectionError``)."""
+    if isinstance(role, list) and role and role[0] == "master":
+        connection.replicas = len(role[2]) if len(role) > 2 and isinstance(role[2], list) else 0
+        return
+    what = role[0] if isinstance(role, list) and role else role
+    error = redis.ConnectionError(f"Redis{' at ' + where if where else ''} is a {what}, not the master")
+    connection.close(error)
+    raise error
 
 
 class Script:
@@ -265,8 +423,10 @@ class Script:
         self._text = text
         self._sha = hashlib.sha1(text.encode("utf-8")).hexdigest()
 
-    async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = ()) -> Any:
+    async def __call__(self, keys: Sequence[Arg] = (), args: Sequence[Arg] = (), replicated: bool = False) -> Any:
+        """Run the script; with ``replicated``, return once its writes are on a replica too
+        (``PipelinedRedis.execute``)."""
         try:
-            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args)
+            return await self._client.execute("EVALSHA", self._sha, len(keys), *keys, *args, replicated=replicated)
         except NoScriptError:
-            return await self._client.execute("EVAL", self._text, len(keys), *keys, *args)
+            return await self._client.execute("EVAL", self._text, len(keys), *keys, *args, replicated=replicated)

@@ -13,14 +13,17 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
     sc:requeues      per pending session, how often it was re-enqueued without a worker
                      taking it since (hash; paces the recovery pass during a long backlog)
     sc:seen:{wid}    de-duplication: "done" once the delivery's job is queued (set in the
-                     same script as the push; "pending" only from receivers before it)
+                     same script as the push)
     sc:timers        each session's one durable timer (sorted set; score: due time, Unix ms;
                      see ``controller.timers``): ``take_due`` pops due ones and wants work
     sc:missing       per session whose reads answer 404, when they began to (hash; Unix
-                     seconds), until its deletion is confirmed (``lifecycle.Missing``)
+                     seconds), until its deletion is confirmed (``decide.Missing``)
     sc:prestarted    pre-started sandboxes not yet used, and reservations for them (sorted set;
                      score: when reserved, Unix ms): the pre-start budget
     sc:decision:{sid} the latest decision about a session (hash; for ``status``/``explain``)
+
+Beside them, the scheduler's ``sc:scheduler:leader`` (``scheduler.LEADER_KEY``: the leading
+term, with a TTL) and Celery's queues (``queue.QUEUE``, ``queue.MAINTENANCE_QUEUE``).
 
 ``sc:want``/``sc:done`` are deleted by the ``complete`` that catches up with the last want of
 a session that has no mapping: nothing is pending then, and a later delivery simply starts
@@ -37,8 +40,6 @@ it guards happen atomically. redis-py errors are translated here, once.
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -46,10 +47,10 @@ from typing import Any
 import redis
 
 from controller import logs, task_message
-from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
-from controller.fleet import LastDecision
+from controller.errors import Fenced, StoreUnavailable
 from controller.inbox import Job, Outcome
-from controller.model import Handle, Record
+from controller.model import Handle, LastDecision, Record
+from controller.redis_client import Endpoint
 from controller.store.base import Busy, Lease
 from controller.store.pipelined import PipelinedRedis
 
@@ -255,14 +256,10 @@ DECISION_TTL_SECONDS = 7 * 24 * 3600
 
 
 def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
-    """A client with short timeouts, so an unreachable Redis becomes a quick 503, not a hang."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=timeout_seconds,
-        socket_connect_timeout=timeout_seconds,
-        health_check_interval=15,
-        decode_responses=True,
-    )
+    """A client of the Redis at ``url`` with short timeouts, so an unreachable Redis becomes a
+    quick 503, not a hang (``redis_client.Endpoint.client``; the processes build theirs from the
+    settings, Sentinel included)."""
+    return Endpoint(url).client(timeout_seconds)
 
 
 @contextmanager
@@ -272,7 +269,8 @@ def _translated(what: str) -> Iterator[None]:
     except (redis.ConnectionError, redis.TimeoutError, redis.BusyLoadingError) as exc:
         raise StoreUnavailable(f"redis unavailable during {what}", retry_after=2) from exc
     except redis.ResponseError as exc:
-        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN")):
+        # NOREPLICAS: the server's min-replicas-to-write refuses writes while too few replicas are in sync.
+        if str(exc).startswith(("LOADING", "MASTERDOWN", "READONLY", "TRYAGAIN", "NOREPLICAS")):
             raise StoreUnavailable(f"redis not ready during {what}", retry_after=2) from exc
         raise
 
@@ -543,9 +541,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
 _SUBMIT = (
     _NOW_MS
     + """
-local seen = redis.call('GET', KEYS[1])
-if seen == 'done' then return 0 end
-if seen then return -1 end
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
 redis.call('INCR', KEYS[2])
 redis.call('ZADD', KEYS[3], string.format('%d', now_ms() + tonumber(ARGV[2])), ARGV[1])
 redis.call('LPUSH', KEYS[4], ARGV[3])
@@ -553,16 +549,15 @@ redis.call('SET', KEYS[1], 'done', 'EX', ARGV[4])
 return 1
 """
 )
-"""De-duplicate, want, queue, remember, in one atomic step: 1 queued, 0 a duplicate, -1 the id
-is claimed "pending" by a receiver of the earlier design (claim, then publish) still at work.
-The want is ``_WANT``'s (same keys, same pending-index score)."""
+"""De-duplicate, want, queue, remember, in one atomic step: 1 queued, 0 a duplicate. The want
+is ``_WANT``'s (same keys, same pending-index score)."""
 
 
 def connect_async(url: str, timeout_seconds: float = 3.0) -> PipelinedRedis:
-    """The receiver's client: one pipelined connection (``store.pipelined``), connected lazily on
-    the event loop that first uses it, with a short timeout so an unreachable Redis becomes a
-    quick 503."""
-    return PipelinedRedis(url, timeout_seconds)
+    """The receiver's client for the Redis at ``url``: one pipelined connection
+    (``store.pipelined``), connected lazily on the event loop that first uses it, with a short
+    timeout so an unreachable Redis becomes a quick 503 (``redis_client.Endpoint.pipelined``)."""
+    return Endpoint(url).pipelined(timeout_seconds)
 
 
 class RedisInbox:
@@ -576,9 +571,14 @@ class RedisInbox:
     (503, the sender retries) and, the script being atomic, left nothing half done. A retry of
     a delivery whose answer was lost after the script ran is a duplicate, not a second job.
 
-    An id claimed "pending" by a receiver of the earlier design (during a rolling upgrade) is
-    looked at again for up to ``wait_seconds``, then answered 503: never a 2xx for a job whose
-    enqueue might still fail.
+    When the master has replicas, "stored" means on a replica too: ``submit`` returns once the
+    script's writes reached one (``WAIT``), and raises ``StoreUnavailable`` (503) if none
+    confirms within a second. A failover then promotes a replica that has every delivery the
+    receiver acknowledged. A duplicate waits too: since Redis 7.0 ``WAIT`` counts everything the
+    master had written when the connection's last command ran (not only the connection's own
+    writes), so a duplicate's 2xx also means the first delivery, whichever receiver took it, is
+    on a replica.
+
     """
 
     def __init__(
@@ -587,30 +587,20 @@ class RedisInbox:
         queue: str,
         dedup_ttl_seconds: int,
         requeue_after_seconds: float = 15.0,
-        wait_seconds: float = 3.0,
     ) -> None:
         self._r = client
         self._queue = queue
         self._dedup_ttl = dedup_ttl_seconds
         self._requeue_ms = int(requeue_after_seconds * 1000)
-        self._wait = wait_seconds
         self._submit = client.register_script(_SUBMIT)
 
     async def submit(self, job: Job) -> Outcome:
         sid = job.session_id
         keys = [f"sc:seen:{job.webhook_id}", f"sc:want:{sid}", PENDING_KEY, self._queue]
         args: list[str | int] = [sid, self._requeue_ms, task_message.encode(job, self._queue), self._dedup_ttl]
-        deadline = time.monotonic() + self._wait
-        while True:
-            with _translated("enqueue"):
-                result = int(await self._submit(keys=keys, args=args))
-            if result == 1:
-                return Outcome.ENQUEUED
-            if result == 0:
-                return Outcome.DUPLICATE
-            if time.monotonic() >= deadline:
-                raise QueueUnavailable(f"delivery {job.webhook_id} is being enqueued elsewhere", retry_after=2)
-            await asyncio.sleep(0.05)
+        with _translated("enqueue"):
+            queued = int(await self._submit(keys=keys, args=args, replicated=True))
+        return Outcome.ENQUEUED if queued == 1 else Outcome.DUPLICATE
 
     async def ready(self) -> bool:
         try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 import yaml
 
-from controller.config import KEYS
+from controller.config import BOUNDS, KEYS
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sandbox-controller"
@@ -168,6 +169,21 @@ def test_values_validate_against_the_schema() -> None:
     assert not validator.is_valid(merge(defaults, {"redis": {"url": "http://not-redis"}}))
 
 
+def test_the_schema_bounds_every_number_as_the_controller_does() -> None:
+    """Each numeric setting the ConfigMap sets from a value has that value's minimum and
+    maximum in values.schema.json equal to the range controller.config enforces (``BOUNDS``):
+    helm refuses at install what the controller would refuse at start."""
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    config_map = (CHART / "templates" / "configmap.yaml").read_text()
+    mapped = dict(re.findall(r"^\s*(CONTROLLER_[A-Z0-9_]+): \{\{ \.Values\.([\w.]+)", config_map, flags=re.MULTILINE))
+    assert set(BOUNDS) <= set(mapped), sorted(set(BOUNDS) - set(mapped))
+    for name, (minimum, maximum) in BOUNDS.items():
+        node = schema
+        for part in mapped[name].split("."):
+            node = node["properties"][part]
+        assert (node.get("minimum"), node.get("maximum")) == (minimum, maximum), name
+
+
 def test_helm_applies_the_schema(chart: Any, helm: Any) -> None:
     """Helm itself refuses values the schema rejects (as `helm install` would)."""
     chart.validate_schema(CREDENTIALS)
@@ -239,7 +255,10 @@ def test_renders_well_formed_objects(chart: Any, case: str, values: dict[str, An
         assert len(name) <= 63 and name.replace("-", "a").isalnum() and name == name.lower(), name
         labels = o["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == RELEASE
-        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        # The `helm test` pod of the sandbox NetworkPolicy wears the sandbox pods' labels (the
+        # policy must select it); everything else is Helm's.
+        sandbox_like = name.endswith("-test-network-policy")
+        assert labels["app.kubernetes.io/managed-by"] == ("sandbox-controller" if sandbox_like else "Helm")
 
 
 def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
@@ -266,6 +285,22 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
             merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "auth": {"existingSecret": "r"}}}),
             "redis.auth.existingSecret is for the bundled Redis",
         ),
+        (
+            merge(CREDENTIALS, {"redis": {"sentinel": {"addresses": ["sentinel:26379"]}}}),
+            "redis.sentinel and redis.tls are for an external Redis",
+        ),
+        (
+            merge(CREDENTIALS, {"redis": {"tls": {"caSecret": "redis-ca"}}}),
+            "redis.sentinel and redis.tls are for an external Redis",
+        ),
+        (
+            merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "sentinel": {"masterName": "m"}}}),
+            "need redis.sentinel.addresses",
+        ),
+        (
+            merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL, "tls": {"caSecret": "redis-ca"}}}),
+            "redis.url must be a rediss:// URL",
+        ),
         (merge(CREDENTIALS, {"sandbox": {"executorKey": {"value": API_KEY}}}), "separate, restricted key"),
         (merge(CREDENTIALS, {"sandbox": {"namespace": {"name": NAMESPACE}}}), "must differ"),
         (
@@ -288,6 +323,10 @@ def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
         "no-redis",
         "two-redis",
         "external-redis-auth",
+        "sentinel-bundled",
+        "tls-bundled",
+        "sentinel-master-alone",
+        "ca-without-tls",
         "same-key",
         "same-ns",
         "allow-anywhere",
@@ -498,17 +537,14 @@ def _port_53_rules(egress: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_sandbox_network_policy_defaults(chart: Any) -> None:
     """L8: nothing dials into a sandbox; it reaches the cluster DNS pods on 53 and public
     addresses on TCP 443, never a private, shared or link-local range (pods, services, nodes,
-    the API server, cloud metadata). These are the exact rules: nothing else is open."""
+    the API server, cloud metadata). These are the exact rules: nothing else is open. They hold
+    for every pod of the sandbox namespace, whatever its labels (no pod can leave them by
+    leaving out a label)."""
     objects = render(chart, CREDENTIALS)
     policy = _sandbox_policy(objects)
     assert policy["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
     spec = policy["spec"]
-    assert spec["podSelector"] == {
-        "matchLabels": {
-            "app.kubernetes.io/managed-by": "sandbox-controller",
-            "app.kubernetes.io/component": "sandbox",
-        }
-    }
+    assert spec["podSelector"] == {}
     assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
     assert spec["ingress"] == []
     assert spec["egress"] == [
@@ -597,8 +633,9 @@ def _cel_variables(policy: dict[str, Any]) -> dict[str, Any]:
 @pytest.mark.parametrize(("case", "values"), CASES, ids=CASE_IDS)
 def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: str, values: dict[str, Any]) -> None:
     """L2: a ValidatingAdmissionPolicy (denying, failing closed) checks every pod created or
-    updated in the sandbox namespace, and only there; it allows the runner image(s) and names
-    the executor key Secret the controller's pods reference."""
+    updated in the sandbox namespace, and every change through a subresource that adds or
+    changes containers (ephemeral containers, resize), and only there; it allows the runner
+    image(s) and names the executor key Secret the controller's pods reference."""
     objects = render(chart, values)
     policy, binding = _pod_policy(objects)
     config = one(objects, "ConfigMap", _full(objects))["data"]
@@ -608,7 +645,12 @@ def test_sandbox_pod_policy_is_bound_to_the_sandbox_namespace(chart: Any, case: 
     spec = policy["spec"]
     assert spec["failurePolicy"] == "Fail"
     assert spec["matchConstraints"]["resourceRules"] == [
-        {"apiGroups": [""], "apiVersions": ["v1"], "operations": ["CREATE", "UPDATE"], "resources": ["pods"]}
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["pods", "pods/ephemeralcontainers", "pods/resize"],
+        }
     ]
     assert binding["spec"] == {
         "policyName": policy["metadata"]["name"],
@@ -677,10 +719,13 @@ NOT_SET_BY_THE_CHART = {
     "CONTROLLER_WEBHOOK_SECRETS": "the chart mounts the secrets as a file: CONTROLLER_WEBHOOK_SECRETS_FILE",
     "CONTROLLER_EXECUTOR_KEY": "the Kubernetes runner hands the key to pods through a Secret (L2)",
     "CONTROLLER_EXECUTOR_KEY_FILE": "the Kubernetes runner hands the key to pods through a Secret (L2)",
+    "CONTROLLER_REDIS_SENTINEL_PASSWORD": "the chart mounts it as a file: CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE",
     "CONTROLLER_EXECUTOR_COMMAND": "local runner only (pods run the image's entrypoint)",
     "CONTROLLER_LOCAL_STATE_DIRECTORY": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_USER": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_SAME_USER": "local runner only",
+    "CONTROLLER_LOCAL_EXECUTOR_UIDS": "local runner only",
+    "CONTROLLER_LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD": "local runner only",
 }
 
 
@@ -757,6 +802,60 @@ def test_settings_parse_in_the_controller(chart: Any, tmp_path: Path) -> None:
     assert settings.webhook.max_in_flight == 100
     assert settings.receiver.header_timeout_seconds == settings.webhook.body_timeout_seconds == 10.0
     assert settings.runner.remote_url_allowlist == ("*.openai.com", "*.openai.org")  # the config's default too
+
+
+def test_an_external_redis_behind_sentinel_with_tls_reaches_every_component(chart: Any, tmp_path: Path) -> None:
+    """An external Redis run for failover (ci/ha-redis-values.yaml): the sentinels and the
+    master's name in the ConfigMap; the sentinels' password and the TLS CA mounted from their
+    existing Secrets as files into every controller pod, named by their ``_FILE`` settings; no
+    bundled Redis. With those files in place the controller accepts the settings."""
+    from controller.config import Settings
+
+    objects = render(chart, load_values(CI_DIR / "ha-redis-values.yaml"))
+    assert of_kind(objects, "StatefulSet") == []
+    full = _full(objects)
+    data = one(objects, "ConfigMap", full)["data"]
+    assert data["CONTROLLER_REDIS_SENTINELS"] == ",".join(
+        f"redis-ha-sentinel-{n}.redis-ha.data.svc:26379" for n in range(3)
+    )
+    assert data["CONTROLLER_REDIS_SENTINEL_MASTER"] == "mymaster"
+    files: dict[str, str] = {}
+    for component in ("receiver", "worker", "scheduler"):
+        spec = one(objects, "Deployment", f"{full}-{component}")["spec"]["template"]["spec"]
+        [container] = spec["containers"]
+        env = {e["name"]: e.get("value") for e in container["env"]}
+        mounts = {m["name"]: m["mountPath"] for m in container["volumeMounts"]}
+        volumes = {v["name"]: v["secret"] for v in spec["volumes"] if "secret" in v}
+        for setting, volume, secret, key in (
+            (
+                "CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE",
+                "redis-sentinel-password",
+                "redis-ha-sentinel",
+                "sentinel-password",
+            ),
+            ("CONTROLLER_REDIS_CA_FILE", "redis-ca", "redis-ha-ca", "ca.crt"),
+        ):
+            path = env[setting]
+            assert mounts[volume] == str(Path(path).parent), component
+            assert volumes[volume]["secretName"] == secret, component
+            assert volumes[volume]["items"] == [{"key": key, "path": Path(path).name}], component
+            files[setting] = path
+    env = {k: v for k, v in data.items() if k not in KUBERNETES_KEYS}
+    for setting, content in (
+        ("CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE", "sentinel-password-0123"),
+        ("CONTROLLER_REDIS_CA_FILE", "-----BEGIN CERTIFICATE-----"),
+    ):
+        local = tmp_path / Path(files[setting]).name
+        local.write_text(content)
+        env[setting] = str(local)
+    env.update(CONTROLLER_REDIS_URL="rediss://:redis-pass@mymaster/0")
+    queue = Settings.from_env(env).queue
+    assert [host for host, _ in queue.redis_sentinels] == [f"redis-ha-sentinel-{n}.redis-ha.data.svc" for n in range(3)]
+    assert queue.redis_sentinel_master == "mymaster"
+    assert (
+        queue.redis_sentinel_password is not None and queue.redis_sentinel_password.reveal() == "sentinel-password-0123"
+    )
+    assert queue.redis_ca_file == env["CONTROLLER_REDIS_CA_FILE"]
 
 
 # -- workloads ----------------------------------------------------------------------------------
@@ -960,7 +1059,14 @@ def test_config_changes_roll_the_pods(chart: Any) -> None:
     base = checksums(CREDENTIALS)
     assert len(base) == 1  # receiver, worker and scheduler roll together
     assert checksums(merge(CREDENTIALS, {"logLevel": "DEBUG"})) != base
-    rotated = merge(CREDENTIALS, {"webhook": {"signingSecrets": [WEBHOOK_SECRET, "whsec_bmV3LXNlY3JldA=="]}})
+    rotated = merge(
+        CREDENTIALS,
+        {
+            "webhook": {
+                "signingSecrets": [WEBHOOK_SECRET, "whsec_" + base64.b64encode(b"chart-test-signing-secret-2").decode()]
+            }
+        },
+    )
     assert checksums(rotated) != base
     assert checksums(merge(CREDENTIALS, {"receiver": {"replicas": 5}})) == base
 
@@ -968,7 +1074,7 @@ def test_config_changes_roll_the_pods(chart: Any) -> None:
 def test_helm_test_hook_checks_readyz(chart: Any) -> None:
     """`helm test` runs a pod that fetches the receiver Service's /readyz."""
     objects = render(chart, CREDENTIALS)
-    [pod] = of_kind(objects, "Pod")
+    pod = one(objects, "Pod", f"{_full(objects)}-test-readyz")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     command = " ".join(pod["spec"]["containers"][0]["command"])
     assert f"http://{_full(objects)}-receiver:80/readyz" in command
@@ -988,3 +1094,95 @@ def test_ingress_routes_webhooks_to_the_receiver(chart: Any) -> None:
 
 def _decoded(secret: dict[str, Any]) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+# -- the CA bundle sandbox pods trust, and `helm test` of the sandbox NetworkPolicy -----------------
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n"
+
+
+def test_a_ca_bundle_reaches_the_sandbox_namespace_the_controller_and_the_pod_policy(chart: Any) -> None:
+    """sandbox.caBundle.pem: a ConfigMap in the sandbox namespace (key ca-bundle.crt), its name
+    in CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP (the controller mounts it into every sandbox pod),
+    and the admission policy admits that ConfigMap as a volume (and no other). existingConfigMap
+    names one made beforehand; by default there is none."""
+    objects = render(chart, merge(CREDENTIALS, {"sandbox": {"caBundle": {"pem": CA_PEM}}}))
+    name = f"{_full(objects)}-ca-bundle"
+    bundle = one(objects, "ConfigMap", name)
+    assert bundle["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
+    assert bundle["data"] == {"ca-bundle.crt": CA_PEM}
+    assert one(objects, "ConfigMap", _full(objects))["data"]["CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP"] == name
+    policy, _ = _pod_policy(objects)
+    assert _cel_variables(policy)["caBundleConfigMap"] == name
+    [volumes] = [v for v in policy["spec"]["validations"] if "has(v.configMap)" in v["expression"]]
+    assert "v.configMap.?name.orValue('') == variables.caBundleConfigMap" in volumes["expression"]
+    assert "variables.caBundleConfigMap != ''" in volumes["expression"]  # unset: no ConfigMap at all
+
+    existing = render(chart, merge(CREDENTIALS, {"sandbox": {"caBundle": {"existingConfigMap": "corp-ca"}}}))
+    assert not [o for o in existing if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-ca-bundle")]
+    assert one(existing, "ConfigMap", _full(existing))["data"]["CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP"] == "corp-ca"
+    assert _cel_variables(_pod_policy(existing)[0])["caBundleConfigMap"] == "corp-ca"
+
+    default = render(chart, CREDENTIALS)
+    assert "CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP" not in one(default, "ConfigMap", _full(default))["data"]
+    assert _cel_variables(_pod_policy(default)[0])["caBundleConfigMap"] == ""
+
+
+@pytest.mark.parametrize(
+    ("ca_bundle", "message"),
+    [
+        ({"pem": CA_PEM, "existingConfigMap": "corp-ca"}, "not both"),
+        ({"pem": "not a certificate"}, "caBundle"),
+        ({"existingConfigMap": "Corp_CA"}, "caBundle"),
+    ],
+    ids=["both", "not-pem", "bad-name"],
+)
+def test_a_bad_ca_bundle_fails_the_render(chart: Any, helm: Any, ca_bundle: dict[str, str], message: str) -> None:
+    with pytest.raises(helm.errors.HelmError) as raised:
+        render(chart, merge(CREDENTIALS, {"sandbox": {"caBundle": ca_bundle}}))
+    assert message in str(raised.value)
+
+
+def _network_policy_test(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "Pod", f"{_full(objects)}-test-network-policy")
+
+
+def test_helm_test_checks_the_sandbox_network_policy_from_a_pod_it_selects(chart: Any) -> None:
+    """`helm test` also runs a pod in the sandbox namespace, which the sandbox NetworkPolicy
+    selects as it selects every pod there (it also carries the sandbox pods' labels), with the
+    sandbox image (what the admission policy admits there) under the "restricted" security
+    context, no token; it tries Redis, the API server and the receiver by their cluster names and
+    fails, saying the network plugin does not enforce NetworkPolicy, if any answers."""
+    objects = render(chart, CREDENTIALS)
+    pod = _network_policy_test(objects)
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
+    assert _sandbox_policy(objects)["spec"]["podSelector"] == {}  # every pod of the namespace
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "sandbox"
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = spec["containers"]
+    assert container["image"] == "sandbox-controller/sandbox-runner:0.171.0"
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not spec.get("volumes") and not spec.get("initContainers")
+    probe = container["args"][0]
+    full = _full(objects)
+    assert f'probe "the bundled Redis" "{full}-redis.{NAMESPACE}.svc" "6379"' in probe
+    assert 'probe "the Kubernetes API server" "kubernetes.default.svc" "443"' in probe
+    assert f'probe "the receiver (a controller pod)" "{full}-receiver.{NAMESPACE}.svc" "80"' in probe
+    assert "does not enforce NetworkPolicy" in probe and "timeout=5" in probe
+    notes = chart.render(CREDENTIALS, name=RELEASE, namespace=NAMESPACE)["sandbox-controller/templates/NOTES.txt"]
+    assert f"kubectl -n {NAMESPACE}-sandboxes logs {full}-test-network-policy" in notes
+
+
+def test_helm_test_of_the_network_policy_follows_the_values(chart: Any) -> None:
+    """No Redis probe with an external Redis (it may live anywhere); none of it when the sandbox
+    NetworkPolicy or this test is turned off."""
+    external = render(chart, merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL}}))
+    assert "Redis" not in _network_policy_test(external)["spec"]["containers"][0]["args"][0]
+    for off in ({"sandbox": {"networkPolicy": {"enabled": False}}}, {"tests": {"networkPolicy": {"enabled": False}}}):
+        objects = render(chart, merge(CREDENTIALS, off))
+        assert [o["metadata"]["name"] for o in of_kind(objects, "Pod")] == [f"{_full(objects)}-test-readyz"]

@@ -8,30 +8,10 @@ import json
 import re
 from typing import Any
 
-from controller.metrics import GAUGE_HELP, Metrics, WarmPoolCollector
-from controller.model import PoolState
 from tests.chart.test_chart import CREDENTIALS, NAMESPACE, chart, helm, merge, of_kind, one, render  # noqa: F401
+from tests.support.metrics import exported
 
 ALL_ON = {"metrics": {k: {"enabled": True} for k in ("serviceMonitor", "prometheusRule", "grafanaDashboard")}}
-
-
-def exported() -> set[str]:
-    """Every sample name the controller's registry can produce (counters with _total,
-    histograms with _bucket/_sum/_count), plus the scheduler's queue and warm-pool gauges."""
-    names = {
-        "controller_queue_depth",
-        "controller_work_pending",
-        "controller_timers_pending",
-        *GAUGE_HELP,
-    }  # gauges made on first use
-    metrics, pools = Metrics(), WarmPoolCollector()
-    metrics.registry.register(pools)
-    pools.update([PoolState("fast", size=1, ready=1, starting=0)])  # its gauges exist after a tending
-    for family in metrics.registry.collect():
-        if family.name.startswith("controller_"):
-            base = family.name
-            names |= {base, base + "_total", base + "_bucket", base + "_sum", base + "_count"}
-    return names
 
 
 def used_in(expression: str) -> set[str]:

@@ -25,8 +25,9 @@ loopback host, so the simulator's ``remote_url`` is ``http://127.0.0.1:<port>``.
 sandbox pod that is the pod itself; the test therefore adds an ephemeral container (same
 network namespace, "restricted"-compliant) that forwards the pod's loopback port to the
 simulator Service on TCP 443; the chart's values add an egress rule to the simulator's pods
-(sandbox egress never reaches private ranges otherwise). In production that hop is the pod's
-HTTPS route to api.openai.com.
+(sandbox egress never reaches private ranges otherwise), and the controller image, which the
+forwarder runs, to ``sandbox.podPolicy.extraImages`` (the pod policy holds ephemeral containers
+to the allowed images). In production that hop is the pod's HTTPS route to api.openai.com.
 """
 
 from __future__ import annotations
@@ -198,6 +199,8 @@ def cluster() -> Iterator[Cluster]:
             "worker": {"replicas": 1},
             "sandbox": {
                 "image": {"repository": runner_repo, "tag": runner_tag},
+                # The test's loopback forwarder (an ephemeral container) runs the controller image.
+                "podPolicy": {"extraImages": [world.controller_image]},
                 "executorKey": {"value": world.environment_key},
                 # The simulator lives in a private range, which sandbox egress never reaches
                 # otherwise: let the sandbox pods reach exactly its pods (443 via the Service,

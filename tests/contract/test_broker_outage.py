@@ -1,4 +1,5 @@
-"""A worker survives its broker going away while it holds a job (``controller.broker``).
+"""A worker survives its broker going away, or becoming a replica, while it holds a job
+(``controller.broker``); one that must give up exits non-zero.
 
 A real Celery worker (the product's app and worker arguments, ``tests.support.order_worker``)
 with two pool processes takes a job and holds it unacknowledged while it waits for the next
@@ -7,19 +8,26 @@ port with its data. Celery 5.7.0 exits on this ("Unrecoverable error:
 AttributeError: 'NoneType' object has no attribute 'hostname'", raised while closing the lost
 connection); the product's consumer keeps the worker alive, it reconnects, works a job
 published after the outage, and the job it held comes back once its visibility timeout passes.
+A role change (the master made a replica for a few seconds, as a failover or an operator's
+``REPLICAOF`` does) used to end the worker the same way, with status 0 ("Unrecoverable error:
+ReadOnlyError", or ``UNBLOCKED`` for its waiting ``BRPOP``): it now reconnects until the server
+is the master again and goes on.
 """
 
 from __future__ import annotations
 
 import os
+import subprocess
 import time
 from pathlib import Path
+
+import pytest
 
 from controller import queue
 from controller.config import PREFIX, Settings
 from controller.inbox import Job
 from tests.support.order_worker import CONCURRENCY, GATE, ORDER
-from tests.support.processes import Managed, assert_no_process_left, python_module, wait_for
+from tests.support.processes import Managed, assert_no_process_left, free_port, python_module, wait_for
 from tests.support.redis_server import RedisServer
 
 VISIBILITY_TIMEOUT = 5
@@ -56,4 +64,106 @@ def test_a_worker_holding_a_job_survives_a_redis_restart(tmp_path: Path) -> None
         worker.stop()
         client.close()
         server.stop()
+    assert_no_process_left(tmp_path)
+
+
+def order_worker(server: RedisServer, directory: Path) -> Managed:
+    env = {
+        **os.environ,
+        PREFIX + "REDIS_URL": server.url,
+        PREFIX + "QUEUE_VISIBILITY_TIMEOUT_SECONDS": str(VISIBILITY_TIMEOUT),
+        "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
+        CONCURRENCY: "2",  # one process holds the job, the consumer waits for the next
+    }
+    return Managed("worker", python_module("tests.support.order_worker"), env, directory / "worker.log", cwd=directory)
+
+
+def demote(server: RedisServer) -> None:
+    """The master becomes a replica (of an address where nothing listens: its data stays)."""
+    with server.client(timeout=2) as admin:
+        admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+
+
+def promote(server: RedisServer) -> None:
+    with server.client(timeout=2) as admin:
+        admin.execute_command("REPLICAOF", "NO", "ONE")
+
+
+def test_a_worker_holding_a_job_outlives_a_role_change(tmp_path: Path) -> None:
+    """L17: the master becomes a replica for 3 s while a worker holds a job and waits for the
+    next (its BRPOP is ended with UNBLOCKED, its writes refused with READONLY): the worker lives
+    on, works a job queued once the server is the master again, and the held job comes back."""
+    server = RedisServer(tmp_path / "redis").start()
+    client = server.client()
+    publish = queue.publisher(queue.make_app(Settings.from_env({PREFIX + "REDIS_URL": server.url})), queue.QUEUE)
+    worker = order_worker(server, tmp_path).start()
+    try:
+        publish(Job(GATE, "msg_gate", "agent.session.action_required"))
+        wait_for(lambda: GATE in client.lrange(ORDER, 0, -1), 60, "the worker to take the held job")
+        demote(server)
+        time.sleep(3)  # the worker's reconnects find a replica meanwhile
+        assert worker.alive(), worker.output()[-3000:]
+        promote(server)
+        publish(Job("after", "msg_after", "agent.session.action_required"))
+        wait_for(lambda: "after" in client.lrange(ORDER, 0, -1), 60, "the worker to work a job queued after the flip")
+        wait_for(lambda: client.lrange(ORDER, 0, -1).count(GATE) >= 2, 60, "the held job to come back")
+        assert worker.alive(), worker.output()[-3000:]
+        assert "Unrecoverable error" not in worker.output()
+    finally:
+        worker.stop()
+        client.close()
+        server.stop()
+    assert_no_process_left(tmp_path)
+
+
+def test_a_worker_started_while_redis_is_read_only_works_once_it_is_the_master(tmp_path: Path) -> None:
+    """L17: a worker started against a replica (read-only) does not exit: it keeps trying, and
+    works the queue once the server is the master."""
+    server = RedisServer(tmp_path / "redis").start()
+    client = server.client()
+    demote(server)
+    worker = order_worker(server, tmp_path).start()
+    try:
+        time.sleep(5)  # starting up against a replica
+        assert worker.alive(), worker.output()[-3000:]
+        promote(server)
+        publish = queue.publisher(queue.make_app(Settings.from_env({PREFIX + "REDIS_URL": server.url})), queue.QUEUE)
+        publish(Job("first", "msg_first", "agent.session.action_required"))
+        wait_for(lambda: "first" in client.lrange(ORDER, 0, -1), 60, "the worker to work the job")
+        assert "Unrecoverable error" not in worker.output()
+    finally:
+        worker.stop()
+        client.close()
+        server.stop()
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.timeout(120)
+def test_a_worker_that_gives_up_exits_non_zero(tmp_path: Path) -> None:
+    """A worker that cannot go on (here the webhook queue's key holds a string, not a list:
+    Celery's "Unrecoverable error") exits with a non-zero status, so a supervisor that restarts
+    on failure brings it back (it used to exit 0). The real ``sandbox-controller worker``."""
+    server = RedisServer(tmp_path / "redis").start()
+    with server.client() as client:
+        client.set(queue.QUEUE, "not a list")
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)},
+        PREFIX + "REDIS_URL": server.url,
+        PREFIX + "API_KEY": "sk-worker-exit-test",
+        PREFIX + "EXECUTOR_KEY": "envkey-worker-exit-test",
+        PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
+    }
+    worker = Managed("worker", python_module("controller", "worker", "--concurrency", "1"), env, tmp_path / "w.log")
+    worker.start()
+    try:
+        assert worker.proc is not None
+        code = worker.proc.wait(timeout=90)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        worker.stop()
+        server.stop()
+    assert "Unrecoverable error" in worker.output()
+    assert code == 1, worker.output()[-2000:]
     assert_no_process_left(tmp_path)

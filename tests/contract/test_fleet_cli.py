@@ -16,8 +16,7 @@ import pytest
 import redis
 
 from controller import wiring
-from controller.clock import SystemClock
-from controller.lifecycle import Decision, Verdict
+from controller.decide import Decision, Verdict
 from controller.model import Handle, Record
 from controller.store.base import Lease
 from controller.store.redis import DECISION_TTL_SECONDS, RedisSessionStore
@@ -39,10 +38,11 @@ def run(env: dict[str, str], *args: str) -> Any:
 
 
 def test_decisions_are_noted_and_read_back(server: RedisServer) -> None:
-    """The worker's ``on_decision`` keeps the latest decision per session, with a TTL."""
+    """The worker's ``on_decision`` keeps the latest decision per session, with a TTL, stamped
+    with Redis's clock."""
     client = redis.Redis.from_url(server.url, decode_responses=True)
     store = RedisSessionStore(client, lease_ttl_seconds=5)
-    note = wiring.remember_decisions(store, SystemClock())
+    note = wiring.remember_decisions(store)
     note("sess_noted", Decision(Verdict.START, "connection requested; no sandbox"))
     note("sess_noted", Decision(Verdict.KEEP, "executor is connected"))
     last = store.last_decision("sess_noted")
@@ -83,7 +83,8 @@ def test_status_and_explain_read_and_never_act(
     assert sorted(client.keys("sc:*")) == keys_before
     assert run(env, "status") == {
         "sessions": [],
-        "totals": {"sessions": 0, "by_health": {}, "by_last_verdict": {}},
+        "totals": {"sessions": 0, "by_health": {}, "by_last_verdict": {}, "deletions_held": 0},
+        "not_found_since": {},
     }
 
     # A worker recorded a sandbox (its process has since gone) and noted its decision.
@@ -95,7 +96,7 @@ def test_status_and_explain_read_and_never_act(
     handle = Handle(session.id, "sandbox-gone", 3, uid="999999999", environment_id=environment_id)
     store.save(lease, Record(session.id, environment_id, handle, time.time() - 90))
     store.complete(lease)
-    wiring.remember_decisions(store, SystemClock())(session.id, Decision(Verdict.START, "connection requested"))
+    wiring.remember_decisions(store)(session.id, Decision(Verdict.START, "connection requested"))
     keys_before = sorted(client.keys("sc:*"))
     record_before = client.hgetall(f"sc:rec:{session.id}")
 
@@ -105,7 +106,12 @@ def test_status_and_explain_read_and_never_act(
     assert row["generation"] == 3
     assert row["health"] == "gone" and row["age_seconds"] >= 90
     assert row["last_decision"]["verdict"] == "start"
-    assert status["totals"] == {"sessions": 1, "by_health": {"gone": 1}, "by_last_verdict": {"start": 1}}
+    assert status["totals"] == {
+        "sessions": 1,
+        "by_health": {"gone": 1},
+        "by_last_verdict": {"start": 1},
+        "deletions_held": 0,
+    }
 
     explained = run(env, "explain", session.id)
     assert explained["decision"] == {"verdict": "replace", "reason": "sandbox is gone"}

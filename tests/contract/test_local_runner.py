@@ -12,7 +12,7 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +21,7 @@ from controller import cli, wiring
 from controller.config import Settings
 from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
-from controller.runners.local import LocalRunner, RunAs, session_key
+from controller.runners.local import LocalRunner, RunAs, UidRange, session_key
 from tests.support.codex import codex_binary
 from tests.support.processes import Managed, assert_no_process_left, wait_for
 from tests.support.simulator import StartSimulator
@@ -458,7 +458,7 @@ def test_executor_as_another_user_cannot_read_the_workers_environ_or_secrets(sha
     env = {
         "PATH": os.environ["PATH"],
         "CONTROLLER_API_KEY": CONTROLLER_API_KEY,
-        "CONTROLLER_WEBHOOK_SECRETS": "whsec-must-not-leak",
+        "CONTROLLER_WEBHOOK_SECRETS": "whsec-must-not-leak-0123456789",
         "CONTROLLER_EXECUTOR_KEY": EXECUTOR_KEY,
     }
     worker = Managed(
@@ -522,10 +522,12 @@ def run_worker_cli(
     """``sandbox-controller worker`` with ``env`` (it must refuse before it reaches Redis)."""
     base = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
     base.update(
-        CONTROLLER_REDIS_URL="redis://127.0.0.1:1/0",
-        CONTROLLER_API_KEY=CONTROLLER_API_KEY,
-        CONTROLLER_EXECUTOR_KEY=EXECUTOR_KEY,
-        **env,
+        {
+            "CONTROLLER_REDIS_URL": "redis://127.0.0.1:1/0",
+            "CONTROLLER_API_KEY": CONTROLLER_API_KEY,
+            "CONTROLLER_EXECUTOR_KEY": EXECUTOR_KEY,
+            **env,
+        }
     )
     return subprocess.run(
         [sys.executable, "-m", "controller", "worker"],
@@ -595,13 +597,394 @@ def test_a_worker_that_is_not_root_needs_the_same_user_opt_in(
     assert not (shared_base / "state").exists()
 
     monkeypatch.setenv("CONTROLLER_LOCAL_EXECUTOR_SAME_USER", "true")
-    assert wiring.executor_user(Settings.from_env(os.environ)) is None
+    assert wiring.executor_identity(Settings.from_env(os.environ)) is None
 
     monkeypatch.setattr(os, "geteuid", lambda: 0)
     monkeypatch.delenv("CONTROLLER_LOCAL_EXECUTOR_SAME_USER")
     monkeypatch.setenv("CONTROLLER_LOCAL_EXECUTOR_USER", "root")
     with pytest.raises(ConfigError, match="is root"):
-        wiring.executor_user(Settings.from_env(os.environ))
+        wiring.executor_identity(Settings.from_env(os.environ))
     monkeypatch.setenv("CONTROLLER_LOCAL_EXECUTOR_USER", "no-such-user-here")
     with pytest.raises(ConfigError, match="not a user"):
-        wiring.executor_user(Settings.from_env(os.environ))
+        wiring.executor_identity(Settings.from_env(os.environ))
+
+
+# -- the state directory must be safe all the way down ----------------------------------------
+
+
+@requires_root
+@pytest.mark.parametrize(
+    "flaw",
+    [
+        "a parent owned by the executor user",
+        "a world-writable parent without the sticky bit",
+        "a group-writable parent",
+        "a symlink on the way into a directory the executor user owns",
+    ],
+)
+def test_a_state_directory_below_a_parent_others_control_is_refused(shared_base: Path, flaw: str) -> None:
+    """L2: checking only the state directory's last component let a parent the executor user can
+    write be used to swap the directory for a forged one (a ``sandbox.json`` naming a root-owned
+    process the controller would then signal). Every directory on the way, as written and as its
+    symlinks resolve, must be owned by root or the controller and writable by no one else: the
+    runner raises ConfigError and the worker exits 2, naming the directory, creating nothing."""
+    nobody = pwd.getpwnam("nobody")
+    parent = shared_base / "parent"
+    parent.mkdir(mode=0o755)
+    state = parent / "state"
+    if flaw == "a parent owned by the executor user":
+        os.chown(parent, nobody.pw_uid, nobody.pw_gid)
+        culprit = parent
+    elif flaw == "a world-writable parent without the sticky bit":
+        parent.chmod(0o777)
+        culprit = parent
+    elif flaw == "a group-writable parent":
+        parent.chmod(0o775)
+        culprit = parent
+    else:
+        theirs = shared_base / "theirs"
+        theirs.mkdir(mode=0o755)
+        os.chown(theirs, nobody.pw_uid, nobody.pw_gid)
+        (parent / "link").symlink_to(theirs)
+        state = parent / "link" / "state"
+        culprit = theirs
+    with pytest.raises(ConfigError) as raised:
+        LocalRunner(state, ["unused"], EXECUTOR_KEY)
+    assert any(str(culprit) in problem for problem in raised.value.problems), raised.value.problems
+    result = run_worker_cli({"CONTROLLER_LOCAL_STATE_DIRECTORY": str(state)})
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert f"{culprit} (on the way to the local state directory {state})" in result.stderr
+    assert not state.exists()
+
+
+@requires_root
+def test_a_state_directory_under_a_sticky_world_writable_parent_is_accepted(shared_base: Path) -> None:
+    """L2: like /tmp (root, 1777), a world-writable parent with the sticky bit is safe: others
+    cannot move what they do not own, and the state directory is the controller's. Missing
+    parents are created 0755 whatever the umask."""
+    sticky = shared_base / "sticky"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    old = os.umask(0)
+    try:
+        LocalRunner(sticky / "new" / "state", ["unused"], EXECUTOR_KEY)
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((sticky / "new").stat().st_mode) == 0o755
+    assert stat.S_IMODE((sticky / "new" / "state").stat().st_mode) == 0o700
+
+
+# -- executors beside a Redis without a password ------------------------------------------------
+
+
+@requires_root
+def test_a_worker_refuses_executors_of_another_user_beside_redis_without_a_password(shared_base: Path) -> None:
+    """L2: with executors running as another user on the machine, a Redis URL without a password
+    would give their code the queue, the leases and the mapping as its admin (the README's own
+    example had none): the worker refuses to start (exit 2) naming the opt-out; with a password
+    (in the userinfo or as ``?password=``), with the opt-out, or with executors as the worker's
+    own uid it gets past the check."""
+    state = str(shared_base / "state")
+    bare = run_worker_cli({"CONTROLLER_LOCAL_STATE_DIRECTORY": state, "CONTROLLER_REDIS_URL": "redis://127.0.0.1:1/0"})
+    assert bare.returncode == 2, bare.stdout + bare.stderr
+    assert "CONTROLLER_REDIS_URL has no password while executors run as another user" in bare.stderr
+    assert "CONTROLLER_LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD=true" in bare.stderr
+    assert "Traceback" not in bare.stderr
+    for fine in (
+        {"CONTROLLER_REDIS_URL": "redis://:a-password@127.0.0.1:1/0"},
+        {"CONTROLLER_REDIS_URL": "unix:///nonexistent/redis.sock?password=a-password"},
+        {"CONTROLLER_REDIS_URL": "redis://127.0.0.1:1/0", "CONTROLLER_LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD": "true"},
+        {"CONTROLLER_REDIS_URL": "redis://127.0.0.1:1/0", "CONTROLLER_LOCAL_EXECUTOR_SAME_USER": "true"},
+    ):
+        settings = Settings.from_env({**fine, "CONTROLLER_LOCAL_STATE_DIRECTORY": state})
+        assert not [p for p in wiring.local_runner_problems(settings) if "REDIS_URL" in p], fine
+
+
+# -- one uid per session ---------------------------------------------------------------------------
+
+
+def free_uid_range(size: int) -> UidRange:
+    """``size`` consecutive uids no user or group of this machine has."""
+    import grp
+
+    taken = {e.pw_uid for e in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
+    first = 2_000_000_000
+    while any(uid in taken for uid in range(first, first + size)):
+        first += size
+    return UidRange(first, first + size - 1)
+
+
+# The executor, run as its session's uid: writes a file of its own, then (once the test names
+# its peer) tries what one session's code would try against another, and reports.
+PEER_PROBE = """
+import json, os, signal, sys, time
+env_id = sys.argv[sys.argv.index("--environment-id") + 1]
+with open("history.txt", "a") as history:
+    history.write(f"{{env_id}} uid={{os.getuid()}}\\n")
+print("ready", flush=True)
+targets = {targets!r}
+while not os.path.exists(targets):
+    time.sleep(0.05)
+peer = json.load(open(targets))[env_id]
+results = {{"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups()}}
+def attempt(name, action):
+    try:
+        action()
+        results[name] = "allowed"
+    except PermissionError:
+        results[name] = "denied"
+    except OSError as exc:
+        results[name] = "error " + exc.__class__.__name__
+attempt("list_peer_workspace", lambda: os.listdir(peer["workspace"]))
+attempt("read_peer_file", lambda: open(os.path.join(peer["workspace"], "history.txt")).read())
+attempt("plant_in_peer_workspace", lambda: open(os.path.join(peer["workspace"], "planted.txt"), "w").write("x"))
+attempt("signal_peer", lambda: os.kill(peer["pid"], 0))
+attempt("kill_peer", lambda: os.kill(peer["pid"], signal.SIGKILL))
+attempt("kill_peer_group", lambda: os.killpg(peer["pid"], signal.SIGKILL))
+attempt("peer_environ", lambda: open(f"/proc/{{peer['pid']}}/environ", "rb").read())
+attempt("read_own_history", lambda: open("history.txt").read())
+print("probe=" + json.dumps(results), flush=True)
+time.sleep(120)
+"""
+
+# Detaches a child from its session and group (as a sandbox's code could), then waits.
+DETACHING_EXECUTOR = """
+import os, subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"], start_new_session=True)
+open(os.path.join({pids!r}, str(child.pid)), "w").close()
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+class UidWorld:
+    """A root runner giving each session a uid of ``uids``; everything stopped and discarded after."""
+
+    def __init__(self, base: Path, uids: UidRange, script: str, **fields: str) -> None:
+        self.base, self.uids = base, uids
+        self.state = base / "state"
+        self.pids = base / "pids"
+        self.pids.mkdir(mode=0o777, exist_ok=True)
+        self.pids.chmod(0o1777)
+        self.script = base / "executor.py"
+        self.script.write_text(script.format(pids=str(self.pids), **fields))
+        self.script.chmod(0o644)
+        self.made: list[LocalRunner] = []
+
+    def runner(self) -> LocalRunner:
+        runner = LocalRunner(self.state, [python_for_others(), str(self.script)], EXECUTOR_KEY, run_as=self.uids)
+        self.made.append(runner)
+        return runner
+
+    def directory(self, session_id: str) -> Path:
+        return self.state / "sessions" / session_key(session_id)
+
+    def log(self, session_id: str) -> str:
+        try:
+            return (self.directory(session_id) / "executor.log").read_text()
+        except OSError:
+            return ""
+
+    def ready(self, session_id: str, count: int = 1) -> None:
+        wait_for(lambda: self.log(session_id).count("ready") >= count, 20, f"{session_id}'s executor to start")
+
+    def close(self) -> None:
+        for runner in self.made:
+            runner.stop_all()
+            for session_id in runner.workspaces():
+                runner.discard(session_id)
+        wait_for(lambda: all(not r.live() for r in self.made), 10, "every executor to stop", interval=0.05)
+        for runner in self.made:
+            runner.live()  # reaps the children each one started
+
+
+def process_uid(pid: int) -> int:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("Uid:"))
+    return int(line.split()[1])
+
+
+@pytest.fixture
+def uid_world(shared_base: Path) -> Iterator[Callable[..., UidWorld]]:
+    made: list[UidWorld] = []
+
+    def make(script: str, size: int = 8, **fields: str) -> UidWorld:
+        world = UidWorld(shared_base, free_uid_range(size), script, **fields)
+        made.append(world)
+        return world
+
+    try:
+        yield make
+    finally:
+        for world in made:
+            world.close()
+
+
+@requires_root
+def test_sessions_run_as_uids_of_their_own_and_cannot_reach_each_other(
+    uid_world: Callable[..., UidWorld], shared_base: Path
+) -> None:
+    """L2: with CONTROLLER_LOCAL_EXECUTOR_UIDS each session's executor runs as a uid of its own
+    (gid the same, no supplementary groups), owning its 0700 workspace and home: one session's
+    code can neither list, read nor write another's workspace, nor signal or kill its processes,
+    nor read their environment; its own files are its own."""
+    targets = shared_base / "targets.json"
+    world = uid_world(PEER_PROBE, targets=str(targets))
+    runner = world.runner()
+    a, b = runner.ensure(spec("sess_a", "env_a"), 1), runner.ensure(spec("sess_b", "env_b"), 1)
+    world.ready("sess_a")
+    world.ready("sess_b")
+    uid_a, uid_b = process_uid(pid_of(a)), process_uid(pid_of(b))
+    assert uid_a != uid_b and uid_a in world.uids and uid_b in world.uids
+    for session_id, uid in (("sess_a", uid_a), ("sess_b", uid_b)):
+        for name in ("workspace", "home"):
+            info = (world.directory(session_id) / name).stat()
+            assert (info.st_uid, info.st_gid, stat.S_IMODE(info.st_mode)) == (uid, uid, 0o700)
+    peers = {
+        "env_a": {"workspace": str(world.directory("sess_b") / "workspace"), "pid": pid_of(b)},
+        "env_b": {"workspace": str(world.directory("sess_a") / "workspace"), "pid": pid_of(a)},
+    }
+    targets.write_text(json.dumps(peers))
+    targets.chmod(0o644)
+
+    def probed(session_id: str) -> dict[str, object] | None:
+        line = next((x for x in world.log(session_id).splitlines() if x.startswith("probe=")), None)
+        return json.loads(line.removeprefix("probe=")) if line else None
+
+    for session_id, uid in (("sess_a", uid_a), ("sess_b", uid_b)):
+        results = wait_for(lambda s=session_id: probed(s), 20, "the executor's probe")
+        assert results == {
+            "uid": uid,
+            "gid": uid,
+            "groups": [],
+            "list_peer_workspace": "denied",
+            "read_peer_file": "denied",
+            "plant_in_peer_workspace": "denied",
+            "signal_peer": "denied",
+            "kill_peer": "denied",
+            "kill_peer_group": "denied",
+            "peer_environ": "denied",
+            "read_own_history": "allowed",
+        }, results
+    assert runner.status(a) is Health.RUNNING and runner.status(b) is Health.RUNNING  # both survived
+    assert not (world.directory("sess_a") / "workspace" / "planted.txt").exists()
+
+
+@requires_root
+def test_a_session_keeps_its_uid_across_an_idle_stop_so_its_kept_workspace_stays_usable(
+    uid_world: Callable[..., UidWorld], shared_base: Path
+) -> None:
+    """L11, L16: an idle stop keeps the workspace, whose files the session's uid owns (0600,
+    umask 077): the next sandbox of that session runs as the same uid and goes on with them;
+    only when the workspace is discarded is the uid free again."""
+    world = uid_world(PEER_PROBE, targets=str(shared_base / "never"))
+    runner = world.runner()
+    first = runner.ensure(spec("sess_a", "env_a"), 1)
+    world.ready("sess_a")
+    uid = process_uid(pid_of(first))
+    runner.release(first)  # the idle stop: the workspace stays
+    assert runner.keeps_workspace("sess_a")
+    second = runner.ensure(spec("sess_a", "env_a"), 2)
+    world.ready("sess_a", count=2)
+    assert process_uid(pid_of(second)) == uid
+    history = (world.directory("sess_a") / "workspace" / "history.txt").read_text().splitlines()
+    assert history == [f"env_a uid={uid}", f"env_a uid={uid}"]  # the second appended to the first's file
+    runner.release(second)
+    runner.discard("sess_a")
+    assert not (world.state / "uids" / str(uid)).exists()
+
+
+@requires_root
+def test_concurrent_workers_give_each_session_one_sandbox_and_one_uid(
+    uid_world: Callable[..., UidWorld], shared_base: Path
+) -> None:
+    """L1: four workers (separate runner instances, threads) ensuring six sessions at once, each
+    in its own order: one sandbox per session, each with a uid no other session has."""
+    world = uid_world(PEER_PROBE, size=16, targets=str(shared_base / "never"))
+    runners = [world.runner() for _ in range(4)]
+    sessions = [f"sess_{i}" for i in range(6)]
+    barrier = threading.Barrier(len(runners))
+    handles: dict[str, set[Handle]] = {s: set() for s in sessions}
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def work(index: int, runner: LocalRunner) -> None:
+        barrier.wait()
+        order = sessions[index:] + sessions[:index]
+        for session_id in order:
+            try:
+                handle = runner.ensure(spec(session_id, "env_" + session_id), 1)
+            except BaseException as exc:
+                errors.append(exc)
+                continue
+            with lock:
+                handles[session_id].add(handle)
+
+    threads = [threading.Thread(target=work, args=(i, r)) for i, r in enumerate(runners)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    assert all(len(found) == 1 for found in handles.values()), handles
+    uids = {s: process_uid(pid_of(next(iter(found)))) for s, found in handles.items()}
+    assert len(set(uids.values())) == len(sessions) and all(u in world.uids for u in uids.values())
+    assert len(runners[0].live()) == len(sessions)
+
+
+@requires_root
+def test_stopping_a_sandbox_stops_what_it_detached_and_a_freed_uid_is_reused_clean(
+    uid_world: Callable[..., UidWorld],
+) -> None:
+    """L17, L2: a process the sandbox detached with ``setsid`` (outside its session and group)
+    still runs as the session's uid, so stopping the sandbox stops it too. A uid comes back only
+    once released (the workspace discarded) and after the rest of the range; anything still
+    running as it is killed before the next session gets it; with every uid held, a new
+    session is refused (RunnerRejected), never given a shared one."""
+    world = uid_world(DETACHING_EXECUTOR, size=2)
+    runner = world.runner()
+    a = runner.ensure(spec("sess_a", "env_a"), 1)
+    world.ready("sess_a")
+    uid_a = process_uid(pid_of(a))
+    [detached] = [int(p.name) for p in world.pids.iterdir()]
+    assert session_pids(pid_of(a)) == [pid_of(a)] and process_uid(detached) == uid_a  # outside its session
+    runner.release(a)
+    wait_for(lambda: not Path(f"/proc/{detached}").exists(), 10, "the detached process to be stopped too")
+
+    b = runner.ensure(spec("sess_b", "env_b"), 1)
+    uid_b = process_uid(pid_of(b))
+    assert uid_b != uid_a  # sess_a still holds its uid: its workspace is kept
+    with pytest.raises(RunnerRejected, match="every uid of CONTROLLER_LOCAL_EXECUTOR_UIDS"):
+        runner.ensure(spec("sess_c", "env_c"), 1)
+
+    runner.discard("sess_a")  # the uid is free again
+    straggler = subprocess.Popen(
+        ["sleep", "120"], user=uid_a, group=uid_a, extra_groups=[], start_new_session=True, cwd="/"
+    )
+    try:
+        c = runner.ensure(spec("sess_c", "env_c"), 1)
+        assert process_uid(pid_of(c)) == uid_a
+        wait_for(lambda: straggler.poll() is not None, 10, "the straggler of the freed uid to be killed")
+        assert straggler.returncode == -signal.SIGKILL
+    finally:
+        if straggler.poll() is None:
+            straggler.kill()
+            straggler.wait()
+
+
+@requires_root
+def test_an_executor_uid_range_is_checked_at_start(shared_base: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A range that holds an account of this machine (executors would run as that user), a
+    worker that is not root, or a range given together with another way of naming the executor
+    user is refused at start, naming the setting."""
+    for key in [k for k in os.environ if k.startswith("CONTROLLER_")]:
+        monkeypatch.delenv(key)
+    nobody = pwd.getpwnam("nobody")
+    overlapping = Settings.from_env({"CONTROLLER_LOCAL_EXECUTOR_UIDS": f"{nobody.pw_uid}-{nobody.pw_uid + 10}"})
+    with pytest.raises(ConfigError, match=r"uid \d+ \(user 'nobody'\)"):
+        wiring.executor_identity(overlapping)
+    fine = free_uid_range(100)
+    settings = Settings.from_env({"CONTROLLER_LOCAL_EXECUTOR_UIDS": f"{fine.first}-{fine.last}"})
+    assert wiring.executor_identity(settings) == fine
+    monkeypatch.setattr(os, "geteuid", lambda: 4242)
+    with pytest.raises(ConfigError, match="needs the worker to run as root"):
+        wiring.executor_identity(settings)

@@ -1,8 +1,9 @@
 """Webhook jobs never wait behind maintenance: a real Celery worker on a real redis-server
 takes the webhook queue first (``controller.queue``).
 
-The sweep's jobs are published as the scheduler publishes them (``queue.batch_publisher``: one
-pipeline per batch), so this also proves a real worker consumes those messages. The worker is
+The sweep's jobs are published as the scheduler publishes them (``queue.fenced_publisher``: one
+push of task messages per batch, made under the leader's term), so this also proves a real
+worker consumes those messages. The worker is
 the product's app and worker arguments with a task that records the order it
 works sessions in (``tests.support.order_worker``), one pool process. The first maintenance job
 holds that process until the test releases it, so the order is decided by the queues alone.
@@ -16,6 +17,7 @@ from pathlib import Path
 from controller import queue
 from controller.config import PREFIX, Settings
 from controller.inbox import Job
+from controller.scheduler import LEADER_KEY
 from tests.support.order_worker import GATE, ORDER, RELEASE
 from tests.support.processes import Managed, assert_no_process_left, python_module, wait_for
 from tests.support.redis_server import RedisServer
@@ -32,7 +34,9 @@ def test_webhook_jobs_published_after_a_sweep_are_worked_before_it(server: Redis
     maintenance = queue.publisher(app, queue.MAINTENANCE_QUEUE)
     webhook = queue.publisher(app, queue.QUEUE)
     maintenance(Job(GATE, "", "reconcile"))
-    queue.batch_publisher(client, queue.MAINTENANCE_QUEUE)([Job(f"sweep-{n}", "", "reconcile") for n in range(SWEEP)])
+    client.set(LEADER_KEY, "the-term")  # as a leading scheduler holds it
+    publish_sweep = queue.fenced_publisher(client, queue.MAINTENANCE_QUEUE, LEADER_KEY)
+    publish_sweep([Job(f"sweep-{n}", "", "reconcile") for n in range(SWEEP)], "the-term")
     root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, PREFIX + "REDIS_URL": server.url, "PYTHONPATH": root, "SANDBOX_TEST_DIR": str(tmp_path)}
     worker = Managed("worker", python_module("tests.support.order_worker"), env, tmp_path / "worker.log", cwd=tmp_path)

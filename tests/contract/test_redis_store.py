@@ -19,7 +19,7 @@ import redis
 
 from controller import lifecycle
 from controller.clock import FakeClock
-from controller.errors import Fenced, QueueUnavailable, StoreUnavailable
+from controller.errors import Fenced, StoreUnavailable
 from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
 from controller.model import Handle, Record, Session
@@ -506,9 +506,9 @@ def job_for(sid: str, webhook_id: str | None = None) -> Job:
 
 
 @contextlib.asynccontextmanager
-async def inbox_of(url: str, sid: str, wait_seconds: float = 5.0) -> AsyncIterator[RedisInbox]:
+async def inbox_of(url: str, sid: str) -> AsyncIterator[RedisInbox]:
     """An inbox on a fresh asyncio client, queueing to a list of the test's own, closed after use."""
-    inbox = RedisInbox(connect_async(url), queue_of(sid), dedup_ttl_seconds=3600, wait_seconds=wait_seconds)
+    inbox = RedisInbox(connect_async(url), queue_of(sid), dedup_ttl_seconds=3600)
     try:
         yield inbox
     finally:
@@ -560,34 +560,6 @@ def test_concurrent_copies_of_one_delivery_queue_once(server: RedisServer, clien
     assert sorted(outcomes) == sorted([Outcome.ENQUEUED] + [Outcome.DUPLICATE] * 19)
     assert queued_sessions(client, sid) == [sid]
     assert client.get(f"sc:want:{sid}") == "1"
-
-
-def test_a_pending_claim_of_an_earlier_receiver_is_not_acknowledged(
-    server: RedisServer, client: redis.Redis, sid: str
-) -> None:
-    """L5: while a receiver of the earlier design (claim, then publish) is still enqueueing a
-    delivery, a copy is answered Transient (503), never a 2xx; once it is done, a duplicate."""
-    job = job_for(sid)
-    client.set(f"sc:seen:{job.webhook_id}", "pending", px=30_000)
-
-    async def waits() -> None:
-        async with inbox_of(server.url, sid, wait_seconds=0.2) as inbox:
-            await inbox.submit(job)
-
-    with pytest.raises(QueueUnavailable):
-        asyncio.run(waits())
-    assert queued_sessions(client, sid) == []
-    assert client.get(f"sc:want:{sid}") is None
-
-    async def after_it_finished() -> Outcome:
-        async with inbox_of(server.url, sid) as inbox:
-            submitted = asyncio.ensure_future(inbox.submit(job))
-            await asyncio.sleep(0.2)
-            client.set(f"sc:seen:{job.webhook_id}", "done", ex=3600)
-            return await submitted
-
-    assert asyncio.run(after_it_finished()) is Outcome.DUPLICATE
-    assert queued_sessions(client, sid) == []
 
 
 def test_a_push_that_fails_leaves_the_work_wanted_and_the_id_unremembered(

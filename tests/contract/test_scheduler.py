@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import redis
 
-from controller import scheduler
+from controller import queue, scheduler
 from controller.config import Settings
-from controller.errors import StoreUnavailable
+from controller.errors import LeadershipLost, StoreUnavailable
 from controller.inbox import Job
 from controller.model import Handle, PoolState, Record, SandboxSpec
 from controller.scheduler import LEADER_KEY, Leadership
@@ -54,55 +54,134 @@ def clients(server: RedisServer) -> Iterator[Callable[[], redis.Redis]]:
 
 def test_only_one_leadership_holds_at_a_time(clients: Callable[[], redis.Redis]) -> None:
     """L17/L18: two schedulers never sweep at once: the second cannot take the key while it is held."""
-    first, second = Leadership(clients(), ttl_seconds=5), Leadership(clients(), ttl_seconds=5)
-    assert first.hold() is True
+    first, second = Leadership(clients()), Leadership(clients())
+    assert first.attempt() is True
+    term = first.term()
     for _ in range(5):
-        assert second.hold() is False
-        assert first.hold() is True
+        assert second.attempt() is False and second.term() is None
+        assert first.attempt() is True
+    assert first.term() == term  # renewals keep the term
 
 
-def test_the_holder_renews(clients: Callable[[], redis.Redis]) -> None:
-    """L17: a holder that renews keeps leadership well past one TTL; each renewal resets the TTL."""
+def test_the_holder_renews_the_lease(clients: Callable[[], redis.Redis]) -> None:
+    """L17: a holder that renews keeps leadership well past one lease; each renewal resets it."""
     client = clients()
-    holder, other = Leadership(client, ttl_seconds=1.0), Leadership(clients(), ttl_seconds=1.0)
-    assert holder.hold()
-    deadline = time.monotonic() + 2.5  # 2.5 TTLs
+    holder, other = Leadership(client, 1.0, 0.6, 0.2), Leadership(clients(), 1.0, 0.6, 0.2)
+    assert holder.attempt()
+    deadline = time.monotonic() + 2.5  # 2.5 leases
     while time.monotonic() < deadline:
         time.sleep(0.2)
-        assert holder.hold() is True
+        assert holder.attempt() is True
         assert 800 < int(client.pttl(LEADER_KEY)) <= 1000  # type: ignore[arg-type]
-        assert other.hold() is False
+        assert other.attempt() is False
 
 
 def test_another_takes_over_after_the_holder_stops_renewing(clients: Callable[[], redis.Redis]) -> None:
-    """L17: a holder that stopped (crashed, lost Redis) is replaced once its TTL has passed, not before."""
-    holder, other = Leadership(clients(), ttl_seconds=0.6), Leadership(clients(), ttl_seconds=0.6)
-    assert holder.hold()
+    """L17: a holder that stopped (crashed, lost Redis) is replaced once its lease has passed, not
+    before; the new leader's term is a new one, and the old holder finds the key taken."""
+    holder, other = Leadership(clients(), 0.6, 0.4, 0.1), Leadership(clients(), 0.6, 0.4, 0.1)
+    assert holder.attempt()
     stopped = time.monotonic()
-    assert other.hold() is False
-    wait_for(other.hold, timeout=5, what="the other scheduler to take over", interval=0.05)
+    assert other.attempt() is False
+    wait_for(other.attempt, timeout=5, what="the other scheduler to take over", interval=0.05)
     assert time.monotonic() - stopped >= 0.5
-    assert holder.hold() is False  # the old holder finds the key taken: it stands by
-    assert other.hold() is True
+    assert holder.attempt() is False and holder.term() is None  # it stands by
+    assert other.term() not in (None, holder.term())
 
 
-def test_hold_raises_store_unavailable_when_redis_is_stopped(tmp_path: Path) -> None:
-    """L17/L18: with Redis away nobody can prove leadership: hold() raises StoreUnavailable
+def test_a_leader_that_cannot_renew_stops_acting_before_its_lease_lapses(clients: Callable[[], redis.Redis]) -> None:
+    """Leader election as client-go does it: a leader counts itself the leader only until its
+    renew deadline (measured from sending its last renewal), which comes before its lease ends,
+    so it has stopped acting while no standby can take over yet. Once it can renew again it
+    leads in a new term (its old one may be fenced already)."""
+    now = [1000.0]
+    client = clients()
+    leader = Leadership(client, lease_seconds=30, renew_deadline_seconds=20, retry_seconds=1, clock=lambda: now[0])
+    standby = Leadership(clients(), lease_seconds=30, renew_deadline_seconds=20, retry_seconds=1)
+    assert leader.attempt()
+    term = leader.term()
+    assert term is not None and leader.leads(term)
+    now[0] += 19.9  # no renewal got through meanwhile (Redis away, the process starved)
+    assert leader.term() == term
+    now[0] += 0.2  # the renew deadline has passed
+    assert leader.term() is None and not leader.leads(term)  # acts no more ...
+    assert int(client.pttl(LEADER_KEY)) > 5000  # type: ignore[arg-type]  # ... though its lease still runs:
+    assert standby.attempt() is False  # no standby can take over yet
+    assert leader.attempt() is True  # Redis answers again: a new term
+    assert leader.term() not in (None, term)
+
+
+def test_a_stopped_leadership_gives_the_lead_up_at_once(clients: Callable[[], redis.Redis]) -> None:
+    """A scheduler that stops (deploy, scale-in) releases the key: the standby need not wait a lease."""
+    client = clients()
+    leader = Leadership(client).start()
+    assert leader.term() is not None  # the first attempt is made before ``start`` returns
+    standby = Leadership(clients())
+    assert standby.attempt() is False
+    leader.stop()
+    assert client.get(LEADER_KEY) is None
+    assert standby.attempt() is True
+
+
+def test_renewal_runs_on_its_own_thread_whatever_the_round_does(clients: Callable[[], redis.Redis]) -> None:
+    """The lease is renewed every retry period by a thread of its own: a leader busy for many
+    leases (a long round) keeps its term, and a standby trying all along never takes over."""
+    leader = Leadership(clients(), 0.6, 0.4, 0.1).start()
+    standby = Leadership(clients(), 0.6, 0.4, 0.1).start()
+    try:
+        term = leader.term()
+        assert term is not None
+        deadline = time.monotonic() + 3.0  # five leases
+        while time.monotonic() < deadline:
+            assert leader.term() == term and standby.term() is None
+            time.sleep(0.05)
+    finally:
+        leader.stop()
+        standby.stop()
+
+
+def test_attempt_raises_store_unavailable_when_redis_is_stopped(tmp_path: Path) -> None:
+    """L17/L18: with Redis away nobody can prove leadership: attempt() raises StoreUnavailable
     (not False, which would read as "another scheduler is active"), quickly."""
     own = RedisServer(tmp_path / "redis").start()
     client = connect(own.url, timeout_seconds=1.0)
     try:
-        leadership = Leadership(client, ttl_seconds=30)
-        assert leadership.hold() is True
+        leadership = Leadership(client)
+        assert leadership.attempt() is True
         own.stop()
         started = time.monotonic()
         for _ in range(2):
             with pytest.raises(StoreUnavailable):
-                leadership.hold()
+                leadership.attempt()
+        assert leadership.unreachable is not None
         assert time.monotonic() - started < 30
     finally:
         client.close()
         own.stop()
+
+
+def test_the_fenced_publisher_pushes_only_for_the_current_term(clients: Callable[[], redis.Redis]) -> None:
+    """Every leader action carries the leadership's term: a push made under a term that no longer
+    holds the leader key (it lapsed and another leads, however late the push arrives) queues
+    nothing and raises ``LeadershipLost``; the current leader's pushes go through, in batches."""
+    client = clients()
+    publish = queue.fenced_publisher(client, "test:fenced", LEADER_KEY, batch=2)
+    first = Leadership(client, 0.6, 0.4, 0.1)
+    assert first.attempt()
+    old = first.term()
+    assert old is not None
+    publish([Job(f"sess_{n}", "", "timer") for n in range(3)], old)
+    assert client.llen("test:fenced") == 3
+    client.delete(LEADER_KEY)  # the lease lapsed ...
+    second = Leadership(clients(), 0.6, 0.4, 0.1)
+    assert second.attempt()  # ... and another took over
+    new = second.term()
+    assert new is not None and new != old
+    with pytest.raises(LeadershipLost):
+        publish([Job("sess_late", "", "timer")], old)
+    assert client.llen("test:fenced") == 3
+    publish([Job("sess_new", "", "timer")], new)
+    assert client.llen("test:fenced") == 4
 
 
 # --- run -----------------------------------------------------------------------------------
@@ -128,6 +207,15 @@ def map_session(store: RedisSessionStore, session_id: str) -> None:
     assert store.complete(lease) is None
 
 
+def recorder(published: list[Job]) -> scheduler.Publish:
+    """A ``Publish`` that keeps the jobs in order (the term they came under is the leader's)."""
+
+    def publish(jobs: Sequence[Job], term: str) -> None:
+        published.extend(jobs)
+
+    return publish
+
+
 class Scheduler:
     """One ``scheduler.run`` in a thread, with its own connection, store and publish list."""
 
@@ -136,7 +224,7 @@ class Scheduler:
         client: redis.Redis,
         runner: FakeRunner,
         requeue_after: float = 15.0,
-        publish: Callable[[Job], None] | None = None,
+        publish: scheduler.Publish | None = None,
         watch: FakeWatch | None = None,
     ) -> None:
         self.client = client
@@ -146,7 +234,7 @@ class Scheduler:
         self.stop = threading.Event()
         self.thread = threading.Thread(
             target=scheduler.run,
-            args=(settings(), self.store, runner, client, publish or self.published.append, self.stop),
+            args=(settings(), self.store, runner, client, publish or recorder(self.published), self.stop),
             kwargs={"watch": watch, "on_pools": self.pools_seen.append},
             daemon=True,
         )
@@ -298,7 +386,7 @@ def test_the_leader_enqueues_what_the_pod_watch_names_and_leaves_watched_sandbox
     stop = threading.Event()
     thread = threading.Thread(
         target=scheduler.run,
-        args=(settings(), store, runner, client, published.append, stop),
+        args=(settings(), store, runner, client, recorder(published), stop),
         kwargs={"watch": watch},
         daemon=True,
     )
@@ -307,7 +395,7 @@ def test_the_leader_enqueues_what_the_pod_watch_names_and_leaves_watched_sandbox
     standby_client = clients()
     standby = threading.Thread(
         target=scheduler.run,
-        args=(settings(), RedisSessionStore(standby_client, 30), runner, standby_client, published.append, stop),
+        args=(settings(), RedisSessionStore(standby_client, 30), runner, standby_client, recorder(published), stop),
         kwargs={"watch": standby_watch},
         daemon=True,
     )
@@ -354,27 +442,30 @@ def test_second_scheduler_stands_by_while_the_first_leads(
     assert all(r == expected for r in rounds(first.published, len(expected)))
 
 
-def test_leadership_lasts_three_intervals_so_it_never_lapses_between_renewals(
+def test_the_leaders_key_is_renewed_every_retry_period(
     clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
 ) -> None:
-    """L17: the leader's key is set for three intervals each round, renewed one interval apart."""
+    """L17: while a scheduler leads, its key never has less than a lease minus a retry period
+    (and some slack for a loaded machine) left: it never comes near lapsing between renewals."""
     _, runner = sessions
     client = clients()
     leader = Scheduler(client, runner).start()
     try:
         wait_for(lambda: leader.published, timeout=5, what="the scheduler to lead")
-        # More than one interval always remains: the next renewal comes before the key lapses.
-        assert INTERVAL * 1000 < int(client.pttl(LEADER_KEY)) <= 3 * INTERVAL * 1000  # type: ignore[arg-type]
+        lease_ms, retry_ms = scheduler.LEASE_SECONDS * 1000, scheduler.RETRY_SECONDS * 1000
+        for _ in range(10):
+            assert lease_ms - retry_ms - 500 < int(client.pttl(LEADER_KEY)) <= lease_ms  # type: ignore[arg-type]
+            time.sleep(0.2)
     finally:
         leader.halt()
-    for interval in (1.0, 30.0, 300.0, 3600.0):  # the default is 300 s: the key must outlive the wait
-        assert scheduler.leadership_ttl_seconds(interval) == 3 * interval
+    assert scheduler.RETRY_SECONDS < scheduler.RENEW_DEADLINE_SECONDS < scheduler.LEASE_SECONDS
 
 
 def test_standby_scheduler_takes_over_when_the_leader_stops(
     clients: Callable[[], redis.Redis], sessions: tuple[list[str], FakeRunner]
 ) -> None:
-    """L17: when the leader stops, the standby sweeps after the leader's key lapses (3 intervals)."""
+    """L17: when the leader stops, it gives the key up and the standby sweeps at once (within a
+    retry period and a round, not a lease)."""
     expected, runner = sessions
     first = Scheduler(clients(), runner).start()
     wait_for(lambda: first.published, timeout=5, what="the first scheduler to lead")
@@ -386,7 +477,7 @@ def test_standby_scheduler_takes_over_when_the_leader_stops(
         led = len(first.published)
         stopped = time.monotonic()
         wait_for(lambda: second.published, timeout=10, what="the standby to take over")
-        assert time.monotonic() - stopped < 3 * INTERVAL + 2 * INTERVAL  # TTL plus at most one wait
+        assert time.monotonic() - stopped < scheduler.LEASE_SECONDS  # released: no lease to wait out
         wait_for(lambda: len(second.published) >= len(expected), timeout=5, what="a full sweep")
     finally:
         first.halt()
@@ -436,8 +527,8 @@ def test_scheduler_survives_redis_stopping_mid_run_and_says_why(
     client = connect(own.url, timeout_seconds=1.0)
     broker = connect(own.url, timeout_seconds=1.0)
 
-    def publish(job: Job) -> None:  # a broker on the same Redis, as in production
-        broker.rpush("test:published", job.session_id)
+    def publish(jobs: Sequence[Job], term: str) -> None:  # a broker on the same Redis, as in production
+        broker.rpush("test:published", *(job.session_id for job in jobs))
 
     try:
         store = RedisSessionStore(client, lease_ttl_seconds=30)
@@ -500,3 +591,74 @@ def test_only_the_leader_tends_the_warm_pools(clients: Callable[[], redis.Redis]
     finally:
         first.halt()
         second.halt()
+
+
+# --- long rounds ---------------------------------------------------------------------------
+
+
+class SlowRunner(FakeRunner):
+    """The fake runner, whose listing of the sandboxes takes ``seconds`` (a slow API server):
+    each listing's start and end are kept, by the name it was given."""
+
+    def __init__(self, name: str, seconds: float, listings: list[tuple[str, float, float]]) -> None:
+        super().__init__()
+        self.name, self.seconds, self.listings = name, seconds, listings
+
+    def list_managed(self) -> list[Handle]:
+        started = time.monotonic()
+        time.sleep(self.seconds)
+        self.listings.append((self.name, started, time.monotonic()))
+        return super().list_managed()
+
+
+def test_a_round_longer_than_the_lease_keeps_one_leader(clients: Callable[[], redis.Redis]) -> None:
+    """L17/L18: the leader's round takes four leases (a sweep whose listing is slow); its lease is
+    renewed meanwhile, so the standby never leads: only one scheduler ever sweeps. (Renewed
+    once a round, as before, the lease lapsed three seconds into the round and the standby
+    swept alongside.)"""
+    listings: list[tuple[str, float, float]] = []
+    round_seconds = 4 * scheduler.LEASE_SECONDS
+    first = Scheduler(clients(), SlowRunner("first", round_seconds, listings)).start()
+    wait_for(lambda: first.store.session_ids() is not None and listings == [] and first.thread.is_alive(), 5, "start")
+    time.sleep(0.5)  # the first leads (its round is under way)
+    second = Scheduler(clients(), SlowRunner("second", round_seconds, listings)).start()
+    try:
+        wait_for(lambda: len(listings) >= 2, 3 * round_seconds, "two of the leader's rounds")
+    finally:
+        first.halt()
+        second.halt()
+    assert {name for name, _, _ in listings} == {"first"}, listings
+    assert second.published == []
+
+
+def test_a_leader_publishes_due_timers_batch_by_batch_and_stops_when_its_term_ends(
+    clients: Callable[[], redis.Redis],
+) -> None:
+    """10,000 due timers are published in batches (one push of 500 jobs each, not one publish
+    per job), each under the leader's term; when another process takes the lead mid-drain
+    (after the second batch here), the push in flight is refused and no further batch is taken or
+    pushed: the timers left are left to the new leader, and what was taken but refused stays
+    wanted (the recovery pass enqueues it)."""
+    client = clients()
+    due = time.time() * 1000 - 1000
+    client.zadd("sc:timers", {f"sess_due{n}": due for n in range(10_000)})
+    fenced = queue.fenced_publisher(client, "test:timers", LEADER_KEY)
+    pushes: list[int] = []
+
+    def publish(jobs: Sequence[Job], term: str) -> None:
+        pushes.append(len(jobs))
+        if len(pushes) == 3:
+            client.set(LEADER_KEY, "another-scheduler", px=60_000)  # another process took the lead
+        fenced(jobs, term)
+
+    one = Scheduler(clients(), FakeRunner(), publish=publish).start()
+    try:
+        wait_for(lambda: len(pushes) >= 3, 20, "the third batch")
+        time.sleep(3 * scheduler.RETRY_SECONDS + 1)  # the leader finds the key taken; it acts no more
+        assert one.thread.is_alive()
+    finally:
+        one.halt()
+    assert pushes[:3] == [500, 500, 500]
+    assert client.llen("test:timers") == 1000  # the third push was refused
+    assert len(pushes) == 3
+    assert client.zcard("sc:timers") == 10_000 - 1500  # no batch taken after the refusal

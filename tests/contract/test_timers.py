@@ -8,7 +8,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -135,10 +135,14 @@ def test_the_active_scheduler_fires_due_timers_through_the_queue(server: RedisSe
     settle(store, lease)
     published: list[Job] = []
     stops = [threading.Event(), threading.Event()]
+
+    def publish(jobs: Sequence[Job], term: str) -> None:
+        published.extend(jobs)
+
     threads = [
         threading.Thread(
             target=scheduler.run,
-            args=(_settings(), store_of(connect(server.url)), FakeRunner(), connect(server.url), published.append, s),
+            args=(_settings(), store_of(connect(server.url)), FakeRunner(), connect(server.url), publish, s),
             daemon=True,
         )
         for s in stops

@@ -10,17 +10,16 @@ import stat
 import subprocess
 import sys
 import time
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import openai
 import pytest
 
 from controller.events import HANDLED_TYPES
-from controller.signing import Verifier, sign_headers
-from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
+from controller.signing import Verifier
+from tests.support.processes import assert_no_process_left, wait_for
+from tests.support.receiver import Receiver
 from tests.support.redis_server import RedisServer
 from tests.support.simulator import SimulatorProcess, StartSimulator, WebhookReceiver, new_webhook_secret
 
@@ -32,60 +31,19 @@ class Cli:
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
         self.env.update(CONTROLLER_API_KEY=simulator.api_key, CONTROLLER_API_BASE_URL=simulator.base_url)
 
-    def __call__(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    def __call__(self, *args: str | bytes, check: bool = True, umask: int = -1) -> subprocess.CompletedProcess[str]:
         done = subprocess.run(
-            [sys.executable, "-m", "controller", "webhook", *args],
+            [sys.executable.encode(), b"-m", b"controller", b"webhook", *(os.fsencode(a) for a in args)],
             env=self.env,
             capture_output=True,
             text=True,
             timeout=60,
+            umask=umask,
+            stdin=subprocess.DEVNULL,
         )
         if check:
             assert done.returncode == 0, done.stdout + done.stderr
         return done
-
-
-class Receiver:
-    """``sandbox-controller serve`` reading its secrets from a file, as the chart mounts them."""
-
-    def __init__(self, directory: Path, redis: RedisServer, secrets_file: Path) -> None:
-        self.directory, self.redis, self.secrets_file = directory, redis, secrets_file
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}/webhooks"
-        self.process: Managed | None = None
-
-    def start(self) -> Receiver:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-        env.update(CONTROLLER_REDIS_URL=self.redis.url, CONTROLLER_WEBHOOK_SECRETS_FILE=str(self.secrets_file))
-        argv = python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(self.port))
-        self.process = Managed("receiver", argv, env, self.directory / "receiver.log").start()
-        wait_for(lambda: port_open(self.port), 30, "the receiver to listen")
-        return self
-
-    def restart(self) -> None:
-        self.stop()
-        self.start()
-
-    def stop(self) -> None:
-        if self.process is not None:
-            self.process.stop()
-
-    def post_signed(self, secret: str) -> int:
-        """A delivery signed with ``secret`` alone; the receiver's status."""
-        body = json.dumps(
-            {
-                "id": f"evt_{uuid.uuid4().hex}",
-                "object": "event",
-                "created_at": int(time.time()),
-                "type": "agent.session.action_required",
-                "data": {"id": f"sess_{uuid.uuid4().hex}", "required_action": {"type": "function_call"}},
-            }
-        ).encode()
-        headers = {
-            "content-type": "application/json",
-            **sign_headers(secret, f"wh_{uuid.uuid4().hex}", int(time.time()), body),
-        }
-        return httpx.post(self.url, content=body, headers=headers, timeout=10).status_code
 
 
 @pytest.fixture
@@ -286,3 +244,133 @@ def test_api_failures_are_reported_by_what_to_do(world: tuple[SimulatorProcess, 
     bad = cli("register", "--url", "ftp://nowhere", check=False)
     assert bad.returncode == 1 and "ApiRejected" in bad.stderr and "400" in bad.stderr
     assert cli("register", "--url", receiver.url, "--secret-file", str(secrets_file)).returncode == 0
+
+
+# -- a secret is never lost; every error is one line --------------------------------------------
+
+
+def one_line_error(done: subprocess.CompletedProcess[str]) -> str:
+    """The command failed with a single line on stderr, no traceback."""
+    assert done.returncode != 0, done.stdout + done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("sandbox-controller: "), done.stderr
+    return lines[0]
+
+
+def test_register_proves_the_secret_file_writable_before_it_creates_the_endpoint(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path], tmp_path: Path
+) -> None:
+    """A --secret-file that cannot be written (its directory is a file; the path is a directory
+    or a FIFO) is refused in one line before the API is asked: no endpoint is created, so no
+    secret shown only once is lost, and a second register with a good path gets it."""
+    simulator, cli, receiver, secrets_file = world
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    fifo = tmp_path / "a-fifo"
+    os.mkfifo(fifo)
+    for bad, reason in (
+        (blocker / "secrets", "is not a directory"),
+        (directory, "is a directory, not a regular file"),
+        (fifo, "is a FIFO, not a regular file"),
+    ):
+        done = cli("register", "--url", receiver.url, "--secret-file", str(bad), check=False)
+        line = one_line_error(done)
+        assert done.returncode == 2 and reason in line and "cannot write the secrets" in line, line
+        assert list(simulator.openai().webhooks.list()) == []  # the API was never asked
+    cli("register", "--url", receiver.url, "--secret-file", str(secrets_file))
+    assert secrets_file.read_text().startswith("whsec_")
+
+
+def test_under_umask_000_a_new_secret_directory_is_0700_and_the_file_0600(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path], tmp_path: Path
+) -> None:
+    """The secret file is written atomically with mode 0600 and a directory it creates is 0700,
+    whatever the umask (under umask 000 the directory was 0777); so does `rotate`."""
+    _, cli, receiver, _ = world
+    target = tmp_path / "new" / "nested" / "webhook-secrets"
+    cli("register", "--url", receiver.url, "--secret-file", str(target), umask=0)
+    for directory in (tmp_path / "new", tmp_path / "new" / "nested"):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700, directory
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600
+    cli("rotate", "--url", receiver.url, "--secret-file", str(target), umask=0)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o600 and target.read_text().count(",") == 1
+    assert [p.name for p in target.parent.iterdir()] == [target.name]  # no partial file left behind
+
+
+@pytest.mark.parametrize("command", ["register", "rotate"])
+def test_a_secret_that_cannot_be_saved_after_all_is_shown_once_with_the_reason(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path],
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    command: str,
+) -> None:
+    """If writing the secret fails after the API made it (here: the disk is full when the file
+    is moved into place), the command prints it once, with the reason on stderr, and exits 1; a later
+    `register` says the file holds none and how to get a new one. Before, it crashed and the
+    secret was neither shown nor saved."""
+    import errno
+
+    from controller import cli as controller_cli
+
+    simulator, _, receiver, secrets_file = world
+    for key in [k for k in os.environ if k.startswith("CONTROLLER_")]:
+        monkeypatch.delenv(key)
+    monkeypatch.setenv("CONTROLLER_API_KEY", simulator.api_key)
+    monkeypatch.setenv("CONTROLLER_API_BASE_URL", simulator.base_url)
+    if command == "rotate":
+        assert controller_cli.main(["webhook", "register", "--url", receiver.url]) == 0
+    capsys.readouterr()
+
+    replace = os.replace
+
+    def disk_full(source: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
+        if Path(target) == secrets_file:  # the secret's last step into place
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(target))
+        replace(source, target)
+
+    monkeypatch.setattr(os, "replace", disk_full)
+    argv = ["webhook", command, "--url", receiver.url, "--secret-file", str(secrets_file)]
+    assert controller_cli.main(argv) == 1
+    out, err = capsys.readouterr()
+    [reason] = err.strip().splitlines()
+    assert "could not save the" in reason and "No space left on device" in reason
+    shown = [line for line in out.splitlines() if line.startswith("whsec_")]
+    assert len(shown) == 1
+    hint = simulator.openai().webhooks.list().data[0].signing_secret_hint
+    assert hint is not None and hint.endswith(shown[0].split(",")[0][-4:])  # the API's current secret
+    assert not secrets_file.exists()
+    monkeypatch.undo()
+    monkeypatch.setenv("CONTROLLER_API_KEY", simulator.api_key)
+    monkeypatch.setenv("CONTROLLER_API_BASE_URL", simulator.base_url)
+    assert controller_cli.main(["webhook", "register", "--url", receiver.url, "--secret-file", str(secrets_file)]) == 0
+    assert "holds no secret; if it was lost, `webhook rotate` makes a new one" in capsys.readouterr().out
+
+
+def test_every_cli_error_is_one_line_never_a_traceback(
+    world: tuple[SimulatorProcess, Cli, Receiver, Path], tmp_path: Path
+) -> None:
+    """`--kube-secret` without any kubeconfig, `rotate --finish` on a directory or a FIFO
+    (refused without blocking), and a URL or id holding a lone surrogate (bytes that are not
+    UTF-8 on the command line): each is one clear line and a non-zero exit, and nothing is
+    created at the API."""
+    simulator, cli, receiver, _ = world
+    cli.env.update(KUBECONFIG=str(tmp_path / "no-kubeconfig"), HOME=str(tmp_path))
+    cli.env.pop("KUBERNETES_SERVICE_HOST", None)
+    kube = one_line_error(cli("register", "--url", receiver.url, "--kube-secret", "ns/name", check=False))
+    assert "--kube-secret needs a kubeconfig" in kube
+    directory = tmp_path / "a-directory"
+    directory.mkdir()
+    fifo = tmp_path / "a-fifo"
+    os.mkfifo(fifo)
+    assert "is a directory" in one_line_error(cli("rotate", "--finish", "--secret-file", str(directory), check=False))
+    assert "is a FIFO" in one_line_error(cli("rotate", "--finish", "--secret-file", str(fifo), check=False))
+    surrogate = receiver.url.encode() + b"/\xff"
+    assert "--url holds bytes that are not UTF-8 text" in one_line_error(
+        cli("register", "--url", surrogate, check=False)
+    )
+    assert "--url holds bytes" in one_line_error(cli("rotate", "--url", surrogate, check=False))
+    assert "--id holds bytes" in one_line_error(cli("delete", "--id", b"we_\xfe", check=False))
+    assert "holds control characters" in one_line_error(cli("test", "--url", receiver.url + "\n", check=False))
+    assert list(simulator.openai().webhooks.list()) == []

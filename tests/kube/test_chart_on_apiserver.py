@@ -33,6 +33,7 @@ from kubernetes.dynamic import DynamicClient
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
 from controller.runners.kubernetes import names
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod, make_warm_pod
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.watch import PodWatch
@@ -143,8 +144,8 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
     creates (namespaced objects cannot even be dry-run into a namespace that does not exist;
     NamespaceLifecycle admission refuses them). When the values say the chart does not create
     it (``sandbox.namespace.create: false``), the test creates it as an admin would, labelled
-    for "restricted". The ``helm test`` hook Pod is dry-run like the rest: it only names the
-    receiver Service in a URL, which the API server does not resolve."""
+    for "restricted". The ``helm test`` hook Pods are dry-run like the rest: they only name
+    Services by DNS name, which the API server does not resolve."""
     release_ns = _unique("rel")
     # The release namespace enforces "restricted" too: the helm-test Pod is enforced here.
     kube_api.create_namespace(release_ns, RESTRICTED)
@@ -160,6 +161,9 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
         assert namespace["metadata"]["name"] == sandbox_ns
         applied = _dry_run_apply(dynamic, namespace, dry_run=False)  # strict validation, for real
         assert applied["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+        # Its default ServiceAccount, as the controller-manager (absent here) makes it: the
+        # network-policy `helm test` pod runs there under it.
+        client.CoreV1Api(admin).create_namespaced_service_account(sandbox_ns, {"metadata": {"name": "default"}})
     else:
         assert values["sandbox"]["namespace"]["create"] is False, case
         kube_api.create_namespace(sandbox_ns, RESTRICTED)
@@ -192,7 +196,7 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
         "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet",
     } | POLICY_KINDS  # fmt: skip
     assert set(kinds) <= allowed, set(kinds) - allowed
-    assert kinds["Deployment"] >= 2 and kinds["Pod"] == 1
+    assert kinds["Deployment"] >= 2 and kinds["Pod"] == 2  # the helm test hooks: readyz, network policy
     assert kinds["ValidatingAdmissionPolicy"] == kinds["ValidatingAdmissionPolicyBinding"] == 1
     assert kinds["NetworkPolicy"] >= 1
 
@@ -250,13 +254,16 @@ def test_strict_validation_is_really_on(kube_api: KubeAPIServer, admin: client.A
 def test_controller_pods_are_admitted_where_restricted_is_enforced(
     kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any, case: str, values: dict[str, Any]
 ) -> None:
-    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, helm test)
-    pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
-    templates, so each template is dry-run as a bare Pod in a namespace that enforces it."""
+    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, the helm test
+    pods) pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
+    templates, so each template is dry-run as a bare Pod in a namespace that enforces it (the
+    network-policy helm test pod in the sandbox namespace, enforcing it too)."""
     release_ns = _unique("rel")
     kube_api.create_namespace(release_ns, RESTRICTED)
     values = _case_values(case, values, release_ns)
     objects = render(chart, values, release_ns)
+    for elsewhere in {o["metadata"]["namespace"] for o in objects if o["kind"] == "Pod"} - {release_ns}:
+        kube_api.create_namespace(elsewhere, RESTRICTED)
     core = client.CoreV1Api(admin)
     # The ServiceAccount admission plugin wants the pods' ServiceAccount to exist.
     for sa in (o for o in objects if o["kind"] == "ServiceAccount"):
@@ -283,7 +290,7 @@ def test_controller_pods_are_admitted_where_restricted_is_enforced(
             continue
         _dry_run_create(dynamic, copy.deepcopy(pod))
         admitted.append(pod["metadata"]["name"])
-    assert len(admitted) >= 4, admitted  # receiver, worker, scheduler, helm test (+ Redis)
+    assert len(admitted) >= 5, admitted  # receiver, worker, scheduler, two helm test pods (+ Redis)
 
 
 # -- RBAC proven live ---------------------------------------------------------------------------
@@ -341,7 +348,7 @@ class _Rbac:
         self._wait_for_the_policy()
 
     def runner(self, template: SandboxTemplate, namespace: str | None = None) -> KubernetesRunner:
-        return KubernetesRunner(self.core, self.pod_settings(namespace), lambda name: template)
+        return KubernetesRunner(KubeApi(self.core), self.pod_settings(namespace), lambda name: template)
 
     def pod_settings(self, namespace: str | None = None) -> PodSettings:
         return PodSettings(namespace=namespace or self.sandbox_ns, executor_key_secret=self.secret_name)
@@ -456,7 +463,7 @@ def test_the_controller_does_its_whole_job_with_the_charts_service_account(
     sees the released pod go. (No kubelet here: pods stay Pending, i.e. STARTING.)"""
     runner = rbac.runner(template)
     spec = _spec()
-    watch = PodWatch(rbac.core, rbac.sandbox_ns, timeout_seconds=2)  # the scheduler's: list + watch
+    watch = PodWatch(KubeApi(rbac.core), rbac.sandbox_ns, timeout_seconds=2)  # the scheduler's: list + watch
     seen: list[str] = []
     watch.start(seen.append)
     try:
@@ -651,6 +658,11 @@ def _init_container(pod: dict[str, Any]) -> None:
     pod["spec"]["initContainers"] = [dict(pod["spec"]["containers"][0], name="init")]
 
 
+def _config_map(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "cm", "configMap": {"name": "any-config"}})
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "cm", "mountPath": "/cm", "readOnly": True})
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [
@@ -667,6 +679,7 @@ def _init_container(pod: dict[str, Any]) -> None:
         (_capabilities, "capabilities drop ALL"),
         (_unconfined, "seccomp RuntimeDefault or Localhost"),
         (_init_container, "no init containers"),
+        (_config_map, "mount only emptyDir, persistentVolumeClaim, executor key, CA bundle"),
     ],
     ids=lambda v: v.__name__.strip("_") if callable(v) else None,
 )
@@ -677,7 +690,8 @@ def test_a_foreign_pod_shape_is_refused_by_the_charts_admission_policy(
     in the sandbox namespace that differs from the runner's shape in one way is refused by the
     chart's ValidatingAdmissionPolicy, not by RBAC and not by Pod Security (this namespace
     enforces none): another Secret, a hostPath, a foreign image, a host namespace, a
-    service-account token, root, privilege escalation, capabilities, unconfined seccomp."""
+    service-account token, root, privilege escalation, capabilities, unconfined seccomp, a
+    ConfigMap volume (none is named by sandbox.caBundle here)."""
     pod = unguarded.runner_pod()
     unguarded.create_as_controller(pod)  # the unchanged pod is admitted: only the change differs
     change(pod)
@@ -758,6 +772,128 @@ def test_the_policy_binds_only_the_sandbox_namespace(unguarded: _Rbac) -> None:
     assert created["metadata"]["namespace"] == unguarded.release_ns
 
 
+# -- every way to add or change a sandbox pod's containers -----------------------------------------
+
+# Pod subresources that take an update or patch yet change no container: the API server keeps
+# the spec of a pods/status write (its status strategy copies the old spec), and pods/proxy
+# passes HTTP methods on to the pod's port (admission sees a CONNECT; no pod object is written).
+CHANGES_NO_CONTAINER = {"pods/status", "pods/proxy"}
+
+
+def test_the_policy_sees_every_pod_subresource_that_can_change_containers(unguarded: _Rbac) -> None:
+    """L2: the API server's own discovery lists the pod subresources it serves; every one that
+    can be written with update or patch (and so change the pod) is matched by the chart's
+    policy, except pods/status and pods/proxy, which cannot change a container. The others are
+    create-only, connect-only or read-only (binding, eviction, exec, attach, portforward, log)."""
+    resources = client.CoreV1Api(unguarded.admin).get_api_resources().resources
+    writable = {r.name for r in resources if r.name.startswith("pods/") and {"update", "patch"} & set(r.verbs or [])}
+    assert "pods/ephemeralcontainers" in writable and "pods/resize" in writable  # what the server serves
+    policy = client.AdmissionregistrationV1Api(unguarded.admin).read_validating_admission_policy(unguarded.policy_name)
+    [rule] = policy.spec.match_constraints.resource_rules
+    assert set(rule.operations) == {"CREATE", "UPDATE"}
+    assert writable - CHANGES_NO_CONTAINER <= set(rule.resources), writable - set(rule.resources)
+    others = {r.name for r in resources if r.name.startswith("pods/")} - writable
+    for name in others:  # nothing else can write a pod
+        verbs = set(next(r for r in resources if r.name == name).verbs or [])
+        assert verbs <= {"create", "get", "list"}, (name, verbs)
+
+
+def _restricted_context() -> dict[str, Any]:
+    return {
+        "runAsNonRoot": True,
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+
+
+def _ephemeral(**changes: Any) -> dict[str, Any]:
+    container = {"name": "debug", "image": RUNNER_IMAGE, "securityContext": _restricted_context()}
+    container.update(changes)
+    return container
+
+
+@pytest.fixture(scope="module")
+def sandbox_pod(unguarded: _Rbac) -> Iterator[str]:
+    """A runner pod that exists (created by the admin, admitted by the policy), to add to."""
+    pod = unguarded.runner_pod()
+    created = client.CoreV1Api(unguarded.admin).create_namespaced_pod(unguarded.sandbox_ns, pod)
+    yield created.metadata.name
+    client.CoreV1Api(unguarded.admin).delete_namespaced_pod(created.metadata.name, unguarded.sandbox_ns)
+
+
+def _add_ephemeral(world: _Rbac, pod_name: str, container: dict[str, Any]) -> Any:
+    """Add an ephemeral container as the cluster admin (dry run: the pod is left as it was)."""
+    return client.CoreV1Api(world.admin).patch_namespaced_pod_ephemeralcontainers(
+        pod_name, world.sandbox_ns, {"spec": {"ephemeralContainers": [container]}}, dry_run="All"
+    )
+
+
+@pytest.mark.parametrize(
+    ("container", "refusal"),
+    [
+        (_ephemeral(image="attacker.example.com/miner:latest"), "run only the runner images"),
+        (
+            _ephemeral(env=[{"name": "LOOT", "valueFrom": {"secretKeyRef": {"name": "other-secret", "key": "k"}}}]),
+            "may reference only the executor key Secret",
+        ),
+        (_ephemeral(envFrom=[{"secretRef": {"name": "other-secret"}}]), "may reference only the executor key Secret"),
+        (_ephemeral(securityContext={**_restricted_context(), "runAsNonRoot": False, "runAsUser": 0}), "non-root"),
+        (_ephemeral(securityContext={**_restricted_context(), "allowPrivilegeEscalation": True}), "escalation"),
+        (
+            _ephemeral(
+                securityContext={**_restricted_context(), "capabilities": {"drop": ["ALL"], "add": ["SYS_PTRACE"]}}
+            ),
+            "capabilities drop ALL",
+        ),
+        (
+            _ephemeral(securityContext={**_restricted_context(), "seccompProfile": {"type": "Unconfined"}}),
+            "seccomp RuntimeDefault or Localhost",
+        ),
+        (_ephemeral(targetContainerName="executor"), "may not target a container"),
+    ],
+    ids=["foreign-image", "secret-env", "secret-env-from", "root", "escalation", "capability", "seccomp", "target"],
+)
+def test_an_ephemeral_container_of_a_foreign_shape_is_refused(
+    unguarded: _Rbac, sandbox_pod: str, container: dict[str, Any], refusal: str
+) -> None:
+    """L2: ``pods/ephemeralcontainers`` adds containers to a running sandbox pod; the policy holds
+    each to the rules of the pod's own containers (allowed image, only the executor key Secret,
+    the restricted security context) and refuses one that targets the sandbox container's
+    processes, whoever asks (here the cluster admin; the controller's Role cannot at all)."""
+    with pytest.raises(ApiException) as refused:
+        _add_ephemeral(unguarded, sandbox_pod, container)
+    assert refused.value.status == 403, refused.value.body
+    message = json.loads(refused.value.body)["message"]
+    assert f"ValidatingAdmissionPolicy '{unguarded.policy_name}'" in message and refusal in message, message
+
+
+def test_an_ephemeral_container_of_the_runners_shape_is_admitted(unguarded: _Rbac, sandbox_pod: str) -> None:
+    """The refusals above are the policy's, not the API server's: the same request with an
+    allowed image and the restricted context is admitted (dry run)."""
+    patched = _add_ephemeral(unguarded, sandbox_pod, _ephemeral())
+    assert [c.name for c in patched.spec.ephemeral_containers] == ["debug"]
+
+
+def test_changing_a_sandbox_pods_image_is_refused(unguarded: _Rbac, sandbox_pod: str) -> None:
+    """L2: a container's image is mutable on a live pod (pods UPDATE/PATCH): a foreign one is
+    refused as on creation."""
+    core = client.CoreV1Api(unguarded.admin)
+    container = core.read_namespaced_pod(sandbox_pod, unguarded.sandbox_ns).spec.containers[0].name
+    patch = {"spec": {"containers": [{"name": container, "image": "attacker.example.com/miner:latest"}]}}
+    with pytest.raises(ApiException) as refused:
+        core.patch_namespaced_pod(sandbox_pod, unguarded.sandbox_ns, patch, dry_run="All")
+    assert refused.value.status == 403 and "run only the runner images" in (refused.value.body or "")
+
+
+@pytest.mark.parametrize("subresource", ["ephemeralcontainers", "resize"])
+def test_the_token_cannot_change_a_sandbox_pods_containers_through_a_subresource(rbac: _Rbac, subresource: str) -> None:
+    """L2: the controller's Role grants no pods subresource: neither update nor patch of
+    ephemeral containers or of resources (the policy is the second line, for everyone else)."""
+    for verb in ("update", "patch"):
+        assert not _can(rbac, verb, "pods", rbac.sandbox_ns, subresource=subresource), (verb, subresource)
+
+
 def _ensure_runtime_class(admin: client.ApiClient, name: str) -> None:
     try:
         client.NodeV1Api(admin).create_runtime_class(
@@ -830,11 +966,16 @@ def pooled(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
     world.close()
 
 
-def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_get_on_events(pooled: _Rbac) -> None:
-    """L2: a template with a warm pool adds exactly two grants: patch on pods (the claim) and get
-    on events (the placement record)."""
+def test_with_a_warm_pool_the_role_adds_only_patch_on_pods_and_create_and_get_on_leases(pooled: _Rbac) -> None:
+    """L2: a template with a warm pool adds exactly three grants: patch on pods (the claim), and
+    create and get on leases (the placement record)."""
     role = client.RbacAuthorizationV1Api(pooled.admin).read_namespaced_role(pooled.role_name, pooled.sandbox_ns)
-    assert _grants(role) == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "events", "get")}
+    warm = {
+        ("", "pods", "patch"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+    }
+    assert _grants(role) == EXPECTED_GRANTS | warm
 
 
 def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow(pooled: _Rbac) -> None:
@@ -843,7 +984,7 @@ def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow
     too) succeeds once and only once; a downward-API volume reaching beyond the pod's
     annotations is refused."""
     template = SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=1)
-    runner = KubernetesRunner(pooled.core, pooled.pod_settings(), lambda name: template, [template])
+    runner = KubernetesRunner(KubeApi(pooled.core), pooled.pod_settings(), lambda name: template, [template])
     runner.tend_pools()
     [warm] = pooled.core.list_namespaced_pod(pooled.sandbox_ns, label_selector=names.pool_selector("fast")).items
     assert warm.spec.automount_service_account_token is False
@@ -861,3 +1002,41 @@ def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow
     message = pooled.refusal(wide)
     assert "downward-API annotation volumes" in message, message
     client.CoreV1Api(pooled.admin).delete_collection_namespaced_pod(pooled.sandbox_ns)
+
+
+@pytest.fixture(scope="module")
+def with_ca_bundle(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
+    """The chart with sandbox.caBundle set, its sandbox namespace enforcing no Pod Security level
+    (the pod policy stands alone)."""
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n"
+    world = _Rbac(
+        kube_api,
+        chart,
+        sandbox_labels={"pod-security.kubernetes.io/enforce": "privileged"},
+        extra_values={"sandbox": {"caBundle": {"pem": pem}}},
+    )
+    yield world
+    world.close()
+
+
+def test_the_ca_bundle_volume_and_no_other_config_map_is_admitted(with_ca_bundle: _Rbac) -> None:
+    """L2: with sandbox.caBundle set, the pods the controller makes (cold and warm) mount its
+    ConfigMap and are admitted with the chart's token; a pod mounting another ConfigMap is not."""
+    [bundle] = [o for o in with_ca_bundle.objects if o["metadata"]["name"].endswith("-ca-bundle")]
+    settings = PodSettings(
+        namespace=with_ca_bundle.sandbox_ns,
+        executor_key_secret=with_ca_bundle.secret_name,
+        ca_bundle_configmap=bundle["metadata"]["name"],
+    )
+    template = SandboxTemplate(image=RUNNER_IMAGE)
+    cold = make_pod(_spec(), 1, template, settings)
+    warm = make_warm_pod(SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=1), settings)
+    for admitted in (cold, warm):
+        assert {"name": "ca-bundle", "mountPath": "/etc/sandbox-ca", "readOnly": True} in admitted["spec"][
+            "containers"
+        ][0]["volumeMounts"]
+        assert with_ca_bundle.create_as_controller(admitted)["metadata"]["uid"]
+    other = copy.deepcopy(cold)
+    [volume] = [v for v in other["spec"]["volumes"] if v["name"] == "ca-bundle"]
+    volume["configMap"]["name"] = "any-config"
+    assert "CA bundle (sandbox.caBundle)" in with_ca_bundle.refusal(other)

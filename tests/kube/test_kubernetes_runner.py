@@ -13,6 +13,7 @@ from kubernetes import client
 
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
@@ -24,7 +25,9 @@ TEMPLATE = SandboxTemplate(image=RUNNER_IMAGE)
 
 
 def _runner(world: KubeWorld, namespace: str | None = None, template: SandboxTemplate = TEMPLATE) -> KubernetesRunner:
-    return KubernetesRunner(world.core, PodSettings(namespace=namespace or world.namespace), lambda name: template)
+    return KubernetesRunner(
+        KubeApi(world.core), PodSettings(namespace=namespace or world.namespace), lambda name: template
+    )
 
 
 def _session(world: KubeWorld) -> SandboxSpec:
@@ -224,7 +227,8 @@ def test_an_idle_stop_deletes_the_pod_keeps_the_pvc_and_the_next_start_mounts_it
     pod of the next generation that mounts that same claim; nothing is discarded."""
     from controller import lifecycle
     from controller.clock import FakeClock
-    from controller.lifecycle import Deps, Verdict
+    from controller.decide import Verdict
+    from controller.lifecycle import Deps
     from controller.model import Environment, RequiredAction, Session, SessionStatus
     from controller.runners.kubernetes import names
     from controller.trust import Policy

@@ -8,7 +8,7 @@ import base64
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -17,13 +17,15 @@ import httpx
 import pytest
 from kubernetes import client
 
-from controller import lifecycle, scheduler
+from controller import decide, lifecycle, scheduler
 from controller.clock import SystemClock
 from controller.config import Settings
+from controller.decide import Verdict
 from controller.inbox import Job
-from controller.lifecycle import Deps, Verdict
+from controller.lifecycle import Deps
 from controller.model import Environment, RequiredAction, SandboxSpec, Session, SessionStatus
 from controller.runners.kubernetes import names
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.watch import PodWatch
@@ -43,7 +45,7 @@ TEMPLATE = SandboxTemplate(image=RUNNER_IMAGE)
 
 
 def _runner(world: KubeWorld, namespace: str) -> KubernetesRunner:
-    return KubernetesRunner(world.core, PodSettings(namespace=namespace), lambda name: TEMPLATE)
+    return KubernetesRunner(KubeApi(world.core), PodSettings(namespace=namespace), lambda name: TEMPLATE)
 
 
 def _pods(world: KubeWorld, namespace: str, session_id: str) -> list[Any]:
@@ -77,7 +79,7 @@ def quiet_namespace(kube_world: KubeWorld) -> str:
 
 @pytest.fixture
 def pod_watch(kube_world: KubeWorld, quiet_namespace: str) -> Iterator[PodWatch]:
-    watch = PodWatch(kube_world.core, quiet_namespace, timeout_seconds=1, backoff_seconds=(0.1, 1.0))
+    watch = PodWatch(KubeApi(kube_world.core), quiet_namespace, timeout_seconds=1, backoff_seconds=(0.1, 1.0))
     try:
         yield watch
     finally:
@@ -179,8 +181,8 @@ def test_an_expired_resource_version_makes_the_watch_list_again_and_catch_up(
     410 Gone; the watch lists the pods again, compares the list with what it knew, and names the
     session of a pod deleted and of a pod that failed while it was away (not a healthy one's)."""
     server, core, namespace = uncached
-    runner = KubernetesRunner(core, PodSettings(namespace=namespace), lambda name: TEMPLATE)
-    watch = PodWatch(core, namespace, timeout_seconds=1, backoff_seconds=(0.1, 1.0))
+    runner = KubernetesRunner(KubeApi(core), PodSettings(namespace=namespace), lambda name: TEMPLATE)
+    watch = PodWatch(KubeApi(core), namespace, timeout_seconds=1, backoff_seconds=(0.1, 1.0))
     seen = Seen()
     try:
         healthy, _ = _start(runner)
@@ -221,7 +223,7 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
     server = RedisServer(tmp_path / "redis").start()
     stop = threading.Event()
     thread: threading.Thread | None = None
-    watch = PodWatch(kube_world.core, namespace, timeout_seconds=5)
+    watch = PodWatch(KubeApi(kube_world.core), namespace, timeout_seconds=5)
     try:
         client = connect(server.url)
         store = RedisSessionStore(client, lease_ttl_seconds=30)
@@ -241,6 +243,7 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
             store.want(wants.id)
             assert [d.verdict for d in _work(wants.id, deps)] == [Verdict.START]
             # The executor connected; the session waits for input, its sandbox kept warm.
+            sessions.connected[spec.environment_id] = True
             sessions.put(replace(wants, status=SessionStatus.IDLE, required_actions=()))
             store.want(wants.id)
             assert [d.verdict for d in _work(wants.id, deps)] == [Verdict.IGNORE]
@@ -258,12 +261,16 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
                 "the pod to run",
             )
         published: list[Job] = []
+
+        def publish(jobs: Sequence[Job], term: str) -> None:  # the leader's publisher, as a list
+            published.extend(jobs)
+
         settings = Settings.from_env(
             {"CONTROLLER_RECONCILE_INTERVAL_SECONDS": "3600", "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": "3600"}
         )
         thread = threading.Thread(
             target=scheduler.run,
-            args=(settings, store, runner, client, published.append, stop),
+            args=(settings, store, runner, client, publish, stop),
             kwargs={"watch": watch},
             daemon=True,
         )
@@ -297,7 +304,7 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
     assert_no_process_left(tmp_path)
 
 
-def _work(session_id: str, deps: Deps) -> list[lifecycle.Decision]:
+def _work(session_id: str, deps: Deps) -> list[decide.Decision]:
     result = lifecycle.work(session_id, deps)
     assert isinstance(result, list), result
     return result

@@ -17,7 +17,10 @@ from kubernetes import client
 
 from controller.model import Handle, Health, PoolState, SandboxSpec
 from controller.runners.kubernetes import names
+from controller.runners.kubernetes.api import KubeApi, pod_of
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod
+from controller.runners.kubernetes.objects import PodRef
+from controller.runners.kubernetes.placement import WarmPools
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, KubeWorld
@@ -37,8 +40,13 @@ def _runner(
     """A runner of the test's pool; ``placed`` collects what it tells ``on_placed``."""
     on_placed = (lambda *what: placed.append(what)) if placed is not None else (lambda *what: None)
     return KubernetesRunner(
-        world.core, PodSettings(namespace=namespace), lambda name: template, [template], on_placed=on_placed
+        KubeApi(world.core), PodSettings(namespace=namespace), lambda name: template, [template], on_placed=on_placed
     )
+
+
+def _pools(world: KubeWorld, namespace: str, template: SandboxTemplate) -> WarmPools:
+    """The placement protocol and pool of another runner (a rival placement, or the pool's tending)."""
+    return WarmPools(KubeApi(world.core), PodSettings(namespace=namespace), [template], lambda *placed: None)
 
 
 @pytest.fixture
@@ -113,8 +121,9 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
 
 def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeWorld, namespace: str) -> None:
     """L1: two sessions claim at the same moment (two runners) from a pool of one: exactly one
-    gets the warm pod, the other falls back to a cold pod; each session has exactly one pod, and
-    the placements are told as one warm and one cold."""
+    gets the warm pod; the other gets another pod — a cold one, or the pod the winner's claim
+    added to refill the pool, whichever its claim found first; each session has exactly one pod,
+    and each placement is told as what it was (warm for a claimed pod, cold for a created one)."""
     template = _template(1)
     placed: list[tuple[str, str]] = []
     runners = [_runner(kube_world, namespace, template, placed), _runner(kube_world, namespace, template, placed)]
@@ -132,8 +141,9 @@ def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeW
     for spec, handle in zip(specs, handles, strict=True):
         assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handle.uid]
     assert sorted(h.name == warm.metadata.name for h in handles) == [False, True]
-    assert sum(1 for h in handles if h.name.startswith("sbx-")) == 1
-    assert sorted(placed) == [("fast", "cold"), ("fast", "warm")]
+    assert handles[0].uid != handles[1].uid
+    told = sorted(("fast", "cold" if h.name.startswith("sbx-") else "warm") for h in handles)
+    assert sorted(placed) == told and ("fast", "warm") in told
     for spec in specs:
         wait_for(lambda spec=spec: _registered(kube_world, spec), 60, "both executors to register")
 
@@ -187,7 +197,7 @@ def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names
     claims another and records it first: ensure() returns the rival's pod and deletes the
     loser, so the session keeps exactly one pod."""
     template = _template(3)
-    runner, rival = _runner(kube_world, namespace, template), _runner(kube_world, namespace, template)
+    runner, rival = _runner(kube_world, namespace, template), _pools(kube_world, namespace, template)
     runner.tend_pools()
     wait_for(lambda: len(_ready(kube_world, namespace)) == 3, 60, "three warm pods to run")
     warm = _ready(kube_world, namespace)
@@ -199,7 +209,7 @@ def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names
     orphan = claim(warm[0], stranded)
     handle = runner.ensure(stranded, 1)
     assert handle.uid == orphan.metadata.uid
-    assert rival._placement(names.placement_name(stranded.session_id, 1)) == (handle.name, handle.uid)
+    assert rival.holder(stranded.session_id, 1) == PodRef(handle.name, handle.uid)
     assert [p.metadata.uid for p in _live(kube_world, namespace, stranded)] == [handle.uid]
 
     raced = _session(kube_world)
@@ -208,10 +218,10 @@ def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names
 
     def rival_places_first() -> None:
         won["pod"] = claim(warm[2], raced)
-        assert rival._placed(names.placement_name(raced.session_id, 1), raced.session_id, won["pod"])
+        assert rival.placed(raced.session_id, 1, pod_of(won["pod"]))
 
     staged = KubernetesRunner(
-        _ActsAfterListing(kube_world.core, rival_places_first),  # type: ignore[arg-type]
+        KubeApi(_ActsAfterListing(kube_world.core, rival_places_first)),  # type: ignore[arg-type]
         PodSettings(namespace=namespace),
         lambda name: template,
         [template],
@@ -235,7 +245,7 @@ def test_a_cold_start_that_meets_a_dying_rival_defers_to_the_record_not_to_a_new
     that dying pod: it reads the record again and returns the rival's pod. It must not move to
     generation 2, which would leave the session two live pods of two generations."""
     template = _template(1)
-    runner, rival = _runner(kube_world, namespace, template), _runner(kube_world, namespace, template)
+    runner, rival = _runner(kube_world, namespace, template), _pools(kube_world, namespace, template)
     runner.tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
     spec = _session(kube_world)
@@ -245,12 +255,12 @@ def test_a_cold_start_that_meets_a_dying_rival_defers_to_the_record_not_to_a_new
 
     def rivals_act() -> None:
         claimed = kube_world.core.patch_namespaced_pod(warm.metadata.name, namespace, claim_patch(spec, 1, time.time()))
-        assert rival._placed(names.placement_name(spec.session_id, 1), spec.session_id, claimed)
+        assert rival.placed(spec.session_id, 1, pod_of(claimed))
         kube_world.core.create_namespaced_pod(namespace, dying)
         kube_world.core.delete_namespaced_pod(dying["metadata"]["name"], namespace)  # held by its finalizer
 
     staged = KubernetesRunner(
-        _ActsAfterListing(kube_world.core, rivals_act, label=names.POOL_LABEL),  # type: ignore[arg-type]
+        KubeApi(_ActsAfterListing(kube_world.core, rivals_act, label=names.POOL_LABEL)),  # type: ignore[arg-type]
         PodSettings(namespace=namespace),
         lambda name: template,
         [template],
@@ -293,12 +303,13 @@ def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(
 
     # Claimed after the pool listed it: the pool's delete carries the listed resourceVersion and misses.
     [third] = _ready(kube_world, namespace)
-    seen = other._warm_pods(changed)  # the pool's own view, taken before the claim
+    tending = _pools(kube_world, namespace, changed)
+    seen = tending.warm_pods(changed)  # the pool's own view, taken before the claim
     spec = _session(kube_world)
     handle = other.ensure(spec, 1)
     assert handle.name == third.metadata.name
     for pod in seen:
-        other._delete_unclaimed(pod)
+        tending.delete_unclaimed(pod)
     assert other.status(handle) in (Health.STARTING, Health.RUNNING)
     wait_for(lambda: _registered(kube_world, spec), 60, "the claimed pod's executor to register")
 
@@ -319,18 +330,29 @@ def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: 
 
 
 def test_a_placement_whose_pod_is_gone_moves_on_to_the_next_generation(kube_world: KubeWorld, namespace: str) -> None:
-    """L14, L1: the placement record of generation 1 outlives its pod; ensuring generation 1
-    again (a retry after the pod died) places generation 2, never waits on the dead record; the
-    record itself is the pod's Event (no key in it)."""
+    """L14, L1: the placement record of generation 1 outlives its pod (here no garbage collector
+    deletes it with the pod, as a cluster's does); ensuring generation 1 again (a retry after
+    the pod died) places generation 2, never waits on the dead record. The record is a Lease
+    owned by the placed pod; the claim is told to ``kubectl describe`` by an Event (no key in
+    either)."""
     template = _template(2)
     runner = _runner(kube_world, namespace, template)
     runner.tend_pools()
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
     spec = _session(kube_world)
     first = runner.ensure(spec, 1)
-    record = kube_world.core.read_namespaced_event(names.placement_name(spec.session_id, 1), namespace)
-    assert (record.involved_object.name, record.involved_object.uid) == (first.name, first.uid)
-    assert record.reason == "SandboxClaimed" and kube_world.simulator.environment_key not in record.message
+    leases = client.CoordinationV1Api(kube_world.core.api_client)
+    record = leases.read_namespaced_lease(names.placement_name(spec.session_id, 1), namespace)
+    [owner] = record.metadata.owner_references
+    assert (owner.kind, owner.name, owner.uid) == ("Pod", first.name, first.uid)
+    assert record.spec.holder_identity == first.name
+    selector = f"involvedObject.name={first.name}"
+    [event] = [e for e in kube_world.core.list_namespaced_event(namespace, field_selector=selector).items]
+    assert event.reason == "SandboxClaimed" and spec.session_id in event.message
+    for shown in (record, event):
+        assert kube_world.simulator.environment_key not in json.dumps(
+            client.ApiClient().sanitize_for_serialization(shown)
+        )
     runner.release(first)
     wait_for(lambda: runner.status(first) is Health.GONE, 60, "the first pod to be gone")
     second = runner.ensure(spec, 1)

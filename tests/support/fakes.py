@@ -11,15 +11,17 @@ from __future__ import annotations
 
 import itertools
 import threading
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller import reconcile
 from controller.clock import FakeClock
 from controller.config import LifecycleSettings
+from controller.decide import Decision, Verdict
 from controller.errors import ApiUnavailable, Fenced, QueueUnavailable
 from controller.inbox import Job, Outcome
-from controller.lifecycle import Decision, Deps, Verdict, work
+from controller.lifecycle import Deps, work
 from controller.model import (
     ENVIRONMENT_CONNECTION,
     Environment,
@@ -32,6 +34,7 @@ from controller.model import (
     SessionStatus,
 )
 from controller.store.base import Busy, Lease
+from controller.trust import DEFAULT_POLICY, Policy
 
 
 def make_session(
@@ -404,6 +407,7 @@ class World:
         prestart_agent_ids: tuple[str, ...] = (),
         prestart_max: int = 10,
         deletion_confirm: float = 0.0,
+        trust_policy: Policy = DEFAULT_POLICY,
     ) -> None:
         self.clock = FakeClock(T0)
         self.sessions = FakeSessions()
@@ -416,6 +420,8 @@ class World:
         """Deletions held (``Deps.on_held``)."""
         self.prestarts_skipped = 0
         """Creations that started nothing for want of pre-start budget (``Deps.on_prestart_skipped``)."""
+        self.refusals: Counter[str] = Counter()
+        """Sessions refused a sandbox, by kind (``Deps.on_refusal``)."""
 
         def decided(session_id: str, decision: Decision) -> None:
             self.decisions.append((session_id, decision))
@@ -438,10 +444,15 @@ class World:
             on_prestart_skipped=self._prestart_skipped,
             deletion_confirm_seconds=deletion_confirm,
             on_held=self._held,
+            trust_policy=trust_policy,
+            on_refusal=self._refused,
         )
 
     def _held(self) -> None:
         self.held += 1
+
+    def _refused(self, kind: str) -> None:
+        self.refusals[kind] += 1
 
     def _prestart_skipped(self) -> None:
         self.prestarts_skipped += 1

@@ -6,8 +6,9 @@ the same queues in the same order); only the task body differs. The session ``GA
 its pool process until ``RELEASE`` is pushed, so a test can hold the worker busy while it
 queues jobs. Each call's arguments are also recorded, as JSON ``[session_id, kwargs]``, in ``CALLS``.
 
-    python -m tests.support.order_worker   (CONTROLLER_REDIS_URL in the environment;
-                                            ORDER_WORKER_CONCURRENCY pool processes, default 1)
+    python -m tests.support.order_worker   (CONTROLLER_REDIS_URL, and CONTROLLER_REDIS_SENTINELS
+                                            and the like, in the environment; ORDER_WORKER_CONCURRENCY
+                                            pool processes, default 1)
 """
 
 from __future__ import annotations
@@ -16,10 +17,9 @@ import json
 import os
 from typing import Any
 
-import redis
-
 from controller import cli, queue
 from controller.config import Settings
+from controller.redis_client import Endpoint
 
 ORDER, GATE, RELEASE, CALLS = "test:order", "gate", "test:release", "test:calls"
 CONCURRENCY = "ORDER_WORKER_CONCURRENCY"
@@ -27,9 +27,8 @@ CONCURRENCY = "ORDER_WORKER_CONCURRENCY"
 
 def main() -> None:
     settings = Settings.from_env(dict(os.environ))
-    assert settings.queue.redis_url is not None
     app = queue.make_app(settings)
-    client = redis.Redis.from_url(settings.queue.redis_url)
+    client = Endpoint.from_settings(settings.queue).client(decode_responses=False)
 
     @app.task(name=queue.TASK_SYNC_SESSION)  # type: ignore[untyped-decorator]
     def sync_session(session_id: str, **kwargs: Any) -> None:

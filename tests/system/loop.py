@@ -21,7 +21,7 @@ from agents_simulator.dev import simulator_secrets
 from controller.runners.local import LocalRunner
 from controller.signing import sign_headers
 from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
-from tests.support.redis_server import RedisServer
+from tests.support.redis_server import RedisServer, ReplicatedRedis
 
 WEBHOOK_SECRET = "whsec_" + "c2FuZGJveC1jb250cm9sbGVyLXRlc3Qtc2VjcmV0IQ=="
 API_KEY = "sk-controller-test-api-key-1234"
@@ -38,13 +38,17 @@ class Loop:
         workers: int = 2,
         extra_env: dict[str, str | None] | None = None,
         worker_env: dict[int, dict[str, str]] | None = None,
+        sentinel: bool = False,
     ) -> None:
+        """``sentinel``: Redis is a primary, a replica and three sentinels (``ha``), and every
+        process reaches it through the sentinels; otherwise one redis-server (``redis``)."""
         self.extra_env = dict(extra_env or {})
         self.worker_env = dict(worker_env or {})
         """More environment for single workers, by index (e.g. a clock that is off)."""
         self.directory = directory
         self.codex = codex
         self.redis = RedisServer(directory / "redis")
+        self.ha = ReplicatedRedis(directory / "redis-ha") if sentinel else None
         self.simulator_port = free_port()
         self.simulator_url = f"http://127.0.0.1:{self.simulator_port}"
         self.receiver_ports = [free_port() for _ in range(receivers)]
@@ -61,8 +65,8 @@ class Loop:
 
     def controller_env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+        env.update(self.ha.settings() if self.ha is not None else {"CONTROLLER_REDIS_URL": self.redis.url})
         env.update(
-            CONTROLLER_REDIS_URL=self.redis.url,
             CONTROLLER_WEBHOOK_SECRETS=WEBHOOK_SECRET,
             CONTROLLER_API_KEY=API_KEY,
             CONTROLLER_API_BASE_URL=self.simulator_url,
@@ -76,6 +80,8 @@ class Loop:
             CONTROLLER_LEASE_TTL_SECONDS="5",
             CONTROLLER_QUEUE_VISIBILITY_TIMEOUT_SECONDS="20",
             CONTROLLER_EXECUTOR_GRACE_SECONDS="30",
+            # A deletion counts once reads answered 404 this long (60 s by default).
+            CONTROLLER_DELETION_CONFIRM_SECONDS="3",
             CONTROLLER_API_MAX_ATTEMPTS="3",
             # The simulator's sessions name it as their remote_url: http://127.0.0.1:<port>.
             CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
@@ -88,7 +94,10 @@ class Loop:
         return env
 
     def start(self) -> Loop:
-        self.redis.start()
+        if self.ha is not None:
+            self.ha.start()
+        else:
+            self.redis.start()
         self.start_simulator()
         for index, port in enumerate(self.receiver_ports):
             self.receivers.append(
@@ -189,6 +198,8 @@ class Loop:
             if self.simulator is not None:
                 self.simulator.stop()
             self.redis.stop()
+            if self.ha is not None:
+                self.ha.stop()
         finally:
             assert_no_process_left(self.state_directory)
 
@@ -259,6 +270,27 @@ class Loop:
             response = client.get(f"/v1/agents/environments/{environment_id}")
         response.raise_for_status()
         return str(response.json()["status"])
+
+    def registered(self, environment_ids: set[str]) -> list[dict[str, Any]]:
+        """The simulator's accepted registrations of these environments' executors."""
+        return [r for r in self.registrations() if r["environment_id"] in environment_ids and r["status_code"] == 200]
+
+    def lost_and_duplicated(self, sessions: list[dict[str, Any]]) -> tuple[int, int]:
+        """(lost, duplicated) over the sessions, counted three ways (registrations at the
+        simulator, live executors, the workers' "executor process started" lines), after a
+        settling pause that gives a duplicate the chance to show itself."""
+        environments = {s["id"]: s["environment"]["id"] for s in sessions}
+        time.sleep(3)
+        per_environment = Counter(r["environment_id"] for r in self.registered(set(environments.values())))
+        live = self.live_executors()
+        started = Counter(
+            str(line["session_id"]) for line in self.started_log_lines() if line.get("session_id") in environments
+        )
+        lost = sum(1 for sid, env in environments.items() if per_environment[env] == 0 or live[sid] == 0)
+        duplicated = sum(
+            1 for sid, env in environments.items() if per_environment[env] > 1 or live[sid] > 1 or started[sid] > 1
+        )
+        return lost, duplicated
 
     def runner(self) -> LocalRunner:
         return LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY)

@@ -331,7 +331,7 @@ def leader(loop: Loop) -> Managed:
 
 def test_timers_fire_once_after_the_scheduler_is_killed(loop: Loop) -> None:
     """Durable timers: the active scheduler is SIGKILLed while idle timers are pending; the
-    standby takes over (leadership TTL: three one-second rounds) and every timer fires once:
+    standby takes over once the lease (3 s) has lapsed, and every timer fires once:
     each executor is stopped, exactly once."""
     sessions = _timer_sessions(loop, 4)
     active = leader(loop)

@@ -183,14 +183,19 @@ def test_a_whole_worker_killed_mid_task_loses_nothing(loop: Loop) -> None:
 
 def test_deleting_a_session_releases_its_executor_on_the_next_sweep(loop: Loop) -> None:
     """L17: deleting a session stops nothing by itself (the simulator sends no webhook for
-    it); the scheduler's sweep finds the mapping, the worker sees 404 and releases the
-    executor and the mapping."""
+    it); the scheduler's sweep finds the mapping, the worker sees 404 and, once the session's
+    reads have answered 404 for the confirmation period (3 s in this world), releases the
+    executor and the mapping — not at the first 404."""
     with loop.api() as client:
         session = loop.create_session(client)
         wait_for(lambda: loop.live_executors()[session["id"]] == 1, 60, "the executor to start")
         client.delete(f"/v1/agents/sessions/{session['id']}").raise_for_status()
     wait_for(lambda: loop.live_executors()[session["id"]] == 0, 60, "the sweep to release the executor")
     wait_for(lambda: not loop.redis.client().exists(f"sc:rec:{session['id']}"), 30, "the mapping to go")
+    looks = loop.worker_lines("session looked up", session["id"])
+    first_404 = min(line["time"] for line in looks if line["status"] == "not found")
+    [released] = loop.worker_lines("sandbox released", session["id"])
+    assert released["time"] - first_404 >= 3
 
 
 def test_a_mapping_whose_executor_died_is_marked_stopped_on_the_next_sweep(loop: Loop) -> None:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -33,10 +32,6 @@ def world(tmp_path: Path) -> Iterator[Loop]:
         loop.stop()
 
 
-def _registrations(loop: Loop, environment_ids: set[str]) -> list[dict[str, Any]]:
-    return [r for r in loop.registrations() if r["environment_id"] in environment_ids and r["status_code"] == 200]
-
-
 def _task_lines(loop: Loop, event: str, session_ids: set[str]) -> list[dict[str, object]]:
     return [
         line
@@ -53,21 +48,6 @@ def _recovered(loop: Loop) -> int:
         for line in loop.scheduler.log_lines()
         if line.get("event") == "wanted work re-enqueued: no job was going to do it"
     )
-
-
-def _exactly_one_executor_each(loop: Loop, sessions: list[dict[str, Any]]) -> tuple[int, int]:
-    """(lost, duplicated) over the sessions, counted three ways, after a settling pause."""
-    environments = {s["id"]: s["environment"]["id"] for s in sessions}
-    time.sleep(3)  # give a duplicate a chance to show itself
-    per_environment = Counter(r["environment_id"] for r in _registrations(loop, set(environments.values())))
-    live = loop.live_executors()
-    started_lines = _task_lines(loop, "executor process started", set(environments))
-    started = Counter(str(line["session_id"]) for line in started_lines)
-    lost = sum(1 for sid, env in environments.items() if per_environment[env] == 0 or live[sid] == 0)
-    duplicated = sum(
-        1 for sid, env in environments.items() if per_environment[env] > 1 or live[sid] > 1 or started[sid] > 1
-    )
-    return lost, duplicated
 
 
 def test_redis_sigkill_and_aof_restart_mid_burst_with_retries_in_flight_loses_nothing(world: Loop) -> None:
@@ -95,13 +75,13 @@ def test_redis_sigkill_and_aof_restart_mid_burst_with_retries_in_flight_loses_no
     down_for = time.monotonic() - killed
 
     wait_for(
-        lambda: len({r["environment_id"] for r in _registrations(loop, environment_ids)}) == 15,
+        lambda: len({r["environment_id"] for r in loop.registered(environment_ids)}) == 15,
         110,  # within the simulator's 120 s connection deadline
         "every session's executor to register",
         interval=0.5,
     )
     recovered_by = time.monotonic() - killed
-    lost, duplicated = _exactly_one_executor_each(loop, sessions)
+    lost, duplicated = loop.lost_and_duplicated(sessions)
     assert (lost, duplicated) == (0, 0)
     assert loop.scheduler is not None and loop.scheduler.alive()  # Redis going away did not end it
     print(
@@ -155,12 +135,12 @@ def _burst(loop: Loop, n: int, kill_after: float | None) -> tuple[float, float |
         loop.start_worker(len(loop.workers) + 10)
         loop.workers.append(victim)  # keep its log for the counts
     wait_for(
-        lambda: len({r["environment_id"] for r in _registrations(loop, environment_ids)}) == n,
+        lambda: len({r["environment_id"] for r in loop.registered(environment_ids)}) == n,
         110,
         f"all {n} executors to register",
         interval=0.25,
     )
-    last = max(float(r["received_at"]) for r in _registrations(loop, environment_ids))
+    last = max(float(r["received_at"]) for r in loop.registered(environment_ids))
     return last - first, (last - kill_at if kill_at is not None else None), sessions, in_flight
 
 
@@ -173,10 +153,10 @@ def test_a_worker_sigkilled_mid_burst_costs_seconds_not_a_lease(world: Loop) -> 
     without the kill."""
     loop = world
     baseline, _, calm, _ = _burst(loop, 20, None)
-    assert _exactly_one_executor_each(loop, calm) == (0, 0)
+    assert loop.lost_and_duplicated(calm) == (0, 0)
     recovered_before = _recovered(loop)
     with_kill, after_kill, stormy, in_flight = _burst(loop, 20, 2.0)
-    assert _exactly_one_executor_each(loop, stormy) == (0, 0)
+    assert loop.lost_and_duplicated(stormy) == (0, 0)
     env = loop.controller_env()
     ttl = env.get("CONTROLLER_LEASE_TTL_SECONDS", "10 (default)")
     print(f"\nFIGURE 20-session burst, no kill: last executor registered {baseline:.1f}s after the first delivery")

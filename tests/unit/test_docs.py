@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from controller.config import KubernetesSettings
+from controller.config import BOUNDS, KEYS, KubernetesSettings, number_text
 from controller.events import HANDLED_TYPES
 from controller.runners.kubernetes.manifests import SandboxTemplate
 
@@ -83,3 +83,117 @@ def test_scripts_test_takes_every_tier_the_docs_name_and_refuses_others_before_s
     assert done.returncode == 2
     assert "unknown tier: no-such-tier" in done.stderr
     assert "==>" not in done.stdout  # refused before any set-up step
+
+
+# --- every reference a doc makes resolves ---------------------------------------------------------
+
+CLAIMS = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "RELIABILITY.md", ROOT / "BENCHMARKS.md"]
+"""The documents whose sentences are claims about this repository: each file, test, setting and
+metric they name must exist."""
+TOP_LEVEL = (
+    "agents_simulator/",
+    "bench/",
+    "controller/",
+    "docs/",
+    "helm/",
+    "runner_image/",
+    "scripts/",
+    "tests/",
+    ".ci/",
+)
+
+
+def _claims() -> list[tuple[Path, str]]:
+    return [(doc, _text(doc)) for doc in CLAIMS]
+
+
+def _defined_tests() -> dict[Path, set[str]]:
+    """Each test module under tests/ with the test functions (and classes) it defines."""
+    found = {}
+    for module in (ROOT / "tests").rglob("test_*.py"):
+        found[module] = set(re.findall(r"^\s*(?:async )?def (test_\w+)|^class (Test\w+)", _text(module), re.MULTILINE))
+        found[module] = {a or b for a, b in found[module]}
+    return found
+
+
+def test_every_file_a_doc_names_exists() -> None:
+    """A path a doc names in backticks (from the repository's root) is there."""
+    missing = []
+    for doc, text in _claims():
+        for quoted in re.findall(r"`([^`\s]+)`", text):
+            path = re.split(r"::|:(?=\s|$)", quoted)[0].rstrip(",.;:")
+            named = path.startswith(TOP_LEVEL) and not any(c in path for c in "*{}<>$")
+            if named and not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {quoted}")
+    assert missing == [], missing
+
+
+def test_every_test_a_doc_names_exists() -> None:
+    """``path::test_name`` names a test that module defines (``::name`` continues the previous
+    path); any other ``test_…`` a doc names is a test function or module somewhere under tests/."""
+    defined = _defined_tests()
+    everywhere = set().union(*defined.values()) | {module.stem for module in defined}
+    wrong = []
+    for doc, text in _claims():
+        previous: Path | None = None
+        for path, name in re.findall(r"((?:tests/)?[\w/]*test_\w+\.py)?::(test_\w+)", text):
+            if path:
+                module = ROOT / path if path.startswith("tests/") else None
+                matches = [m for m in defined if m == module or (module is None and m.name == Path(path).name)]
+                previous = matches[0] if len(matches) == 1 else None
+                if previous is None:
+                    wrong.append(f"{doc.name}: {path} (no such test module, or more than one)")
+                    continue
+            if previous is None or name not in defined[previous]:
+                wrong.append(f"{doc.name}: {path or '…'}::{name}")
+        for name in set(re.findall(r"\b(test_\w+)\b", text)):
+            if name not in everywhere:
+                wrong.append(f"{doc.name}: {name}")
+    assert wrong == [], wrong
+
+
+def test_every_setting_a_doc_names_is_one_the_controller_reads() -> None:
+    """A ``CONTROLLER_…`` name in a doc is a setting the parser reads (no stale or misspelt one)."""
+    from controller.config import KEYS
+
+    unknown = []
+    for doc, text in _claims():
+        for name in set(re.findall(r"\bCONTROLLER_[A-Z0-9_]*[A-Z0-9]\b", text)):
+            if name not in KEYS:
+                unknown.append(f"{doc.name}: {name}")
+    assert unknown == [], unknown
+
+
+def test_every_metric_a_doc_names_is_exported() -> None:
+    """A ``controller_…`` metric in a doc is one the controller exports."""
+    from tests.support.metrics import exported
+
+    known = exported()
+    unknown = []
+    for doc, text in _claims():
+        for name in set(re.findall(r"\bcontroller_[a-z_]*[a-z]\b", text)):
+            if name not in known:
+                unknown.append(f"{doc.name}: {name}")
+    assert unknown == [], unknown
+
+
+def _settings_rows() -> dict[str, str]:
+    """README's settings table: each variable named at the start of a row, with its row."""
+    rows = {}
+    for line in _text(ROOT / "README.md").splitlines():
+        for name in re.findall(r"^\| `(CONTROLLER_[A-Z0-9_]+)`(?: / `(_FILE)`)?", line):
+            rows[name[0]] = line
+            if name[1]:
+                rows[name[0] + "_FILE"] = line
+    return rows
+
+
+def test_the_settings_table_names_every_setting_and_every_numbers_range() -> None:
+    """Every setting the parser reads has its row in README's table (a secret's ``_FILE`` variant
+    on its row: ``CONTROLLER_X`` / ``_FILE``), the table names no setting the parser does not read,
+    and every number's row states the range ``config`` enforces (``BOUNDS``), as ``min–max``."""
+    rows = _settings_rows()
+    assert KEYS - set(rows) == set(), sorted(KEYS - set(rows))
+    assert set(rows) - KEYS == set(), sorted(set(rows) - KEYS)
+    for name, (minimum, maximum) in BOUNDS.items():
+        assert f"range {number_text(minimum)}–{number_text(maximum)}" in rows[name], name

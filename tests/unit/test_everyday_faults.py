@@ -16,7 +16,8 @@ import itertools
 
 import pytest
 
-from controller.lifecycle import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Missing, Routing, Verdict, decide
+from controller.decide import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Missing, Verdict, decide
+from controller.lifecycle import Routing
 from controller.model import Handle, Health, Record, Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
@@ -305,3 +306,11 @@ def test_a_used_or_stopped_prestarted_sandbox_frees_its_room() -> None:
     assert saved is not None and not saved.prestarted
     world.clock.advance(FIRST_LOOK_SECONDS)
     assert created(world, 1, first=2) == [Verdict.START]
+
+
+def test_deadlines_are_looked_at_one_timer_resolution_after_they_pass() -> None:
+    """L12: the decisions' margin past a deadline is the scheduler's timer resolution (the two
+    modules cannot share the constant: ``decide`` imports nothing that logs)."""
+    from controller import decide, timers
+
+    assert decide.MARGIN_SECONDS == timers.RESOLUTION_SECONDS

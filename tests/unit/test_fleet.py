@@ -8,9 +8,8 @@ from dataclasses import replace
 import pytest
 
 from controller import fleet
-from controller.fleet import LastDecision
-from controller.lifecycle import Verdict
-from controller.model import Health, SessionStatus
+from controller.decide import Verdict
+from controller.model import Health, LastDecision, SessionStatus
 from tests.support.fakes import GRACE, World, make_session
 
 

@@ -9,8 +9,9 @@ from dataclasses import replace
 import pytest
 
 from controller import timers
+from controller.decide import FIRST_LOOK_SECONDS, Cause, Decision, Verdict, decide
 from controller.errors import Fenced
-from controller.lifecycle import FIRST_LOOK_SECONDS, Cause, Decision, Routing, Verdict, decide
+from controller.lifecycle import Routing
 from controller.model import Handle, Health, Record, Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 

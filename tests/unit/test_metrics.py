@@ -117,7 +117,7 @@ def test_warm_pool_gauges_follow_the_last_tending_and_placements_are_counted_by_
     metrics, pools = Metrics(), WarmPoolCollector()
     metrics.registry.register(pools)
     assert not [name for name in samples(metrics) if name.startswith(WARM_PODS)]
-    parts = wiring.SchedulerParts(None, None, None, None, metrics, None, None, pools)  # type: ignore[arg-type]
+    parts = wiring.SchedulerParts(None, None, None, None, metrics, pools=pools)  # type: ignore[arg-type]
     parts.on_pools([PoolState("fast", size=3, ready=1, starting=2), PoolState("gpu", size=1, ready=1, starting=0)])
     found = samples(metrics)
     assert found[WARM_PODS + "[('state', 'ready'), ('template', 'fast')]"] == 1

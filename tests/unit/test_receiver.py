@@ -23,6 +23,8 @@ from controller.signing import Verifier
 from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET, action_required, session_event, signed
 from tests.support.fakes import FakeInbox
 
+OTHER_SECRET = "whsec_" + base64.b64encode(b"another signing secret, 32 bytes").decode()
+
 NOW = 1_700_000_000
 LIMIT = 4096
 
@@ -379,7 +381,7 @@ def test_with_prestart_a_creation_is_enqueued(inbox: FakeInbox, clock: FakeClock
 
 def test_services_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
     """L3: settings' secrets (several, during rotation) build the verifier."""
-    settings = WebhookSettings(secrets=(Secret("whsec_b2xk"), Secret(SECRET)), max_body_bytes=1024)
+    settings = WebhookSettings(secrets=(Secret(OTHER_SECRET), Secret(SECRET)), max_body_bytes=1024)
     services = ReceiverServices.from_settings(settings, inbox, clock)
     assert services.max_body_bytes == 1024
     with TestClient(create_app(services)) as client:
@@ -551,8 +553,22 @@ def test_a_lone_surrogate_against_the_redis_inbox_is_422_not_503(clock: FakeCloc
 
     server = fakeredis.FakeServer()
 
+    class NoReplicas:
+        """fakeredis's async client with the pipelined client's script call: no replica to wait for."""
+
+        def __init__(self) -> None:
+            self._client = fakeredis.FakeAsyncRedis(server=server, decode_responses=True)
+
+        def register_script(self, text: str) -> Any:
+            script = self._client.register_script(text)
+
+            async def call(keys: Any = (), args: Any = (), replicated: bool = False) -> Any:
+                return await script(keys=keys, args=args)
+
+            return call
+
     def inbox() -> RedisInbox:
-        return RedisInbox(fakeredis.FakeAsyncRedis(server=server, decode_responses=True), "q", 3600)
+        return RedisInbox(NoReplicas(), "q", 3600)  # type: ignore[arg-type]
 
     with pytest.raises(UnicodeEncodeError):  # what the receiver used to turn into a 503
         anyio.run(inbox().submit, Job("\ud800", "msg_direct", "agent.session.action_required"))

@@ -84,6 +84,7 @@ def test_a_pod_is_seen_as_the_lifecycle_reads_it() -> None:
     from kubernetes import client
 
     from controller.runners.kubernetes import names
+    from controller.runners.kubernetes.api import pod_of
     from controller.runners.kubernetes.watch import sighting
 
     def pod(phase: str, ready: str, restarts: int, terminated: bool = False) -> client.V1Pod:
@@ -110,11 +111,13 @@ def test_a_pod_is_seen_as_the_lifecycle_reads_it() -> None:
             ),
         )
 
-    assert sighting(pod("Running", "True", 2)) == Sighting("sess_1", "uid-1", Health.RUNNING, ready=True, restarts=2)
-    assert sighting(pod("Pending", "False", 0)) == Sighting("sess_1", "uid-1", Health.STARTING)
-    assert sighting(pod("Running", "False", 0, terminated=True)).health is Health.FAILED
-    assert sighting(pod("Failed", "False", 0)).health is Health.FAILED
+    assert sighting(pod_of(pod("Running", "True", 2))) == Sighting(
+        "sess_1", "uid-1", Health.RUNNING, ready=True, restarts=2
+    )
+    assert sighting(pod_of(pod("Pending", "False", 0))) == Sighting("sess_1", "uid-1", Health.STARTING)
+    assert sighting(pod_of(pod("Running", "False", 0, terminated=True))).health is Health.FAILED
+    assert sighting(pod_of(pod("Failed", "False", 0))).health is Health.FAILED
     unannotated = client.V1Pod(
         metadata=client.V1ObjectMeta(name="x", uid="u"), status=client.V1PodStatus(phase="Running")
     )
-    assert sighting(unannotated) == Sighting("", "u", Health.RUNNING)
+    assert sighting(pod_of(unannotated)) == Sighting("", "u", Health.RUNNING)

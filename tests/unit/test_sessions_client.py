@@ -124,7 +124,7 @@ def test_429_with_retry_after_is_retried_after_the_servers_wait() -> None:
 
 def test_retry_after_is_capped() -> None:
     """A huge Retry-After is capped, so a worker is not parked for hours at the HTTP edge."""
-    from controller.sessions import retry_after_seconds
+    from controller.agents_api import retry_after_seconds
 
     assert retry_after_seconds(httpx.Response(429, headers={"Retry-After": "86400"})) == 30.0
     assert retry_after_seconds(httpx.Response(429, headers={"Retry-After": "-3"})) == 0.0

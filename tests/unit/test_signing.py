@@ -5,6 +5,9 @@ from __future__ import annotations
 import base64
 import hmac
 import logging
+import os
+import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -367,3 +370,87 @@ def test_a_secrets_file_is_looked_at_most_once_a_second_and_a_bad_one_changes_no
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 3 and all("the secrets in use stay" in w for w in warnings)
     assert "not base64!" not in caplog.text
+
+
+# -- weak secrets are refused ------------------------------------------------------------------
+
+SHORT = [
+    "whsec_",  # an empty HMAC key: anyone can sign with it
+    "wh",  # a truncated file
+    "whsec_" + base64.b64encode(b"x" * 23).decode(),  # one byte short, whsec_ form
+    "y" * 23,  # one byte short, plain form
+]
+
+
+@pytest.mark.parametrize("short", SHORT)
+def test_a_key_shorter_than_24_bytes_is_refused_by_name_never_by_value(short: str) -> None:
+    """L3: Standard Webhooks asks for 24 to 64 random bytes: a shorter key (after whsec_
+    decoding, or as plain UTF-8) is refused wherever a secret is taken in, and the problem
+    never quotes it."""
+    secrets, problems = signing.parse_secrets(f"{NEW_SECRET},{short}")
+    assert secrets == [NEW_SECRET]
+    assert len(problems) == 1 and problems[0].startswith("secret #2 has fewer than 24 bytes of key material")
+    with pytest.raises(ValueError, match="fewer than 24 bytes") as raised:
+        Verifier([NEW_SECRET, short])
+    if len(short) > 6:
+        assert short not in problems[0] and short not in str(raised.value)
+
+
+def test_a_key_of_exactly_24_bytes_is_taken() -> None:
+    """L3: the bound is inclusive, in both forms."""
+    for secret in ("whsec_" + base64.b64encode(b"k" * 24).decode(), "p" * 24):
+        assert signing.parse_secrets(secret) == ([secret], [])
+        Verifier([secret])
+
+
+def _refusals(tmp_path: Path) -> tuple[signing.FileVerifier, Ticks, list[str]]:
+    _swap(tmp_path, "secrets", OLD_SECRET)
+    ticks, refused = Ticks(), []
+    verifier = signing.FileVerifier(tmp_path / "secrets", [OLD_SECRET], monotonic=ticks, on_refused=refused.append)
+    return verifier, ticks, refused
+
+
+@pytest.mark.parametrize("short", ["whsec_", "wh"])
+def test_a_secrets_file_truncated_to_a_short_key_keeps_the_last_good_secret(
+    tmp_path: Path, short: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """L3: a secrets file truncated to ``whsec_`` or ``wh`` is not taken up: the genuine secret
+    still verifies, a delivery forged with the short key is refused, and the refusal is a
+    warning and ``on_refused("invalid")`` (the receiver's metric)."""
+    verifier, ticks, refused = _refusals(tmp_path)
+    _swap(tmp_path, "secrets", short)
+    ticks.now += 1
+    forged_key = secret_key(short)
+    forged = headers("msg_forged", TS, sign(forged_key, "msg_forged", TS, b"{}"))
+    with pytest.raises(SignatureError):
+        verifier.verify(forged, b"{}", now=TS)
+    assert verifier.verify(sign_headers(OLD_SECRET, "msg_ok", TS, b"{}"), b"{}", now=TS).webhook_id == "msg_ok"
+    assert refused == ["invalid"]
+    [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
+    assert "the secrets in use stay" in warning.getMessage()
+
+
+def _bounded(call: Callable[[], object]) -> None:
+    """Run ``call`` in a thread; fail (instead of hanging the suite) if it blocks for 5 s."""
+    done = threading.Event()
+    thread = threading.Thread(target=lambda: (call(), done.set()), daemon=True)
+    thread.start()
+    assert done.wait(5), "blocked on the secrets path"
+
+
+@pytest.mark.parametrize("make", ["fifo", "directory"])
+def test_a_secrets_path_that_is_not_a_regular_file_is_refused_without_blocking(
+    tmp_path: Path, make: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """L3: a FIFO (which would block a reader until something writes to it) or a directory put
+    where the secrets file was is refused at once, as ``not_a_file``; the last good secret stays."""
+    verifier, ticks, refused = _refusals(tmp_path)
+    target = tmp_path / "..data" / "secrets"
+    target.unlink()
+    os.mkfifo(target) if make == "fifo" else target.mkdir()
+    ticks.now += 1
+    ok = sign_headers(OLD_SECRET, "msg_ok", TS, b"{}")
+    _bounded(lambda: verifier.verify(ok, b"{}", now=TS))
+    assert refused == ["not_a_file"]
+    assert any("not a regular file" in str(getattr(r, "reason", "")) for r in caplog.records)
+    assert verifier.verify(ok, b"{}", now=TS).webhook_id == "msg_ok"

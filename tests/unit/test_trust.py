@@ -9,18 +9,17 @@ from pathlib import Path
 import pytest
 
 from controller import trust
-from controller.clock import FakeClock
 from controller.config import PREFIX, Settings
+from controller.decide import Decision, Verdict, decide
 from controller.errors import ConfigError, RunnerRejected
 from controller.events import MALFORMED_SESSION_ID, classify, parse
-from controller.lifecycle import Decision, Deps, Routing, Verdict, decide, work
-from controller.metrics import SESSIONS_REFUSED_TOTAL, Metrics
+from controller.lifecycle import Routing
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.runners.base import checked
 from controller.runners.local import LocalRunner
 from controller.trust import DEFAULT_POLICY, Policy, pattern_problem, remote_url_problem, spec_problem, untrusted
 from tests.support.deliveries import envelope
-from tests.support.fakes import FakeRunner, FakeSessions, FakeStore, make_session
+from tests.support.fakes import World, make_session
 
 LOOPBACK = Policy(("127.0.0.1", "localhost", "::1"))
 HOST_NOT_ALLOWED = "remote_url host is not allowed"
@@ -304,31 +303,6 @@ def test_a_failed_session_with_compute_is_still_released() -> None:
 # --- work: acted on, logged, counted ---------------------------------------------------------
 
 
-class World:
-    def __init__(self, policy: Policy = DEFAULT_POLICY) -> None:
-        self.sessions = FakeSessions()
-        self.store = FakeStore()
-        self.runner = FakeRunner()
-        self.metrics = Metrics()
-        self.deps = Deps(
-            sessions=self.sessions,
-            store=self.store,
-            runner=self.runner,
-            clock=FakeClock(T0),
-            trust_policy=policy,
-            on_refusal=lambda kind: self.metrics.inc(SESSIONS_REFUSED_TOTAL, reason=kind),
-        )
-
-    def deliver(self, session_id: str = "sess_1") -> list[Decision]:
-        self.store.want(session_id)
-        result = work(session_id, self.deps)
-        assert isinstance(result, list)
-        return result
-
-    def refused(self, kind: str) -> float:
-        return self.metrics.value(SESSIONS_REFUSED_TOTAL, reason=kind)
-
-
 def test_work_never_starts_a_session_with_a_foreign_remote_url(caplog: pytest.LogCaptureFixture) -> None:
     """L2: refused → no runner call at all, one "session refused" line, counted by reason."""
     world = World()
@@ -337,7 +311,7 @@ def test_work_never_starts_a_session_with_a_foreign_remote_url(caplog: pytest.Lo
     assert decision.verdict is Verdict.IGNORE and decision.refused == trust.REMOTE_URL
     assert [c for c in world.runner.calls if c[0] == "ensure"] == []
     assert world.store.record("sess_1") is None
-    assert world.refused(trust.REMOTE_URL) == 1
+    assert world.refusals[trust.REMOTE_URL] == 1
     lines = [r for r in caplog.records if r.getMessage() == "session refused"]
     assert len(lines) == 1 and lines[0].refused == trust.REMOTE_URL
     assert world.store.counters("sess_1") == (1, 1)  # the work was done (by refusing), not left owed
@@ -350,15 +324,15 @@ def test_work_refuses_a_malformed_session_id_before_any_lookup(session_id: str) 
     [decision] = world.deliver(session_id)
     assert decision.refused == trust.SESSION_ID
     assert world.sessions.gets == 0 and world.runner.calls == []
-    assert world.refused(trust.SESSION_ID) == 1
+    assert world.refusals[trust.SESSION_ID] == 1
 
 
 def test_work_starts_a_listed_loopback_session() -> None:
     """L2/L8: with the simulator's host listed, the same session starts."""
-    world = World(LOOPBACK)
+    world = World(trust_policy=LOOPBACK)
     world.sessions.put(make_session(remote_url="http://127.0.0.1:9999"))
     assert [d.verdict for d in world.deliver()] == [Verdict.START]
-    assert world.refused(trust.REMOTE_URL) == 0
+    assert world.refusals[trust.REMOTE_URL] == 0
 
 
 # --- the receiver drops a malformed session id -----------------------------------------------

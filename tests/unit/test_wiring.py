@@ -6,10 +6,14 @@ import io
 import logging
 from pathlib import Path
 
+import pytest
+
 from controller import logs, queue, task_message, wiring
 from controller.config import PREFIX, Settings
-from controller.lifecycle import Decision, Deps, Verdict
+from controller.decide import Decision, Verdict
+from controller.lifecycle import Deps
 from controller.metrics import DECISIONS_TOTAL, Metrics
+from controller.model import SandboxSpec
 from tests.support.fakes import World, make_session
 
 
@@ -17,7 +21,7 @@ def settings(tmp_path: Path) -> Settings:
     return Settings.from_env(
         {
             PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
-            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret",
+            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret-of-24-bytes",
             PREFIX + "API_KEY": "sk-test-api-key",
             PREFIX + "EXECUTOR_KEY": "envkey-test",
             PREFIX + "RUNNER": "local",
@@ -70,7 +74,7 @@ def test_the_worker_app_has_the_task_the_publisher_names(tmp_path: Path) -> None
 
 def test_every_configured_secret_is_redacted_from_log_lines(tmp_path: Path) -> None:
     formatter = logs.JsonFormatter(wiring.secret_values(settings(tmp_path)))
-    secrets = ("sk-test-api-key", "envkey-test", "a-webhook-secret")
+    secrets = ("sk-test-api-key", "envkey-test", "a-webhook-secret-of-24-bytes")
     record = logging.makeLogRecord({"msg": "leaked: %s %s %s", "args": secrets, "levelname": "INFO"})
     line = formatter.format(record)
     assert not [s for s in secrets if s in line]
@@ -93,3 +97,36 @@ def test_only_the_kubernetes_runner_gets_a_pod_watch_and_it_can_be_turned_off(tm
     assert wiring.pod_watch(settings(tmp_path)) is None
     off = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_WATCH_PODS": "false"})
     assert wiring.pod_watch(off) is None
+
+
+def test_the_redis_and_sentinel_passwords_are_redacted_from_log_lines(tmp_path: Path) -> None:
+    with_sentinels = Settings.from_env(
+        {
+            PREFIX + "REDIS_URL": "redis://:the-redis%2Fpassword@mymaster/0",
+            PREFIX + "REDIS_SENTINELS": "127.0.0.1:26379",
+            PREFIX + "REDIS_SENTINEL_PASSWORD": "the-sentinel-password",
+        }
+    )
+    formatter = logs.JsonFormatter(wiring.secret_values(with_sentinels))
+    record = logging.makeLogRecord(
+        {"msg": "leaked: %s %s", "args": ("the-redis/password", "the-sentinel-password"), "levelname": "INFO"}
+    )
+    line = formatter.format(record)
+    assert "password" not in line.replace("[REDACTED]", "") and line.count("[REDACTED]") == 2
+
+
+def test_the_ca_bundle_setting_reaches_the_pods_the_kubernetes_runner_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP → every sandbox pod mounts it (no cluster needed:
+    the runner is only built, never asked to call the API)."""
+    from controller.runners.kubernetes import api, templates
+    from controller.runners.kubernetes.manifests import SandboxTemplate, make_pod
+    from controller.runners.kubernetes.runner import KubernetesRunner
+
+    monkeypatch.setattr(api, "connect", lambda *args, **kwargs: object())
+    s = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_CA_BUNDLE_CONFIGMAP": "proxy-ca"})
+    runner = wiring.kubernetes_runner(s, templates.load(None, SandboxTemplate()))
+    assert isinstance(runner, KubernetesRunner)
+    spec = SandboxSpec("sess_ca", "env_ca", "https://api.openai.com", "/workspace")
+    pod = make_pod(spec, 1, SandboxTemplate(), runner._settings)
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "ca-bundle"]
+    assert volume["configMap"]["name"] == "proxy-ca"

@@ -105,6 +105,7 @@ def pool_selector(template: str) -> str:
 
 
 def placement_name(session_id: str, generation: int) -> str:
-    """The name of the Event that records which pod serves a session's generation (warm pools:
-    a claimed pod's own name says nothing about its session). Unique per session and generation."""
+    """The name of the placement record (a Lease) that says which pod serves a session's
+    generation (warm pools: a claimed pod's own name says nothing about its session). Unique per
+    session and generation."""
     return f"{pod_name(session_id, generation)}.placed"

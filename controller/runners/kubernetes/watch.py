@@ -7,7 +7,9 @@ resumes from the last resource version it saw (bookmarks keep that fresh), so no
 missed across the cycle. When that version has expired (HTTP 410 Gone), it lists again and
 compares the list with what it knew (``sandbox_changes.look_again_after_list``): a pod deleted
 while it was away is still noticed. Any other error (the API server away, 5xx, a connection
-reset) is retried with a bounded, jittered backoff, resuming where it stopped.
+reset) is retried with a bounded, jittered backoff, resuming where it stopped. The list and
+the stream go through ``api.KubeApi`` (the one door; its errors, translated there, are logged
+here: a missing permission names the grant it needs).
 
 Each pod seen becomes a ``Sighting``; ``sandbox_changes.look_again`` decides whether the change
 matters (deleted, failed, a container terminated or restarted, became Ready), and if it does
@@ -23,16 +25,12 @@ from __future__ import annotations
 import random
 import threading
 from collections.abc import Callable
-from typing import Any
-
-from kubernetes import client as k8s
-from kubernetes import watch as k8s_watch
-from kubernetes.client.exceptions import ApiException
-from urllib3.exceptions import HTTPError as Urllib3Error
 
 from controller import logs
+from controller.errors import ControllerError
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.runner import health_of
+from controller.runners.kubernetes.api import Expired, KubeApi, PodStream
+from controller.runners.kubernetes.objects import Pod
 from controller.sandbox_changes import Sighting, look_again, look_again_after_list
 
 log = logs.get(__name__)
@@ -44,18 +42,9 @@ BACKOFF_SECONDS = (0.5, 30.0)
 """First and longest wait before retrying after an error (doubling, with jitter)."""
 
 
-def sighting(pod: Any) -> Sighting:
+def sighting(pod: Pod) -> Sighting:
     """What ``sandbox_changes`` needs to know about a pod."""
-    status = pod.status
-    conditions = (status.conditions if status else None) or []
-    containers = (status.container_statuses if status else None) or []
-    return Sighting(
-        session_id=(pod.metadata.annotations or {}).get(names.SESSION_ID_ANNOTATION, ""),
-        uid=pod.metadata.uid or "",
-        health=health_of(pod),
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        restarts=sum(c.restart_count or 0 for c in containers),
-    )
+    return Sighting(pod.session_id, pod.uid, pod.health, ready=pod.ready, restarts=pod.restarts)
 
 
 class PodWatch:
@@ -63,12 +52,12 @@ class PodWatch:
 
     def __init__(
         self,
-        api: k8s.CoreV1Api,
+        kube: KubeApi,
         namespace: str,
         timeout_seconds: int = TIMEOUT_SECONDS,
         backoff_seconds: tuple[float, float] = BACKOFF_SECONDS,
     ) -> None:
-        self._api = api
+        self._kube = kube
         self._ns = namespace
         self._timeout = timeout_seconds
         self._backoff = backoff_seconds
@@ -82,7 +71,7 @@ class PodWatch:
         self._live = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._current: k8s_watch.Watch | None = None
+        self._current: PodStream | None = None
 
     # -- the scheduler's side -------------------------------------------------------------
 
@@ -101,7 +90,7 @@ class PodWatch:
         while thread is not None and thread.is_alive() and waited < timeout:
             current = self._current
             if current is not None:
-                current.stop()  # type: ignore[no-untyped-call]  # again each time: the request may not have been open yet
+                current.stop()  # again each time: the request may not have been open yet
             thread.join(0.2)
             waited += 0.2
         self._thread = None
@@ -122,37 +111,32 @@ class PodWatch:
                         self._list(notify)
                     self._watch(notify)
                     failures = 0
-                except ApiException as exc:
-                    if exc.status == 410:
-                        log.info("pod watch expired; listing the pods again", extra={"namespace": self._ns})
-                        self.resource_version = None
-                        continue
-                    failures += 1
-                    self._failed(failures, f"HTTP {exc.status}: {exc.reason}", exc.status)
-                except (Urllib3Error, OSError, ValueError) as exc:
+                except Expired:
+                    log.info("pod watch expired; listing the pods again", extra={"namespace": self._ns})
+                    self.resource_version = None
+                    continue
+                except (ControllerError, ValueError) as exc:  # refused, unreachable, or a garbled answer
                     if self._stop.is_set():
                         break  # ``stop`` cut the connection
                     failures += 1
-                    self._failed(failures, type(exc).__name__, None)
-                except Exception as exc:  # a bug or an untranslated error: say so, keep watching
+                    self._failed(failures, str(exc) or type(exc).__name__)
+                except Exception as exc:  # a bug: say so, keep watching
                     if self._stop.is_set():
                         break
                     failures += 1
                     log.exception("pod watch failed unexpectedly", extra={"error_type": type(exc).__name__})
-                    self._failed(failures, type(exc).__name__, None)
+                    self._failed(failures, type(exc).__name__)
         finally:
             self._live.clear()  # nobody watches now: partial sweeps must not count on it
         log.info("pod watch stopped", extra={"namespace": self._ns})
 
     def _list(self, notify: Callable[[str], None]) -> None:
-        pods = self._api.list_namespaced_pod(
-            self._ns, label_selector=names.managed_selector(), _request_timeout=LIST_TIMEOUT_SECONDS
-        )
+        pods, version = self._kube.list_pods_at(self._ns, names.managed_selector(), LIST_TIMEOUT_SECONDS)
         self.lists += 1
-        listed = [sighting(pod) for pod in pods.items]
+        listed = [sighting(pod) for pod in pods]
         changed = look_again_after_list(self.known, listed)
         self.known = {s.uid: s for s in listed}
-        self.resource_version = pods.metadata.resource_version if pods.metadata else None
+        self.resource_version = version
         self._live.set()
         if self.lists > 1 or changed:
             log.info(
@@ -162,24 +146,16 @@ class PodWatch:
             notify(session_id)
 
     def _watch(self, notify: Callable[[str], None]) -> None:
-        current = k8s_watch.Watch()  # type: ignore[no-untyped-call]
+        current = self._kube.watch_pods(self._ns, names.managed_selector(), self.resource_version, self._timeout)
         self._current = current
         if self._stop.is_set():
             return
         self.streams += 1
-        stream = current.stream(  # type: ignore[no-untyped-call]
-            self._api.list_namespaced_pod,
-            self._ns,
-            label_selector=names.managed_selector(),
-            resource_version=self.resource_version,
-            allow_watch_bookmarks=True,
-            timeout_seconds=self._timeout,
-            _request_timeout=self._timeout + 30,  # a connection that went silent is given up
-        )
         try:
-            for event in stream:
+            for kind, pod in current:
                 self._live.set()
-                self._observe(event["type"], event["object"], notify)
+                if pod is not None:  # None: a bookmark, which only moves the resource version
+                    self._observe(kind, pod, notify)
                 if current.resource_version:
                     self.resource_version = current.resource_version
                 if self._stop.is_set():
@@ -188,9 +164,7 @@ class PodWatch:
             self._current = None
         self._live.set()  # the server closed the watch as asked: resume from resource_version
 
-    def _observe(self, kind: str, pod: Any, notify: Callable[[str], None]) -> None:
-        if kind == "BOOKMARK":
-            return
+    def _observe(self, kind: str, pod: Pod, notify: Callable[[str], None]) -> None:
         now = sighting(pod)
         before = self.known.get(now.uid)
         if kind == "DELETED":
@@ -202,17 +176,16 @@ class PodWatch:
         if session_id:
             log.info(
                 "sandbox changed; its session is looked at again",
-                extra={"session_id": session_id, "pod": pod.metadata.name, "event": kind, "health": now.health.value},
+                extra={"session_id": session_id, "pod": pod.name, "event": kind, "health": now.health.value},
             )
             notify(session_id)
 
-    def _failed(self, failures: int, reason: str, status: int | None) -> None:
+    def _failed(self, failures: int, reason: str) -> None:
         self._live.clear()
         first, longest = self._backoff
         wait = min(longest, first * 2 ** (failures - 1)) * random.uniform(0.5, 1.0)
-        hint = " (grant 'watch' on 'pods' in the sandbox namespace)" if status in (401, 403) else ""
         log.warning(
-            f"pod watch failed{hint}; retrying",
+            "pod watch failed; retrying",
             extra={"namespace": self._ns, "reason": reason, "retry_in_seconds": round(wait, 2), "failures": failures},
         )
         self._stop.wait(wait)

@@ -161,6 +161,8 @@ Where the mounted files live inside the controller's containers.
 {{- define "sandbox-controller.webhookSecretsPath" -}}/var/run/secrets/sandbox-controller/webhook/secrets{{- end }}
 {{- define "sandbox-controller.apiKeyPath" -}}/var/run/secrets/sandbox-controller/api/key{{- end }}
 {{- define "sandbox-controller.templatesPath" -}}/etc/sandbox-controller/templates/templates.json{{- end }}
+{{- define "sandbox-controller.redisSentinelPasswordPath" -}}/var/run/secrets/sandbox-controller/redis-sentinel/password{{- end }}
+{{- define "sandbox-controller.redisCaPath" -}}/etc/sandbox-controller/redis-ca/ca.crt{{- end }}
 
 {{/*
 Impossible combinations fail the render with a message that says what to set.
@@ -177,6 +179,15 @@ Impossible combinations fail the render with a message that says what to set.
 {{- end }}
 {{- if and .Values.redis.url .Values.redis.existingSecret }}
 {{- fail "redis: set redis.url or redis.existingSecret, not both" }}
+{{- end }}
+{{- if and .Values.redis.enabled (or .Values.redis.sentinel.addresses .Values.redis.sentinel.existingSecret .Values.redis.tls.caSecret) }}
+{{- fail "redis.sentinel and redis.tls are for an external Redis (redis.enabled=false with redis.url or redis.existingSecret); the bundled Redis is one pod, without Sentinel or TLS" }}
+{{- end }}
+{{- if and (not .Values.redis.sentinel.addresses) (or .Values.redis.sentinel.masterName .Values.redis.sentinel.existingSecret) }}
+{{- fail "redis.sentinel.masterName and redis.sentinel.existingSecret need redis.sentinel.addresses" }}
+{{- end }}
+{{- if and .Values.redis.tls.caSecret .Values.redis.url (not (hasPrefix "rediss://" .Values.redis.url)) }}
+{{- fail "redis.tls.caSecret is for TLS: redis.url must be a rediss:// URL" }}
 {{- end }}
 {{- if and (not .Values.webhook.signingSecrets) (not .Values.webhook.existingSecret) }}
 {{- fail "webhook: no signing secret: set webhook.signingSecrets (from `POST /v1/webhook_endpoints`) or webhook.existingSecret" }}
@@ -258,7 +269,8 @@ The checksum of everything the controller reads at start-up: a change rolls its 
 {{- end }}
 
 {{/*
-Environment shared by receiver, worker and scheduler: the ConfigMap plus the Redis URL Secret.
+Environment shared by receiver, worker and scheduler: the ConfigMap plus the Redis URL Secret,
+and the files of an external Redis's sentinel password and TLS CA, when given.
 */}}
 {{- define "sandbox-controller.commonEnv" -}}
 - name: CONTROLLER_REDIS_URL
@@ -266,6 +278,14 @@ Environment shared by receiver, worker and scheduler: the ConfigMap plus the Red
     secretKeyRef:
       name: {{ include "sandbox-controller.redisSecretName" . }}
       key: {{ .Values.redis.existingSecretKey }}
+{{- if .Values.redis.sentinel.existingSecret }}
+- name: CONTROLLER_REDIS_SENTINEL_PASSWORD_FILE
+  value: {{ include "sandbox-controller.redisSentinelPasswordPath" . | quote }}
+{{- end }}
+{{- if .Values.redis.tls.caSecret }}
+- name: CONTROLLER_REDIS_CA_FILE
+  value: {{ include "sandbox-controller.redisCaPath" . | quote }}
+{{- end }}
 {{- end }}
 
 {{/*
@@ -278,6 +298,24 @@ Volumes and mounts: a writable /tmp (the root filesystem is read-only) and the s
 - name: sandbox-templates
   configMap:
     name: {{ include "sandbox-controller.templatesConfigMapName" . }}
+{{- if .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  secret:
+    secretName: {{ .Values.redis.sentinel.existingSecret }}
+    defaultMode: 0440
+    items:
+      - key: {{ .Values.redis.sentinel.existingSecretKey }}
+        path: {{ include "sandbox-controller.redisSentinelPasswordPath" . | base }}
+{{- end }}
+{{- if .Values.redis.tls.caSecret }}
+- name: redis-ca
+  secret:
+    secretName: {{ .Values.redis.tls.caSecret }}
+    defaultMode: 0444
+    items:
+      - key: {{ .Values.redis.tls.caKey }}
+        path: {{ include "sandbox-controller.redisCaPath" . | base }}
+{{- end }}
 {{- end }}
 
 {{- define "sandbox-controller.commonVolumeMounts" -}}
@@ -286,6 +324,16 @@ Volumes and mounts: a writable /tmp (the root filesystem is read-only) and the s
 - name: sandbox-templates
   mountPath: {{ include "sandbox-controller.templatesPath" . | dir }}
   readOnly: true
+{{- if .Values.redis.sentinel.existingSecret }}
+- name: redis-sentinel-password
+  mountPath: {{ include "sandbox-controller.redisSentinelPasswordPath" . | dir }}
+  readOnly: true
+{{- end }}
+{{- if .Values.redis.tls.caSecret }}
+- name: redis-ca
+  mountPath: {{ include "sandbox-controller.redisCaPath" . | dir }}
+  readOnly: true
+{{- end }}
 {{- end }}
 
 {{- define "sandbox-controller.apiKeyVolume" -}}

@@ -1,0 +1,405 @@
+"""The decisions about one session's sandbox, as plain functions of what was observed.
+
+``decide(session, record, health, connected, now, …)`` returns a ``Decision``: a ``Verdict``
+(start, replace, keep, stop, release, discard, ignore), the reason in words, and when to look
+again (``recheck_at``). It reads nothing and changes nothing: ``lifecycle`` observes (the
+session, its record, the sandbox's health and link, one reading of Redis's clock), asks
+``decide``, and carries the verdict out under the session's lease. An import contract
+(``.importlinter``) keeps every I/O library, the store, the runners, the sessions adapter and
+logging out of this module.
+
+The rules it follows (L1–L18, ``docs/lifecycle.md``):
+
+- Only an ``environment_connection`` action starts compute (L7, L9, L10), for a session that
+  is ours (L6) and whose ``remote_url`` may get the executor key (L2, ``trust``); a session of
+  a pre-started agent may get one at its creation, within the pre-start window (L9).
+- A healthy sandbox is kept; one gone, failed, terminating, serving another environment, past
+  its maximum lifetime, or whose executor's link has been down past the grace period while a
+  connection is wanted, is replaced by exactly one new one (L1, L14). The grace period counts
+  only while the link is down: from the first look that sees it down (a new sandbox: from
+  its start, until a look first sees it connected; it is looked at ``FIRST_LOOK_SECONDS``
+  after its start, then each time as long again as its age) to any look that sees it up.
+- A sandbox whose session wants no connection is stopped once the session has been idle for
+  the idle timeout (L11–L13), its workspace kept (L16) and discarded after its retention.
+- A failed session's compute is released (L7); a session whose read answers 404 counts as
+  deleted only once its reads have answered 404 for the confirmation period, and only when
+  most of the other sessions read to confirm it answer (``Missing``); until then nothing of it
+  is destroyed (L7, L17).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Protocol
+
+from controller import trust
+from controller.model import Health, Record, Session, SessionStatus
+
+
+class Verdict(StrEnum):
+    START = "start"  # no sandbox yet (or a stopped one): start one
+    REPLACE = "replace"  # sandbox gone, failed, terminating, never connected or too old: exactly one new one
+    KEEP = "keep"  # healthy sandbox: its executor reconnects by itself (L14); or idle within the timeout
+    STOP = "stop"  # idle past the timeout (or too old, or dead) with no connection wanted: stop, keep the workspace
+    RELEASE = "release"  # failed or deleted session: free its compute and its workspace
+    DISCARD = "discard"  # a stopped session's workspace is past its retention: delete it
+    IGNORE = "ignore"  # nothing to do (deleted without compute, action resolved, not ours)
+
+
+class Cause(StrEnum):
+    """Why a sandbox stopped (the ``reason`` label of ``controller_sandboxes_stopped_total``)."""
+
+    IDLE = "idle"
+    LIFETIME = "lifetime"
+    FAILED = "failed"
+    DELETED = "deleted"
+    REPLACED = "replaced"
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str
+    refused: str | None = None
+    """Set when the session was refused (L2): the ``trust.Refusal`` kind, a fixed word."""
+    recheck_at: float | None = None
+    """When to look at the session again (Unix seconds; ``controller.timers``); None: only on
+    the next event or sweep. "Requeue, don't wait for the next event"."""
+    cause: Cause | None = None
+    """Why a sandbox stops (STOP, RELEASE, REPLACE)."""
+    update: Record | None = None
+    """The record as it should be stored after this decision, when it changed (KEEP, IGNORE)."""
+    missing_since: float | None = None
+    """When the session's reads began answering 404, kept until its deletion is confirmed (or
+    it is found again: None clears it)."""
+    gone: bool = False
+    """The session is deleted (confirmed) or failed: its workspace is of no use any more (L16)."""
+    held: bool = False
+    """A deletion that would be confirmed was held because most sessions read answer 404 (a
+    wrong API key, project or base URL): nothing is released while that lasts."""
+    prestart: bool = False
+    """A START before anything asked for the sandbox (L9's pre-start): it needs room in the
+    pre-start budget (``CONTROLLER_PRESTART_MAX_SANDBOXES``), taken when it is carried out."""
+
+
+@dataclass(frozen=True)
+class Missing:
+    """What a round knows of a session whose read answered 404 (L7, L17)."""
+
+    since: float | None = None
+    """When its reads began answering 404 (noted by an earlier round); None: this is the first."""
+    compared: int = 0
+    """Other mapped sessions read to confirm the deletion (0: none to compare with)."""
+    found: int = 0
+    """Of those, how many were found (their read answered)."""
+    not_found: int = 0
+    """Of those, how many answered 404 too."""
+
+
+def refusal(found: trust.Refusal) -> Decision:
+    """Leave a session alone that must not get a sandbox (L2)."""
+    return Decision(Verdict.IGNORE, f"refused: {found.reason}", refused=found.kind)
+
+
+class Routing(Protocol):
+    """Which sessions this controller serves (L6): what ``config.RoutingSettings`` holds."""
+
+    @property
+    def workspace_directory(self) -> str: ...
+
+    @property
+    def agent_ids(self) -> tuple[str, ...]: ...
+
+    @property
+    def metadata_key(self) -> str | None: ...
+
+    @property
+    def metadata_value(self) -> str | None: ...
+
+
+def not_ours(session: Session, routing: Routing) -> str | None:
+    """Why a session is not this controller's business, or None when it is (L6)."""
+    env = session.environment
+    if not env.self_hosted:
+        return f"environment type {env.type!r} is not self_hosted"
+    if env.workspace_directory != routing.workspace_directory:
+        return "workspace directory does not match"
+    if routing.agent_ids and session.agent_id not in routing.agent_ids:
+        return "agent is not one of the configured agent ids"
+    if routing.metadata_key is not None and session.metadata.get(routing.metadata_key) != routing.metadata_value:
+        return "metadata route does not match"
+    return None
+
+
+MARGIN_SECONDS = 1.0
+"""Rechecks of "past a limit" deadlines look one timer resolution (``timers.RESOLUTION_SECONDS``)
+after it: past it, not at it."""
+PRESTART_WINDOW_SECONDS = 300
+"""How new a session must be to be pre-started: a creation's job that waited longer (a backlog,
+the sender's retries) is too late to be worth a sandbox nobody asked for yet."""
+HELD_RECHECK_MAX_SECONDS = 3600.0
+"""A held deletion is looked at again after as long as its session has answered 404, at most this."""
+FIRST_LOOK_SECONDS = 1.0
+"""A new sandbox is looked at again this long after its start, then each time as long again as
+its age, until a look sees its executor connected or its grace period is over."""
+
+
+def decide(
+    session: Session | None,
+    record: Record | None,
+    health: Health | None,
+    connected: bool | None,
+    now: float,
+    grace_seconds: float,
+    routing: Routing,
+    max_lifetime_seconds: float | None = None,
+    policy: trust.Policy = trust.DEFAULT_POLICY,
+    idle_timeout_seconds: float = 0.0,
+    retention_seconds: float = 0.0,
+    prestart: bool = False,
+    missing: Missing | None = None,
+    deletion_confirm_seconds: float = 0.0,
+) -> Decision:
+    """What to do about one session, from what was observed (pure).
+
+    ``connected``: whether the executor holds its link (None: not looked at, or unknown).
+    ``idle_timeout_seconds``: stop an idle session's sandbox this long after its last activity
+    (0: keep warm). ``retention_seconds``: discard a stopped session's workspace this long
+    after the stop (0: keep it until the session is deleted or fails). ``prestart``: the
+    session's agent is one configured to pre-start (L9's eager mode): a session created less
+    than ``PRESTART_WINDOW_SECONDS`` ago with no sandbox yet gets one before it asks.
+    ``missing``: what is known of a session whose read answered 404 (``session`` is None);
+    ``deletion_confirm_seconds``: how long its reads must answer 404 before it counts as deleted.
+    """
+    if session is None:
+        return _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
+    reason = not_ours(session, routing)
+    if reason is not None:
+        return Decision(Verdict.IGNORE, f"not ours: {reason}")
+    if session.status is SessionStatus.FAILED:
+        if record is not None:
+            return Decision(Verdict.RELEASE, "session failed", cause=Cause.FAILED, gone=True)
+        return Decision(Verdict.IGNORE, "session failed; no compute to release", gone=True)
+    if record is not None and record.stopped:
+        return _stopped(session, record, now, grace_seconds, retention_seconds, policy)
+    deadline = record.started_at + max_lifetime_seconds if record is not None and max_lifetime_seconds else None
+    past_lifetime = deadline is not None and now > deadline
+    lifetime_check = deadline + MARGIN_SECONDS if deadline is not None else None
+    if not session.wants_connection:
+        if record is None:
+            if prestart and session.created_at and now - session.created_at <= PRESTART_WINDOW_SECONDS:
+                return _cannot_start(session, policy) or Decision(
+                    Verdict.START,
+                    "pre-start: session just created; no sandbox",
+                    recheck_at=now + FIRST_LOOK_SECONDS,
+                    prestart=True,
+                )
+            return Decision(Verdict.IGNORE, "no environment_connection action pending")
+        if health in (Health.GONE, Health.FAILED):
+            decision = Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
+        elif past_lifetime:
+            decision = Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
+        else:
+            looked = _looked(record, connected, now)
+            if record.prestarted and _used(session):
+                looked = replace(looked or record, prestarted=False)
+            current = looked or record
+            decision = _idle(session, current, now, idle_timeout_seconds, lifetime_check)
+            if decision.verdict is not Verdict.STOP:
+                return replace(
+                    decision,
+                    update=looked,
+                    recheck_at=earliest(decision.recheck_at, _first_look(current, now, grace_seconds)),
+                )
+        if retention_seconds > 0:  # a STOP's next look: the end of retention
+            decision = replace(decision, recheck_at=now + retention_seconds)
+        return decision
+    cannot = _cannot_start(session, policy)
+    if cannot is not None:
+        return cannot
+    first_look = now + FIRST_LOOK_SECONDS  # a new sandbox is looked at again soon (``_first_look``)
+    if record is None:
+        return Decision(Verdict.START, "connection requested; no sandbox", recheck_at=first_look)
+    replaced = Cause.REPLACED
+    if record.environment_id != session.environment.id:
+        return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced, recheck_at=first_look)
+    if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
+        return Decision(
+            Verdict.REPLACE,
+            f"sandbox is {health.value if health else 'unknown'}",
+            cause=replaced,
+            recheck_at=first_look,
+        )
+    if past_lifetime:  # a connection is wanted: a new sandbox, never a release with nothing started
+        return Decision(
+            Verdict.REPLACE,
+            "sandbox is past its maximum lifetime; connection requested",
+            cause=Cause.LIFETIME,
+            recheck_at=first_look,
+        )
+    looked = _looked(record, connected, now)
+    if record.prestarted:  # asked for: it no longer counts against the pre-start budget
+        looked = replace(looked or record, prestarted=False)
+    current = looked or record
+    early = _first_look(current, now, grace_seconds)
+    if connected:
+        soon = earliest(lifetime_check, now + grace_seconds + MARGIN_SECONDS)
+        return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
+    since = current.disconnected_at
+    if connected is None or since is None:  # the link state is unknown (API error): never a reason to replace
+        return Decision(
+            Verdict.KEEP,
+            "executor link state unknown; looking again later",
+            recheck_at=earliest(lifetime_check, early, now + grace_seconds + MARGIN_SECONDS),
+            update=looked,
+        )
+    if now - since <= grace_seconds:
+        return Decision(
+            Verdict.KEEP,
+            "sandbox is up; executor reconnects by itself",
+            recheck_at=earliest(lifetime_check, early, since + grace_seconds + MARGIN_SECONDS),
+            update=looked,
+        )
+    return Decision(
+        Verdict.REPLACE,
+        f"executor not connected for {now - since:.0f}s, past the grace period ({grace_seconds:g}s)",
+        cause=replaced,
+        recheck_at=first_look,
+    )
+
+
+def _looked(record: Record, connected: bool | None, now: float) -> Record | None:
+    """The record after a look at the executor's link, or None when the look changes nothing.
+
+    Seen connected: the grace clock stops (and the sandbox has been seen connected). Seen not
+    connected with no clock running: the clock starts now. Not looked at, or unknown: as it was."""
+    if connected is True:
+        if record.disconnected_at is None and record.seen_connected:
+            return None
+        return replace(record, disconnected_at=None, seen_connected=True)
+    if connected is False and record.disconnected_at is None:
+        return replace(record, disconnected_at=now)
+    return None
+
+
+def _first_look(record: Record, now: float, grace_seconds: float) -> float | None:
+    """When to look again at a new sandbox whose executor no look has seen connected yet: one
+    ``FIRST_LOOK_SECONDS`` after its start, then each time as long again as its age, until its
+    grace period is over (then the grace decides). None once it was seen connected."""
+    if record.seen_connected or record.disconnected_at is None:
+        return None
+    end = record.started_at + grace_seconds + MARGIN_SECONDS
+    if now >= end:
+        return None
+    return min(now + max(FIRST_LOOK_SECONDS, now - record.started_at), end)
+
+
+def _used(session: Session) -> bool:
+    """Whether a pre-started session has been used (input came: a turn ran or was asked for)."""
+    if session.status in (SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION) or session.wants_connection:
+        return True
+    return session.last_active_at is not None and session.last_active_at > session.created_at
+
+
+def _deleted(record: Record | None, missing: Missing, now: float, confirm_seconds: float) -> Decision:
+    """A session whose read answered 404 (L7, L17): deleted only once its reads have answered 404
+    for ``confirm_seconds`` and most of the other sessions read to confirm it answer; until
+    then its sandbox and workspace stay. A single 404, or a wrong key, project or base URL
+    (every read answers 404), destroys nothing."""
+    since = missing.since if missing.since is not None else now
+    kept = Verdict.KEEP if record is not None and not record.stopped else Verdict.IGNORE
+    waited = now - since
+    if waited < confirm_seconds:
+        return Decision(
+            kept,
+            f"session not found (404) for {waited:.0f}s; deleted only after {confirm_seconds:g}s of 404s",
+            recheck_at=since + confirm_seconds + MARGIN_SECONDS,
+            missing_since=since,
+        )
+    if missing.compared and _most_missing(missing):
+        read = missing.compared + 1
+        return Decision(
+            kept,
+            f"deletion held: {missing.not_found + 1} of {read} sessions read answer 404 "
+            f"({missing.compared - missing.found - missing.not_found} unknown); "
+            "a wrong CONTROLLER_API_KEY (another project) or CONTROLLER_API_BASE_URL?",
+            # Looked at again after as long as it has answered 404 (at most HELD_RECHECK_MAX_SECONDS):
+            # a wrong key must not turn every mapped session into reads every minute.
+            recheck_at=now + min(max(confirm_seconds, waited, MARGIN_SECONDS), HELD_RECHECK_MAX_SECONDS),
+            missing_since=since,
+            held=True,
+        )
+    if record is not None:
+        return Decision(Verdict.RELEASE, "session was deleted", cause=Cause.DELETED, gone=True)
+    return Decision(Verdict.IGNORE, "session was deleted", gone=True)
+
+
+def _most_missing(missing: Missing) -> bool:
+    """Whether the sessions read to confirm a deletion (this one included) mostly answered 404,
+    or none of the others could be read at all: no evidence that the API sees our sessions."""
+    if missing.found == 0:
+        return True
+    return 2 * (missing.not_found + 1) > missing.found + missing.not_found + 1
+
+
+def _cannot_start(session: Session, policy: trust.Policy) -> Decision | None:
+    """Why a session asking for a connection must not get a sandbox, or None when it may."""
+    if session.environment.id is None or not session.environment.remote_url:
+        return Decision(Verdict.IGNORE, "session lists no environment id or remote url")
+    refused = trust.untrusted(session, policy)
+    if refused is not None:  # L2: before anything could start or replace a sandbox
+        return refusal(refused)
+    return None
+
+
+def _idle(session: Session, record: Record, now: float, timeout: float, lifetime_check: float | None) -> Decision:
+    """A running sandbox whose session wants no connection: stop it only when the session is
+    idle, and has been for the whole timeout (L11, L12); never while it works."""
+    if timeout <= 0:
+        return Decision(
+            Verdict.IGNORE, "no environment_connection action pending; kept warm", recheck_at=lifetime_check
+        )
+    since = max(float(session.last_active_at or 0), record.started_at)
+    if session.status is SessionStatus.IDLE:
+        if now - since >= timeout:
+            return Decision(Verdict.STOP, f"idle for {now - since:.0f}s (idle timeout {timeout:g}s)", cause=Cause.IDLE)
+        return Decision(
+            Verdict.IGNORE,
+            "no environment_connection action pending; idle within the timeout",
+            recheck_at=earliest(since + timeout, lifetime_check),
+        )
+    return Decision(
+        Verdict.IGNORE,
+        f"no environment_connection action pending; session is {session.status.value}, never stopped",
+        recheck_at=earliest(now + timeout, lifetime_check),
+    )
+
+
+def _stopped(
+    session: Session, record: Record, now: float, grace_seconds: float, retention: float, policy: trust.Policy
+) -> Decision:
+    """A session whose sandbox was stopped with its workspace kept (L16)."""
+    assert record.stopped_at is not None
+    if session.wants_connection:
+        cannot = _cannot_start(session, policy)
+        if cannot is not None:
+            return cannot
+        return Decision(
+            Verdict.START,
+            "connection requested; starting on the kept workspace",
+            recheck_at=now + FIRST_LOOK_SECONDS,
+        )
+    if retention <= 0:
+        return Decision(Verdict.IGNORE, "stopped; workspace kept until the session is deleted or fails")
+    if now - record.stopped_at >= retention:
+        return Decision(Verdict.DISCARD, f"stopped {now - record.stopped_at:.0f}s ago; workspace retention is over")
+    return Decision(
+        Verdict.IGNORE, "stopped; workspace kept for its retention", recheck_at=record.stopped_at + retention
+    )
+
+
+def earliest(*times: float | None) -> float | None:
+    """The earliest of the given times, ignoring None; None when there is none."""
+    present = [t for t in times if t is not None]
+    return min(present) if present else None

@@ -1,0 +1,270 @@
+"""Warm pools on the API server: placing a session's pod of a pooled template (one per session
+and generation, L1), and keeping each pool at its size.
+
+A pooled template's pod is placed by claiming a warm pod (a JSON patch that succeeds only while
+the pod is unclaimed, ``manifests.claim_patch``), else by creating a cold one. A claimed pod has
+no name derived from the session, so the name that makes a cold start idempotent is carried by
+a **placement record** instead: a Lease named after the session and generation
+(``names.placement_name``), owned by the placed pod. Whoever creates it first decides that
+generation: a placement that finds it taken deletes its own pod and returns the recorded one.
+The record lives exactly as long as its pod: the garbage collector deletes it once the pod is
+gone (its ownerReference), and nothing deletes it while the pod lives. (An Event, the record
+before, lapsed with the API server's event TTL, an hour by default, while its pod served.) Each
+record written is also told to ``kubectl describe`` of the pod, by an Event (``SandboxClaimed``,
+or ``SandboxStarted`` for a cold pod).
+
+A pod is claimed before its record exists, so a look that finds the session's live pods trusts
+none of them, not even a lone one, until the record names it (``settled``); it writes the record
+itself, for the earliest of them, when there is none yet (a placement that stopped between its
+claim and its record). A record whose pod is no longer live moves the placement on to the next
+generation, as a cold pod's terminating name does (once the collector has deleted the record
+with its pod, that generation is free again, as a cold pod's name is). So does a cold name taken
+by a pod that is dying, unless the record, read again, names a live pod (a rival's claim won
+while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only once its
+lease lapsed) all return the same pod.
+
+A claim adds one warm pod in its place at once; ``tend`` (the scheduler's leader, every few
+seconds) replaces dead, misshapen and too old warm pods and fills each pool up to its size,
+deleting only with the resource version it saw (a pod claimed since is left to its session).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+
+from controller import logs
+from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
+from controller.model import Health, PoolState, SandboxSpec
+from controller.runners.kubernetes import names
+from controller.runners.kubernetes.api import KubeApi
+from controller.runners.kubernetes.manifests import (
+    PodSettings,
+    SandboxTemplate,
+    claim_patch,
+    make_pod,
+    make_pvc,
+    make_warm_pod,
+    shape,
+)
+from controller.runners.kubernetes.objects import Pod, PodRef, newest
+from controller.runners.kubernetes.pool import WarmPod, census, claim_order, plan
+
+log = logs.get(__name__)
+MAX_GENERATION_SKIPS = 5
+"""Generations a placement moves on by (their pods terminating) before it asks to be retried."""
+_MAX_CLAIM_TRIES = 3
+
+
+class WarmPools:
+    """The warm pools of ``pools`` (templates with a pool) in the sandbox namespace.
+    ``on_placed(template, source)`` is told of each pod placed for a session (``warm`` or ``cold``)."""
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        settings: PodSettings,
+        pools: Sequence[SandboxTemplate],
+        on_placed: Callable[[str, str], None],
+    ) -> None:
+        self._kube = kube
+        self._settings = settings
+        self._ns = settings.namespace
+        self._pools = tuple(t for t in pools if t.pooled)
+        self._on_placed = on_placed
+
+    # -- placing ---------------------------------------------------------------------------
+
+    def place(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
+        """The session's pod of ``generation`` (or of the next free one): the one its placement
+        record names, placed by this call (a claimed warm pod, else a cold one) or by a rival."""
+        for gen in range(generation, generation + MAX_GENERATION_SKIPS):
+            holder = self.holder(spec.session_id, gen) or self._contend(spec, gen, template)
+            if holder is not None:
+                pod = self._kube.read_pod(self._ns, holder.name)
+                if pod is not None and pod.uid == holder.uid and pod.alive:
+                    return pod
+            # that generation's placement is gone (or its name is taken by a dying pod): the next one
+        raise Transient(f"sandboxes of session {spec.session_id} are still terminating", retry_after=5)
+
+    def _contend(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> PodRef | None:
+        """Place a pod for ``generation`` and try to record it: the pod the record names then
+        (this one, or a rival's: this one is deleted when it lost)."""
+        pod = self._claim(spec, generation, template)
+        warm = pod is not None
+        if pod is None:
+            pod = self._cold(spec, generation, template)
+        if pod is None:  # the cold name is taken by a dying pod: a rival's, deleted as it lost the record?
+            return self.holder(spec.session_id, generation)
+        holder = self.placed(spec.session_id, generation, pod)
+        if holder is None or holder.uid != pod.uid:
+            self._yield(spec.session_id, pod)
+            return holder
+        self._on_placed(template.name, "warm" if warm else "cold")
+        if warm:
+            self._add(template)  # refilled as it is claimed
+        return holder
+
+    def settled(self, session_id: str, live: list[Pod]) -> Pod | None:
+        """The session's pod among its live ones, as the placement record of their newest
+        generation names it. When there is no record yet, this look writes it for the earliest
+        contender; whoever writes it first decides, and every placement defers to it. Contenders
+        it does not name are deleted (their own placements delete them too). None when the
+        record names a pod that is no longer live: that generation is over."""
+        contenders: list[Pod] = []
+        for look in range(2):
+            if look:  # the named pod may have been claimed after the first list: list again
+                live = live_pods(self._kube, self._ns, session_id)
+            generation, contenders = newest(live)
+            if not contenders:
+                return None
+            holder = self.holder(session_id, generation) or self.placed(session_id, generation, contenders[0])
+            named = [p for p in contenders if holder is not None and p.uid == holder.uid]
+            if named:
+                for pod in contenders:
+                    if pod is not named[0]:
+                        self._yield(session_id, pod)
+                return named[0]
+        for pod in contenders:
+            self._yield(session_id, pod)
+        return None
+
+    def chosen(self, session_id: str, live: list[Pod]) -> Pod:
+        """The session's pod among its live ones, only looked at: the newest generation's, and
+        of several (racing warm placements, for moments) the one its placement record names."""
+        generation, contenders = newest(live)
+        if len(contenders) > 1:
+            holder = self.holder(session_id, generation)
+            recorded = [p for p in contenders if holder is not None and p.uid == holder.uid]
+            if recorded:
+                return recorded[0]
+        return contenders[0]
+
+    # -- the placement record --------------------------------------------------------------
+
+    def holder(self, session_id: str, generation: int) -> PodRef | None:
+        """The pod the session's placement record of ``generation`` names; None when there is none."""
+        return self._kube.lease_owner(self._ns, names.placement_name(session_id, generation))
+
+    def placed(self, session_id: str, generation: int, pod: Pod) -> PodRef | None:
+        """The pod the placement record names once this placement of ``pod`` tried to create
+        it: ``pod`` when it was first, else the pod of whoever was."""
+        if self._record(session_id, generation, pod):
+            return pod.ref
+        return self.holder(session_id, generation)
+
+    def _record(self, session_id: str, generation: int, pod: Pod) -> bool:
+        """Create the placement record naming ``pod`` (and, for ``kubectl describe``, an Event
+        on it): True when it does, False when another placement was first."""
+        environment_id = pod.annotations.get(names.ENVIRONMENT_ID_ANNOTATION, "")
+        record = names.placement_name(session_id, generation)
+        labels = names.labels(session_id, generation)
+        annotations = {names.SESSION_ID_ANNOTATION: session_id, names.ENVIRONMENT_ID_ANNOTATION: environment_id}
+        if not self._kube.create_lease(self._ns, record, pod.ref, labels, annotations):
+            return False
+        reason, what = ("SandboxClaimed", "warm sandbox claimed") if pod.claimed else ("SandboxStarted", "executor")
+        self._kube.note(self._ns, pod.ref, reason, f"{what} for session {session_id}, environment {environment_id}")
+        return True
+
+    def _yield(self, session_id: str, pod: Pod) -> None:
+        """Delete a pod another placement won the session's record over."""
+        if self._kube.delete_pod(self._ns, pod.name, pod.uid):
+            log.info("pod deleted", extra={"session_id": session_id, "pod": pod.name})
+            self._kube.note(self._ns, pod.ref, "SandboxReleased", f"released for session {session_id}")
+        log.info(
+            "another sandbox was placed for the session first; this one is deleted",
+            extra={"session_id": session_id, "pod": pod.name},
+        )
+
+    # -- the pods placed -------------------------------------------------------------------
+
+    def _claim(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod | None:
+        """A warm pod of the template, claimed for the session; None when none could be."""
+        candidates = claim_order(
+            self.warm_pods(template), self._shape(template), time.time(), template.warm_max_age_seconds
+        )
+        for candidate in candidates[:_MAX_CLAIM_TRIES]:
+            pod = self._kube.patch_pod_if(self._ns, candidate.name, claim_patch(spec, generation, time.time()))
+            if pod is None:  # claimed by another session, or gone: the next one
+                continue
+            if pod.deleting:
+                continue  # the pool was already replacing it; it is going, not ours to use
+            log.info(
+                "warm pod claimed", extra={"session_id": spec.session_id, "pod": pod.name, "generation": generation}
+            )
+            return pod
+        log.info("no warm pod to claim; starting a cold one", extra={"session_id": spec.session_id})
+        return None
+
+    def _cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod | None:
+        """The session's cold pod of exactly ``generation`` (created, or a twin's); None when
+        that name belongs to a terminating or finished pod."""
+        if template.persist_workspace:
+            self._kube.create_claim(self._ns, make_pvc(spec, template, self._settings))
+        manifest = make_pod(spec, generation, template, self._settings)
+        pod = self._kube.create_pod(self._ns, manifest)
+        if pod is None:
+            existing = self._kube.read_pod(self._ns, manifest["metadata"]["name"])
+            return existing if existing is not None and existing.alive and existing.generation == generation else None
+        log.info("pod created", extra={"session_id": spec.session_id, "pod": pod.name, "generation": generation})
+        return pod
+
+    # -- tending ---------------------------------------------------------------------------
+
+    def tend(self) -> list[PoolState]:
+        """Keep every pool at its size: replace dead, misshapen and too old warm pods, add the
+        missing ones, remove the excess. Returns each pool as this tending found it."""
+        found = []
+        for template in self._pools:
+            pods, wanted, now = self.warm_pods(template), self._shape(template), time.time()
+            size, max_age = template.warm_pool_size, template.warm_max_age_seconds
+            found.append(census(template.name, pods, size, wanted, now, max_age))
+            todo = plan(pods, size, wanted, now, max_age)
+            for pod in todo.delete:
+                self.delete_unclaimed(pod)
+            for _ in range(todo.create):
+                self._add(template)
+        return found
+
+    def warm_pods(self, template: SandboxTemplate) -> list[WarmPod]:
+        """The template's pool as ``pool`` decides on it: its pods no session has claimed."""
+        return [_warm(pod) for pod in self._kube.list_pods(self._ns, names.pool_selector(template.name))]
+
+    def delete_unclaimed(self, pod: WarmPod) -> None:
+        """Delete a warm pod only as it was seen: a claim since (a new resourceVersion) keeps it."""
+        if self._kube.delete_pod(self._ns, pod.name, pod.uid, resource_version=pod.resource_version):
+            log.info("warm pod deleted", extra={"pod": pod.name})
+
+    def _add(self, template: SandboxTemplate) -> None:
+        """One more warm pod (best effort: the pool's next tending adds what is missing)."""
+        try:
+            pod = self._kube.create_pod(self._ns, make_warm_pod(template, self._settings))
+        except (KubernetesUnavailable, RunnerRejected) as exc:
+            log.warning("could not add a warm pod", extra={"template": template.name, "reason": str(exc)[:300]})
+            return
+        if pod is None:  # a generated name taken: rare, and the next tending adds it
+            log.warning("could not add a warm pod", extra={"template": template.name, "reason": "name taken"})
+            return
+        log.info("warm pod created", extra={"template": template.name, "pod": pod.name})
+
+    def _shape(self, template: SandboxTemplate) -> str:
+        return shape(make_warm_pod(template, self._settings)["spec"])
+
+
+def live_pods(kube: KubeApi, namespace: str, session_id: str) -> list[Pod]:
+    """The session's pods that are starting or running."""
+    selector = f"{names.managed_selector()},{names.session_selector(session_id)}"
+    return [pod for pod in kube.list_pods(namespace, selector) if pod.alive]
+
+
+def _warm(pod: Pod) -> WarmPod:
+    return WarmPod(
+        name=pod.name,
+        uid=pod.uid,
+        resource_version=pod.resource_version,
+        created_at=pod.created_at,
+        shape=pod.annotations.get(names.SHAPE_ANNOTATION, ""),
+        running=pod.health is Health.RUNNING,
+        dead=pod.health is Health.FAILED,
+        terminating=pod.health is Health.TERMINATING,
+    )

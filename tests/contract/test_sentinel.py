@@ -1,0 +1,168 @@
+"""Redis Sentinel and TLS for every kind of client ``redis_client`` makes (redis-py's for the
+store, scheduler, metrics and CLI; the receiver's pipelined one; Celery's broker), against real
+servers on loopback: a primary, its replica and three ``redis-server --sentinel`` processes,
+all with passwords, as the settings name them (``CONTROLLER_REDIS_SENTINELS`` and the rest).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from controller import queue
+from controller.config import Settings
+from controller.inbox import Job
+from controller.redis_client import Endpoint
+from tests.support.processes import assert_no_process_left, wait_for
+from tests.support.redis_server import RedisServer, ReplicatedRedis, Tls
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture
+def ha(tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    servers = ReplicatedRedis(tmp_path / "ha")
+    try:
+        yield servers.start()
+    finally:
+        servers.stop()
+    assert_no_process_left(tmp_path)
+
+
+@pytest.fixture
+def ha_tls(tmp_path: Path) -> Iterator[ReplicatedRedis]:
+    servers = ReplicatedRedis(tmp_path / "ha", tls=Tls.create(tmp_path / "tls"))
+    try:
+        yield servers.start()
+    finally:
+        servers.stop()
+    assert_no_process_left(tmp_path)
+
+
+def endpoint(servers: ReplicatedRedis) -> tuple[Settings, Endpoint]:
+    settings = Settings.from_env(servers.settings())
+    return settings, Endpoint.from_settings(settings.queue)
+
+
+async def pipelined_write(target: Endpoint, key: str, value: str) -> str:
+    client = target.pipelined()
+    try:
+        write = client.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+        return str(await write(keys=[key], args=[value], replicated=True))
+    finally:
+        await client.aclose()
+
+
+def test_every_client_finds_the_master_through_the_sentinels_and_follows_a_failover(ha: ReplicatedRedis) -> None:
+    """The primary is SIGKILLed: the sentinels promote the replica, and each client (made before
+    the kill, kept across it as a process keeps its clients) writes to the new master; what the
+    receiver's client acknowledged before the kill is there."""
+    settings, target = endpoint(ha)
+    store_client = target.client(timeout_seconds=1)
+    publish = queue.publisher(queue.make_app(settings), "test:sentinel-queue")
+    receiver = target.pipelined()
+    write = receiver.register_script("return redis.call('SET', KEYS[1], ARGV[1])")
+
+    async def receiver_write(key: str, value: str) -> str:
+        return str(await write(keys=[key], args=[value], replicated=True))
+
+    loop = asyncio.new_event_loop()
+    try:
+        store_client.set("sentinel:store", "before")
+        publish(Job("sess_before", "", "timer"))
+        assert loop.run_until_complete(receiver_write("sentinel:receiver", "before")) == "OK"
+        assert ha.master() is ha.primary
+
+        ha.primary.kill()
+        wait_for(lambda: ha.sentinels.master_ports() == {ha.replica.port}, 60, "the sentinels to promote the replica")
+
+        wait_for(
+            lambda: store_client.set("sentinel:store", "after"), 30, "the store's client to write to the new master"
+        )
+        wait_for(lambda: publish(Job("sess_after", "", "timer")) or True, 30, "a publish to the new master")
+        wait_for(
+            lambda: loop.run_until_complete(receiver_write("sentinel:receiver", "after")) == "OK",
+            30,
+            "the receiver's client to write to the new master",
+        )
+    finally:
+        loop.run_until_complete(receiver.aclose())
+        loop.close()
+        store_client.close()
+    with ha.replica.client(timeout=1) as new_master:
+        assert new_master.execute_command("ROLE")[0] == "master"
+        assert new_master.get("sentinel:store") == "after"
+        assert new_master.get("sentinel:receiver") == "after"
+        assert new_master.llen("test:sentinel-queue") == 2  # the job queued before the kill survived
+
+
+def test_wrong_passwords_are_refused(ha: ReplicatedRedis) -> None:
+    """The sentinels' password and the master's are each checked where they belong."""
+    wrong_sentinel = {**ha.settings(), "CONTROLLER_REDIS_SENTINEL_PASSWORD": "not-the-sentinel-password"}
+    target = Endpoint.from_settings(Settings.from_env(wrong_sentinel).queue)
+    with pytest.raises(redis.ConnectionError):
+        target.client(timeout_seconds=1).ping()
+    with pytest.raises(redis.ConnectionError):
+        asyncio.run(pipelined_write(target, "sentinel:x", "x"))
+    wrong_master = {**ha.settings(), "CONTROLLER_REDIS_URL": "redis://:not-the-password@mymaster/0"}
+    target = Endpoint.from_settings(Settings.from_env(wrong_master).queue)
+    with pytest.raises(redis.AuthenticationError):
+        target.client(timeout_seconds=1).ping()
+    with pytest.raises(redis.AuthenticationError):
+        asyncio.run(pipelined_write(target, "sentinel:x", "x"))
+
+
+def test_tls_to_the_sentinels_and_the_master_is_verified_against_the_ca_file(ha_tls: ReplicatedRedis) -> None:
+    """``rediss://`` with ``CONTROLLER_REDIS_CA_FILE``: every client speaks TLS to the sentinels
+    and the master and checks their certificates against that CA; without it (the system's CAs,
+    which never signed the test CA's certificates) the connection is refused."""
+    settings, target = endpoint(ha_tls)
+    client = target.client(timeout_seconds=2)
+    try:
+        client.set("tls:store", "yes")
+        assert client.get("tls:store") == "yes"
+    finally:
+        client.close()
+    assert asyncio.run(pipelined_write(target, "tls:receiver", "yes")) == "OK"
+    queue.publisher(queue.make_app(settings), "test:tls-queue")(Job("sess_tls", "", "timer"))
+    with ha_tls.primary.client(timeout=1) as direct:
+        assert direct.llen("test:tls-queue") == 1
+        assert direct.get("tls:receiver") == "yes"
+
+    unverified = {k: v for k, v in ha_tls.settings().items() if k != "CONTROLLER_REDIS_CA_FILE"}
+    untrusted = Endpoint.from_settings(Settings.from_env(unverified).queue)
+    with pytest.raises(redis.ConnectionError):
+        untrusted.client(timeout_seconds=2).ping()
+    with pytest.raises((redis.ConnectionError, ssl.SSLError)):
+        asyncio.run(pipelined_write(untrusted, "tls:x", "x"))
+
+
+def test_tls_without_sentinels_as_a_managed_redis_offers_it(tmp_path: Path) -> None:
+    """One ``rediss://`` URL (a managed Redis's primary endpoint) and ``CONTROLLER_REDIS_CA_FILE``:
+    the store's client, the receiver's and the broker reach it over TLS, checked against the CA."""
+    tls = Tls.create(tmp_path / "tls")
+    server = RedisServer(tmp_path / "redis", password="tls-test-password", tls=tls).start()
+    try:
+        settings = Settings.from_env({"CONTROLLER_REDIS_URL": server.url, "CONTROLLER_REDIS_CA_FILE": str(tls.ca_file)})
+        target = Endpoint.from_settings(settings.queue)
+        client = target.client(timeout_seconds=2)
+        try:
+            client.set("tls:plain", "yes")
+        finally:
+            client.close()
+        assert asyncio.run(pipelined_write(target, "tls:receiver", "yes")) == "OK"
+        queue.publisher(queue.make_app(settings), "test:tls-plain")(Job("sess_tls", "", "timer"))
+        with server.client(timeout=1) as direct:
+            assert (direct.get("tls:plain"), direct.get("tls:receiver"), direct.llen("test:tls-plain")) == (
+                "yes",
+                "yes",
+                1,
+            )
+    finally:
+        server.stop()
+    assert_no_process_left(tmp_path)
