@@ -284,25 +284,33 @@ class Injector:
             self._release("redis")
 
     def _role_flip(self, step: Step) -> None:
+        """A failover and back, as Sentinel would do it while clients keep the old address: the
+        replica is promoted and the primary made its replica (read-only, ``READONLY`` errors)
+        for ``step.seconds``; then the primary is promoted again and the replica follows it.
+        What the primary had acknowledged but not yet replicated is lost, as in a real failover."""
         replica = self.world.replica
         if replica is None:
             self.errors.append("role-flip drawn without a replica (the world was built without role flips)")
             return
         if not self._claim("redis", step):
             return
-        client = redis.Redis(port=self.world.redis.port, socket_timeout=5)
+        primary = redis.Redis(port=self.world.redis.port, socket_timeout=5)
+        standby = redis.Redis(port=replica.port, socket_timeout=5)
         try:
             window = self.log.disturbed(step.describe())
-            client.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))  # type: ignore[no-untyped-call]
+            standby.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+            primary.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))  # type: ignore[no-untyped-call]
             self.log.add("fault", f"redis-server is a replica of 127.0.0.1:{replica.port} for {step.seconds:.1f}s")
             try:
                 time.sleep(step.seconds)
             finally:
-                client.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+                primary.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+                standby.execute_command("REPLICAOF", "127.0.0.1", str(self.world.redis.port))  # type: ignore[no-untyped-call]
             self.log.ended(window)
-            self.log.add("restore", "redis-server is a primary again (REPLICAOF NO ONE)")
+            self.log.add("restore", "redis-server is a primary again (REPLICAOF NO ONE); the replica follows it")
         finally:
-            client.close()
+            primary.close()
+            standby.close()
             self._release("redis")
 
     def _skew(self, step: Step) -> None:

@@ -26,8 +26,9 @@ kill-scheduler      the same for one of the two schedulers
 kill-receiver       the same for one of the two receivers
 redis-kill          SIGKILL of redis-server, restarted from its append-only file 1–4 s later
 redis-pause         SIGSTOP of redis-server for 1–5 s, then SIGCONT
-role-flip           ``REPLICAOF`` another local redis for ~3 s, then ``REPLICAOF NO ONE`` (its
-                    data is replaced by the other's); NOT in the default set (``+role-flip``)
+role-flip           a failover and back for 2.5–3.5 s: the live replica promoted, redis-server
+                    made its replica (read-only at the address the controller uses), then
+                    promoted again
 skew                a worker or scheduler restarted with its wall clock off by ±30 s
                     (``tests/support/faketime.py``) for 15–40 s, then restarted with the true time
 webhook-duplicate   a session's latest events delivered again, same webhook-id
@@ -208,7 +209,6 @@ class Fault:
     name: str
     weight: float
     draw: Draw
-    default: bool = True
 
 
 def _seconds(rng: random.Random, low: float, high: float) -> float:
@@ -319,7 +319,7 @@ FAULTS: dict[str, Fault] = {
         Fault("kill-receiver", 0.7, _kill("kill-receiver")),
         Fault("redis-kill", 0.7, _redis("redis-kill", 1.0, 4.0)),
         Fault("redis-pause", 0.7, _redis("redis-pause", 1.0, 5.0)),
-        Fault("role-flip", 0.5, _redis("role-flip", 2.5, 3.5), default=False),
+        Fault("role-flip", 0.5, _redis("role-flip", 2.5, 3.5)),
         Fault("skew", 1.0, _skew),
         Fault("webhook-duplicate", 1.0, _duplicate),
         Fault("webhook-late", 0.7, _hold(("fifo",))),
@@ -327,7 +327,8 @@ FAULTS: dict[str, Fault] = {
         Fault("prestart-burst", 0.3, _burst),
     )
 }
-DEFAULT_FAULTS = frozenset(n for n, f in FAULTS.items() if f.default)
+DEFAULT_FAULTS = frozenset(FAULTS)
+"""What a run injects unless ``--faults`` says otherwise: the whole catalogue."""
 
 
 def select(spec: str | None) -> frozenset[str]:

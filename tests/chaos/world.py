@@ -96,8 +96,9 @@ class ChaosWorld(Loop):
         known, self.unknown_settings = settings()
         super().__init__(directory, executor, extra_env=known)
         self.standby: Managed | None = None
-        self.replica = RedisServer(directory / "replica") if role_flip else None
-        """Another local redis for role flips: the main one becomes its replica for a while."""
+        self.replica = RedisServer(directory / "replica", replica_of=self.redis) if role_flip else None
+        """A live replica of the main redis, for role flips: a failover promotes it and makes the
+        main one its replica for a while, then fails back (the workers keep the main one's address)."""
 
     def simulator_options(self) -> list[str]:
         options = []

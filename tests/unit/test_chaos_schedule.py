@@ -63,12 +63,11 @@ def test_every_step_names_a_session_that_exists_then(seed: int) -> None:
 def test_a_long_run_draws_every_default_fault() -> None:
     kinds = {s.kind for s in draw(11, 30, DEFAULT_FAULTS).steps}
     assert {"api-fault", "link-drop", "kill-executor", "kill", "redis-kill", "redis-pause", "skew"} <= kinds
-    assert {"webhook-duplicate", "webhook-hold", "create", "input", "delete", "fail"} <= kinds
-    assert "role-flip" not in kinds
+    assert {"webhook-duplicate", "webhook-hold", "role-flip", "create", "input", "delete", "fail"} <= kinds
 
 
 def test_fault_durations_stay_in_their_ranges() -> None:
-    for step in draw(5, 30, DEFAULT_FAULTS | {"role-flip"}).steps:
+    for step in draw(5, 30, DEFAULT_FAULTS).steps:
         if step.kind == "link-drop":
             assert 0.5 <= step.seconds <= 10
         elif step.kind == "api-fault" and step.value.endswith(":404"):
@@ -89,11 +88,11 @@ def test_no_session_reads_404_for_as_long_as_the_deletion_confirmation(seed: int
         assert start - end >= NO_404_SECONDS > DELETION_CONFIRM_SECONDS
 
 
-def test_role_flips_are_off_by_default_and_switched_on_by_name() -> None:
-    assert "role-flip" in FAULTS and "role-flip" not in DEFAULT_FAULTS
+def test_the_default_set_is_the_whole_catalogue_and_faults_are_switched_by_name() -> None:
+    assert DEFAULT_FAULTS == FAULTS.keys() and "role-flip" in DEFAULT_FAULTS
     assert select(None) == select("") == select("default") == DEFAULT_FAULTS
-    assert select("+role-flip") == DEFAULT_FAULTS | {"role-flip"}
-    assert select("+role-flip,-skew") == (DEFAULT_FAULTS | {"role-flip"}) - {"skew"}
+    assert select("-role-flip") == DEFAULT_FAULTS - {"role-flip"}
+    assert select("-role-flip,-skew,+skew") == DEFAULT_FAULTS - {"role-flip"}
     assert select("link-drop,api-404") == {"link-drop", "api-404"}
 
 
