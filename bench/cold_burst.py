@@ -41,8 +41,10 @@ machine is shared), and each runner container's memory once its codex is connect
 
 The floor, measured first (``--floor-only``: nothing else): N ``codex exec-server`` started at
 once on this machine, no container and no Kubernetes, each from its spawn to its registration at
-a simulator on loopback, with the CPU each used by then: what codex's own start costs.
-Results: bench/results/cold_burst.json.
+a simulator on loopback, with the CPU each used by then: what codex's own start costs; and one
+idle codex's RSS (the local runner's executor, no container).
+Results: bench/results/cold_burst.json (``--pre-puller``: cold_burst_pre_puller.json; ``--floor-only``:
+cold_burst_floor.json).
 """
 
 from __future__ import annotations
@@ -97,9 +99,11 @@ IDLE_SETTLE_SECONDS = 10.0
 # -- codex's own start, outside Kubernetes ------------------------------------------------------
 
 
-def codex_floor(sizes: list[int], rounds: int = 3) -> list[dict[str, Any]]:
+def codex_floor(sizes: list[int], rounds: int = 3) -> tuple[list[dict[str, Any]], dict[str, Any]]:
     """N ``codex exec-server`` started at once against a simulator on loopback: spawn →
-    registration received, and the CPU each used until then (its page cache warm)."""
+    registration received, and the CPU each used until then (its page cache warm); and the
+    first one's memory once registered and idle (``IDLE_SETTLE_SECONDS`` later: the local
+    runner's executor, no container)."""
     from agents_simulator.dev import find_codex
     from agents_simulator.waiting import free_port
 
@@ -119,14 +123,15 @@ def codex_floor(sizes: list[int], rounds: int = 3) -> list[dict[str, Any]]:
         base = f"http://127.0.0.1:{port}"
         with httpx.Client(base_url=base, headers={"authorization": "Bearer bench"}, timeout=10) as api:
             wait_for(lambda: _ok(api, "/healthz"), 30, "the simulator", interval=0.1)
-            _floor_round(api, codex, key, work, 1)  # not counted: the binary into the page cache
+            # Not counted: the binary into the page cache; its codex's idle memory is read.
+            idle = _floor_round(api, codex, key, work, 1, settle=IDLE_SETTLE_SECONDS)
             for size in sizes:
                 for _ in range(rounds):
                     results.append(_floor_round(api, codex, key, work, size))
     finally:
         _stop_group(sim)
         shutil.rmtree(work, ignore_errors=True)
-    return results
+    return results, {"settle_s": IDLE_SETTLE_SECONDS, **idle["rss"][0]}
 
 
 def _native(launcher: str) -> str:
@@ -135,7 +140,7 @@ def _native(launcher: str) -> str:
     return str(found[0]) if found else launcher
 
 
-def _floor_round(api: httpx.Client, codex: str, key: str, work: Path, size: int) -> dict[str, Any]:
+def _floor_round(api: httpx.Client, codex: str, key: str, work: Path, size: int, settle: float = 0.0) -> dict[str, Any]:
     body = {"agent": {"model": "bench"}, "environment": {"type": "self_hosted"}, "input": "hi"}
     sessions = [api.post("/v1/agents/sessions", json=body).json()["environment"] for _ in range(size)]
     started: dict[str, tuple[float, subprocess.Popen[bytes]]] = {}
@@ -162,11 +167,27 @@ def _floor_round(api: httpx.Client, codex: str, key: str, work: Path, size: int)
 
         arrived: dict[str, float] = wait_for(registered, 60, "every codex to register", interval=0.02)
         cpu = [_cpu_seconds(proc.pid) for _, proc in started.values()]
+        time.sleep(settle)
+        rss = [_rss(proc.pid) for _, proc in started.values()]
     finally:
         for _, proc in started.values():
             _stop_group(proc)
     latencies = [arrived[e] - started[e][0] for e in started]
-    return {"size": size, "load_average": load, "spawn_to_registered_s": latencies, "cpu_s": cpu}
+    return {"size": size, "load_average": load, "spawn_to_registered_s": latencies, "cpu_s": cpu, "rss": rss}
+
+
+def _rss(pid: int) -> dict[str, int]:
+    """A process's resident set in bytes: all of it (``VmRSS``), its anonymous memory (``RssAnon``,
+    what a container's cgroup counts as its RSS) and its file pages (``RssFile``: mostly the codex
+    binary, in the page cache shared by every codex of the machine); empty once it is gone."""
+    fields = {"VmRSS:": "rss_bytes", "RssAnon:": "anon_bytes", "RssFile:": "file_bytes"}
+    found: dict[str, int] = {}
+    with contextlib.suppress(OSError):
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            name = line.split(maxsplit=1)[0] if line else ""
+            if name in fields:
+                found[fields[name]] = int(line.split()[1]) * 1024
+    return found
 
 
 def _cpu_seconds(pid: int, children: bool = False) -> float:
@@ -685,14 +706,25 @@ def main() -> int:
         print("bench/cold_burst.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
         return 2
     data: dict[str, Any] = {"at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "load_average": os.getloadavg()}
-    data["floor"] = codex_floor(sizes)
+    data["floor"], data["local_idle_memory"] = codex_floor(sizes)
     print_floor(data["floor"])
+    held = {k: v / 2**20 for k, v in data["local_idle_memory"].items() if k.endswith("_bytes")}
+    print(
+        f"one idle codex exec-server, {IDLE_SETTLE_SECONDS:.0f} s after its registration: RSS "
+        f"{held.get('rss_bytes', 0):.1f} MiB (anonymous {held.get('anon_bytes', 0):.1f}, "
+        f"file {held.get('file_bytes', 0):.1f})"
+    )
     if not args.floor_only:
         data.update(node_run(sizes, args.samples, args.pre_puller))
         print_first(data["first_sandbox"], args.pre_puller)
         print_bursts(data["bursts"])
-    RESULTS.parent.mkdir(parents=True, exist_ok=True)
-    RESULTS.write_text(json.dumps(data, indent=1) + "\n")
+    out = RESULTS
+    if args.floor_only:
+        out = RESULTS.with_name("cold_burst_floor.json")
+    elif args.pre_puller:
+        out = RESULTS.with_name("cold_burst_pre_puller.json")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 
