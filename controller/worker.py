@@ -80,8 +80,10 @@ def register(
     counts busy leases and observes delivery → sandbox start, and, with ``watch_connections``
     (metrics are served), delivery → executor connected."""
 
+    # shared=False: the tasks are this app's only (Celery would otherwise add them to every app
+    # the process finalizes later, each bound to this app's ``deps``).
     @app.task(  # type: ignore[untyped-decorator]
-        name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries
+        name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries, shared=False
     )
     def sync_session(
         self: Task,
@@ -155,7 +157,7 @@ def register(
         _ask_later(record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS, 0)
 
     @app.task(  # type: ignore[untyped-decorator]
-        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False
+        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False, shared=False
     )
     def watch_connection(
         self: Task, environment_id: str, received_at: float, deadline: float, asked: int | None = None
