@@ -133,7 +133,8 @@ def print_table(results: list[dict[str, Any]], load: tuple[float, float, float])
     bound = [r["claim_to_bound_s"] for r in by_kind["warm"]]
     print(
         f"\nwarm: claim → entrypoint sees its binding p50 {statistics.median(bound):.2f} s, "
-        f"p99 {percentile(bound, 0.99):.2f} s, max {max(bound):.2f} s; from the pool: {sum(r['from_pool'] for r in by_kind['warm'])}/{len(bound)}"
+        f"p99 {percentile(bound, 0.99):.2f} s, max {max(bound):.2f} s; "
+        f"from the pool: {sum(r['from_pool'] for r in by_kind['warm'])}/{len(bound)}"
     )
     for kind, rows in by_kind.items():
         retried = sum(1 for r in rows if r["registration_retries"])

@@ -743,7 +743,8 @@ def test_the_image_pre_puller_pulls_every_runner_image_and_then_only_sleeps(char
     assert puller["spec"]["selector"]["matchLabels"].items() <= labels.items()
     spec = puller["spec"]["template"]["spec"]
     pulls = spec["initContainers"]
-    assert [c["image"] for c in pulls] == ["sandbox-controller/sandbox-runner:0.171.0", "registry.example.com/runner:big"]
+    runner_images = ["sandbox-controller/sandbox-runner:0.171.0", "registry.example.com/runner:big"]
+    assert [c["image"] for c in pulls] == runner_images
     assert [c["name"] for c in pulls] == ["pull-0", "pull-1"]
     [pause] = spec["containers"]
     assert pause["image"] == "registry.k8s.io/pause:3.10"
