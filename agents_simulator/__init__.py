@@ -47,20 +47,33 @@ Admin (no auth; loopback only)
     GET    /admin/deliveries[?event_id=&type=]       each (event, URL) delivery with its attempts
     GET    /admin/events                             every event envelope sent
     POST   /admin/webhooks/resend/{event_id}         deliver an event again (same webhook-id) → 202
+    POST   /admin/webhooks/hold  {"seconds", "order", "seed"}   deliveries starting in the next
+               ``seconds`` wait, then go out one by one in ``order``: fifo | reverse | shuffle
     GET    /admin/faults                             armed faults
-    POST   /admin/faults  {"target", "status", "count", "retry_after"}
-               the next ``count`` calls of ``target`` answer ``status`` (429/5xx with Retry-After
-               when given). Targets: create_session, retrieve_session, list_sessions,
-               delete_session, create_events, retrieve_environment, register, validate,
-               create_webhook_endpoint, list_webhook_endpoints, retrieve_webhook_endpoint,
-               update_webhook_endpoint, delete_webhook_endpoint, rotate_webhook_secret,
-               test_webhook_endpoint, list_webhook_event_types
+    POST   /admin/faults  {"target", "status", "count" | "seconds", "retry_after", "kind",
+                           "hold_seconds", "object_id"}
+               the next ``count`` calls of ``target`` (or every call for ``seconds``) answer
+               ``status`` (429/5xx with Retry-After when given); ``kind: "timeout"`` holds the
+               answer ``hold_seconds`` instead (/v1 calls only); ``object_id`` narrows the fault
+               to one session or environment (``faults.py``). Targets: create_session,
+               retrieve_session, list_sessions, delete_session, create_events,
+               retrieve_environment, register, validate, create_webhook_endpoint,
+               list_webhook_endpoints, retrieve_webhook_endpoint, update_webhook_endpoint,
+               delete_webhook_endpoint, rotate_webhook_secret, test_webhook_endpoint,
+               list_webhook_event_types
     DELETE /admin/faults                             disarm all
+    GET    /admin/sessions                           every session: status, wants_connection, since
+    GET    /admin/sessions/{id}/history              every change of its state, with its time
     POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)
     POST   /admin/sessions/{id}/remote_url  {"remote_url"}   the session names this remote_url
                                                     from now on (no webhook; tests of L2)
-    GET    /admin/environments                       every environment with its status and open_connections
+    GET    /admin/environments                       every environment with its status and link: open
+                                                    connections, connected_since / disconnected_since,
+                                                    every stretch it was up (links)
     POST   /admin/environments/{id}/disconnect       close the executor's WebSockets
+    POST   /admin/environments/{id}/drop  {"seconds"}   an outage of the link: close its WebSockets
+                                                    and answer upgrades 503 for ``seconds`` (the
+                                                    executor retries the same URL, no new registration)
     POST   /admin/sessions/{id}/turns  {"commands": [argv | {"argv", "cwd", "env", "timeout_seconds"}]}
                input whose turn runs the commands in the sandbox → 202 the turn
     GET    /admin/sessions/{id}/turns                scripted turns with stdout, stderr, exit code, timing

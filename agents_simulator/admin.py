@@ -14,8 +14,9 @@ from starlette.routing import Route
 
 from agents_simulator.engine import Simulator
 from agents_simulator.errors import ApiError, bad_request, not_found
+from agents_simulator.faults import DEFAULT_HOLD_SECONDS
 from agents_simulator.http import json_body
-from agents_simulator.state import environment_info_json
+from agents_simulator.state import environment_info_json, link_json, session_summary
 
 
 def routes(sim: Simulator) -> list[Route]:
@@ -51,12 +52,35 @@ def routes(sim: Simulator) -> list[Route]:
                 sim.faults.arm(
                     target=str(body.get("target", "")),
                     status=int(body.get("status", 500)),
-                    count=int(body.get("count", 1)),
+                    count=_optional_int(body.get("count")),
                     retry_after=_optional_float(body.get("retry_after")),
+                    seconds=_optional_float(body.get("seconds")),
+                    kind=str(body.get("kind", "status")),
+                    hold_seconds=float(body.get("hold_seconds", DEFAULT_HOLD_SECONDS)),
+                    object_id=_optional_str(body.get("object_id")),
                 )
             except (TypeError, ValueError, AttributeError) as exc:
                 raise bad_request(str(exc)) from exc
         return _listing(sim.faults.to_json())
+
+    async def hold(request: Request) -> Response:
+        body = await json_body(request)
+        try:
+            until = sim.webhooks.hold(
+                float(body.get("seconds", 0)), str(body.get("order", "fifo")), _optional_int(body.get("seed"))
+            )
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise bad_request(str(exc)) from exc
+        return JSONResponse({"until": until, "order": body.get("order", "fifo")})
+
+    async def sessions(request: Request) -> Response:
+        return _listing(session_summary(s) for s in sim.sessions.values())
+
+    async def history(request: Request) -> Response:
+        session = sim.get(request.path_params["session_id"])
+        return _listing(
+            {"at": at, "status": status, "wants_connection": wants} for at, status, wants in session.history
+        )
 
     async def fail(request: Request) -> Response:
         body = await json_body(request, optional=True)
@@ -79,7 +103,7 @@ def routes(sim: Simulator) -> list[Route]:
                 **environment_info_json(e),
                 "session_id": e.session_id,
                 "deleted": e.deleted,
-                "open_connections": sim.open_connections(e.id),
+                **link_json(e, sim.open_connections(e.id)),
             }
             for e in sim.environments.values()
         )
@@ -90,21 +114,51 @@ def routes(sim: Simulator) -> list[Route]:
             {"environment_id": environment.id, "closed": await sim.disconnect_environment(environment.id)}
         )
 
+    async def drop(request: Request) -> Response:
+        environment = sim.environment(request.path_params["environment_id"])
+        body = await json_body(request)
+        try:
+            seconds = float(body.get("seconds", 0))
+        except (TypeError, ValueError, AttributeError) as exc:
+            raise bad_request("'seconds' must be a number") from exc
+        if not 0 < seconds <= 3600:
+            raise bad_request("'seconds' must be between 0 and 3600", "seconds")
+        closed = await sim.drop_link(environment.id, seconds)
+        return JSONResponse(
+            {"environment_id": environment.id, "closed": closed, "until": environment.refuse_upgrades_until}
+        )
+
     return [
         Route("/admin/registrations", registrations, methods=["GET"]),
         Route("/admin/deliveries", deliveries, methods=["GET"]),
         Route("/admin/events", events, methods=["GET"]),
         Route("/admin/webhooks/resend/{event_id}", resend, methods=["POST"]),
+        Route("/admin/webhooks/hold", hold, methods=["POST"]),
+        Route("/admin/sessions", sessions, methods=["GET"]),
+        Route("/admin/sessions/{session_id}/history", history, methods=["GET"]),
         Route("/admin/faults", faults, methods=["GET", "POST", "DELETE"]),
         Route("/admin/sessions/{session_id}/fail", fail, methods=["POST"]),
         Route("/admin/sessions/{session_id}/remote_url", remote_url, methods=["POST"]),
         Route("/admin/environments", environments, methods=["GET"]),
         Route("/admin/environments/{environment_id}/disconnect", disconnect, methods=["POST"]),
+        Route("/admin/environments/{environment_id}/drop", drop, methods=["POST"]),
     ]
 
 
 def _listing(items: Any) -> JSONResponse:
     return JSONResponse({"object": "list", "data": list(items)})
+
+
+def _optional_int(value: Any) -> int | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        raise ValueError(f"{value!r} is not an integer")
+    return int(value)
+
+
+def _optional_str(value: Any) -> str | None:
+    return None if value is None else str(value)
 
 
 def _optional_float(value: Any) -> float | None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -14,37 +16,42 @@ from agents_simulator.state import SimSession, deleted_json, environment_info_js
 
 
 def routes(sim: Simulator) -> list[Route]:
-    def guard(request: Request, target: str) -> None:
+    async def guard(request: Request, target: str, object_id: str | None = None) -> None:
+        """Authenticate, then apply an armed fault: an error answer, or a held one (timeout)."""
         require_api_key(request, sim.config.api_key)
-        fault = sim.faults.take(target)
-        if fault is not None:
-            raise injected(fault.status, fault.retry_after)
+        fault = sim.faults.take(target, object_id)
+        if fault is None:
+            return
+        if fault.kind == "timeout":
+            await asyncio.sleep(fault.hold_seconds)  # then answer as usual: the client gave up by now
+            return
+        raise injected(fault.status, fault.retry_after)
 
     async def sessions(request: Request) -> Response:
         if request.method == "POST":
-            guard(request, "create_session")
+            await guard(request, "create_session")
             session = sim.create_session(await json_body(request))
             return JSONResponse(sim.view(session))
-        guard(request, "list_sessions")
+        await guard(request, "list_sessions")
         return JSONResponse(_page(sim, request))
 
     async def session(request: Request) -> Response:
         session_id = request.path_params["session_id"]
         if request.method == "DELETE":
-            guard(request, "delete_session")
+            await guard(request, "delete_session", session_id)
             await sim.delete_session(session_id)
             return JSONResponse(deleted_json(session_id))
-        guard(request, "retrieve_session")
+        await guard(request, "retrieve_session", session_id)
         return JSONResponse(sim.view(sim.get(session_id)))
 
     async def events(request: Request) -> Response:
-        guard(request, "create_events")
+        await guard(request, "create_events", request.path_params["session_id"])
         body = await json_body(request)
         sim.submit_events(request.path_params["session_id"], body, request.headers.get("idempotency-key"))
         return Response(status_code=202)
 
     async def environment(request: Request) -> Response:
-        guard(request, "retrieve_environment")
+        await guard(request, "retrieve_environment", request.path_params["environment_id"])
         return JSONResponse(environment_info_json(sim.environment(request.path_params["environment_id"])))
 
     return [

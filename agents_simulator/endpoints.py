@@ -15,7 +15,7 @@ from __future__ import annotations
 import base64
 import json
 import secrets
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any
@@ -224,32 +224,34 @@ def sample_event(event_type: str, now: int) -> dict[str, Any]:
     return {"id": new_id("evt"), "object": "event", "created_at": now, "type": event_type, "data": data}
 
 
-def routes(registry: Endpoints, guard: Callable[[Request, str], None], timeout_seconds: float) -> list[Route]:
+def routes(
+    registry: Endpoints, guard: Callable[[Request, str], Awaitable[None]], timeout_seconds: float
+) -> list[Route]:
     async def collection(request: Request) -> Response:
         if request.method == "POST":
-            guard(request, "create_webhook_endpoint")
+            await guard(request, "create_webhook_endpoint")
             return JSONResponse(registry.create(await json_body(request)).to_json(with_secret=True))
-        guard(request, "list_webhook_endpoints")
+        await guard(request, "list_webhook_endpoints")
         return JSONResponse(registry.page(request))
 
     async def one(request: Request) -> Response:
         endpoint_id = request.path_params["endpoint_id"]
         if request.method == "DELETE":
-            guard(request, "delete_webhook_endpoint")
+            await guard(request, "delete_webhook_endpoint")
             return JSONResponse(registry.delete(endpoint_id))
         if request.method == "POST":
-            guard(request, "update_webhook_endpoint")
+            await guard(request, "update_webhook_endpoint")
             return JSONResponse(registry.update(endpoint_id, await json_body(request)).to_json())
-        guard(request, "retrieve_webhook_endpoint")
+        await guard(request, "retrieve_webhook_endpoint")
         return JSONResponse(registry.get(endpoint_id).to_json())
 
     async def rotate(request: Request) -> Response:
-        guard(request, "rotate_webhook_secret")
+        await guard(request, "rotate_webhook_secret")
         body = await json_body(request, optional=True)
         return JSONResponse(registry.rotate(request.path_params["endpoint_id"], body).to_json(with_secret=True))
 
     async def test(request: Request) -> Response:
-        guard(request, "test_webhook_endpoint")
+        await guard(request, "test_webhook_endpoint")
         endpoint = registry.get(request.path_params["endpoint_id"])
         body = await json_body(request)
         event_type = body.get("event_type") if isinstance(body, dict) else None
@@ -277,7 +279,7 @@ def routes(registry: Endpoints, guard: Callable[[Request, str], None], timeout_s
         )
 
     async def event_types(request: Request) -> Response:
-        guard(request, "list_webhook_event_types")
+        await guard(request, "list_webhook_event_types")
         return JSONResponse({"object": "list", "data": list(EVENT_TYPES)})
 
     return [

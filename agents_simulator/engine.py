@@ -60,7 +60,7 @@ class Simulator:
     def __init__(self, config: SimulatorConfig, clock: Clock | None = None) -> None:
         self.config = config
         self.clock = clock or SystemClock()
-        self.faults = Faults()
+        self.faults = Faults(self.clock)
         self.sessions: dict[str, SimSession] = {}
         self.environments: dict[str, SimEnvironment] = {}
         self.registrations: list[Registration] = []
@@ -131,6 +131,7 @@ class Simulator:
             vault_ids=request.vault_ids,
             review=request.review,
         )
+        session.history.append((self.clock.now(), session.status.value, False))
         self.sessions[session.id] = session
         if environment_id is not None:
             self.environments[environment_id].session_id = session.id
@@ -196,7 +197,7 @@ class Simulator:
         key_matched = bearer is not None and hmac.compare_digest(bearer.encode(), self.config.environment_key.encode())
         environment = self.environments.get(environment_id)
         known = environment is not None and not environment.deleted and environment.type == "self_hosted"
-        fault = self.faults.take("register")
+        fault = self.faults.take("register", environment_id)
         error: ApiError | None = None
         if fault is not None:
             error = injected(fault.status, fault.retry_after)
@@ -251,17 +252,18 @@ class Simulator:
     def executor_connected(self, environment_id: str, close: CloseConnection) -> int:
         environment = self.environment(environment_id)
         self._next_connection += 1
+        if not self._connections.get(environment_id):
+            environment.links.append([self.clock.now(), None])
         self._connections.setdefault(environment_id, {})[self._next_connection] = close
         environment.status = EnvironmentStatus.CONNECTED
         log.info("executor connected", extra={"environment_id": environment_id})
         session = self.sessions.get(environment.session_id or "")
         if session is not None and session.wants_connection and session.status is SessionStatus.REQUIRES_ACTION:
-            session.wants_connection = False
             self._cancel_deadline(session.id)
             if session.pending_inputs:
                 self._start_turns(session)
             else:
-                session.status = SessionStatus.IDLE
+                self._move(session, SessionStatus.IDLE)
         return self._next_connection
 
     def executor_disconnected(self, environment_id: str, connection: int, server_stopping: bool = False) -> None:
@@ -272,6 +274,8 @@ class Simulator:
             return
         self._connections.pop(environment_id, None)
         environment = self.environments.get(environment_id)
+        if environment is not None and environment.links and environment.links[-1][1] is None:
+            environment.links[-1][1] = self.clock.now()
         if environment is None or environment.deleted or self._closing or server_stopping:
             return
         environment.status = EnvironmentStatus.DISCONNECTED
@@ -285,6 +289,22 @@ class Simulator:
     def open_connections(self, environment_id: str) -> int:
         """How many executor WebSockets are open for the environment now (two means two executors)."""
         return len(self._connections.get(environment_id, {}))
+
+    async def drop_link(self, environment_id: str, seconds: float) -> int:
+        """An outage of one environment's link: close its executor's WebSockets and answer its
+        upgrades 503 for ``seconds`` (a 5xx: the executor retries the same URL and does not
+        register again, as it would after a 4xx). Returns how many WebSockets were closed."""
+        environment = self.environment(environment_id)
+        environment.refuse_upgrades_until = max(environment.refuse_upgrades_until, self.clock.now() + seconds)
+        return await self.disconnect_environment(environment_id)
+
+    def refuses_upgrade(self, environment_id: str) -> bool:
+        """Whether a WebSocket upgrade for the environment is refused now (``drop_link``); counted."""
+        environment = self.environments.get(environment_id)
+        if environment is None or self.clock.now() >= environment.refuse_upgrades_until:
+            return False
+        environment.refused_upgrades += 1
+        return True
 
     async def disconnect_environment(self, environment_id: str) -> int:
         """Close every executor WebSocket of one environment; returns how many."""
@@ -388,8 +408,7 @@ class Simulator:
             self._start_turns(session)
 
     def _ask_for_connection(self, session: SimSession) -> None:
-        session.status = SessionStatus.REQUIRES_ACTION
-        session.wants_connection = True
+        self._move(session, SessionStatus.REQUIRES_ACTION, wants_connection=True)
         self.webhooks.publish(
             "agent.session.action_required",
             {"id": session.id, "required_action": {"type": "environment_connection"}},
@@ -398,7 +417,7 @@ class Simulator:
         self._deadlines[session.id] = asyncio.get_running_loop().create_task(self._deadline(session.id))
 
     def _start_turns(self, session: SimSession) -> None:
-        session.status = SessionStatus.IN_PROGRESS
+        self._move(session, SessionStatus.IN_PROGRESS)
         self.webhooks.publish("agent.session.in_progress", self._status_data(session))
         self._turns[session.id] = asyncio.get_running_loop().create_task(self._run_turns(session.id))
 
@@ -417,7 +436,7 @@ class Simulator:
             if session.pending_inputs:
                 continue
             self._turns.pop(session_id, None)
-            session.status = SessionStatus.IDLE
+            self._move(session, SessionStatus.IDLE)
             self.webhooks.publish("agent.session.idle", self._status_data(session))
             return
 
@@ -437,16 +456,14 @@ class Simulator:
         self.turn_log.cancel(session.id)
         if session.status is SessionStatus.IN_PROGRESS or session.wants_connection:
             self._stop_tasks(session.id)
-            session.wants_connection = False
-            session.status = SessionStatus.IDLE
+            self._move(session, SessionStatus.IDLE)
             session.last_active_at = self._now()
             self.webhooks.publish("agent.session.idle", self._status_data(session))
 
     def _fail(self, session: SimSession, error: str) -> None:
         self._stop_tasks(session.id)
         self.turn_log.fail_pending(session.id, f"the session failed: {error}")
-        session.status = SessionStatus.FAILED
-        session.wants_connection = False
+        self._move(session, SessionStatus.FAILED)
         session.pending_inputs = 0
         session.error = error
         self.webhooks.publish("agent.session.failed", self._status_data(session))
@@ -470,6 +487,12 @@ class Simulator:
         task = self._deadlines.pop(session_id, None)
         if task is not None and task is not asyncio.current_task():
             task.cancel()
+
+    def _move(self, session: SimSession, status: SessionStatus, wants_connection: bool = False) -> None:
+        """The one place a session changes state; each change is kept in its history."""
+        session.status = status
+        session.wants_connection = wants_connection
+        session.history.append((self.clock.now(), status.value, wants_connection))
 
     def _now(self) -> int:
         return int(self.clock.now())

@@ -1,7 +1,9 @@
 """The executor side: ``/cloud/environment/{id}/register``, ``/validate`` and the WebSocket.
 
 ``codex exec-server`` registers with the environment key as a bearer token, then opens the
-returned ``ws://`` URL and waits for the server to speak first. The simulator reports the
+returned ``ws://`` URL and waits for the server to speak first. An upgrade answered 4xx makes
+it register again; one answered 5xx (what the simulator answers while an outage of the link,
+``Simulator.drop_link``, lasts) makes it retry the same URL. The simulator reports the
 environment ``connected`` while at least one such WebSocket is open, and acts as the harness
 on it (``harness.py``): binary frames go to the link, which opens streams when a turn runs
 commands. ``/validate`` answers ``{"valid": true}`` only for a handshake that presents the
@@ -18,7 +20,7 @@ from starlette.routing import BaseRoute, Route, WebSocketRoute
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from agents_simulator.engine import Simulator
-from agents_simulator.errors import injected, unauthorized
+from agents_simulator.errors import ApiError, injected, unauthorized
 from agents_simulator.http import bearer_token, json_body
 
 CLOSE_GOING_AWAY = 1001
@@ -33,10 +35,10 @@ def routes(sim: Simulator) -> list[BaseRoute]:
         return JSONResponse(answer)
 
     async def validate(request: Request) -> Response:
-        fault = sim.faults.take("validate")
+        environment_id = request.path_params["environment_id"]
+        fault = sim.faults.take("validate", environment_id)
         if fault is not None:
             raise injected(fault.status, fault.retry_after)
-        environment_id = request.path_params["environment_id"]
         sim.environment(environment_id)
         if not sim.environment_key_valid(bearer_token(request)):
             raise unauthorized()
@@ -45,6 +47,12 @@ def routes(sim: Simulator) -> list[BaseRoute]:
 
     async def connect(websocket: WebSocket) -> None:
         environment_id = websocket.path_params["environment_id"]
+        if sim.refuses_upgrade(environment_id):
+            # The link is down (``drop_link``): a 5xx, so the executor retries the same URL.
+            await websocket.send_denial_response(
+                JSONResponse(ApiError(503, "The link is unavailable (injected).", type="server_error").body(), 503)
+            )
+            return
         if not sim.token_valid(environment_id, websocket.query_params.get("token", "")):
             # Closing before accepting answers the upgrade with 403; codex then registers again.
             await websocket.close(CLOSE_POLICY_VIOLATION)

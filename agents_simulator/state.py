@@ -46,6 +46,12 @@ class SimEnvironment:
     session_id: str | None = None
     tokens: set[str] = field(default_factory=set, repr=False)
     deleted: bool = False
+    links: list[list[float | None]] = field(default_factory=list)
+    """When executors held the link: ``[connected_at, disconnected_at or None]``, oldest first
+    (overlapping WebSockets of one environment count as one stretch)."""
+    refuse_upgrades_until: float = 0.0
+    """Until then, WebSocket upgrades are answered 503 (an outage of the link, ``drop_link``)."""
+    refused_upgrades: int = 0
 
 
 @dataclass
@@ -65,6 +71,8 @@ class SimSession:
     error: str | None = None
     idempotency_keys: set[str] = field(default_factory=set)
     remote_url: str | None = None  # set through the admin API; None: the simulator's own URL
+    history: list[tuple[float, str, bool]] = field(default_factory=list)
+    """Every change of state: (when, status, wants_connection), oldest first."""
 
     @property
     def self_hosted(self) -> bool:
@@ -178,6 +186,33 @@ def environment_info_json(environment: SimEnvironment) -> dict[str, Any]:
         "files": [],
         "plugins": [],
         "skills": [],
+    }
+
+
+def link_json(environment: SimEnvironment, open_connections: int) -> dict[str, Any]:
+    """The link's state as the admin API shows it: open WebSockets, since when it is up or down,
+    and every stretch it was up."""
+    last = environment.links[-1] if environment.links else None
+    up = last is not None and last[1] is None
+    return {
+        "open_connections": open_connections,
+        "connected_since": last[0] if up and last is not None else None,
+        "disconnected_since": last[1] if last is not None and not up else None,
+        "links": [list(stretch) for stretch in environment.links],
+        "refuse_upgrades_until": environment.refuse_upgrades_until or None,
+        "refused_upgrades": environment.refused_upgrades,
+    }
+
+
+def session_summary(session: SimSession) -> dict[str, Any]:
+    """What ``GET /admin/sessions`` shows of one session (no history: ask for it by id)."""
+    return {
+        "id": session.id,
+        "status": session.status.value,
+        "wants_connection": session.wants_connection,
+        "environment_id": session.environment_id,
+        "agent_id": session.agent.get("id"),
+        "since": session.history[-1][0] if session.history else None,
     }
 
 

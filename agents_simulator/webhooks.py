@@ -5,6 +5,10 @@ re-send; each attempt gets a fresh ``webhook-timestamp`` and signature. Every (e
 pair is its own asyncio task, so a slow or failing receiver never holds up other events.
 Any non-2xx answer (redirects included), connection error or timeout is retried with
 exponential backoff, capped, until ``max_attempts`` or the horizon is reached.
+
+``hold(seconds, order)`` makes deliveries late and out of order, as a real sender's queues do
+now and then: every delivery whose first attempt comes in the next ``seconds`` waits until
+then, and the held ones go out one by one in ``order`` (``fifo``, ``reverse`` or ``shuffle``).
 """
 
 from __future__ import annotations
@@ -12,7 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import random
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,6 +78,7 @@ class Delivery:
     url: str
     resend: bool
     state: str = "pending"  # pending | delivered | failed
+    held: bool = False  # its first attempt waited for a hold to end
     attempts: list[Attempt] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
@@ -83,6 +89,7 @@ class Delivery:
             "url": self.url,
             "resend": self.resend,
             "state": self.state,
+            "held": self.held,
             "attempts": [
                 {
                     "number": a.number,
@@ -95,6 +102,38 @@ class Delivery:
                 for a in self.attempts
             ],
         }
+
+
+HOLD_ORDERS = ("fifo", "reverse", "shuffle")
+RELEASE_SPACING_SECONDS = 0.05
+"""Between two held deliveries going out, so that they arrive in the order they were let go."""
+
+
+class _Hold:
+    """Deliveries waiting for one hold to end; ``release`` lets them go in its order."""
+
+    def __init__(self, until: float, order: str, seed: int | None) -> None:
+        self.until = until
+        self.order = order
+        self._random = random.Random(seed)
+        self._waiting: list[asyncio.Future[None]] = []
+
+    async def wait(self) -> None:
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiting.append(waiter)
+        await waiter
+
+    async def release(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        waiting = list(self._waiting)
+        if self.order == "reverse":
+            waiting.reverse()
+        elif self.order == "shuffle":
+            self._random.shuffle(waiting)
+        for waiter in waiting:
+            if not waiter.done():
+                waiter.set_result(None)
+            await asyncio.sleep(RELEASE_SPACING_SECONDS)
 
 
 class WebhookSender:
@@ -118,6 +157,7 @@ class WebhookSender:
         self._tasks: set[asyncio.Task[None]] = set()
         self.events: dict[str, StoredEvent] = {}
         self.deliveries: list[Delivery] = []
+        self._hold: _Hold | None = None
 
     async def start(self) -> None:
         self._client = httpx.AsyncClient(follow_redirects=False, timeout=self._policy.timeout_seconds)
@@ -155,6 +195,24 @@ class WebhookSender:
             return None
         return self._deliver_everywhere(event, resend=True)
 
+    def hold(self, seconds: float, order: str = "fifo", seed: int | None = None) -> float:
+        """Hold every delivery that starts in the next ``seconds``, then send the held ones in
+        ``order``; returns when the hold ends (the simulator's clock). A new hold replaces the
+        current one for deliveries that start from now on."""
+        if not 0 < seconds <= 3600:
+            raise ValueError("hold seconds must be between 0 and 3600")
+        if order not in HOLD_ORDERS:
+            raise ValueError(f"unknown order {order!r}; one of {list(HOLD_ORDERS)}")
+        hold = _Hold(self._clock.now() + seconds, order, seed)
+        self._hold = hold
+        self._start(hold.release(seconds))
+        return hold.until
+
+    def _start(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
     def _deliver_everywhere(self, event: StoredEvent, resend: bool) -> list[Delivery]:
         started = []
         configured = [Target(url, self._configured_secrets) for url in self._urls]
@@ -162,9 +220,7 @@ class WebhookSender:
         for target in configured + registered:
             delivery = Delivery(new_id("dlv"), event.id, event.type, target.url, resend)
             self.deliveries.append(delivery)
-            task = asyncio.get_running_loop().create_task(self._run(event, delivery, target.secrets))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._start(self._run(event, delivery, target.secrets))
             started.append(delivery)
         return started
 
@@ -173,6 +229,10 @@ class WebhookSender:
         return [self._secret]
 
     async def _run(self, event: StoredEvent, delivery: Delivery, secrets: Callable[[], Sequence[str]]) -> None:
+        hold = self._hold
+        if hold is not None and self._clock.now() < hold.until:
+            delivery.held = True
+            await hold.wait()
         first = self._clock.now()
         while True:
             if await self._attempt(event, delivery, secrets()):

@@ -10,6 +10,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +122,13 @@ class Loop:
             self.directory / "scheduler.log",
         ).start()
         for port in self.receiver_ports:
-            wait_for(lambda port=port: port_open(port), 30, f"receiver on port {port}")
+            wait_for(partial(port_open, port), 30, f"receiver on port {port}")
         wait_for(self.workers_ready, 60, "celery workers to be ready")
         return self
 
-    def start_simulator(self) -> None:
-        argv = python_module(
-            "controller",
-            "simulator",  # the documented CLI path: sandbox-controller simulator ...
-            "--port",
-            str(self.simulator_port),
+    def simulator_options(self) -> list[str]:
+        """The simulator's options besides its port (a world that needs others overrides this)."""
+        return [
             "--webhook-url",
             f"http://127.0.0.1:{self.receiver_ports[0]}/webhooks",
             "--connect-timeout-seconds",
@@ -141,6 +139,15 @@ class Loop:
             "0.5",
             "--webhook-retry-max-seconds",
             "2",
+        ]
+
+    def start_simulator(self) -> None:
+        argv = python_module(
+            "controller",
+            "simulator",  # the documented CLI path: sandbox-controller simulator ...
+            "--port",
+            str(self.simulator_port),
+            *self.simulator_options(),
         )
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
         # Secrets in the environment, as dev does: on argv they would show in `ps`.

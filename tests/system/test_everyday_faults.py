@@ -67,29 +67,35 @@ def connected_session(loop: Loop) -> tuple[str, str]:
 # --- 1. a link blip during a turn ----------------------------------------------------------------
 
 
+GRACE = 10
+DROP = 5.0
+"""Shorter than the grace, and long enough that the look the drop causes sees the link down."""
+
+
 def test_a_link_blip_during_a_turn_keeps_the_live_executor(tmp_path: Path) -> None:
-    """L14 (issue 16, item 1): a session connects and its turn runs a long command; 8 s after
-    connecting (grace 5 s) the link drops, so the API asks for a connection again while the
-    executor is away. The look that sees it down starts the grace clock then — not at the
-    sandbox's start — and keeps the executor; it reconnects, the turn goes on with its next
-    command, and there is one registration and one process for the whole turn."""
-    with world(tmp_path, receivers=1, extra_env={"CONTROLLER_EXECUTOR_GRACE_SECONDS": "5"}) as loop:
+    """L14 (issue 16, item 1): a session connects and its turn runs a long command; 12 s after
+    connecting (grace 10 s) its link is down for 5 s (WebSockets closed, upgrades refused), so
+    the API asks for a connection again while the executor is away. The look that sees it down
+    starts the grace clock then — not at the sandbox's start — and keeps the executor; it
+    reconnects, the turn goes on with its next command, and there is one registration and one
+    process for the whole turn."""
+    with world(tmp_path, receivers=1, extra_env={"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE)}) as loop:
         with loop.api() as client:
             session = loop.create_session(client, input_text=None)
         sid, environment_id = session["id"], session["environment"]["id"]
         turn = httpx.post(
             f"{loop.simulator_url}/admin/sessions/{sid}/turns",
-            json={"commands": [["sh", "-c", "sleep 20; echo first"], ["sh", "-c", "echo second"]]},
+            json={"commands": [["sh", "-c", "sleep 40; echo first"], ["sh", "-c", "echo second"]]},
             timeout=10,
         )
         turn.raise_for_status()
         wait_for(lambda: loop.environment_status(environment_id) == "connected", 60, "the executor to connect")
         connected_at = time.monotonic()
         wait_for(lambda: loop.session(sid)["status"] == "in_progress", 30, "the turn to run")
-        time.sleep(max(0.0, connected_at + 8 - time.monotonic()))
+        time.sleep(max(0.0, connected_at + GRACE + 2 - time.monotonic()))
         dropped = len(looked_up(loop, sid))
         httpx.post(
-            f"{loop.simulator_url}/admin/environments/{environment_id}/disconnect", timeout=10
+            f"{loop.simulator_url}/admin/environments/{environment_id}/drop", json={"seconds": DROP}, timeout=10
         ).raise_for_status()
 
         def finished() -> dict[str, Any] | None:

@@ -1,0 +1,492 @@
+"""The judge of a chaos run. Not the controller's code, and it imports none: it samples ``/proc``
+and the simulator's admin endpoints twice a second, reads what the turns' commands printed,
+and checks ``INVARIANTS`` throughout the run and at its end.
+
+How each is seen from outside:
+
+1. Executors are process sessions whose command line dials the simulator with an environment
+   id (``observe.executors``); two at once for one environment is a violation, and so is an
+   environment with two executor WebSockets open at the simulator.
+2. A session asking for a connection (``requires_action``, ``wants_connection``) for more than
+   30 s with no fault disturbing the system over those 30 s (``EventLog.quiet_since``).
+3. An executor that ended while its session was busy (in a turn, or asking for a connection,
+   as the session stood when the executor was found gone) and that the chaos did not kill:
+   the simulator's record of the link says how long it had been down by then (since it was
+   last connected; since the executor started, if it never was; if it had come back only
+   just before, the outage it came back from). Less than the grace is a violation, whether or
+   not a new executor took its place.
+4. Each turn's command prints the workspace's marker file, then adds its own token to it.
+   Every token a finished command added must be printed by every command that starts later,
+   until the session is deleted or fails — the final turn of each session that still exists
+   included (a session's turns are read just before the harness deletes it).
+5. Every ``environment_connection`` delivery that a receiver answered 2xx: the request it
+   carried must have been resolved (the simulator clears it only when an executor connects)
+   unless the session was deleted or failed; and a deleted or failed session's executor must
+   be gone by the end.
+6. After the teardown, no executor and no process of the run is left.
+7. An executor ending while its session was idle: not before the idle timeout (L11); and an
+   idle session's executor still running 15 s past the timeout, with nothing disturbing the
+   system meanwhile, is a late stop (issue 16's item 3: a skewed clock stops early or late).
+8. The sessions of the pre-start burst (never given input) hold no more live executors than
+   the pre-start budget.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+from typing import Any, Protocol
+
+import httpx
+
+from tests.chaos import observe
+from tests.chaos.book import Book, Session
+from tests.chaos.eventlog import EventLog
+from tests.support.processes import processes_under
+
+INVARIANTS = {
+    1: "never two live executors for one session",
+    2: "a session that asks for a connection has one connected executor within 30 s of the faults ending",
+    3: "no live executor is replaced (or stopped) for a link down less than the grace",
+    4: "no workspace of a session that still exists is discarded",
+    5: "every acknowledged delivery's work is done; a failed or deleted session's executor is gone by the end",
+    6: "nothing is left running",
+    7: "an idle sandbox stops at its idle timeout: not before it, and not long after it",
+    8: "pre-started sandboxes nobody asked for stay within the pre-start budget",
+}
+SAMPLE_SECONDS = 0.5
+ASK_SECONDS = 30.0
+REPLACEMENT_SECONDS = 10.0
+"""An executor that ends is judged once a replacement showed up, or this long after it ended."""
+GRACE_MARGIN_SECONDS = 0.5
+EARLY_MARGIN_SECONDS = 2.0
+"""The API's ``last_active_at`` is whole seconds, and ``/proc`` is sampled: an idle stop up to
+this much before the timeout (counted from the session's own change to idle) is on time."""
+LATE_SECONDS = 15.0
+DECISION_SECONDS = 3.0
+"""A link back less than this before its executor went may have come back after the decision
+to replace it: the outage it came back from is what the decision saw."""
+RACE_SECONDS = 2.0
+"""An input that lands within this of an idle stop that was due (L12's residual race) makes
+the stop look like a busy session's; it is not counted against grace (3)."""
+
+
+@dataclass(frozen=True)
+class Violation:
+    at: float
+    invariant: int
+    subject: str
+    text: str
+
+    def describe(self, t0: float) -> str:
+        rule = INVARIANTS[self.invariant]
+        return f"+{self.at - t0:.1f}s invariant {self.invariant} ({rule}): {self.subject}: {self.text}"
+
+
+class Simulator(Protocol):
+    """What the checker reads from the simulator (``observe.Simulator``)."""
+
+    base_url: str
+
+    def sessions(self) -> dict[str, dict[str, Any]]: ...
+    def environments(self) -> dict[str, dict[str, Any]]: ...
+    def history(self, session_id: str) -> list[dict[str, Any]]: ...
+    def turns(self, session_id: str) -> list[dict[str, Any]]: ...
+    def registrations(self, environment_id: str | None = None) -> list[dict[str, Any]]: ...
+    def deliveries(self, event_type: str) -> list[dict[str, Any]]: ...
+    def events(self) -> dict[str, dict[str, Any]]: ...
+
+
+Scan = Callable[[], dict[str, dict[int, list[int]]]]
+"""Executors by environment id, each process session with its pids (``observe.executors``)."""
+
+
+@dataclass
+class Executor:
+    """One executor (a process session) of one environment, as sampled."""
+
+    environment_id: str
+    sid: int
+    first_seen: float
+    last_seen: float
+    pids: list[int]
+    gone_seen: float | None = None
+    judged: bool = False
+
+
+class Checker:
+    def __init__(
+        self,
+        simulator: Simulator,
+        book: Book,
+        log: EventLog,
+        *,
+        grace_seconds: float,
+        idle_timeout_seconds: float,
+        prestart_budget: int,
+        scan: Scan | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.sim = simulator
+        self.remote_url = simulator.base_url
+        self.scan: Scan = scan or partial(observe.executors, simulator.base_url)
+        self.clock = clock
+        self.book = book
+        self.log = log
+        self.grace = grace_seconds
+        self.idle_timeout = idle_timeout_seconds
+        self.prestart_budget = prestart_budget
+        self.violations: list[Violation] = []
+        self.executors: dict[tuple[str, int], Executor] = {}
+        self.samples = 0
+        self.markers_checked = 0
+        """Commands checked by 4 just before their session was deleted."""
+        self.most_executors = 0
+        self.most_prestarted = 0
+        self._reported: set[tuple[Any, ...]] = set()
+        self._double_connections: set[str] = set()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="chaos-checker", daemon=True)
+        self.errors: list[str] = []
+
+    # -- running ------------------------------------------------------------------------------
+
+    def start(self) -> Checker:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread.ident is not None:
+            self._thread.join(timeout=60)
+
+    def _run(self) -> None:
+        while not self._stop.wait(SAMPLE_SECONDS):
+            try:
+                self.sample()
+            except httpx.HTTPError as exc:
+                self.log.add("note", f"checker: the simulator did not answer ({type(exc).__name__})")
+            except Exception as exc:  # a checker bug must show, not end the sampling quietly
+                self.errors.append(f"checker error: {type(exc).__name__}: {exc}")
+                self.log.add("note", f"checker error: {type(exc).__name__}: {exc}")
+
+    def violate(self, key: tuple[Any, ...], invariant: int, subject: str, text: str) -> None:
+        """Record a violation once per ``key``; it goes into the event log too."""
+        if key in self._reported:
+            return
+        self._reported.add(key)
+        found = Violation(self.clock(), invariant, subject, text)
+        self.violations.append(found)
+        self.log.add("violation", f"invariant {invariant}: {subject}: {text}", at=found.at)
+
+    def name(self, environment_id: str) -> str:
+        session = self.book.by_environment(environment_id)
+        return f"{session.name} ({session.id})" if session is not None else environment_id
+
+    # -- one sample ---------------------------------------------------------------------------
+
+    def sample(self) -> None:
+        now = self.clock()
+        groups = self.scan()
+        sessions = self.sim.sessions()
+        environments = self.sim.environments()
+        self.samples += 1
+        live = self._track(groups, now)
+        self.most_executors = max(self.most_executors, len(live))
+
+        for environment_id, by_sid in groups.items():  # 1: processes
+            if len(by_sid) > 1:
+                self.violate(
+                    ("1", environment_id, tuple(sorted(by_sid))),
+                    1,
+                    self.name(environment_id),
+                    f"{len(by_sid)} executors at once (process sessions {sorted(by_sid)})",
+                )
+        doubled = {e for e, info in environments.items() if int(info.get("open_connections") or 0) > 1}
+        for environment_id in doubled - self._double_connections:  # 1: links
+            self.violate(
+                ("1c", environment_id, now),
+                1,
+                self.name(environment_id),
+                f"{environments[environment_id]['open_connections']} executor WebSockets open at once",
+            )
+        self._double_connections = doubled
+
+        quiet = self.log.quiet_since(now)  # 2
+        for session in sessions.values():
+            if session["status"] == "requires_action" and session["wants_connection"] and quiet is not None:
+                waited = now - max(float(session["since"]), quiet)
+                if waited > ASK_SECONDS:
+                    self.violate(
+                        ("2", session["id"], session["since"]),
+                        2,
+                        self._session_name(session["id"]),
+                        f"asks for a connection since +{float(session['since']) - self.log.t0:.1f}s, "
+                        f"unanswered {waited:.0f}s after the faults ended",
+                    )
+
+        by_environment = {s["environment_id"]: s for s in sessions.values() if s.get("environment_id")}
+        for executor in live:  # 7: late stops
+            idle = by_environment.get(executor.environment_id)
+            if idle is None or idle["status"] != "idle" or idle["wants_connection"]:
+                continue
+            idle_since = float(idle["since"])
+            due = idle_since + self.idle_timeout
+            if now > due + LATE_SECONDS and not self.log.disturbed_between(idle_since, now):
+                self.violate(
+                    ("7late", executor.environment_id, idle_since),
+                    7,
+                    self.name(executor.environment_id),
+                    f"idle since +{idle_since - self.log.t0:.1f}s, its executor still runs {now - due:.0f}s "
+                    f"after the idle timeout ({self.idle_timeout:g}s) with nothing disturbing the system",
+                )
+
+        prestarted = [e for e in live if (s := self.book.by_environment(e.environment_id)) and s.prestart]
+        self.most_prestarted = max(self.most_prestarted, len(prestarted))
+        if len(prestarted) > self.prestart_budget:  # 8
+            self.violate(
+                ("8",),
+                8,
+                "the pre-start burst",
+                f"{len(prestarted)} pre-started executors nobody asked for are running (budget {self.prestart_budget})",
+            )
+
+        for executor in list(self.executors.values()):  # 3 and 7: executors that ended
+            if executor.gone_seen is None or executor.judged:
+                continue
+            replacement = self._replacement(executor)
+            if replacement is None and now < executor.gone_seen + REPLACEMENT_SECONDS:
+                continue
+            executor.judged = True
+            self._judge_end(executor, replacement)
+
+    def _track(self, groups: dict[str, dict[int, list[int]]], now: float) -> list[Executor]:
+        seen = []
+        for environment_id, by_sid in groups.items():
+            for sid, pids in by_sid.items():
+                key = (environment_id, sid)
+                executor = self.executors.get(key)
+                if executor is None or executor.gone_seen is not None:
+                    executor = self.executors[key] = Executor(environment_id, sid, now, now, pids)
+                    self.log.add("note", f"executor {sid} of {self.name(environment_id)} appeared")
+                executor.last_seen, executor.pids = now, pids
+                seen.append(executor)
+        for executor in self.executors.values():
+            if executor.gone_seen is None and executor not in seen:
+                executor.gone_seen = now
+                self.log.add("note", f"executor {executor.sid} of {self.name(executor.environment_id)} is gone")
+        return seen
+
+    def _replacement(self, ended: Executor) -> Executor | None:
+        assert ended.gone_seen is not None
+        return next(
+            (
+                e
+                for e in self.executors.values()
+                if e.environment_id == ended.environment_id
+                and e is not ended
+                and ended.last_seen - 1.0 <= e.first_seen <= ended.gone_seen + REPLACEMENT_SECONDS
+            ),
+            None,
+        )
+
+    def _session_name(self, session_id: str) -> str:
+        session = self.book.by_id(session_id)
+        return f"{session.name} ({session_id})" if session is not None else session_id
+
+    def _judge_end(self, executor: Executor, replacement: Executor | None) -> None:
+        """Why did this executor end? Only the chaos, its session's end or the rules may end it."""
+        assert executor.gone_seen is not None
+        session = self.book.by_environment(executor.environment_id)
+        if session is None or self.book.was_killed(executor.environment_id, executor.sid):
+            return
+        ended = session.ended_at
+        if ended is not None and ended <= executor.gone_seen:
+            return  # deleted or failed by the harness: judged by 5
+        history = self.sim.history(session.id)
+        if any(h["status"] == "failed" and h["at"] <= executor.gone_seen for h in history):
+            return
+        registrations = self.sim.registrations(executor.environment_id)
+        if any(
+            r["status_code"] != 200 and executor.first_seen - 1 <= r["received_at"] <= executor.gone_seen
+            for r in registrations
+        ):
+            return  # its registration failed: it exited by itself
+        # The session's state when the executor was found gone: new input between the last
+        # sample that saw it and that one makes a stop a busy session's (a replacement).
+        state = observe.state_at(history, executor.gone_seen)
+        if state is None:
+            return
+        name = f"{session.name} ({session.id})"
+        at = f"+{executor.gone_seen - self.log.t0:.1f}s"
+        if state["status"] == "idle" and not state["wants_connection"]:
+            idle_for = executor.gone_seen - float(state["at"])
+            if idle_for < self.idle_timeout - EARLY_MARGIN_SECONDS:
+                self.violate(
+                    ("7early", executor.environment_id, executor.sid),
+                    7,
+                    name,
+                    f"executor {executor.sid} stopped at {at}, {idle_for:.1f}s after its session went idle "
+                    f"(idle timeout {self.idle_timeout:g}s)",
+                )
+            return
+        before = [h for h in history if h["at"] < state["at"]]
+        idle, busy_since = observe.idle_before(history, executor.gone_seen)
+        if (
+            idle is not None
+            and busy_since - float(idle["at"]) >= self.idle_timeout - EARLY_MARGIN_SECONDS
+            and executor.gone_seen - busy_since < RACE_SECONDS
+        ):
+            self.log.add("note", f"{name}: an idle stop that was due met new input (L12's race): not judged by 3")
+            return
+        links = self.sim.environments().get(executor.environment_id, {}).get("links") or []
+        until = executor.gone_seen
+        since = observe.down_since(links, until)
+        up = observe.up_since(links, until) if since is None else None
+        if up is not None and until - up < DECISION_SECONDS:
+            # Back only just before it went: the decision was taken while it was down.
+            until, since = up, observe.down_since(links, up - 0.001)
+        down = 0.0 if since is None else until - max(since, executor.first_seen - SAMPLE_SECONDS)
+        if down < self.grace - GRACE_MARGIN_SECONDS:
+            link = "its link up" if since is None else f"its link down for {down:.1f}s"
+            what = f"replaced by executor {replacement.sid}" if replacement is not None else "stopped"
+            earlier = f", {before[-1]['status']} before that" if before else ""
+            self.violate(
+                ("3", executor.environment_id, executor.sid),
+                3,
+                name,
+                f"executor {executor.sid} {what} at {at} while its session was {state['status']} "
+                f"(since +{float(state['at']) - self.log.t0:.1f}s{earlier}; {link}; grace {self.grace:g}s)",
+            )
+
+    # -- at the end ---------------------------------------------------------------------------
+
+    def live_executors(self, environment_id: str) -> list[int]:
+        return sorted(self.scan().get(environment_id, {}))
+
+    def check_markers(self) -> int:
+        """4 for every session given turns and not deleted (a deleted one was checked just before
+        its deletion: ``check_session_markers``). Returns how many commands were checked in all."""
+        checked = self.markers_checked
+        for session in self.book.all():
+            if not session.prestart and session.deleted_at is None:
+                checked += self.check_session_markers(session)
+        return checked
+
+    def check_session_markers(self, session: Session) -> int:
+        """4 for one session: every token a finished command wrote is printed by every command
+        started after it, until the session failed (its workspace may go then). Returns how many
+        commands were checked."""
+        history = self.sim.history(session.id)
+        ends = [float(h["at"]) for h in history if h["status"] == "failed"]
+        until = min([*ends, *([session.failed_at] if session.failed_at is not None else [])], default=float("inf"))
+        by_id = {t["id"]: t for t in self.sim.turns(session.id)}
+        done = []
+        for turn in session.turns:
+            found = by_id.get(turn.id)
+            command = found["commands"][0] if found and found["commands"] else None
+            ran = command is not None and command["status"] == "completed" and command["exit_code"] == 0
+            if command is not None and ran and float(command["started_at"]) < until:
+                done.append((float(command["started_at"]), float(command["finished_at"]), turn.token, command))
+        for started, _, token, command in done:
+            wanted = [t for s, finished, t, _ in done if finished < started]
+            printed = set(str(command["stdout"]).split())
+            missing = [t for t in wanted if t not in printed]
+            if missing:
+                self.violate(
+                    ("4", session.id),
+                    4,
+                    f"{session.name} ({session.id})",
+                    f"the command of {token} (started +{started - self.log.t0:.1f}s) found the workspace "
+                    f"without {', '.join(missing)}: it printed {sorted(printed) or 'nothing'}",
+                )
+                break
+        return len(done)
+
+    def before_deletion(self, session: Session) -> None:
+        """The harness is about to delete ``session`` (the API then forgets its turns): check 4
+        for it now."""
+        if not session.prestart:
+            self.markers_checked += self.check_session_markers(session)
+
+    def check_deliveries(self) -> int:
+        """5: each acknowledged environment_connection delivery's request was resolved. Returns
+        how many acknowledged deliveries were checked."""
+        events = self.sim.events()
+        histories: dict[str, list[dict[str, Any]]] = {}
+        checked = 0
+        for delivery in self.sim.deliveries("agent.session.action_required"):
+            acknowledged = [a for a in delivery["attempts"] if a["status_code"] and 200 <= a["status_code"] < 300]
+            event = events.get(delivery["event_id"])
+            if not acknowledged or event is None:
+                continue
+            data = event["data"]
+            if (data.get("required_action") or {}).get("type") != "environment_connection":
+                continue
+            session = self.book.by_id(str(data.get("id")))
+            if session is None or session.ended_at is not None:
+                continue
+            history = histories.setdefault(session.id, self.sim.history(session.id))
+            if any(h["status"] == "failed" for h in history):
+                continue
+            checked += 1
+            attempt = acknowledged[0]
+            acked_at = float(attempt["started_at"]) + float(attempt["duration_seconds"] or 0)
+            asks = [h for h in history if h["wants_connection"] and h["at"] <= acked_at]
+            if not asks:
+                continue
+            if not any(h["at"] > asks[-1]["at"] and not h["wants_connection"] for h in history):
+                self.violate(
+                    ("5", session.id),
+                    5,
+                    f"{session.name} ({session.id})",
+                    f"delivery {delivery['id']} of {event['id']} acknowledged at +{acked_at - self.log.t0:.1f}s; "
+                    f"the connection it asked for (since +{asks[-1]['at'] - self.log.t0:.1f}s) never came",
+                )
+        return checked
+
+    def check_ended_sessions_released(self) -> None:
+        """5: no executor left for a session that was deleted or failed."""
+        failed = {s["id"] for s in self.sim.sessions().values() if s["status"] == "failed"}
+        groups = self.scan()
+        for session in self.book.all():
+            if session.ended_at is None and session.id not in failed:
+                continue
+            left = sorted(groups.get(session.environment_id, {}))
+            if left:
+                how = "deleted" if session.deleted_at is not None else "failed"
+                self.violate(
+                    ("5gone", session.id),
+                    5,
+                    f"{session.name} ({session.id})",
+                    f"{how}, and its executor (process sessions {left}) still runs at the end",
+                )
+
+    def check_nothing_left(self, directory: Path, wait_seconds: float = 15.0) -> None:
+        """6: no executor dialling the simulator and no process of the run's directory remain
+        (whatever is found is killed after being reported)."""
+        deadline = time.monotonic() + wait_seconds
+        while time.monotonic() < deadline:
+            left_executors = observe.executor_processes(self.remote_url)
+            left = processes_under(directory)
+            if not left_executors and not left:
+                return
+            time.sleep(0.2)
+        details = [f"executor pid {p.pid} of {self.name(p.environment_id)}" for p in left_executors] + left
+        self.violate(("6",), 6, "the run", f"left running after the teardown: {details}")
+        for process in left_executors:
+            try:
+                os.kill(process.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for entry in left:
+            try:
+                os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
+            except (ProcessLookupError, ValueError):
+                pass

@@ -1,0 +1,378 @@
+"""Carries a schedule's steps out against the world, each at its time, and writes them down.
+
+Session actions run at once, in order; each fault runs in a thread of its own (so a restart
+that waits for a worker to be ready holds up nothing else) and opens a disturbance window in
+the event log that it closes once the fault is over and what it broke is back (a process
+restarted and ready, Redis answering, the API's fault expired). Two faults never work on one
+process (or on Redis) at once: the later one is skipped and says so. A fault's own trouble
+(Redis not coming back, a clock that did not move) is a harness error, kept apart from the
+system's violations.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+import zlib
+from collections.abc import Callable
+from typing import Any
+
+import redis
+
+from tests.chaos import observe
+from tests.chaos.book import Book, Session, Turn
+from tests.chaos.eventlog import EventLog
+from tests.chaos.schedule import Schedule, Step
+from tests.chaos.world import API_HOLD_SECONDS, MARKER, PRESTART_AGENT, ChaosWorld
+from tests.support import faketime
+
+SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
+SKEW_TOLERANCE_SECONDS = 2.0
+
+
+def marker_command(token: str) -> list[str]:
+    """Print what the workspace's marker file holds, then add ``token`` to it."""
+    return ["sh", "-c", f"cat {MARKER} 2>/dev/null; echo {token} >> {MARKER}"]
+
+
+class Injector:
+    def __init__(
+        self,
+        world: ChaosWorld,
+        book: Book,
+        log: EventLog,
+        can_skew: bool,
+        before_deletion: Callable[[Session], None] | None = None,
+    ) -> None:
+        """``before_deletion`` is called with a session just before the harness deletes it."""
+        self.world = world
+        self.book = book
+        self.log = log
+        self.can_skew = can_skew
+        self.before_deletion = before_deletion
+        self.errors: list[str] = []
+        self._threads: list[threading.Thread] = []
+        self._busy: set[str] = set()
+        self._lock = threading.Lock()
+        self._turns = 0
+
+    # -- running a schedule -------------------------------------------------------------------
+
+    def run(self, schedule: Schedule) -> None:
+        """Every step at its time (seconds after the log's ``t0``); returns once every fault is over."""
+        for step in schedule.steps:
+            delay = self.log.t0 + step.at - time.time()
+            if delay > 0:
+                time.sleep(delay)
+            if step.kind in ("create", "input", "delete", "fail"):
+                self._guarded(step, self._session_action)
+            else:
+                thread = threading.Thread(target=self._guarded, args=(step, self._fault), daemon=True)
+                thread.start()
+                self._threads.append(thread)
+        for thread in self._threads:
+            thread.join(timeout=300)
+            if thread.is_alive():
+                self.errors.append("a fault did not end within 300 s")
+
+    def _guarded(self, step: Step, carry_out: Any) -> None:
+        try:
+            carry_out(step)
+        except Exception as exc:
+            message = f"harness error in {step.describe()}: {type(exc).__name__}: {exc}"
+            self.errors.append(message)
+            self.log.add("note", message)
+
+    def _claim(self, subject: str, step: Step) -> bool:
+        with self._lock:
+            if subject in self._busy:
+                self.log.add("note", f"skipped {step.describe()}: {subject} is in another fault")
+                return False
+            self._busy.add(subject)
+            return True
+
+    def _release(self, subject: str) -> None:
+        with self._lock:
+            self._busy.discard(subject)
+
+    # -- sessions -----------------------------------------------------------------------------
+
+    def _session_action(self, step: Step) -> None:
+        if step.kind == "create":
+            self.create(step.subject, prestart=step.value == "prestart")
+            return
+        session = self.book.get(step.subject)
+        if session is None:
+            self.log.add("note", f"skipped {step.describe()}: the session was never created")
+            return
+        if step.kind == "input":
+            self.give_input(session)
+        elif step.kind == "delete":
+            if self.before_deletion is not None:
+                self.before_deletion(session)
+            with self.world.api() as client:
+                answer = client.delete(f"/v1/agents/sessions/{session.id}")
+            session.deleted_at = time.time()
+            self.log.add("session", f"delete {session.name} ({session.id}): {answer.status_code}")
+        elif step.kind == "fail":
+            answer = self.world.admin("POST", f"/admin/sessions/{session.id}/fail", {"error": "failed by chaos"})
+            session.failed_at = time.time()
+            self.log.add("session", f"fail {session.name} ({session.id}): {answer.status_code}")
+
+    def create(self, name: str, prestart: bool = False) -> Session:
+        body: dict[str, Any] = {"environment": SELF_HOSTED}
+        if prestart:
+            body["agent_id"] = PRESTART_AGENT
+        with self.world.api() as client:
+            answer = client.post("/v1/agents/sessions", json=body)
+        answer.raise_for_status()
+        created = answer.json()
+        session = Session(name, created["id"], created["environment"]["id"], time.time(), prestart=prestart)
+        self.book.add(session)
+        kind = " (agent of the pre-start list, no input)" if prestart else ""
+        self.log.add("session", f"create {name} = {session.id}, environment {session.environment_id}{kind}")
+        return session
+
+    def give_input(self, session: Session, final: bool = False) -> Turn | None:
+        """A turn whose command reads the marker file and adds this turn's token to it."""
+        self._turns += 1
+        token = f"{session.name}-final" if final else f"{session.name}-t{self._turns}"
+        answer = self.world.admin("POST", f"/admin/sessions/{session.id}/turns", {"commands": [marker_command(token)]})
+        if answer.status_code != 202:
+            self.log.add("session", f"input {session.name}: {answer.status_code} (not taken)")
+            return None
+        turn = Turn(str(answer.json()["id"]), token, time.time())
+        session.turns.append(turn)
+        self.log.add("session", f"input {session.name}: turn {turn.id} writes {token}")
+        return turn
+
+    # -- faults -------------------------------------------------------------------------------
+
+    def _fault(self, step: Step) -> None:
+        handlers = {
+            "api-fault": self._api_fault,
+            "link-drop": self._link_drop,
+            "kill-executor": self._kill_executor,
+            "kill": self._kill,
+            "redis-kill": self._redis_kill,
+            "redis-pause": self._redis_pause,
+            "role-flip": self._role_flip,
+            "skew": self._skew,
+            "webhook-duplicate": self._duplicate,
+            "webhook-hold": self._hold,
+        }
+        handlers[step.kind](step)
+
+    def _api_fault(self, step: Step) -> None:
+        target, status = step.value.split(":")
+        body: dict[str, Any] = {"target": target, "seconds": step.seconds}
+        hold = 0.0
+        if status == "timeout":
+            body.update(kind="timeout", hold_seconds=API_HOLD_SECONDS)
+            hold = API_HOLD_SECONDS
+        else:
+            body["status"] = int(status)
+            if status == "429":
+                body["retry_after"] = 1
+        scope = "every session"
+        if step.subject != "*":
+            session = self.book.get(step.subject)
+            if session is None:
+                self.log.add("note", f"skipped {step.describe()}: the session was never created")
+                return
+            body["object_id"] = session.id if target == "retrieve_session" else session.environment_id
+            scope = f"{session.name} ({session.id})"
+        window = self.log.disturbed(step.describe())
+        self.world.admin("POST", "/admin/faults", body).raise_for_status()
+        self.log.add("fault", f"{target} answers {status} for {step.seconds:.1f}s: {scope}")
+        time.sleep(step.seconds + hold)  # a held answer outlasts its fault by the hold
+        self.log.ended(window)
+        self.log.add("restore", f"{target} answers again ({scope})")
+
+    def _link_drop(self, step: Step) -> None:
+        session = self.book.get(step.subject)
+        if session is None or session.ended_at is not None:
+            self.log.add("note", f"skipped {step.describe()}: no such session now")
+            return
+        window = self.log.disturbed(step.describe())
+        answer = self.world.admin(
+            "POST", f"/admin/environments/{session.environment_id}/drop", {"seconds": step.seconds}
+        )
+        closed = answer.json().get("closed") if answer.status_code == 200 else answer.status_code
+        self.log.add("fault", f"link of {session.name} down for {step.seconds:.1f}s (WebSockets closed: {closed})")
+        time.sleep(step.seconds)
+        self.log.ended(window)
+        self.log.add("restore", f"link of {session.name} may come back")
+
+    def _kill_executor(self, step: Step) -> None:
+        session = self.book.get(step.subject)
+        if session is None:
+            return
+        processes = [
+            p
+            for p in observe.executor_processes(self.world.simulator_url)
+            if p.environment_id == session.environment_id
+        ]
+        sids = sorted({p.sid for p in processes})
+        if not sids:
+            self.log.add("note", f"{step.describe()}: {session.name} has no executor now")
+            return
+        window = self.log.disturbed(step.describe())
+        now = time.time()
+        for sid in sids:
+            self.book.kill(session.environment_id, sid, now)
+            try:
+                if step.value == "leader":
+                    os.kill(sid, signal.SIGKILL)  # the npm launcher; the native codex lives on
+                else:
+                    os.killpg(sid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.ended(window)
+        what = "its leader" if step.value == "leader" else "its whole process group"
+        self.log.add("fault", f"SIGKILL of {session.name}'s executor (session {sids}): {what}")
+
+    def _kill(self, step: Step) -> None:
+        name = step.subject
+        if not self._claim(name, step):
+            return
+        try:
+            window = self.log.disturbed(step.describe())
+            self.world.process(name).kill(signal.SIGKILL)
+            self.log.add("fault", f"SIGKILL of {name}; back in {step.seconds:.1f}s")
+            time.sleep(step.seconds)
+            self.world.restart(name)
+            self.log.ended(window)
+            self.log.add("restore", f"{name} started again and ready")
+        finally:
+            self._release(name)
+
+    def _redis_kill(self, step: Step) -> None:
+        if not self._claim("redis", step):
+            return
+        try:
+            window = self.log.disturbed(step.describe())
+            process = self.world.redis.process
+            assert process is not None
+            process.kill(signal.SIGKILL)
+            self.log.add("fault", f"SIGKILL of redis-server; restarted from its AOF in {step.seconds:.1f}s")
+            time.sleep(step.seconds)
+            self.world.redis.start()
+            self.log.ended(window)
+            self.log.add("restore", "redis-server answers again")
+        finally:
+            self._release("redis")
+
+    def _redis_pause(self, step: Step) -> None:
+        if not self._claim("redis", step):
+            return
+        try:
+            process = self.world.redis.process
+            assert process is not None
+            window = self.log.disturbed(step.describe())
+            os.kill(process.pid, signal.SIGSTOP)
+            self.log.add("fault", f"SIGSTOP of redis-server for {step.seconds:.1f}s")
+            try:
+                time.sleep(step.seconds)
+            finally:
+                os.kill(process.pid, signal.SIGCONT)
+            self.log.ended(window)
+            self.log.add("restore", "SIGCONT of redis-server")
+        finally:
+            self._release("redis")
+
+    def _role_flip(self, step: Step) -> None:
+        """A failover and back, as Sentinel would do it while clients keep the old address: the
+        replica is promoted and the primary made its replica (read-only, ``READONLY`` errors)
+        for ``step.seconds``; then the primary is promoted again and the replica follows it.
+        What the primary had acknowledged but not yet replicated is lost, as in a real failover."""
+        replica = self.world.replica
+        if replica is None:
+            self.errors.append("role-flip drawn without a replica (the world was built without role flips)")
+            return
+        if not self._claim("redis", step):
+            return
+        primary = redis.Redis(port=self.world.redis.port, socket_timeout=5)
+        standby = redis.Redis(port=replica.port, socket_timeout=5)
+        try:
+            window = self.log.disturbed(step.describe())
+            standby.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+            primary.execute_command("REPLICAOF", "127.0.0.1", str(replica.port))  # type: ignore[no-untyped-call]
+            self.log.add("fault", f"redis-server is a replica of 127.0.0.1:{replica.port} for {step.seconds:.1f}s")
+            try:
+                time.sleep(step.seconds)
+            finally:
+                primary.execute_command("REPLICAOF", "NO", "ONE")  # type: ignore[no-untyped-call]
+                standby.execute_command("REPLICAOF", "127.0.0.1", str(self.world.redis.port))  # type: ignore[no-untyped-call]
+            self.log.ended(window)
+            self.log.add("restore", "redis-server is a primary again (REPLICAOF NO ONE); the replica follows it")
+        finally:
+            primary.close()
+            standby.close()
+            self._release("redis")
+
+    def _skew(self, step: Step) -> None:
+        name = step.subject
+        if not self.can_skew:
+            self.log.add("note", f"skipped {step.describe()}: no C compiler to build the clock shim")
+            return
+        if not self._claim(name, step):
+            return
+        offset = int(step.value)
+        try:
+            window = self.log.disturbed(f"restart of {name} with its clock {offset:+d}s")
+            self.world.process(name).stop()
+            size = self.world.log_size(name)
+            started = time.time()
+            self.world.restart(name, faketime.skewed(offset))
+            ready = time.time()
+            self.log.ended(window)
+            # Its first log line was written between its start and its being ready: its clock's
+            # offset lies between the line's time minus each of those.
+            stamp = self.world.first_log_time_after(name, size)
+            low, high = (stamp - ready, stamp - started) if stamp is not None else (None, None)
+            says = "no time" if low is None or high is None else f"{low:+.1f}s to {high:+.1f}s"
+            self.log.add(
+                "fault",
+                f"{name} runs with its clock {offset:+d}s for {step.seconds:.1f}s (its first log line says {says})",
+            )
+            if (
+                low is None
+                or high is None
+                or not low - SKEW_TOLERANCE_SECONDS <= offset <= high + SKEW_TOLERANCE_SECONDS
+            ):
+                self.errors.append(f"{name}'s clock did not move by {offset:+d}s (its first log line says {says})")
+            time.sleep(step.seconds)
+            window = self.log.disturbed(f"restart of {name} with the true time")
+            self.world.process(name).stop()
+            self.world.restart(name)
+            self.log.ended(window)
+            self.log.add("restore", f"{name} runs with the true time again")
+        finally:
+            self._release(name)
+
+    def _duplicate(self, step: Step) -> None:
+        session = self.book.get(step.subject)
+        if session is None:
+            return
+        events = self.world.admin("GET", "/admin/events").json()["data"]
+        mine = [e for e in events if e["data"].get("id") == session.id][-int(step.value) :]
+        for event in mine:
+            self.world.admin("POST", f"/admin/webhooks/resend/{event['id']}").raise_for_status()
+        window = self.log.disturbed(step.describe())
+        self.log.ended(window)
+        kinds = ", ".join(e["type"].removeprefix("agent.session.") for e in mine)
+        self.log.add("fault", f"{session.name}'s latest events delivered again, same webhook-id: {kinds or 'none'}")
+
+    def _hold(self, step: Step) -> None:
+        window = self.log.disturbed(step.describe())
+        seed = zlib.crc32(f"{step.at}:{step.describe()}".encode())  # the same for the same schedule
+        self.world.admin(
+            "POST", "/admin/webhooks/hold", {"seconds": step.seconds, "order": step.value, "seed": seed}
+        ).raise_for_status()
+        self.log.add("fault", f"deliveries held for {step.seconds:.1f}s, then sent {step.value}")
+        time.sleep(step.seconds + 1.0)  # the held ones go out one by one after the hold
+        self.log.ended(window)
+        self.log.add("restore", "held deliveries sent")

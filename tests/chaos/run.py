@@ -1,0 +1,183 @@
+"""One chaos run: the world started, the schedule carried out while the checker samples, then a
+quiet end (every surviving session gets a final turn that must read its whole marker file, and
+deleted or failed sessions' executors must go), the end checks, the teardown, and the report.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import observe
+from tests.chaos.book import Book
+from tests.chaos.checker import ASK_SECONDS, INVARIANTS, Checker, Violation
+from tests.chaos.eventlog import EventLog
+from tests.chaos.inject import Injector
+from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, Schedule, draw
+from tests.chaos.world import (
+    FULL_SWEEP_INTERVAL_SECONDS,
+    GRACE_SECONDS,
+    IDLE_TIMEOUT_SECONDS,
+    PRESTART_BUDGET,
+    ChaosWorld,
+    executor_command,
+)
+from tests.support import faketime
+from tests.support.processes import wait_for
+from tests.system.loop import API_KEY
+
+FINAL_TURN_SECONDS = ASK_SECONDS + 30.0
+RELEASE_SECONDS = DELETION_CONFIRM_SECONDS + FULL_SWEEP_INTERVAL_SECONDS + 20.0
+
+
+@dataclass
+class Result:
+    schedule: Schedule
+    log: EventLog
+    violations: list[Violation] = field(default_factory=list)
+    errors: list[str] = field(default_factory=list)
+    summary: list[str] = field(default_factory=list)
+
+    def replay(self) -> str:
+        """The command that runs the same schedule again (``--faults`` as changes to the
+        default set, or as the list itself when that is shorter)."""
+        faults = self.schedule.faults
+        spec = ""
+        if faults != DEFAULT_FAULTS:
+            changes = [f"+{n}" for n in sorted(faults - DEFAULT_FAULTS)] + [
+                f"-{n}" for n in sorted(DEFAULT_FAULTS - faults)
+            ]
+            listed = sorted(faults)
+            spec = f" --faults {','.join(listed if len(listed) < len(changes) else changes)}"
+        return f"scripts/test chaos --seed {self.schedule.seed} --minutes {self.schedule.minutes:g}{spec}"
+
+    def report(self) -> str:
+        lines = [f"chaos seed {self.schedule.seed}, {self.schedule.minutes:g} min (replay: {self.replay()})"]
+        lines += [f"  {line}" for line in self.summary]
+        if self.violations:
+            lines.append(f"  {len(self.violations)} violation(s):")
+            lines += [f"    {v.describe(self.log.t0)}" for v in self.violations]
+        else:
+            lines.append("  violations: none")
+        if self.errors:
+            lines.append("  harness errors:")
+            lines += [f"    {e}" for e in self.errors]
+        return "\n".join(lines)
+
+    def failure(self) -> str:
+        return f"{self.report()}\n  event log:\n{self.log.text()}"
+
+
+def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> Result:
+    schedule = draw(seed, minutes, faults)
+    executor, real_codex = executor_command()
+    try:
+        faketime.library()  # built once with the system's C compiler (fails the run under CI=true)
+        can_skew = True
+    except pytest.skip.Exception:
+        can_skew = False
+    directory.mkdir(parents=True, exist_ok=True)
+    world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults)
+    log = EventLog(directory / "events.log")
+    result = Result(schedule, log)
+    book = Book()
+    simulator = observe.Simulator(world.simulator_url, API_KEY)
+    checker = Checker(
+        simulator,
+        book,
+        log,
+        grace_seconds=GRACE_SECONDS,
+        idle_timeout_seconds=IDLE_TIMEOUT_SECONDS,
+        prestart_budget=PRESTART_BUDGET,
+    )
+    injector = Injector(world, book, log, can_skew, before_deletion=checker.before_deletion)
+    checked_commands = checked_deliveries = 0
+    try:
+        world.start()
+        log.t0 = time.time()  # the schedule's times count from here
+        log.add("note", f"seed {seed}, {minutes:g} min, faults: {', '.join(sorted(faults))}")
+        log.add(
+            "note", f"executor: {'codex' if real_codex else 'the STAND-IN (runs no commands: markers not checked)'}"
+        )
+        if world.unknown_settings:
+            log.add("note", f"not set (the controller does not know them yet): {', '.join(world.unknown_settings)}")
+        if not can_skew:
+            log.add("note", "no C compiler to build the clock shim (tests/support/skew): skew steps are skipped")
+        checker.start()
+        injector.run(schedule)
+        log.add("note", "the schedule is over: final turns, then the end checks")
+        _final_turns(injector, simulator, book, log)
+        _wait_released(checker, book, log)
+        checker.stop()
+        if real_codex:
+            checked_commands = checker.check_markers()
+        checked_deliveries = checker.check_deliveries()
+        checker.check_ended_sessions_released()
+    finally:
+        checker.stop()
+        try:
+            world.stop()
+        except AssertionError as exc:  # processes left in the state directory
+            log.add("note", f"teardown: {exc}")
+        checker.check_nothing_left(directory)
+        simulator.close()
+    result.violations = list(checker.violations)
+    result.errors = injector.errors + checker.errors
+    counts = ", ".join(f"{kind} {n}" for kind, n in schedule.counts().items())
+    per_invariant = {i: sum(1 for v in checker.violations if v.invariant == i) for i in INVARIANTS}
+    result.summary = [
+        f"steps: {counts}",
+        f"sessions: {len(book.all())}; executors seen: {len(checker.executors)} (at most {checker.most_executors} "
+        f"at once; pre-started at most {checker.most_prestarted}); samples: {checker.samples}",
+        f"marker commands checked: {checked_commands}; acknowledged connection deliveries checked: "
+        f"{checked_deliveries}; faults injected: {log.count('fault')}",
+        "violations by invariant: " + ", ".join(f"{i}: {n}" for i, n in per_invariant.items()),
+        f"took {time.time() - log.t0:.0f}s after start-up; event log: {directory / 'events.log'}",
+    ]
+    return result
+
+
+def _final_turns(injector: Injector, simulator: observe.Simulator, book: Book, log: EventLog) -> None:
+    """Every session that still exists gets a turn that reads its marker file (it asks for a
+    connection, so 2 judges it too); wait for them to finish (bounded)."""
+    states = simulator.sessions()
+    pending = []
+    for session in book.all():
+        state = states.get(session.id)
+        if session.ended_at is not None or session.prestart or state is None or state["status"] == "failed":
+            continue
+        turn = injector.give_input(session, final=True)
+        if turn is not None:
+            pending.append((session.id, turn.id))
+
+    def finished() -> bool:
+        for session_id, turn_id in pending:
+            turns = {t["id"]: t for t in simulator.turns(session_id)}
+            turn = turns.get(turn_id)
+            if turn is not None and turn["status"] != "finished":
+                return False
+        return True
+
+    try:
+        wait_for(finished, FINAL_TURN_SECONDS, "the final turns to finish", interval=0.5)
+        log.add("note", f"{len(pending)} final turns finished")
+    except AssertionError:
+        log.add("note", f"final turns not all finished after {FINAL_TURN_SECONDS:g}s (judged by 2 and 4)")
+
+
+def _wait_released(checker: Checker, book: Book, log: EventLog) -> None:
+    """Deleted and failed sessions' executors must go (bounded: deletion confirmation, a full
+    sweep and a margin); 5 judges what is left."""
+    failed = {s["id"] for s in checker.sim.sessions().values() if s["status"] == "failed"}
+    ended = [s for s in book.all() if s.ended_at is not None or s.id in failed]
+
+    def released() -> bool:
+        return not any(checker.live_executors(s.environment_id) for s in ended)
+
+    try:
+        wait_for(released, RELEASE_SECONDS, "deleted and failed sessions' executors to go", interval=0.5)
+    except AssertionError:
+        log.add("note", f"executors of deleted or failed sessions still run after {RELEASE_SECONDS:g}s")

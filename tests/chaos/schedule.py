@@ -1,0 +1,351 @@
+"""The catalogue of faults and session actions, and the seeded schedule drawn from it (pure).
+
+``draw(seed, minutes, faults)`` returns the same steps, at the same times, for the same
+arguments. Session actions come from one random stream and faults from another, so that
+switching a fault on or off leaves the sessions' own story alone (only the sessions a fault
+makes for itself, a link drop's fresh session or a pre-start burst, come and go with it). A step names sessions by their
+place in the story (``s0``, ``s1``, …), never by the ids the API gives them at run time.
+
+Faults (``FAULTS``; ``--faults`` picks among them, see ``select``):
+
+==================  =============================================================================
+api-404             session reads answer 404 for 1–4 s: one session, or every session at once
+                    for 2–5 s; at least 8 s apart, so that no session's reads answer 404 for
+                    as long as the deletion confirmation (6 s in these runs)
+api-429             session or environment reads answer 429 (Retry-After 1 s) for 2–8 s
+api-5xx             session or environment reads answer 500/502/503 for 2–8 s
+api-timeout         session or environment reads hang past the controller's API timeout, 2–8 s
+link-drop           one executor's link is down 0.5–10 s (WebSockets closed, upgrades answered
+                    503): at any time, just after the session's input (during its turn), or
+                    2–5 s after a session made for it was created (before the controller's
+                    first look; that session is deleted 30–45 s later)
+kill-executor       SIGKILL of one executor: its whole process group, or its leader only (the
+                    npm launcher; the native codex lives on)
+kill-worker         SIGKILL of one Celery worker (main process and pool), restarted 0.5–3 s later
+kill-scheduler      the same for one of the two schedulers
+kill-receiver       the same for one of the two receivers
+redis-kill          SIGKILL of redis-server, restarted from its append-only file 1–4 s later
+redis-pause         SIGSTOP of redis-server for 1–5 s, then SIGCONT
+role-flip           a failover and back for 2.5–3.5 s: the live replica promoted, redis-server
+                    made its replica (read-only at the address the controller uses), then
+                    promoted again
+skew                a worker or scheduler restarted with its wall clock off by ±30 s
+                    (``tests/support/faketime.py``) for 15–40 s, then restarted with the true time
+webhook-duplicate   a session's latest events delivered again, same webhook-id
+webhook-late        deliveries starting in the next 1–8 s held until then, then sent in order
+webhook-reorder     the same, then sent newest first or shuffled
+prestart-burst      5 sessions of the pre-started agent created at once, none given input;
+                    deleted 20–40 s later
+==================  =============================================================================
+
+Session actions: ``create`` (then ``input``), ``input`` (a turn whose command reads and extends
+the workspace's marker file), ``delete`` (the API's DELETE), ``fail`` (the simulator's admin
+fail). Sessions go idle by themselves between inputs, and their sandboxes stop after the idle
+timeout.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+MAX_LIVE_SESSIONS = 5
+"""Sessions given input at once at most (each is a codex executor on a 2-core machine)."""
+FIRST_SESSIONS = 3
+BURST_SESSIONS = 5
+SKEW_SECONDS = 30
+DELETION_CONFIRM_SECONDS = 6.0
+"""``CONTROLLER_DELETION_CONFIRM_SECONDS`` of the runs (``world.py`` sets it from here)."""
+NO_404_SECONDS = DELETION_CONFIRM_SECONDS + 2.0
+"""Between two 404 windows: back to back they would add up to a deletion by the rules."""
+PROCESSES = {
+    "kill-worker": ("worker0", "worker1"),
+    "kill-scheduler": ("scheduler0", "scheduler1"),
+    "kill-receiver": ("receiver0", "receiver1"),
+}
+SKEWABLE = ("worker0", "worker1", "scheduler0", "scheduler1")
+API_TARGETS = ("retrieve_session", "retrieve_session", "retrieve_session", "retrieve_environment")
+
+
+@dataclass(frozen=True, order=True)
+class Step:
+    """One thing the schedule does, ``at`` seconds after the run started."""
+
+    at: float
+    kind: str
+    subject: str = ""
+    """A session (``s3``), a process (``worker1``), ``*`` (every session), or empty."""
+    seconds: float = 0.0
+    """How long the fault lasts (0: at once)."""
+    value: str = ""
+    """What the kind needs besides: ``retrieve_session:404``, ``+30``, ``reverse``, ``leader``…"""
+
+    def describe(self) -> str:
+        parts = [self.kind]
+        if self.subject:
+            parts.append(self.subject)
+        if self.value:
+            parts.append(self.value)
+        if self.seconds:
+            parts.append(f"for {self.seconds:.1f}s")
+        return " ".join(parts)
+
+
+SESSION_ACTIONS = frozenset({"create", "input", "delete", "fail"})
+
+
+@dataclass(frozen=True)
+class Schedule:
+    seed: int
+    minutes: float
+    faults: frozenset[str]
+    steps: tuple[Step, ...]
+
+    @property
+    def seconds(self) -> float:
+        """When the last fault is over (the quiet end of the run starts then)."""
+        return max([self.minutes * 60, *(s.at + s.seconds for s in self.steps)])
+
+    def fault_steps(self) -> list[Step]:
+        return [s for s in self.steps if s.kind not in SESSION_ACTIONS]
+
+    def counts(self) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for step in self.steps:
+            found[step.kind] = found.get(step.kind, 0) + 1
+        return dict(sorted(found.items()))
+
+
+class _Story:
+    """The sessions' side of a schedule: who exists when (by the schedule's own clock)."""
+
+    def __init__(self) -> None:
+        self.steps: list[Step] = []
+        self.born: dict[str, float] = {}
+        self.gone: dict[str, float] = {}
+        self.burst: set[str] = set()
+        self.fresh: set[str] = set()
+        self.no_404_before = 0.0
+
+    def create(self, at: float, agent: str = "", fresh: bool = False) -> str:
+        name = f"s{len(self.born)}"
+        self.born[name] = at
+        self.steps.append(Step(at, "create", name, value=agent))
+        if fresh:
+            self.fresh.add(name)
+        if agent:
+            self.burst.add(name)
+        else:
+            self.steps.append(Step(at + 0.2, "input", name))
+        return name
+
+    def end(self, at: float, name: str, how: str) -> None:
+        self.gone[name] = at
+        self.steps.append(Step(at, how, name))
+
+    def alive(self, at: float, bursts: bool = False) -> list[str]:
+        """Sessions created before ``at`` and not yet deleted or failed (not the burst's ones
+        unless asked: nobody gives those input)."""
+        return [
+            n
+            for n, born in self.born.items()
+            if born <= at and self.gone.get(n, float("inf")) > at and (bursts or n not in self.burst)
+        ]
+
+
+def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
+    """The schedule of a run: faults from ``faults`` (names of ``FAULTS``) for ``minutes``."""
+    chosen = frozenset(faults)
+    unknown = chosen - FAULTS.keys()
+    if unknown:
+        raise ValueError(f"unknown faults: {', '.join(sorted(unknown))}")
+    duration = minutes * 60.0
+    story = _story(random.Random(f"{seed}:sessions"), duration)
+    rng = random.Random(f"{seed}:faults")
+    names = sorted(chosen)
+    weights = [FAULTS[n].weight for n in names]
+    steps: list[Step] = []
+    at = rng.uniform(3.0, 6.0)
+    while names and at < duration:
+        name = rng.choices(names, weights)[0]
+        steps += FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
+        at += rng.uniform(2.0, 7.0)
+    return Schedule(seed, minutes, chosen, tuple(sorted(steps + story.steps)))
+
+
+def _story(rng: random.Random, duration: float) -> _Story:
+    story = _Story()
+    for index in range(FIRST_SESSIONS):
+        story.create(round(0.5 * index, 2))
+    at = 4.0
+    while True:
+        at = round(at + rng.uniform(2.5, 7.0), 2)
+        if at >= duration:
+            return story
+        alive = story.alive(at)
+        options: dict[str, float] = {"input": 6.0}
+        if len(alive) < MAX_LIVE_SESSIONS:
+            options["create"] = 2.0
+        if len(alive) > 2:
+            options["delete"] = 1.0
+            options["fail"] = 0.7
+        action = rng.choices(list(options), list(options.values()))[0]
+        if action == "create":
+            story.create(at)
+        elif action == "input" and alive:
+            story.steps.append(Step(at, "input", rng.choice(alive)))
+        elif action in ("delete", "fail"):
+            story.end(at, rng.choice(alive), action)
+
+
+# -- the faults -------------------------------------------------------------------------------
+
+Draw = Callable[[random.Random, float, _Story], list[Step]]
+
+
+@dataclass(frozen=True)
+class Fault:
+    name: str
+    weight: float
+    draw: Draw
+
+
+def _seconds(rng: random.Random, low: float, high: float) -> float:
+    return round(rng.uniform(low, high), 1)
+
+
+def _session(rng: random.Random, story: _Story, at: float) -> str | None:
+    alive = story.alive(at)
+    return rng.choice(alive) if alive else None
+
+
+def _api(status: str) -> Draw:
+    def draw(rng: random.Random, at: float, story: _Story) -> list[Step]:
+        target = rng.choice(API_TARGETS)
+        code = rng.choice(("500", "502", "503")) if status == "5xx" else status
+        if status == "404":
+            target = "retrieve_session"  # an environment's 404 says nothing about the session
+            one = _session(rng, story, at)
+            if one is not None and rng.random() < 0.6:
+                step = Step(at, "api-fault", one, _seconds(rng, 1.0, 4.0), f"{target}:{code}")
+            else:
+                step = Step(at, "api-fault", "*", _seconds(rng, 2.0, 5.0), f"{target}:{code}")
+            if at < story.no_404_before:
+                return []  # drawn all the same, so that the steps after it do not change
+            story.no_404_before = at + step.seconds + NO_404_SECONDS
+            return [step]
+        return [Step(at, "api-fault", "*", _seconds(rng, 2.0, 8.0), f"{target}:{code}")]
+
+    return draw
+
+
+def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    name = _session(rng, story, at)
+    if name is None:
+        return []
+    seconds = _seconds(rng, 0.5, 10.0)
+    phase = rng.choice(("any", "turn", "fresh"))
+    if phase == "turn":  # input first, so the drop comes while its turn runs
+        return [Step(at, "input", name), Step(round(at + rng.uniform(0.5, 2.5), 2), "link-drop", name, seconds)]
+    if phase == "fresh" and not story.fresh & set(story.alive(at)):  # before the controller's first look
+        fresh = story.create(at, fresh=True)
+        story.end(round(at + rng.uniform(30.0, 45.0), 2), fresh, "delete")  # one such session at a time
+        return [Step(round(at + rng.uniform(2.0, 5.0), 2), "link-drop", fresh, seconds)]
+    return [Step(at, "link-drop", name, seconds)]
+
+
+def _kill_executor(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    name = _session(rng, story, at)
+    if name is None:
+        return []
+    return [Step(at, "kill-executor", name, value=rng.choice(("group", "group", "leader")))]
+
+
+def _kill(kind: str) -> Draw:
+    def draw(rng: random.Random, at: float, story: _Story) -> list[Step]:
+        return [Step(at, "kill", rng.choice(PROCESSES[kind]), _seconds(rng, 0.5, 3.0))]
+
+    return draw
+
+
+def _redis(kind: str, low: float, high: float) -> Draw:
+    def draw(rng: random.Random, at: float, story: _Story) -> list[Step]:
+        return [Step(at, kind, "redis", _seconds(rng, low, high))]
+
+    return draw
+
+
+def _skew(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    offset = rng.choice((SKEW_SECONDS, -SKEW_SECONDS))
+    return [Step(at, "skew", rng.choice(SKEWABLE), _seconds(rng, 15.0, 40.0), f"{offset:+d}")]
+
+
+def _duplicate(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    name = _session(rng, story, at)
+    if name is None:
+        return []
+    return [Step(at, "webhook-duplicate", name, value=str(rng.randint(1, 3)))]
+
+
+def _hold(orders: tuple[str, ...]) -> Draw:
+    def draw(rng: random.Random, at: float, story: _Story) -> list[Step]:
+        return [Step(at, "webhook-hold", "", _seconds(rng, 1.0, 8.0), rng.choice(orders))]
+
+    return draw
+
+
+def _burst(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    if story.burst & set(story.alive(at, bursts=True)):  # one burst at a time
+        return []
+    names = [story.create(at, agent="prestart") for _ in range(BURST_SESSIONS)]
+    ends = round(at + rng.uniform(20.0, 40.0), 2)
+    for name in names:
+        story.end(ends, name, "delete")
+    return []  # the story holds the steps
+
+
+FAULTS: dict[str, Fault] = {
+    f.name: f
+    for f in (
+        Fault("api-404", 1.0, _api("404")),
+        Fault("api-429", 1.0, _api("429")),
+        Fault("api-5xx", 1.0, _api("5xx")),
+        Fault("api-timeout", 1.0, _api("timeout")),
+        Fault("link-drop", 3.0, _link_drop),
+        Fault("kill-executor", 1.5, _kill_executor),
+        Fault("kill-worker", 1.0, _kill("kill-worker")),
+        Fault("kill-scheduler", 0.7, _kill("kill-scheduler")),
+        Fault("kill-receiver", 0.7, _kill("kill-receiver")),
+        Fault("redis-kill", 0.7, _redis("redis-kill", 1.0, 4.0)),
+        Fault("redis-pause", 0.7, _redis("redis-pause", 1.0, 5.0)),
+        Fault("role-flip", 0.5, _redis("role-flip", 2.5, 3.5)),
+        Fault("skew", 1.0, _skew),
+        Fault("webhook-duplicate", 1.0, _duplicate),
+        Fault("webhook-late", 0.7, _hold(("fifo",))),
+        Fault("webhook-reorder", 0.7, _hold(("reverse", "shuffle"))),
+        Fault("prestart-burst", 0.3, _burst),
+    )
+}
+DEFAULT_FAULTS = frozenset(FAULTS)
+"""What a run injects unless ``--faults`` says otherwise: the whole catalogue."""
+
+
+def select(spec: str | None) -> frozenset[str]:
+    """The faults a ``--faults`` value names: empty or ``default`` → the default set;
+    ``+name`` / ``-name`` (comma-separated) add to or take from it; bare names → exactly those."""
+    words = [w.strip() for w in (spec or "").split(",") if w.strip() and w.strip() != "default"]
+    bare = [w for w in words if w[0] not in "+-"]
+    if bare and len(bare) != len(words):
+        raise ValueError("--faults: either list faults, or change the default set with +name/-name, not both")
+    chosen = set(bare) if bare else set(DEFAULT_FAULTS)
+    for word in words:
+        if word[0] == "+":
+            chosen.add(word[1:])
+        elif word[0] == "-":
+            chosen.discard(word[1:])
+    named = {w.lstrip("+-") for w in words}
+    unknown = named - FAULTS.keys()
+    if unknown:
+        raise ValueError(f"--faults: unknown {', '.join(sorted(unknown))}; known: {', '.join(FAULTS)}")
+    return frozenset(chosen)

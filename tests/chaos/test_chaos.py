@@ -1,0 +1,48 @@
+"""The seeded fault schedule against the whole system (``tests/chaos/__init__.py``).
+
+Without ``CHAOS_SEED`` this runs CI's fixed seeds, ``CI_MINUTES`` of faults each (about three
+minutes in all with start-up and the quiet end). ``scripts/test chaos --seed N --minutes M
+--faults SPEC`` sets ``CHAOS_SEED``, ``CHAOS_MINUTES`` and ``CHAOS_FAULTS``. A failing run
+prints its seed, the command that replays it, its violations and its whole event log.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from tests.chaos.run import run
+from tests.chaos.schedule import select
+from tests.chaos.world import SKEW_VARIABLES, clock_offsets
+from tests.support import faketime
+
+CI_SEEDS = (1, 2)
+CI_MINUTES = 0.75
+MINUTES = float(os.environ.get("CHAOS_MINUTES") or CI_MINUTES)
+SEEDS = [int(os.environ["CHAOS_SEED"])] if os.environ.get("CHAOS_SEED") else list(CI_SEEDS)
+FAULTS = select(os.environ.get("CHAOS_FAULTS"))
+
+pytestmark = [pytest.mark.system, pytest.mark.timeout(int(600 + 2 * 60 * MINUTES))]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_a_seeded_fault_schedule_keeps_every_invariant(seed: int, tmp_path: Path) -> None:
+    """L1, L5, L9, L11, L12, L14, L16, L17, L18: the whole system under a seeded schedule of faults
+    (``schedule.FAULTS``) keeps the checker's invariants (``checker.INVARIANTS``) throughout
+    and at the end; a failure prints the seed and the event log to replay it."""
+    result = run(tmp_path, seed, MINUTES, FAULTS)
+    print("\n" + result.report())
+    assert not result.errors, result.failure()
+    assert not result.violations, result.failure()
+
+
+def test_the_clock_shim_moves_the_wall_clock_of_a_python_process_and_not_its_monotonic_one() -> None:
+    """The skew fault's tool (``tests/support/faketime.py``): ``time.time()`` of a Python process
+    started with it is 30 s ahead (or behind), while its sleeps and its monotonic clock are
+    true; during a run, each skewed worker's or scheduler's first log line shows the offset."""
+    assert set(faketime.skewed(30)) == set(SKEW_VARIABLES)
+    ahead, behind, true = (clock_offsets(faketime.skewed(s)) for s in (30, -30, 0))
+    assert abs(ahead[0] - 30) < 2 and abs(behind[0] + 30) < 2 and abs(true[0]) < 2
+    assert max(abs(ahead[1]), abs(behind[1]), abs(true[1])) < 2

@@ -1,0 +1,207 @@
+"""The system under chaos, from real parts on loopback (``tests/system/loop.py``'s ``Loop``):
+redis-server with its append-only file, the simulator sending signed webhooks to both of 2
+receivers, 2 Celery workers, 2 schedulers (one active, one standing by), the local runner with
+the real ``codex exec-server`` (or the labelled stand-in when codex is not installed).
+
+Its settings are short so that a few minutes hold many idle stops, grace periods and sweeps;
+settings the controller does not know are left out (``controller.config.KEYS``), so that a
+seed can be replayed against an older controller. Processes
+are known by name (``worker0``, ``scheduler1``, ``receiver0``, ``redis``), killed and started
+again with the same command line, or with their wall clock moved (``tests/support/faketime.py``:
+a preloaded shim that shifts the wall clock and leaves the monotonic one, sleeps and timeouts
+alone).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+
+from agents_simulator.dev import find_codex
+from controller.config import KEYS
+from tests.chaos.schedule import DELETION_CONFIRM_SECONDS
+from tests.support.processes import Managed, port_open, python_module, wait_for
+from tests.support.redis_server import RedisServer
+from tests.system.loop import Loop
+
+GRACE_SECONDS = 10.0
+IDLE_TIMEOUT_SECONDS = 20.0
+API_TIMEOUT_SECONDS = 2.0
+API_HOLD_SECONDS = 5.0
+"""How long an ``api-timeout`` fault holds an answer: past the controller's API timeout."""
+PRESTART_BUDGET = 3
+PRESTART_AGENT = "agent_chaos_prestart"
+TURN_SECONDS = 2.0
+RECONCILE_INTERVAL_SECONDS = 3.0
+FULL_SWEEP_INTERVAL_SECONDS = 10.0
+MARKER = "chaos-marker"
+"""The file each turn's command reads and extends in the session's workspace."""
+
+SETTINGS = {
+    "CONTROLLER_EXECUTOR_GRACE_SECONDS": f"{GRACE_SECONDS:g}",
+    "CONTROLLER_IDLE_TIMEOUT_SECONDS": f"{IDLE_TIMEOUT_SECONDS:g}",
+    "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": f"{FULL_SWEEP_INTERVAL_SECONDS:g}",
+    "CONTROLLER_API_TIMEOUT_SECONDS": f"{API_TIMEOUT_SECONDS:g}",
+    "CONTROLLER_API_MAX_ATTEMPTS": "3",
+    "CONTROLLER_PRESTART_AGENT_IDS": PRESTART_AGENT,
+    # Issue 16's; left out when the schedule is replayed against a controller from before it.
+    "CONTROLLER_DELETION_CONFIRM_SECONDS": f"{DELETION_CONFIRM_SECONDS:g}",
+    "CONTROLLER_PRESTART_MAX_SANDBOXES": str(PRESTART_BUDGET),
+}
+
+
+def settings() -> tuple[dict[str, str | None], list[str]]:
+    """The chaos settings the controller knows, and the names of those it does not (yet)."""
+    known = {k: v for k, v in SETTINGS.items() if k in KEYS}
+    return dict(known), sorted(set(SETTINGS) - set(known))
+
+
+def executor_command() -> tuple[str, bool]:
+    """The real codex when installed (``scripts/test`` caches it), else the labelled stand-in;
+    and whether it is the real codex."""
+    override = os.environ.get("SANDBOX_CONTROLLER_CODEX")
+    codex = override if override and os.access(override, os.X_OK) else find_codex()
+    return (codex or f"{sys.executable} -m agents_simulator.standin"), codex is not None
+
+
+SKEW_VARIABLES = ("LD_PRELOAD", "SKEW_CLOCK_SECONDS")
+"""What ``faketime.skewed`` sets (a test checks): removed when a process gets the true time back."""
+
+
+def clock_offsets(env: dict[str, str]) -> tuple[float, float]:
+    """How far ``time.time()`` and ``time.monotonic()`` of a Python process started with ``env``
+    are from ours (it sleeps 0.1 s on the way, as a worker's loops do)."""
+    before = time.time(), time.monotonic()
+    output = subprocess.run(
+        [sys.executable, "-c", "import time; time.sleep(0.1); print(time.time(), time.monotonic() - 0.1)"],
+        env={**os.environ, **env},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    ).stdout
+    after = time.time(), time.monotonic()
+    wall, monotonic = (float(x) for x in output.split())
+    return wall - (before[0] + after[0]) / 2, monotonic - (before[1] + after[1]) / 2
+
+
+class ChaosWorld(Loop):
+    def __init__(self, directory: Path, executor: str, role_flip: bool = False) -> None:
+        known, self.unknown_settings = settings()
+        super().__init__(directory, executor, extra_env=known)
+        self.standby: Managed | None = None
+        self.replica = RedisServer(directory / "replica", replica_of=self.redis) if role_flip else None
+        """A live replica of the main redis, for role flips: a failover promotes it and makes the
+        main one its replica for a while, then fails back (the workers keep the main one's address)."""
+
+    def simulator_options(self) -> list[str]:
+        options = []
+        for port in self.receiver_ports:  # every event reaches both receivers: concurrent copies
+            options += ["--webhook-url", f"http://127.0.0.1:{port}/webhooks"]
+        return [
+            *options,
+            "--turn-seconds",
+            f"{TURN_SECONDS:g}",
+            "--webhook-retry-initial-seconds",
+            "0.5",
+            "--webhook-retry-max-seconds",
+            "2",
+        ]
+
+    def start(self) -> ChaosWorld:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        super().start()
+        self.standby = Managed(
+            "scheduler1",
+            python_module("controller", "scheduler"),
+            {**self.controller_env(), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": f"{RECONCILE_INTERVAL_SECONDS:g}"},
+            self.directory / "scheduler1.log",
+        ).start()
+        if self.replica is not None:
+            self.replica.start()
+        return self
+
+    def stop(self) -> None:
+        try:
+            if self.standby is not None:
+                self.standby.stop()
+            if self.replica is not None:
+                self.replica.stop()
+        finally:
+            super().stop()
+
+    # -- processes by name -------------------------------------------------------------------
+
+    def process(self, name: str) -> Managed:
+        kind, index = name.rstrip("0123456789"), int(name[-1])
+        if kind == "worker":
+            return self.workers[index]
+        if kind == "receiver":
+            return self.receivers[index]
+        if kind == "scheduler":
+            found = self.scheduler if index == 0 else self.standby
+            assert found is not None
+            return found
+        raise ValueError(f"no process named {name!r}")
+
+    def restart(self, name: str, env: dict[str, str] | None = None) -> None:
+        """Start a stopped (or killed) process again with its command line; ``env`` replaces
+        the skew variables (none given: its clock is the true one). Returns once it is ready."""
+        process = self.process(name)
+        for key in SKEW_VARIABLES:
+            process.env.pop(key, None)
+        process.env.update(env or {})
+        offset = process.log_path.stat().st_size if process.log_path.exists() else 0
+        process.start()
+        self.wait_ready(name, offset)
+
+    def wait_ready(self, name: str, offset: int, timeout: float = 60.0) -> None:
+        process = self.process(name)
+        if name.startswith("receiver"):
+            port = self.receiver_ports[int(name[-1])]
+            wait_for(lambda: port_open(port), timeout, f"{name} to listen again")
+        elif name.startswith("worker"):
+            wait_for(lambda: "worker ready" in _after(process, offset), timeout, f"{name} to be ready again")
+        else:
+            wait_for(lambda: _json_lines(_after(process, offset)), timeout, f"{name} to log again")
+
+    def first_log_time_after(self, name: str, offset: int) -> float | None:
+        """The ``time`` of the process's first JSON log line after byte ``offset``."""
+        lines = _json_lines(_after(self.process(name), offset))
+        stamp = lines[0].get("time") if lines else None
+        return float(stamp) if isinstance(stamp, int | float) else None
+
+    def log_size(self, name: str) -> int:
+        path = self.process(name).log_path
+        return path.stat().st_size if path.exists() else 0
+
+    # -- the API side --------------------------------------------------------------------------
+
+    def admin(self, method: str, path: str, body: object = None, timeout: float = 10.0) -> httpx.Response:
+        return httpx.request(method, f"{self.simulator_url}{path}", json=body, timeout=timeout)
+
+
+def _after(process: Managed, offset: int) -> str:
+    try:
+        with open(process.log_path, "rb") as file:
+            file.seek(offset)
+            return file.read().decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _json_lines(text: str) -> list[dict[str, object]]:
+    found = []
+    for raw in text.splitlines():
+        if raw.startswith("{"):
+            try:
+                found.append(json.loads(raw))
+            except ValueError:
+                continue
+    return found

@@ -1,0 +1,374 @@
+"""The chaos checker's judgement on made-up observations (``tests/chaos/checker.py``): each
+invariant is seen broken when it is, and not when the rules allow what happened. The judge
+must not be the controller's code: its modules import none of it."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import Any
+
+from tests.chaos import observe
+from tests.chaos.book import Book, Session, Turn
+from tests.chaos.checker import Checker, Violation
+from tests.chaos.eventlog import EventLog, Window
+
+T0 = 1_000_000.0
+GRACE = 10.0
+IDLE = 20.0
+
+
+class FakeSimulator:
+    base_url = "http://127.0.0.1:1"
+
+    def __init__(self) -> None:
+        self.summaries: dict[str, dict[str, Any]] = {}
+        self.links: dict[str, list[list[float | None]]] = {}
+        self.histories: dict[str, list[dict[str, Any]]] = {}
+        self.turn_log: dict[str, list[dict[str, Any]]] = {}
+        self.registration_log: list[dict[str, Any]] = []
+        self.delivery_log: list[dict[str, Any]] = []
+        self.event_log: dict[str, dict[str, Any]] = {}
+
+    def sessions(self) -> dict[str, dict[str, Any]]:
+        return self.summaries
+
+    def environments(self) -> dict[str, dict[str, Any]]:
+        return {
+            env: {"id": env, "links": links, "open_connections": 1 if links and links[-1][1] is None else 0}
+            for env, links in self.links.items()
+        }
+
+    def history(self, session_id: str) -> list[dict[str, Any]]:
+        return self.histories.get(session_id, [])
+
+    def turns(self, session_id: str) -> list[dict[str, Any]]:
+        return self.turn_log.get(session_id, [])
+
+    def registrations(self, environment_id: str | None = None) -> list[dict[str, Any]]:
+        return [r for r in self.registration_log if environment_id in (None, r["environment_id"])]
+
+    def deliveries(self, event_type: str) -> list[dict[str, Any]]:
+        return self.delivery_log
+
+    def events(self) -> dict[str, dict[str, Any]]:
+        return self.event_log
+
+    # -- building the story -------------------------------------------------------------------
+
+    def session(self, book: Book, name: str, changes: list[tuple[float, str, bool]]) -> Session:
+        session = Session(name, f"sess_{name}", f"env_{name}", T0)
+        book.add(session)
+        self.histories[session.id] = [{"at": T0 + at, "status": s, "wants_connection": w} for at, s, w in changes]
+        at, status, wants = changes[-1]
+        self.summaries[session.id] = {
+            "id": session.id,
+            "status": status,
+            "wants_connection": wants,
+            "environment_id": session.environment_id,
+            "since": T0 + at,
+        }
+        self.links[session.environment_id] = []
+        return session
+
+
+class World:
+    """A checker on a fake simulator, a fake /proc and a clock the test moves."""
+
+    def __init__(self) -> None:
+        self.now = T0
+        self.sim = FakeSimulator()
+        self.book = Book()
+        self.log = EventLog(t0=T0)
+        self.processes: dict[str, dict[int, list[int]]] = {}
+        self.checker = Checker(
+            self.sim,
+            self.book,
+            self.log,
+            grace_seconds=GRACE,
+            idle_timeout_seconds=IDLE,
+            prestart_budget=2,
+            scan=lambda: {env: dict(groups) for env, groups in self.processes.items() if groups},
+            clock=lambda: self.now,
+        )
+
+    def at(self, seconds: float) -> None:
+        """Move the clock to ``T0 + seconds`` and take a sample."""
+        self.now = T0 + seconds
+        self.checker.sample()
+
+    def run(self, env: str, sid: int | None) -> None:
+        self.processes[env] = {sid: [sid]} if sid is not None else {}
+
+    def violations(self, invariant: int | None = None) -> list[Violation]:
+        return [v for v in self.checker.violations if invariant is None or v.invariant == invariant]
+
+
+def _busy_session_with_a_link_drop(world: World, down_for: float) -> Session:
+    """s0 asks at 0, connects at 1 and runs a turn; its link drops at 30 (it asks again);
+    the controller replaces its executor ``down_for`` seconds later."""
+    session = world.sim.session(
+        world.book,
+        "s0",
+        [(0, "idle", False), (0.1, "requires_action", True), (1, "in_progress", False), (30, "requires_action", True)],
+    )
+    world.sim.links[session.environment_id] = [[T0 + 1, T0 + 30]]
+    world.run(session.environment_id, 100)
+    world.at(0.5)
+    world.at(29.8)
+    world.at(30 + down_for - 0.2)
+    world.run(session.environment_id, 200)
+    world.at(30 + down_for + 0.3)
+    return session
+
+
+def test_a_short_link_drop_that_gets_a_busy_executor_replaced_breaks_3() -> None:
+    world = World()
+    _busy_session_with_a_link_drop(world, down_for=1.5)
+    [found] = world.violations()
+    assert found.invariant == 3 and "replaced by executor 200" in found.text and "link down for 1.8s" in found.text
+
+
+def test_a_replacement_for_input_after_a_short_drop_while_idle_breaks_3_not_7() -> None:
+    """Idle since 3, the link drops at 10, input at 12.1 asks for a connection and the
+    executor is replaced at once: judged by the session's state when it was found gone."""
+    world = World()
+    session = world.sim.session(
+        world.book,
+        "s0",
+        [(0, "idle", False), (1, "in_progress", False), (3, "idle", False), (12.1, "requires_action", True)],
+    )
+    world.sim.links[session.environment_id] = [[T0 + 1, T0 + 10]]
+    world.run(session.environment_id, 100)
+    world.at(2)
+    world.at(11.9)
+    world.run(session.environment_id, 200)
+    world.at(12.4)
+    [found] = world.violations()
+    assert found.invariant == 3 and "link down for 2.4s" in found.text
+
+
+def test_a_replacement_after_the_grace_is_allowed() -> None:
+    world = World()
+    _busy_session_with_a_link_drop(world, down_for=GRACE + 1)
+    assert world.violations() == []
+
+
+def test_a_replacement_decided_before_the_link_came_back_is_judged_by_the_outage() -> None:
+    """Down from 30 to 41.5 (past the grace), back at 41.5, replaced at 42: the decision saw
+    the outage. Back at 36 after 6 s down and replaced at 42: a live executor replaced."""
+    for back, broken in ((41.5, False), (36.0, True)):
+        world = World()
+        session = world.sim.session(
+            world.book,
+            "s0",
+            [
+                (0, "idle", False),
+                (0.1, "requires_action", True),
+                (1, "in_progress", False),
+                (30, "requires_action", True),
+                (back, "in_progress", False),
+            ],
+        )
+        world.sim.links[session.environment_id] = [[T0 + 1, T0 + 30], [T0 + back, None]]
+        world.run(session.environment_id, 100)
+        world.at(0.5)
+        world.at(41.8)
+        world.run(session.environment_id, 200)
+        world.at(42.2)
+        assert [v.invariant for v in world.violations()] == ([3] if broken else [])
+
+
+def test_an_idle_stop_that_was_due_and_met_new_input_is_not_a_replacement() -> None:
+    """L12's residual race: idle for the timeout, the stop takes the executor's link down, input
+    lands (the session asks, then a new executor connects and the turn starts): not 3. The same
+    with an idle stretch shorter than the timeout is a busy executor stopped: 3."""
+    for idle_for, broken in ((IDLE - 0.1, False), (IDLE - 5, True)):
+        world = World()
+        start = 3 + idle_for
+        session = world.sim.session(
+            world.book,
+            "s0",
+            [
+                (0, "idle", False),
+                (1, "in_progress", False),
+                (3, "idle", False),
+                (start, "requires_action", True),
+                (start + 0.3, "in_progress", False),
+            ],
+        )
+        world.sim.links[session.environment_id] = [[T0 + 1, T0 + start - 0.1], [T0 + start + 0.3, None]]
+        world.run(session.environment_id, 100)
+        world.at(2)
+        world.at(start - 0.2)
+        world.run(session.environment_id, 200)
+        world.at(start + 0.5)
+        assert [v.invariant for v in world.violations()] == ([3] if broken else [])
+
+
+def test_an_executor_the_chaos_killed_may_be_replaced_at_once() -> None:
+    world = World()
+    world.book.kill("env_s0", 100, T0 + 30)
+    _busy_session_with_a_link_drop(world, down_for=0.5)
+    assert world.violations() == []
+
+
+def test_a_drop_that_came_back_briefly_still_counts_from_its_start() -> None:
+    """Up for 0.5 s in the middle of a long outage: nothing is bound to have seen it."""
+    assert observe.down_since([[1.0, 30.0], [35.0, 35.5]], 45.0) == 30.0
+    assert observe.down_since([[1.0, 30.0], [35.0, 40.0]], 45.0) == 40.0
+    assert observe.down_since([[1.0, None]], 45.0) is None
+    assert observe.down_since([], 45.0) == float("-inf")
+
+
+def test_an_idle_stop_before_the_timeout_breaks_7_and_one_after_it_does_not() -> None:
+    for stop_after, broken in ((5.0, True), (IDLE + 0.5, False)):
+        world = World()
+        session = world.sim.session(
+            world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)]
+        )
+        world.run(session.environment_id, 100)
+        world.at(2)
+        world.at(3 + stop_after - 0.3)
+        world.run(session.environment_id, None)
+        world.at(3 + stop_after + 0.2)
+        world.at(3 + stop_after + 11)
+        assert [v.invariant for v in world.violations()] == ([7] if broken else [])
+
+
+def test_an_idle_executor_left_running_long_after_the_timeout_breaks_7_unless_something_disturbed_it() -> None:
+    for disturbed, broken in ((False, True), (True, False)):
+        world = World()
+        session = world.sim.session(
+            world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)]
+        )
+        if disturbed:
+            world.log.windows.append(Window("redis-kill", T0 + 25, T0 + 27))
+        world.run(session.environment_id, 100)
+        world.at(3 + IDLE + 16)
+        assert [v.invariant for v in world.violations()] == ([7] if broken else [])
+
+
+def test_two_executors_of_one_session_break_1() -> None:
+    world = World()
+    session = world.sim.session(world.book, "s0", [(0, "idle", False)])
+    world.processes[session.environment_id] = {100: [100, 101], 200: [200]}
+    world.at(1)
+    [found] = world.violations()
+    assert found.invariant == 1 and "2 executors at once" in found.text
+
+
+def test_an_unanswered_request_breaks_2_only_30_s_after_the_faults_ended() -> None:
+    world = World()
+    world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
+    world.log.windows.append(Window("api-fault", T0 + 5, T0 + 20))
+    world.at(10)  # a fault lasts
+    world.at(45)  # 25 s after it ended
+    assert world.violations() == []
+    world.at(51)
+    [found] = world.violations()
+    assert found.invariant == 2
+
+
+def test_a_token_missing_from_a_later_command_breaks_4() -> None:
+    world = World()
+    session = world.sim.session(world.book, "s0", [(0, "idle", False)])
+    session.turns = [Turn("turn_1", "s0-t1", T0), Turn("turn_2", "s0-t2", T0 + 10), Turn("turn_3", "s0-final", T0 + 20)]
+
+    def command(started: float, stdout: str) -> dict[str, Any]:
+        command = {"status": "completed", "exit_code": 0, "started_at": T0 + started, "finished_at": T0 + started + 1}
+        return {"commands": [{**command, "stdout": stdout}]}
+
+    world.sim.turn_log[session.id] = [
+        {"id": "turn_1", **command(1, "")},
+        {"id": "turn_2", **command(11, "s0-t1\n")},
+        {"id": "turn_3", **command(21, "s0-t2\n")},  # a new, empty workspace got only t2
+    ]
+    assert world.checker.check_markers() == 3
+    [found] = world.violations()
+    assert found.invariant == 4 and "without s0-t1" in found.text
+
+
+def test_markers_count_until_the_session_fails_and_a_deleted_one_is_checked_before_its_deletion() -> None:
+    """After a failure the workspace may go; a deleted session's turns are read just before
+    the deletion (the API forgets them) and a missing token then breaks 4 all the same."""
+    world = World()
+    failed = world.sim.session(world.book, "s0", [(0, "idle", False), (30, "failed", False)])
+    failed.failed_at = T0 + 30
+    failed.turns = [Turn("turn_1", "s0-t1", T0), Turn("turn_2", "s0-t2", T0 + 40)]
+    world.sim.turn_log[failed.id] = [
+        {"id": "turn_1", "commands": [_command(1, "")]},
+        {"id": "turn_2", "commands": [_command(41, "")]},  # after the failure: not judged
+    ]
+    assert world.checker.check_markers() == 1
+    deleted = world.sim.session(world.book, "s1", [(0, "idle", False)])
+    deleted.turns = [Turn("turn_3", "s1-t3", T0), Turn("turn_4", "s1-t4", T0 + 10)]
+    world.sim.turn_log[deleted.id] = [
+        {"id": "turn_3", "commands": [_command(1, "")]},
+        {"id": "turn_4", "commands": [_command(11, "")]},
+    ]
+    world.checker.before_deletion(deleted)
+    deleted.deleted_at = T0 + 20
+    world.sim.turn_log.pop(deleted.id)
+    assert world.checker.check_markers() == 1 + 2
+    [found] = world.violations()
+    assert found.invariant == 4 and found.subject.startswith("s1") and "without s1-t3" in found.text
+
+
+def _command(started: float, stdout: str) -> dict[str, Any]:
+    return {
+        "status": "completed",
+        "exit_code": 0,
+        "started_at": T0 + started,
+        "finished_at": T0 + started + 1,
+        "stdout": stdout,
+    }
+
+
+def test_an_acknowledged_request_that_never_got_its_executor_breaks_5() -> None:
+    world = World()
+    asking = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
+    served = world.sim.session(
+        world.book, "s1", [(0, "idle", False), (1, "requires_action", True), (2, "in_progress", False)]
+    )
+    for session in (asking, served):
+        event = f"evt_{session.name}"
+        world.sim.event_log[event] = {
+            "id": event,
+            "data": {"id": session.id, "required_action": {"type": "environment_connection"}},
+        }
+        world.sim.delivery_log.append(
+            {
+                "id": f"dlv_{session.name}",
+                "event_id": event,
+                "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
+            }
+        )
+    assert world.checker.check_deliveries() == 2
+    [found] = world.violations()
+    assert found.invariant == 5 and found.subject.startswith("s0")
+
+
+def test_eventlog_quiet_since_and_disturbances() -> None:
+    log = EventLog(t0=T0)
+    log.windows += [Window("a", T0 + 1, T0 + 4), Window("b", T0 + 3, None)]
+    assert log.quiet_since(T0 + 2) is None  # a lasts
+    assert log.quiet_since(T0 + 3.5) is None  # b lasts
+    log.windows[1].end = T0 + 5
+    assert log.quiet_since(T0 + 6) == T0 + 5
+    assert log.disturbed_between(T0 + 4.5, T0 + 10) and not log.disturbed_between(T0 + 5.5, T0 + 10)
+
+
+JUDGE = ("checker.py", "observe.py", "book.py", "eventlog.py")
+
+
+def test_the_judge_imports_no_controller_code() -> None:
+    """The checker, what it observes with, and what it keeps, import nothing of ``controller``."""
+    directory = Path(__file__).resolve().parents[1] / "chaos"
+    for name in JUDGE:
+        tree = ast.parse((directory / name).read_text())
+        imported = [alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names] + [
+            node.module or "" for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)
+        ]
+        assert not [m for m in imported if m == "controller" or m.startswith("controller.")], name
+        assert not [m for m in imported if m.startswith("tests.chaos.") and m.split(".")[-1] + ".py" not in JUDGE], name

@@ -1,0 +1,105 @@
+"""The chaos tier's seeded schedule (``tests/chaos/schedule.py``): replayable from its seed,
+a story in which every step names a session that exists by then, and a default set of faults
+that leaves role flips out until they are switched on."""
+
+from __future__ import annotations
+
+import itertools
+import re
+
+import pytest
+
+from tests.chaos.schedule import (
+    DEFAULT_FAULTS,
+    DELETION_CONFIRM_SECONDS,
+    FAULTS,
+    MAX_LIVE_SESSIONS,
+    NO_404_SECONDS,
+    draw,
+    select,
+)
+
+
+def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
+    assert draw(7, 2, DEFAULT_FAULTS) == draw(7, 2, DEFAULT_FAULTS)
+    assert draw(7, 2, DEFAULT_FAULTS).steps != draw(8, 2, DEFAULT_FAULTS).steps
+
+
+def test_switching_a_fault_off_removes_its_steps_and_keeps_the_first_sessions() -> None:
+    """Sessions come from their own random stream: the sessions a run starts with do not
+    depend on the faults chosen."""
+    full, without = draw(3, 3, DEFAULT_FAULTS), draw(3, 3, DEFAULT_FAULTS - {"webhook-duplicate"})
+    assert [s for s in full.steps if s.kind == "create"][:3] == [s for s in without.steps if s.kind == "create"][:3]
+    assert not any(s.kind == "webhook-duplicate" for s in without.steps)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_every_step_names_a_session_that_exists_then(seed: int) -> None:
+    schedule = draw(seed, 5, DEFAULT_FAULTS)
+    born: dict[str, float] = {}
+    gone: dict[str, float] = {}
+    bursts: set[str] = set()
+    for step in schedule.steps:
+        if step.kind == "create":
+            assert step.subject not in born
+            born[step.subject] = step.at
+            if step.value == "prestart":
+                bursts.add(step.subject)
+        elif step.kind in ("delete", "fail"):
+            gone[step.subject] = step.at
+    for step in schedule.steps:
+        if re.fullmatch(r"s\d+", step.subject) and step.kind != "create":
+            assert born[step.subject] <= step.at, step
+        if step.kind == "input":
+            assert step.subject not in bursts, step  # nobody asks for a pre-started sandbox
+            assert gone.get(step.subject, float("inf")) > step.at, step
+    alive_at_most = max(
+        sum(1 for name, at in born.items() if at <= t and gone.get(name, float("inf")) > t and name not in bursts)
+        for t in [s.at for s in schedule.steps]
+    )
+    assert alive_at_most <= MAX_LIVE_SESSIONS + 1  # a fresh session for a link drop may add one
+
+
+def test_a_long_run_draws_every_default_fault() -> None:
+    kinds = {s.kind for s in draw(11, 30, DEFAULT_FAULTS).steps}
+    assert {"api-fault", "link-drop", "kill-executor", "kill", "redis-kill", "redis-pause", "skew"} <= kinds
+    assert {"webhook-duplicate", "webhook-hold", "role-flip", "create", "input", "delete", "fail"} <= kinds
+
+
+def test_fault_durations_stay_in_their_ranges() -> None:
+    for step in draw(5, 30, DEFAULT_FAULTS).steps:
+        if step.kind == "link-drop":
+            assert 0.5 <= step.seconds <= 10
+        elif step.kind == "api-fault" and step.value.endswith(":404"):
+            assert step.seconds <= (4 if step.subject != "*" else 5) < DELETION_CONFIRM_SECONDS
+        elif step.kind == "role-flip":
+            assert 2.5 <= step.seconds <= 3.5
+        elif step.kind == "skew":
+            assert step.value in ("+30", "-30")
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_no_session_reads_404_for_as_long_as_the_deletion_confirmation(seed: int) -> None:
+    """404 windows (on one session or on all) never touch: back to back they would make a
+    session that exists look deleted by the controller's own rule."""
+    windows = sorted((s.at, s.at + s.seconds) for s in draw(seed, 10, {"api-404"}).steps if s.value.endswith(":404"))
+    assert len(windows) > 10
+    for (_, end), (start, _) in itertools.pairwise(windows):
+        assert start - end >= NO_404_SECONDS > DELETION_CONFIRM_SECONDS
+
+
+def test_the_default_set_is_the_whole_catalogue_and_faults_are_switched_by_name() -> None:
+    assert set(FAULTS) == DEFAULT_FAULTS and "role-flip" in DEFAULT_FAULTS
+    assert select(None) == select("") == select("default") == DEFAULT_FAULTS
+    assert select("-role-flip") == DEFAULT_FAULTS - {"role-flip"}
+    assert select("-role-flip,-skew,+skew") == DEFAULT_FAULTS - {"role-flip"}
+    assert select("link-drop,api-404") == {"link-drop", "api-404"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [("+nope", "unknown nope"), ("link-drop,+skew", "not both"), ("typo", "unknown typo")],
+)
+def test_a_bad_fault_selection_is_refused(spec: str, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        select(spec)
