@@ -80,8 +80,10 @@ def register(
     counts busy leases and observes delivery → sandbox start, and, with ``watch_connections``
     (metrics are served), delivery → executor connected."""
 
+    # shared=False: the tasks are this app's only (Celery would otherwise add them to every app
+    # the process finalizes later, each bound to this app's ``deps``).
     @app.task(  # type: ignore[untyped-decorator]
-        name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries
+        name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries, shared=False
     )
     def sync_session(
         self: Task,
@@ -127,23 +129,46 @@ def register(
                     _watch(session_id, received_at)
             log.info("task done", extra={"rounds": len(result)})
 
+    kept: list[Any] = []  # this process's producer: acquired after the fork, never released
+
+    def _producer() -> Any:
+        """One producer (and its channel to the broker) for every watch job this process queues.
+        Celery's own pool hands out a producer per publish and drops its channel on release: on
+        Redis each publish then opened a connection (a DNS lookup, a PING) of its own. The kept
+        one reconnects by itself when the broker goes away (kombu's ``ensure``)."""
+        if not kept:
+            kept.append(app.producer_pool.acquire(block=True))
+        return kept[0]
+
+    def _ask_later(environment_id: str, received_at: float, deadline: float, asked: int) -> None:
+        watch_connection.apply_async(
+            args=[environment_id, received_at, deadline],
+            kwargs={"asked": asked},
+            countdown=watch_delay(asked),
+            queue=queue.QUEUE,
+            producer=_producer(),
+        )
+
     def _watch(session_id: str, received_at: float) -> None:
         """Start a watch job for the sandbox just started (only to measure; never decides)."""
         record = deps().store.record(session_id)
         if record is None:
             return
-        watch_connection.apply_async(
-            args=[record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS],
-            countdown=watch_delay(0),
-            queue=queue.QUEUE,
-        )
+        _ask_later(record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS, 0)
 
     @app.task(  # type: ignore[untyped-decorator]
-        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False
+        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False, shared=False
     )
-    def watch_connection(self: Task, environment_id: str, received_at: float, deadline: float) -> None:
+    def watch_connection(
+        self: Task, environment_id: str, received_at: float, deadline: float, asked: int | None = None
+    ) -> None:
         """Observe delivery → executor connected once the API reports the environment connected;
-        ask again (``watch_delay``) until ``deadline``. A lost watch job loses one observation only."""
+        ask again (``watch_delay``) until ``deadline``. A lost watch job loses one observation only.
+
+        "Not yet" queues the next ask itself (``asked`` counts them) and returns: no Celery
+        retry, whose exception makes Celery capture and format a traceback each time; with ten
+        sandboxes starting at once that was as much of the workers' CPU as starting them."""
+        count = self.request.retries if asked is None else asked  # a job queued before ``asked`` existed
         connected = deps().sessions.environment_connected(environment_id)
         now = time.time()
         if connected:
@@ -154,8 +179,7 @@ def register(
                 extra={"environment_id": environment_id, "after_seconds": round(now - received_at, 2)},
             )
             return
-        delay = watch_delay(self.request.retries + 1)
-        if now + delay > deadline:
+        if now + watch_delay(count + 1) > deadline:
             log.warning("executor not connected within the window", extra={"environment_id": environment_id})
             return
-        raise self.retry(countdown=delay)
+        _ask_later(environment_id, received_at, deadline, count + 1)

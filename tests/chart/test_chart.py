@@ -112,7 +112,7 @@ def one(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 def pod_specs(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any]]]:
     for o in objects:
-        if o["kind"] in ("Deployment", "StatefulSet"):
+        if o["kind"] in ("Deployment", "StatefulSet", "DaemonSet"):
             yield o["metadata"]["name"], o["spec"]["template"]["spec"]
         elif o["kind"] == "Pod":
             yield o["metadata"]["name"], o["spec"]
@@ -692,6 +692,110 @@ def test_sandbox_pod_policy_allows_template_and_extra_images(chart: Any) -> None
     assert constants["allowCodexSandbox"] is True
     off = render(chart, merge(CREDENTIALS, {"sandbox": {"podPolicy": {"enabled": False}}}))
     assert not [o for o in off if o["kind"].startswith("ValidatingAdmissionPolicy")]
+
+
+# -- the image pre-puller ----------------------------------------------------------------------
+
+
+def _image_puller(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    [found] = of_kind(objects, "DaemonSet")
+    return found
+
+
+def test_the_image_pre_puller_is_off_by_default(chart: Any) -> None:
+    assert of_kind(render(chart, CREDENTIALS), "DaemonSet") == []
+
+
+def test_the_image_pre_puller_pulls_every_runner_image_and_then_only_sleeps(chart: Any) -> None:
+    """sandbox.prePuller: a DaemonSet in the release namespace (the sandbox namespace admits only
+    runner-shaped pods) whose pod pulls sandbox.image and each template's image, once each, in an
+    init container that runs the given command and exits, then sleeps in a pause container;
+    locked down like the controller's pods, with no service-account token; placed and allowed to
+    pull as the values say; rolled on every node at once when an image changes."""
+    values = merge(
+        CREDENTIALS,
+        {
+            "imagePullSecrets": ["regcred"],
+            "sandbox": {
+                "templates": {
+                    "large": {"image": "registry.example.com/runner:big"},
+                    "small": {"resources": {}},  # sandbox.image
+                    "again": {"image": "registry.example.com/runner:big"},
+                },
+                "podPolicy": {"extraImages": ["registry.example.com/debug:1"]},  # not a runner: not pulled
+                "prePuller": {
+                    "enabled": True,
+                    "imagePullSecrets": ["runner-regcred", "regcred"],
+                    "nodeSelector": {"node-pool": "sandboxes"},
+                    "tolerations": [{"key": "sandboxes", "operator": "Exists", "effect": "NoSchedule"}],
+                    "priorityClassName": "low",
+                },
+            },
+        },
+    )
+    objects = render(chart, values)
+    puller = _image_puller(objects)
+    assert puller["metadata"]["namespace"] == NAMESPACE
+    assert puller["metadata"]["name"] == f"{_full(objects)}-image-puller"
+    assert puller["spec"]["updateStrategy"] == {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "100%"}}
+    labels = puller["spec"]["template"]["metadata"]["labels"]
+    assert labels["app.kubernetes.io/component"] == "image-puller"
+    assert puller["spec"]["selector"]["matchLabels"].items() <= labels.items()
+    spec = puller["spec"]["template"]["spec"]
+    pulls = spec["initContainers"]
+    runner_images = ["sandbox-controller/sandbox-runner:0.171.0", "registry.example.com/runner:big"]
+    assert [c["image"] for c in pulls] == runner_images
+    assert [c["name"] for c in pulls] == ["pull-0", "pull-1"]
+    [pause] = spec["containers"]
+    assert pause["image"] == "registry.k8s.io/pause:3.10"
+    for container in [*pulls, pause]:
+        assert container["imagePullPolicy"] == "IfNotPresent"
+        ctx = container["securityContext"]
+        assert ctx["allowPrivilegeEscalation"] is False and ctx["readOnlyRootFilesystem"] is True
+        assert ctx["capabilities"] == {"drop": ["ALL"]} and ctx["runAsNonRoot"] is True
+        assert container["resources"]["limits"]["memory"] == "32Mi"
+        assert not container.get("env") and not container.get("volumeMounts")
+    assert all(c["command"] == ["/bin/sh", "-c", "exit 0"] for c in pulls)
+    assert "command" not in pause  # the pause image's own entrypoint: it sleeps
+    assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    assert spec["imagePullSecrets"] == [{"name": "regcred"}, {"name": "runner-regcred"}]
+    assert spec["nodeSelector"] == {"node-pool": "sandboxes"}
+    assert spec["tolerations"] == [{"key": "sandboxes", "operator": "Exists", "effect": "NoSchedule"}]
+    assert spec["priorityClassName"] == "low"
+    assert not spec.get("volumes")
+    # Another command (for template images without /bin/sh), and another pause image.
+    other = render(
+        chart,
+        merge(
+            CREDENTIALS,
+            {
+                "sandbox": {
+                    "prePuller": {
+                        "enabled": True,
+                        "command": ["/usr/local/bin/codex", "--version"],
+                        "pause": {"repository": "mirror.example.com/pause", "tag": "3.10"},
+                    }
+                }
+            },
+        ),
+    )
+    other_spec = _image_puller(other)["spec"]["template"]["spec"]
+    assert [c["command"] for c in other_spec["initContainers"]] == [["/usr/local/bin/codex", "--version"]]
+    assert other_spec["containers"][0]["image"] == "mirror.example.com/pause:3.10"
+    assert "imagePullSecrets" not in other_spec
+
+
+@pytest.mark.parametrize(
+    "pre_puller",
+    [{"command": []}, {"pause": {"repository": ""}}, {"imagePullSecrets": [""]}, {"nodes": "all"}],
+    ids=["no command", "no pause image", "empty secret name", "unknown key"],
+)
+def test_the_schema_refuses_a_broken_pre_puller(helm: Any, chart: Any, pre_puller: dict[str, Any]) -> None:
+    values = merge(CREDENTIALS, {"sandbox": {"prePuller": {"enabled": True, **pre_puller}}})
+    with pytest.raises(helm.errors.HelmValuesError):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
 
 
 # -- settings the chart sets --------------------------------------------------------------------

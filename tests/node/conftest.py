@@ -134,6 +134,9 @@ def _values(
             "networkPolicy": {"egress": {"allow": [{"cidr": f"{PROXY_IP}/32", "ports": [{"port": PROXY_PORT}]}]}},
             # The test's CA, which issued the simulator's certificate for api.openai.com.
             "caBundle": {"pem": ca.pem},
+            # The runner image kept on the node by the pre-puller's DaemonSet (its pause container
+            # runs the node's own pause image).
+            "prePuller": {"enabled": True, "pause": repo_tag("pause")},
         },
         # The locally built images (imported into containerd; nothing is pulled).
         "image": repo_tag("sandbox-controller"),
@@ -153,8 +156,9 @@ def installed(node: RealNode, images: list[Image]) -> Iterator[Installed]:
 
 
 @contextlib.contextmanager
-def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
-    """The chart installed on ``node`` and the simulator started beside it (bench/ uses it too)."""
+def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | None = None) -> Iterator[Installed]:
+    """The chart installed on ``node`` and the simulator started beside it (bench/ uses it too);
+    ``overrides`` are merged into the tier's values (a key set to None removes the tier's)."""
     import helm_python as helm  # loaded only now: its threads start inside the namespace
     from kubernetes import client
 
@@ -169,7 +173,7 @@ def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     ca = TestCA("sandbox-controller real-node test CA")
     certificate = ca.issue(node.workdir / "simulator-tls", [API_HOST])
-    values = _values(by_name, api_key, environment_key, webhook_secret, ca)
+    values = _merged(_values(by_name, api_key, environment_key, webhook_secret, ca), overrides or {})
     say("helm install (Helm's own engine), waiting for the release's pods")
     start = time.monotonic()
     with helm.Chart.load(str(CHART)) as chart, helm.Config(kubeconfig_path=node.kubeconfig, namespace=NAMESPACE) as cfg:
@@ -214,6 +218,18 @@ def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
             simulator.stop()
             cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
             api.close()
+
+
+def _merged(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    out = dict(values)
+    for key, value in overrides.items():
+        if value is None:
+            out.pop(key, None)
+        elif isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _merged(out[key], value)
+        else:
+            out[key] = value
+    return out
 
 
 def _tls_answers(ca: TestCA) -> bool:

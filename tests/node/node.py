@@ -81,6 +81,9 @@ PRIVATE_ADDRESSES = {
     "169.254.0.0/16": "169.254.169.254",
 }
 CNI_BIN_DIR = "/usr/lib/cni"
+# The tier's kubelet periods (the kubelet's defaults: 1m, 1m and 10s); RealNode.kubelet_defaults
+# leaves them out.
+KUBELET_PERIODS = {"syncFrequency": "10s", "fileCheckFrequency": "10s", "nodeStatusUpdateFrequency": "5s"}
 GLOBAL_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/run/netns")
@@ -179,6 +182,10 @@ class RealNode:
     dns_names: dict[str, str] = field(default_factory=dict)
     """Fixed names the cluster DNS answers (e.g. ``api.openai.com`` → ``PUBLIC_API_IP``)."""
     enforce_network_policy: bool = True
+    kubelet_defaults: bool = False
+    """Run the kubelet with its own periods (``syncFrequency`` and ``fileCheckFrequency`` 1 minute,
+    ``nodeStatusUpdateFrequency`` 10 s), as users' nodes do; else the tier's shorter ones
+    (``KUBELET_PERIODS``). bench/warm_pool.py measures warm claims both ways."""
     name: str = field(default_factory=lambda: f"scc-node-{uuid.uuid4().hex[:6]}")
     workdir: Path = field(init=False)
     bin_dir: Path = field(init=False)
@@ -496,9 +503,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
             "imageGCHighThresholdPercent": 100,
             "imageGCLowThresholdPercent": 99,
             "serializeImagePulls": False,
-            "syncFrequency": "10s",
-            "fileCheckFrequency": "10s",
-            "nodeStatusUpdateFrequency": "5s",
+            **({} if self.kubelet_defaults else KUBELET_PERIODS),
         }  # fmt: skip
         (w / "kubelet.yaml").write_text(json.dumps(kubelet_config, indent=2))
         kubelet = self._spawn(
@@ -596,6 +601,10 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
                             "name": "relay",
                             "image": self.dns_image,
                             "command": ["python", "-c", RELAY, NODE_IP],
+                            # CoreDNS's own requests (its Deployment's): a BestEffort DNS pod gets
+                            # the least CPU of the node (cpu.shares 2) and, while sandboxes start
+                            # in numbers, answered seconds late: the pods' lookups waited on it.
+                            "resources": {"requests": {"cpu": "100m", "memory": "70Mi"}, "limits": {"memory": "170Mi"}},
                             "securityContext": {
                                 "allowPrivilegeEscalation": False,
                                 "capabilities": {"drop": ["ALL"]},
@@ -814,8 +823,13 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
                 found.setdefault(d.proc.pid, d.name)
         return sorted(found.items())
 
+    def processes(self) -> list[tuple[int, str]]:
+        """Every process of the node now: (pid, its command line, or "(in <cgroup>)" for a
+        process of a container); bench/cold_burst.py adds up their CPU."""
+        return self._processes()
+
     def leftovers(self) -> list[str]:
-        return [f"{pid}: {what}" for pid, what in self._processes()]
+        return [f"{pid}: {what}" for pid, what in self.processes()]
 
     def _kill_shims(self) -> None:
         """Kill what containerd left (shims, container processes), not the daemons still to be
@@ -925,10 +939,14 @@ def load_images() -> list[Image]:
 
 
 @contextlib.contextmanager
-def real_node(images: list[Image], dns_names: dict[str, str] | None = None) -> Iterator[RealNode]:
+def real_node(
+    images: list[Image], dns_names: dict[str, str] | None = None, kubelet_defaults: bool = False
+) -> Iterator[RealNode]:
     """A started node; its DNS pods run the controller image."""
     [controller] = [i.ref for i in images if i.name == "sandbox-controller"]
-    node = RealNode(images=images, dns_image=controller, dns_names=dict(dns_names or {})).start()
+    node = RealNode(
+        images=images, dns_image=controller, dns_names=dict(dns_names or {}), kubelet_defaults=kubelet_defaults
+    ).start()
     try:
         yield node
     finally:

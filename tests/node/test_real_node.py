@@ -366,6 +366,46 @@ def test_ten_sessions_at_once(world: Installed) -> None:
     _record_figures(world, results)
 
 
+# -- the image pre-puller -----------------------------------------------------------------------
+
+
+def test_the_pre_puller_keeps_the_runner_image_on_the_node(world: Installed) -> None:
+    """The chart's image pre-puller (sandbox.prePuller, on in the tier's values) runs on the node:
+    its DaemonSet's pod ran the runner image in an init container that exited 0, and stays with
+    its pause container running, so the kubelet keeps the image. The image is unpacked in the
+    node's containerd (imported here without unpacking: on this registry-less node the unpack is
+    all a "pull" does), and a sandbox pod then starts with it present (no pull)."""
+    from kubernetes import client
+
+    apps = client.AppsV1Api(world.api)
+    name = f"{RELEASE}-sandbox-controller-image-puller"
+
+    def ready() -> bool:
+        status = apps.read_namespaced_daemon_set(name, NAMESPACE).status
+        return bool(status.desired_number_scheduled == 1 and status.number_ready == 1)
+
+    wait_for(ready, 300, "the pre-puller's pod to be ready on the node", interval=1)
+    [pod] = world.core.list_namespaced_pod(NAMESPACE, label_selector="app.kubernetes.io/component=image-puller").items
+    runner = world.images["sandbox-runner"].ref
+    [pulled] = pod.status.init_container_statuses
+    assert pulled.image == runner or pulled.image.endswith(runner.split("/", 1)[1]), pulled.image
+    assert pulled.state.terminated.exit_code == 0 and pulled.state.terminated.reason == "Completed"
+    [pause] = pod.status.container_statuses
+    assert pause.state.running is not None and pause.ready
+    checked = world.node.ctr("images", "check").stdout.splitlines()
+    [line] = [row for row in checked if row.startswith(runner + " ")]
+    assert line.split()[-1] == "true", checked  # UNPACKED, in the snapshotter the kubelet uses
+
+    timeline = _one_session(world)
+    events = world.core.list_namespaced_event(
+        SANDBOX_NAMESPACE, field_selector=f"involvedObject.name={timeline['pod']},reason=Pulled"
+    ).items
+    assert events and all("already present on machine" in e.message for e in events), [e.message for e in events]
+    session_id = timeline["session_id"]
+    httpx.post(f"{world.simulator_url}/admin/sessions/{session_id}/fail", json={"error": "done"}, timeout=10)
+    wait_for(lambda: not _pods(world, session_id), 180, "the session's pod to be deleted", interval=0.5)
+
+
 # -- warm pools ---------------------------------------------------------------------------------
 
 

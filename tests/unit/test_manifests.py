@@ -55,6 +55,7 @@ EXPECTED_POD: dict[str, Any] = {
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "dnsConfig": {"options": [{"name": "ndots", "value": "1"}]},
         "terminationGracePeriodSeconds": 15,
         "securityContext": {
             "runAsNonRoot": True,

@@ -2,10 +2,11 @@
 
 Secure by default (Pod Security "restricted"): non-root, no privilege escalation, every
 capability dropped, seccomp RuntimeDefault, no service-account token, read-only root with
-``emptyDir`` where the image writes. The executor key reaches the container only through a
-``secretKeyRef`` (L2): never inlined, never in an annotation. Codex's own command sandbox
-(unconfined seccomp, user namespaces, unmasked /proc) is an explicit per-template opt-in
-(``codex_sandbox``) that a "restricted" namespace refuses by design.
+``emptyDir`` where the image writes. Public names are resolved as they are first
+(``DNS_OPTIONS``). The executor key reaches the container only through a ``secretKeyRef``
+(L2): never inlined, never in an annotation. Codex's own command sandbox (unconfined seccomp,
+user namespaces, unmasked /proc) is an explicit per-template opt-in (``codex_sandbox``) that a
+"restricted" namespace refuses by design.
 
 A warm pod (``make_warm_pod``) has the same shape, minus what only a session can tell: no
 ``REMOTE_URL`` and ``ENVIRONMENT_ID`` in its environment, an ``emptyDir`` workspace, and a
@@ -33,6 +34,13 @@ CONTAINER = "executor"
 BINDING_DIRECTORY = "/etc/sandbox-binding"
 CA_BUNDLE_KEY = "ca-bundle.crt"
 CA_BUNDLE_DIRECTORY = "/etc/sandbox-ca"
+DNS_OPTIONS = ({"name": "ndots", "value": "1"},)
+"""Resolver options of every sandbox pod: a name with a dot in it (``api.openai.com``) is looked up
+as it is first. With Kubernetes' ``ndots:5`` codex's first lookup went through the three search
+domains of the cluster (each an A and an AAAA query answered NXDOMAIN) before the name itself:
+four rounds to the cluster DNS where one does. Sandboxes reach no cluster Service (their
+NetworkPolicy lets them reach only DNS and public addresses), so the search domains serve
+them nothing; a name without a dot still gets them."""
 
 
 @dataclass(frozen=True)
@@ -254,6 +262,7 @@ def _pod_spec(
         "restartPolicy": "Never",
         "automountServiceAccountToken": False,
         "enableServiceLinks": False,
+        "dnsConfig": {"options": [dict(option) for option in DNS_OPTIONS]},
         "terminationGracePeriodSeconds": 15,
         "securityContext": pod_security,
         "containers": [container],

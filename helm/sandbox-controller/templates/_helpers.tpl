@@ -142,13 +142,21 @@ Images sandbox pods may run, as a CEL list literal: sandbox.image, every templat
 sandbox.podPolicy.extraImages.
 */}}
 {{- define "sandbox-controller.sandboxImages" -}}
+{{- concat (include "sandbox-controller.runnerImages" . | fromJsonArray) .Values.sandbox.podPolicy.extraImages | uniq | toJson }}
+{{- end }}
+
+{{/*
+The runner image of every sandbox template (sandbox.image and each template's image), a JSON
+list without repeats: what the pre-puller keeps on every node (sandbox.prePuller).
+*/}}
+{{- define "sandbox-controller.runnerImages" -}}
 {{- $images := list (printf "%s:%s" .Values.sandbox.image.repository .Values.sandbox.image.tag) }}
 {{- range $name, $template := .Values.sandbox.templates }}
 {{- with $template.image }}
 {{- $images = append $images . }}
 {{- end }}
 {{- end }}
-{{- concat $images .Values.sandbox.podPolicy.extraImages | uniq | toJson }}
+{{- $images | uniq | toJson }}
 {{- end }}
 
 {{- define "sandbox-controller.templatesConfigMapName" -}}
