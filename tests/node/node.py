@@ -27,7 +27,9 @@ route, no NAT. Nothing leaves the machine. The test process itself enters the na
 directly; :meth:`RealNode.stop` returns it to where it was.
 
 The kubelet changes global sysctls (``vm.overcommit_memory``, ``kernel.panic``,
-``kernel.panic_on_oops``): they are saved first and restored on teardown. Teardown order: pods,
+``kernel.panic_on_oops``): they are saved first (also to ``SAVED_SYSCTLS``, so that the run after
+one that was killed before its teardown restores the machine's own values, not the kubelet's)
+and restored on teardown. Teardown order: pods,
 kubelet, kube-proxy, scheduler, controller-manager, containerd (and any shim left), the API
 server, etcd; then the mounts under the work directory, the cgroup directories, the network
 namespace and (when this node mounted it) ``/run/netns``. :meth:`RealNode.leftovers` lists any
@@ -85,6 +87,9 @@ CNI_BIN_DIR = "/usr/lib/cni"
 # leaves them out.
 KUBELET_PERIODS = {"syncFrequency": "10s", "fileCheckFrequency": "10s", "nodeStatusUpdateFrequency": "5s"}
 GLOBAL_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
+SAVED_SYSCTLS = Path("/run/sandbox-controller-node/sysctls.json")
+"""The machine's own values of ``GLOBAL_SYSCTLS`` while a node runs (``/run``: gone at a reboot,
+as the kubelet's values are); removed once they are restored."""
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 NETNS_DIR = Path("/run/netns")
 CLONE_NEWNET = 0x40000000
@@ -240,8 +245,7 @@ class RealNode:
         for binary in binaries:
             if not os.access(self.bin_dir / binary, os.X_OK):
                 raise NodeError(f"{self.bin_dir / binary} missing: run tests/envtest/build.sh --node")
-        for path in GLOBAL_SYSCTLS:
-            self._sysctls[path] = Path("/proc/sys", path).read_text().strip()
+        self._sysctls.update(_machine_sysctls())
         self._make_netns()
         self._make_cgroups()
         self._start_containerd()
@@ -889,6 +893,22 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
             target = Path("/proc/sys", path)
             if target.read_text().strip() != value:
                 target.write_text(value)
+        SAVED_SYSCTLS.unlink(missing_ok=True)
+
+
+def _machine_sysctls(proc: Path = Path("/proc/sys"), saved_at: Path = SAVED_SYSCTLS) -> dict[str, str]:
+    """The machine's own values of ``GLOBAL_SYSCTLS``: those a run killed before its teardown
+    saved (the kubelet's are in /proc/sys then), else /proc/sys's, saved now."""
+    with contextlib.suppress(FileNotFoundError, ValueError):
+        saved = json.loads(saved_at.read_text())
+        if isinstance(saved, dict) and set(saved) == set(GLOBAL_SYSCTLS):
+            return {str(k): str(v) for k, v in saved.items()}
+    values = {path: (proc / path).read_text().strip() for path in GLOBAL_SYSCTLS}
+    saved_at.parent.mkdir(mode=0o700, exist_ok=True)
+    partial = saved_at.with_suffix(".partial")
+    partial.write_text(json.dumps(values))
+    partial.replace(saved_at)
+    return values
 
 
 def _http_ok(url: str, ca_file: str | None = None, token: str | None = None) -> bool:
