@@ -80,14 +80,15 @@ def random_uuid() -> str:
 
 def random_uuids(count: int) -> list[str]:
     """``count`` random UUIDs (``random_uuid``) from one read of the system's random source."""
-    raw = bytearray(os.urandom(16 * count))
-    texts = []
-    for start in range(0, 16 * count, 16):
-        raw[start + 6] = (raw[start + 6] & 0x0F) | 0x40  # version 4
-        raw[start + 8] = (raw[start + 8] & 0x3F) | 0x80  # RFC 4122 variant
-        text = raw[start : start + 16].hex()
-        texts.append(f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}")
-    return texts
+    text = os.urandom(16 * count).hex()
+    return [
+        # Version 4 (the 13th digit), RFC 4122 variant (the 17th: 8, 9, a or b from its random bits).
+        f"{t[:8]}-{t[8:12]}-4{t[13:16]}-{_VARIANT[t[16]]}{t[17:20]}-{t[20:32]}"
+        for t in (text[start : start + 32] for start in range(0, 32 * count, 32))
+    ]
+
+
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 _templates: dict[str, str] = {}

@@ -44,6 +44,18 @@ def test_task_ids_are_version_4_uuids() -> None:
         assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)
 
 
+def test_one_read_gives_many_uuids_with_every_random_bit_kept() -> None:
+    """The variant digit keeps its two random bits (8, 9, a and b all occur: the chance that one
+    of them is missing from 1000 draws is below 1e-120), and the other digits stay random."""
+    ids = task_message.random_uuids(1000)
+    assert len(set(ids)) == 1000
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)
+    assert {text[19] for text in ids} == set("89ab")
+    assert {text[15] for text in ids} == set("0123456789abcdef")
+
+
 @given(
     session=st.text(),
     webhook=st.text(),
