@@ -1,7 +1,8 @@
 """A local simulator of OpenAI's Agents API: sessions, signed webhooks, executors and their work.
 
 Users run the whole loop on one machine with it, and every test tier uses it as the
-Agents API. Production modules never import it. One port serves everything::
+Agents API. Production modules never import it. One port serves everything (``--tls-listen``
+adds a second one serving the same over TLS, see ``cli.py``)::
 
     python -m agents_simulator --port 8100 --environment-key KEY \\
         --webhook-url http://127.0.0.1:8000/webhooks --webhook-secret whsec_...
@@ -41,7 +42,8 @@ Admin (no auth; loopback only)
     GET    /admin/registrations[?environment_id=]   every register call: id, environment_id,
                                                     received_at, key_matched, environment_known,
                                                     status_code, security_profile,
-                                                    executor_public_key_present (never the key)
+                                                    executor_public_key_present, scheme
+                                                    (https: over TLS) (never the key)
     GET    /admin/deliveries[?event_id=&type=]       each (event, URL) delivery with its attempts
     GET    /admin/events                             every event envelope sent
     POST   /admin/webhooks/resend/{event_id}         deliver an event again (same webhook-id) → 202

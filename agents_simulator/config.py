@@ -17,6 +17,16 @@ DEFAULT_WEBHOOK_TIMEOUT_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
+class TlsListener:
+    """A second listener serving the same API over TLS (the node tier's ``api.openai.com:443``)."""
+
+    host: str
+    port: int
+    certfile: str
+    keyfile: str = field(repr=False)
+
+
+@dataclass(frozen=True)
 class SimulatorConfig:
     """Everything the simulator needs; build it by hand or from ``cli.build_parser``."""
 
@@ -27,7 +37,16 @@ class SimulatorConfig:
     """The key an executor must present (``CODEX_API_KEY``) to register."""
 
     host: str = DEFAULT_HOST
-    """Address to bind. ``remote_url`` always names a loopback host (codex refuses others)."""
+    """Address to bind. Without ``public_url``, ``remote_url`` names a loopback host (codex sends
+    its key only there or to ``https`` hosts under OpenAI's domains)."""
+
+    public_url: str | None = None
+    """What sessions name as ``remote_url`` (and where executors' WebSockets go) when the
+    simulator stands in for the API under its public name, e.g. ``https://api.openai.com``
+    served by ``tls`` at an address that name resolves to; otherwise its own loopback URL."""
+
+    tls: TlsListener | None = None
+    """Also serve the same API over TLS there (one engine, one state, both listeners)."""
 
     webhook_urls: tuple[str, ...] = ()
     """Where events are POSTed; empty means no webhooks are sent."""
@@ -83,12 +102,20 @@ class SimulatorConfig:
                 problems.append(f"{name} must not be negative")
         if self.webhook_max_attempts < 1:
             problems.append("webhook_max_attempts must be at least 1")
+        if self.public_url is not None and (
+            not self.public_url.startswith(("http://", "https://")) or self.public_url.rstrip("/").count("/") != 2
+        ):
+            problems.append(f"public URL must be http(s)://host[:port] with no path: {self.public_url}")
+        if self.tls is not None and not 0 < self.tls.port < 65536:
+            problems.append("TLS port must be between 1 and 65535")
         if problems:
             raise ValueError("; ".join(problems))
 
     @property
     def base_url(self) -> str:
-        """The simulator's own URL on loopback: the sessions' ``remote_url``."""
+        """The sessions' ``remote_url``: ``public_url``, else the simulator's own URL on loopback."""
+        if self.public_url:
+            return self.public_url.rstrip("/")
         return f"http://{_loopback_host(self.host)}:{self.port}"
 
     @property

@@ -190,8 +190,9 @@ class Simulator:
             raise not_found("environment", environment_id)
         return environment
 
-    def register(self, environment_id: str, bearer: str | None, body: Any) -> dict[str, Any]:
-        """Answer an executor's registration, recording it (without the key)."""
+    def register(self, environment_id: str, bearer: str | None, body: Any, scheme: str = "http") -> dict[str, Any]:
+        """Answer an executor's registration, recording it (without the key) and whether it came
+        over TLS (``scheme``: ``https`` on the ``--tls-listen`` listener)."""
         key_matched = bearer is not None and hmac.compare_digest(bearer.encode(), self.config.environment_key.encode())
         environment = self.environments.get(environment_id)
         known = environment is not None and not environment.deleted and environment.type == "self_hosted"
@@ -213,6 +214,7 @@ class Simulator:
             status_code=error.status if error else 200,
             security_profile=profile if isinstance(profile, str) else None,
             executor_public_key_present=isinstance(body, dict) and bool(body.get("executor_public_key")),
+            scheme=scheme,
         )
         self.registrations.append(registration)
         log.info(

@@ -29,7 +29,7 @@ CLOSE_SERVICE_RESTART = 1012  # uvicorn closes open WebSockets with it on shutdo
 def routes(sim: Simulator) -> list[BaseRoute]:
     async def register(request: Request) -> Response:
         body = await json_body(request, optional=True)
-        answer = sim.register(request.path_params["environment_id"], bearer_token(request), body)
+        answer = sim.register(request.path_params["environment_id"], bearer_token(request), body, request.url.scheme)
         return JSONResponse(answer)
 
     async def validate(request: Request) -> Response:

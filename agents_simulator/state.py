@@ -83,6 +83,8 @@ class Registration:
     status_code: int
     security_profile: str | None
     executor_public_key_present: bool
+    scheme: str = "http"
+    """``https`` when the registration came over the TLS listener."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,6 +96,7 @@ class Registration:
             "status_code": self.status_code,
             "security_profile": self.security_profile,
             "executor_public_key_present": self.executor_public_key_present,
+            "scheme": self.scheme,
         }
 
 

@@ -21,6 +21,7 @@ the Helm chart sets a subset of them (a test checks).
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, is_dataclass
@@ -37,6 +38,7 @@ PREFIX = "CONTROLLER_"
 MAX_CA_FILE_BYTES = 16 * 1024 * 1024
 """A CA bundle is PEM text: a system's whole bundle is a few hundred KiB."""
 T = TypeVar("T")
+_DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 
 
 class Secret:
@@ -221,6 +223,10 @@ class KubernetesSettings(Printable):
     """The active scheduler watches the sandbox pods and has the session of a pod that was
     deleted, failed, restarted or became Ready looked at at once; partial sweeps then leave
     sessions whose pod is watched to the watch. Needs ``watch`` on pods (the chart's Role)."""
+    ca_bundle_configmap: str | None = None
+    """ConfigMap in the sandbox namespace whose ``ca-bundle.crt`` (PEM) every sandbox pod mounts
+    read-only, with ``SSL_CERT_FILE`` pointing at it: the CAs the executor trusts (for example a
+    TLS-inspecting proxy's). None: the image's own CA list."""
 
 
 @dataclass(frozen=True, repr=False)
@@ -459,6 +465,7 @@ class _Parser:
                 templates_file=self.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
                 runtime_class=self.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
                 watch_pods=self.flag("KUBERNETES_WATCH_PODS", KubernetesSettings.watch_pods),
+                ca_bundle_configmap=self.object_name("KUBERNETES_CA_BUNDLE_CONFIGMAP"),
             ),
             lifecycle=LifecycleSettings(
                 idle_timeout_seconds=self.number(
@@ -542,6 +549,18 @@ class _Parser:
             return False
         self.problems.append(f"{PREFIX}{name} must be true or false, got {raw!r}")
         return default
+
+    def object_name(self, name: str) -> str | None:
+        """A Kubernetes object name (a DNS-1123 subdomain), or None when unset."""
+        value = self.get(PREFIX + name, "").strip()
+        if not value:
+            return None
+        if len(value) > 253 or not _DNS_SUBDOMAIN.fullmatch(value):
+            self.problems.append(
+                f"{PREFIX}{name} must be a Kubernetes object name (lower-case letters, digits, '-', '.'), got {value!r}"
+            )
+            return None
+        return value
 
     def words(self, name: str) -> tuple[str, ...]:
         return tuple(w.strip() for w in self.get(PREFIX + name, "").split(",") if w.strip())

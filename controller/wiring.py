@@ -194,6 +194,7 @@ def kubernetes_runner(settings: Settings, templates: Templates, counters: Counte
             namespace=k.namespace,
             executor_key_secret=k.executor_key_secret,
             workspace_directory=settings.routing.workspace_directory,
+            ca_bundle_configmap=k.ca_bundle_configmap,
         ),
         templates.get,
         templates.pooled(),

@@ -255,7 +255,10 @@ def test_renders_well_formed_objects(chart: Any, case: str, values: dict[str, An
         assert len(name) <= 63 and name.replace("-", "a").isalnum() and name == name.lower(), name
         labels = o["metadata"]["labels"]
         assert labels["app.kubernetes.io/instance"] == RELEASE
-        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        # The `helm test` pod of the sandbox NetworkPolicy wears the sandbox pods' labels (the
+        # policy must select it); everything else is Helm's.
+        sandbox_like = name.endswith("-test-network-policy")
+        assert labels["app.kubernetes.io/managed-by"] == ("sandbox-controller" if sandbox_like else "Helm")
 
 
 def test_notes_say_how_to_register_the_webhook(chart: Any) -> None:
@@ -534,17 +537,14 @@ def _port_53_rules(egress: list[dict[str, Any]]) -> list[dict[str, Any]]:
 def test_sandbox_network_policy_defaults(chart: Any) -> None:
     """L8: nothing dials into a sandbox; it reaches the cluster DNS pods on 53 and public
     addresses on TCP 443, never a private, shared or link-local range (pods, services, nodes,
-    the API server, cloud metadata). These are the exact rules: nothing else is open."""
+    the API server, cloud metadata). These are the exact rules: nothing else is open. They hold
+    for every pod of the sandbox namespace, whatever its labels (no pod can leave them by
+    leaving out a label)."""
     objects = render(chart, CREDENTIALS)
     policy = _sandbox_policy(objects)
     assert policy["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
     spec = policy["spec"]
-    assert spec["podSelector"] == {
-        "matchLabels": {
-            "app.kubernetes.io/managed-by": "sandbox-controller",
-            "app.kubernetes.io/component": "sandbox",
-        }
-    }
+    assert spec["podSelector"] == {}
     assert sorted(spec["policyTypes"]) == ["Egress", "Ingress"]
     assert spec["ingress"] == []
     assert spec["egress"] == [
@@ -1074,7 +1074,7 @@ def test_config_changes_roll_the_pods(chart: Any) -> None:
 def test_helm_test_hook_checks_readyz(chart: Any) -> None:
     """`helm test` runs a pod that fetches the receiver Service's /readyz."""
     objects = render(chart, CREDENTIALS)
-    [pod] = of_kind(objects, "Pod")
+    pod = one(objects, "Pod", f"{_full(objects)}-test-readyz")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
     command = " ".join(pod["spec"]["containers"][0]["command"])
     assert f"http://{_full(objects)}-receiver:80/readyz" in command
@@ -1094,3 +1094,95 @@ def test_ingress_routes_webhooks_to_the_receiver(chart: Any) -> None:
 
 def _decoded(secret: dict[str, Any]) -> dict[str, str]:
     return {k: base64.b64decode(v).decode() for k, v in (secret.get("data") or {}).items()}
+
+
+# -- the CA bundle sandbox pods trust, and `helm test` of the sandbox NetworkPolicy -----------------
+
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n"
+
+
+def test_a_ca_bundle_reaches_the_sandbox_namespace_the_controller_and_the_pod_policy(chart: Any) -> None:
+    """sandbox.caBundle.pem: a ConfigMap in the sandbox namespace (key ca-bundle.crt), its name
+    in CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP (the controller mounts it into every sandbox pod),
+    and the admission policy admits that ConfigMap as a volume (and no other). existingConfigMap
+    names one made beforehand; by default there is none."""
+    objects = render(chart, merge(CREDENTIALS, {"sandbox": {"caBundle": {"pem": CA_PEM}}}))
+    name = f"{_full(objects)}-ca-bundle"
+    bundle = one(objects, "ConfigMap", name)
+    assert bundle["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
+    assert bundle["data"] == {"ca-bundle.crt": CA_PEM}
+    assert one(objects, "ConfigMap", _full(objects))["data"]["CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP"] == name
+    policy, _ = _pod_policy(objects)
+    assert _cel_variables(policy)["caBundleConfigMap"] == name
+    [volumes] = [v for v in policy["spec"]["validations"] if "has(v.configMap)" in v["expression"]]
+    assert "v.configMap.?name.orValue('') == variables.caBundleConfigMap" in volumes["expression"]
+    assert "variables.caBundleConfigMap != ''" in volumes["expression"]  # unset: no ConfigMap at all
+
+    existing = render(chart, merge(CREDENTIALS, {"sandbox": {"caBundle": {"existingConfigMap": "corp-ca"}}}))
+    assert not [o for o in existing if o["kind"] == "ConfigMap" and o["metadata"]["name"].endswith("-ca-bundle")]
+    assert one(existing, "ConfigMap", _full(existing))["data"]["CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP"] == "corp-ca"
+    assert _cel_variables(_pod_policy(existing)[0])["caBundleConfigMap"] == "corp-ca"
+
+    default = render(chart, CREDENTIALS)
+    assert "CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP" not in one(default, "ConfigMap", _full(default))["data"]
+    assert _cel_variables(_pod_policy(default)[0])["caBundleConfigMap"] == ""
+
+
+@pytest.mark.parametrize(
+    ("ca_bundle", "message"),
+    [
+        ({"pem": CA_PEM, "existingConfigMap": "corp-ca"}, "not both"),
+        ({"pem": "not a certificate"}, "caBundle"),
+        ({"existingConfigMap": "Corp_CA"}, "caBundle"),
+    ],
+    ids=["both", "not-pem", "bad-name"],
+)
+def test_a_bad_ca_bundle_fails_the_render(chart: Any, helm: Any, ca_bundle: dict[str, str], message: str) -> None:
+    with pytest.raises(helm.errors.HelmError) as raised:
+        render(chart, merge(CREDENTIALS, {"sandbox": {"caBundle": ca_bundle}}))
+    assert message in str(raised.value)
+
+
+def _network_policy_test(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    return one(objects, "Pod", f"{_full(objects)}-test-network-policy")
+
+
+def test_helm_test_checks_the_sandbox_network_policy_from_a_pod_it_selects(chart: Any) -> None:
+    """`helm test` also runs a pod in the sandbox namespace, which the sandbox NetworkPolicy
+    selects as it selects every pod there (it also carries the sandbox pods' labels), with the
+    sandbox image (what the admission policy admits there) under the "restricted" security
+    context, no token; it tries Redis, the API server and the receiver by their cluster names and
+    fails, saying the network plugin does not enforce NetworkPolicy, if any answers."""
+    objects = render(chart, CREDENTIALS)
+    pod = _network_policy_test(objects)
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"] == f"{NAMESPACE}-sandboxes"
+    assert _sandbox_policy(objects)["spec"]["podSelector"] == {}  # every pod of the namespace
+    assert pod["metadata"]["labels"]["app.kubernetes.io/component"] == "sandbox"
+    spec = pod["spec"]
+    assert spec["automountServiceAccountToken"] is False and spec["restartPolicy"] == "Never"
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    assert spec["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    [container] = spec["containers"]
+    assert container["image"] == "sandbox-controller/sandbox-runner:0.171.0"
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert not spec.get("volumes") and not spec.get("initContainers")
+    probe = container["args"][0]
+    full = _full(objects)
+    assert f'probe "the bundled Redis" "{full}-redis.{NAMESPACE}.svc" "6379"' in probe
+    assert 'probe "the Kubernetes API server" "kubernetes.default.svc" "443"' in probe
+    assert f'probe "the receiver (a controller pod)" "{full}-receiver.{NAMESPACE}.svc" "80"' in probe
+    assert "does not enforce NetworkPolicy" in probe and "timeout=5" in probe
+    notes = chart.render(CREDENTIALS, name=RELEASE, namespace=NAMESPACE)["sandbox-controller/templates/NOTES.txt"]
+    assert f"kubectl -n {NAMESPACE}-sandboxes logs {full}-test-network-policy" in notes
+
+
+def test_helm_test_of_the_network_policy_follows_the_values(chart: Any) -> None:
+    """No Redis probe with an external Redis (it may live anywhere); none of it when the sandbox
+    NetworkPolicy or this test is turned off."""
+    external = render(chart, merge(CREDENTIALS, {"redis": {"enabled": False, "url": REDIS_URL}}))
+    assert "Redis" not in _network_policy_test(external)["spec"]["containers"][0]["args"][0]
+    for off in ({"sandbox": {"networkPolicy": {"enabled": False}}}, {"tests": {"networkPolicy": {"enabled": False}}}):
+        objects = render(chart, merge(CREDENTIALS, off))
+        assert [o["metadata"]["name"] for o in of_kind(objects, "Pod")] == [f"{_full(objects)}-test-readyz"]

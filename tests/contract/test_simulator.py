@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import ssl
 import subprocess
 import time
 from collections.abc import Iterator
@@ -19,8 +20,9 @@ from openai.types.beta.agent_session import AgentSession
 
 from controller.signing import Verifier
 from tests.support.codex import codex_binary, start_exec_server
-from tests.support.processes import wait_for
+from tests.support.processes import free_port, port_open, wait_for
 from tests.support.simulator import InProcessSimulator, StartSimulator, WebhookReceiver
+from tests.support.tls import TestCA
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -418,3 +420,50 @@ def test_admin_points_a_session_at_another_remote_url(start_simulator: StartSimu
     with pytest.raises(httpx.HTTPStatusError) as refused:
         sim.admin("POST", f"/admin/sessions/{session.id}/remote_url", {"remote_url": ""})
     assert refused.value.response.status_code == 400
+
+
+def test_over_tls_the_real_codex_trusts_the_ca_named_by_ssl_cert_file(
+    start_simulator: StartSimulator, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The simulator's second listener serves the same API over TLS, and sessions name it as
+    their remote_url (--public-url). The real codex registers and connects (``wss://``) there
+    when SSL_CERT_FILE names the CA that issued the certificate, and refuses the server
+    otherwise (what ``sandbox.caBundle`` gives sandbox pods; the real-node tier does the same
+    under the name ``api.openai.com``)."""
+    binary = codex_binary()
+    ca = TestCA()
+    ca_file = ca.write(tmp_path / "ca.pem")
+    certificate = ca.issue(tmp_path / "tls", [], ["127.0.0.1"])
+    port = free_port()
+    public = f"https://127.0.0.1:{port}"
+    sim = start_simulator(
+        args=["--public-url", public, "--tls-listen", f"127.0.0.1:{port}",
+              "--tls-cert", str(certificate.certfile), "--tls-key", str(certificate.keyfile)]
+    )  # fmt: skip
+    wait_for(lambda: port_open(port), 10, "the TLS listener")
+    assert httpx.get(public + "/healthz", verify=ssl.create_default_context(cafile=str(ca_file))).status_code == 200
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(public + "/healthz")  # the system's CAs do not know the test CA
+    trusting = ssl.create_default_context(cafile=str(ca_file))
+    assert httpx.get(public + "/admin/events", verify=trusting).status_code == 404  # admin: main listener only
+    assert httpx.get(sim.base_url + "/admin/events").status_code == 200
+    client = sim.openai()
+
+    refused = client.beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
+    assert refused.environment.remote_url == public
+    monkeypatch.delenv("SSL_CERT_FILE", raising=False)
+    codex = _start_codex(binary, public, refused.environment.id, sim.environment_key, tmp_path)
+    assert codex.wait(timeout=30) == 1
+    assert sim.registrations(refused.environment.id) == []  # nothing reached the API
+
+    session = client.beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
+    monkeypatch.setenv("SSL_CERT_FILE", str(ca_file))
+    codex = _start_codex(binary, public, session.environment.id, sim.environment_key, tmp_path)
+    try:
+        wait_for(lambda: sim.environment_status(session.environment.id) == "connected", 20, "codex to connect over TLS")
+        [registration] = sim.registrations(session.environment.id)
+        assert registration["key_matched"] is True and registration["status_code"] == 200
+        assert registration["scheme"] == "https"
+    finally:
+        codex.send_signal(signal.SIGTERM)
+        codex.wait(timeout=20)

@@ -5,7 +5,8 @@
 # they are already there.
 #
 #   tests/envtest/build.sh          # build if missing, print the bin dir
-#   tests/envtest/build.sh --node   # also kubelet, kube-scheduler, kube-controller-manager, kube-proxy
+#   tests/envtest/build.sh --node   # also kubelet, kube-scheduler, kube-controller-manager, kube-proxy,
+#                                   # and kube-router (NetworkPolicy enforcement, its own module)
 #   tests/envtest/build.sh --print  # only print the bin dir (no build)
 #
 # Env:
@@ -16,6 +17,11 @@ set -euo pipefail
 
 KUBE_VERSION=v1.37.2
 ETCD_VERSION=v3.6.16
+# The real node's NetworkPolicy enforcement (firewall only). Built with `go install pkg@version`
+# from its own module (its own pins of the Kubernetes libraries); the version the Go module
+# proxy serves is v2.1.0. A stamp file beside the binary makes a new pin rebuild it.
+KUBE_ROUTER_VERSION=v2.1.0
+KUBE_ROUTER_MODULE=github.com/cloudnativelabs/kube-router/v2
 # The directory name changes whenever either pin changes.
 ENVTEST_VERSION="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}"
 
@@ -29,14 +35,19 @@ if [[ "${1:-}" == "--print" ]]; then
 fi
 
 # The binaries wanted: the API server tier needs two; the real-node tier (tests/node)
-# also needs a kubelet, a scheduler and a controller-manager, built in the same module.
+# also needs a kubelet, a scheduler, a controller-manager and kube-proxy, built in the same
+# module, and kube-router.
 wanted=(etcd kube-apiserver)
 if [[ "${1:-}" == "--node" ]]; then
-  wanted+=(kubelet kube-scheduler kube-controller-manager kube-proxy)
+  wanted+=(kubelet kube-scheduler kube-controller-manager kube-proxy kube-router)
 fi
+present() { # <binary>
+  [[ -x "${bin_dir}/$1" ]] || return 1
+  [[ "$1" != kube-router ]] || [[ "$(cat "${bin_dir}/kube-router.version" 2>/dev/null)" == "${KUBE_ROUTER_VERSION}" ]]
+}
 all_present() {
   local b
-  for b in "${wanted[@]}"; do [[ -x "${bin_dir}/${b}" ]] || return 1; done
+  for b in "${wanted[@]}"; do present "${b}" || return 1; done
 }
 
 if [[ "${ENVTEST_FORCE:-0}" != "1" ]] && all_present; then
@@ -67,27 +78,51 @@ nice_level="${ENVTEST_NICE:-10}"
 export GOFLAGS="-mod=mod -buildvcs=false"
 export CGO_ENABLED=0
 
+ticker=""
+start_ticker() { # <output name>: a cold kubelet build is quiet for ~10 minutes: say something
+  # every minute so CI logs show it is alive.
+  local out=$1 start=$SECONDS
+  ( while sleep 60; do echo "envtest/build.sh: still building ${out} ($((SECONDS - start))s)" >&2; done ) &
+  ticker=$!
+}
+stop_ticker() {
+  kill "${ticker}" 2>/dev/null || true
+  wait "${ticker}" 2>/dev/null || true
+}
+
 build() { # <module dir> <package> <output name> [extra ldflags]
   local mod_dir="$1" pkg="$2" out="$3" ldx="${4:-}" tmp
   tmp="$(mktemp "${bin_dir}/.${out}.XXXXXX")"
   echo "envtest/build.sh: building ${pkg} -> ${bin_dir}/${out}" >&2
   local start=$SECONDS
-  # A cold kubelet build is quiet for ~10 minutes: say something every minute so
-  # CI logs show it is alive.
-  ( while sleep 60; do echo "envtest/build.sh: still building ${out} ($((SECONDS - start))s)" >&2; done ) &
-  local ticker=$!
+  start_ticker "${out}"
   if ! (cd "${mod_dir}" && nice -n "${nice_level}" go build -trimpath -ldflags="-s -w ${ldx}" -o "${tmp}" "${pkg}"); then
-    kill "${ticker}" 2>/dev/null || true
+    stop_ticker
     return 1
   fi
-  kill "${ticker}" 2>/dev/null || true
-  wait "${ticker}" 2>/dev/null || true
+  stop_ticker
   chmod 0755 "${tmp}"
   mv -f "${tmp}" "${bin_dir}/${out}" # atomic: a half-built file is never seen
   echo "envtest/build.sh: built ${out} in $((SECONDS - start))s" >&2
 }
 
-trap 'rm -f "${bin_dir}"/.kube-* "${bin_dir}"/.etcd.* "${bin_dir}"/.kubelet.*' EXIT
+build_kube_router() { # `go install` in its own module (no replace directives there)
+  local tmp start=$SECONDS
+  tmp="$(mktemp -d "${bin_dir}/.kube-router.XXXXXX")"
+  echo "envtest/build.sh: building ${KUBE_ROUTER_MODULE}@${KUBE_ROUTER_VERSION} -> ${bin_dir}/kube-router" >&2
+  start_ticker kube-router
+  if ! (cd "${tmp}" && GOBIN="${tmp}" nice -n "${nice_level}" go install -trimpath -ldflags="-s -w" \
+      "${KUBE_ROUTER_MODULE}/cmd/kube-router@${KUBE_ROUTER_VERSION}"); then
+    stop_ticker
+    return 1
+  fi
+  stop_ticker
+  mv -f "${tmp}/kube-router" "${bin_dir}/kube-router"
+  echo "${KUBE_ROUTER_VERSION}" >"${bin_dir}/kube-router.version"
+  echo "envtest/build.sh: built kube-router in $((SECONDS - start))s" >&2
+}
+
+trap 'rm -rf "${bin_dir}"/.kube-* "${bin_dir}"/.etcd.* "${bin_dir}"/.kubelet.*' EXIT
 
 if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/etcd" ]]; then
   build "${here}/etcd" go.etcd.io/etcd/server/v3 etcd
@@ -98,10 +133,13 @@ v=k8s.io/component-base/version
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
 stamp="-X ${v}.gitVersion=${KUBE_VERSION} -X ${v}.gitMajor=1 -X ${v}.gitMinor=${minor} -X ${v}.gitTreeState=clean"
 for b in "${wanted[@]}"; do
-  [[ "${b}" == etcd ]] && continue
+  [[ "${b}" == etcd || "${b}" == kube-router ]] && continue
   if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/${b}" ]]; then
     build "${here}/kube" "k8s.io/kubernetes/cmd/${b}" "${b}" "${stamp}"
   fi
 done
+if [[ " ${wanted[*]} " == *" kube-router "* ]] && { [[ "${ENVTEST_FORCE:-0}" == "1" ]] || ! present kube-router; }; then
+  build_kube_router
+fi
 
 echo "${bin_dir}"

@@ -144,8 +144,8 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
     creates (namespaced objects cannot even be dry-run into a namespace that does not exist;
     NamespaceLifecycle admission refuses them). When the values say the chart does not create
     it (``sandbox.namespace.create: false``), the test creates it as an admin would, labelled
-    for "restricted". The ``helm test`` hook Pod is dry-run like the rest: it only names the
-    receiver Service in a URL, which the API server does not resolve."""
+    for "restricted". The ``helm test`` hook Pods are dry-run like the rest: they only name
+    Services by DNS name, which the API server does not resolve."""
     release_ns = _unique("rel")
     # The release namespace enforces "restricted" too: the helm-test Pod is enforced here.
     kube_api.create_namespace(release_ns, RESTRICTED)
@@ -161,6 +161,9 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
         assert namespace["metadata"]["name"] == sandbox_ns
         applied = _dry_run_apply(dynamic, namespace, dry_run=False)  # strict validation, for real
         assert applied["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+        # Its default ServiceAccount, as the controller-manager (absent here) makes it: the
+        # network-policy `helm test` pod runs there under it.
+        client.CoreV1Api(admin).create_namespaced_service_account(sandbox_ns, {"metadata": {"name": "default"}})
     else:
         assert values["sandbox"]["namespace"]["create"] is False, case
         kube_api.create_namespace(sandbox_ns, RESTRICTED)
@@ -193,7 +196,7 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
         "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet",
     } | POLICY_KINDS  # fmt: skip
     assert set(kinds) <= allowed, set(kinds) - allowed
-    assert kinds["Deployment"] >= 2 and kinds["Pod"] == 1
+    assert kinds["Deployment"] >= 2 and kinds["Pod"] == 2  # the helm test hooks: readyz, network policy
     assert kinds["ValidatingAdmissionPolicy"] == kinds["ValidatingAdmissionPolicyBinding"] == 1
     assert kinds["NetworkPolicy"] >= 1
 
@@ -251,13 +254,16 @@ def test_strict_validation_is_really_on(kube_api: KubeAPIServer, admin: client.A
 def test_controller_pods_are_admitted_where_restricted_is_enforced(
     kube_api: KubeAPIServer, admin: client.ApiClient, chart: Any, case: str, values: dict[str, Any]
 ) -> None:
-    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, helm test)
-    pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
-    templates, so each template is dry-run as a bare Pod in a namespace that enforces it."""
+    """L2: the controller's own pods (receiver, worker, scheduler, bundled Redis, the helm test
+    pods) pass Pod Security "restricted" *enforcement*. PodSecurity only warns on workload
+    templates, so each template is dry-run as a bare Pod in a namespace that enforces it (the
+    network-policy helm test pod in the sandbox namespace, enforcing it too)."""
     release_ns = _unique("rel")
     kube_api.create_namespace(release_ns, RESTRICTED)
     values = _case_values(case, values, release_ns)
     objects = render(chart, values, release_ns)
+    for elsewhere in {o["metadata"]["namespace"] for o in objects if o["kind"] == "Pod"} - {release_ns}:
+        kube_api.create_namespace(elsewhere, RESTRICTED)
     core = client.CoreV1Api(admin)
     # The ServiceAccount admission plugin wants the pods' ServiceAccount to exist.
     for sa in (o for o in objects if o["kind"] == "ServiceAccount"):
@@ -284,7 +290,7 @@ def test_controller_pods_are_admitted_where_restricted_is_enforced(
             continue
         _dry_run_create(dynamic, copy.deepcopy(pod))
         admitted.append(pod["metadata"]["name"])
-    assert len(admitted) >= 4, admitted  # receiver, worker, scheduler, helm test (+ Redis)
+    assert len(admitted) >= 5, admitted  # receiver, worker, scheduler, two helm test pods (+ Redis)
 
 
 # -- RBAC proven live ---------------------------------------------------------------------------
@@ -652,6 +658,11 @@ def _init_container(pod: dict[str, Any]) -> None:
     pod["spec"]["initContainers"] = [dict(pod["spec"]["containers"][0], name="init")]
 
 
+def _config_map(pod: dict[str, Any]) -> None:
+    pod["spec"]["volumes"].append({"name": "cm", "configMap": {"name": "any-config"}})
+    pod["spec"]["containers"][0]["volumeMounts"].append({"name": "cm", "mountPath": "/cm", "readOnly": True})
+
+
 @pytest.mark.parametrize(
     ("change", "refusal"),
     [
@@ -668,6 +679,7 @@ def _init_container(pod: dict[str, Any]) -> None:
         (_capabilities, "capabilities drop ALL"),
         (_unconfined, "seccomp RuntimeDefault or Localhost"),
         (_init_container, "no init containers"),
+        (_config_map, "mount only emptyDir, persistentVolumeClaim, executor key, CA bundle"),
     ],
     ids=lambda v: v.__name__.strip("_") if callable(v) else None,
 )
@@ -678,7 +690,8 @@ def test_a_foreign_pod_shape_is_refused_by_the_charts_admission_policy(
     in the sandbox namespace that differs from the runner's shape in one way is refused by the
     chart's ValidatingAdmissionPolicy, not by RBAC and not by Pod Security (this namespace
     enforces none): another Secret, a hostPath, a foreign image, a host namespace, a
-    service-account token, root, privilege escalation, capabilities, unconfined seccomp."""
+    service-account token, root, privilege escalation, capabilities, unconfined seccomp, a
+    ConfigMap volume (none is named by sandbox.caBundle here)."""
     pod = unguarded.runner_pod()
     unguarded.create_as_controller(pod)  # the unchanged pod is admitted: only the change differs
     change(pod)
@@ -989,3 +1002,41 @@ def test_a_warm_pod_and_its_claim_are_admitted_and_the_downward_volume_is_narrow
     message = pooled.refusal(wide)
     assert "downward-API annotation volumes" in message, message
     client.CoreV1Api(pooled.admin).delete_collection_namespaced_pod(pooled.sandbox_ns)
+
+
+@pytest.fixture(scope="module")
+def with_ca_bundle(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
+    """The chart with sandbox.caBundle set, its sandbox namespace enforcing no Pod Security level
+    (the pod policy stands alone)."""
+    pem = "-----BEGIN CERTIFICATE-----\nMIIBtest\n-----END CERTIFICATE-----\n"
+    world = _Rbac(
+        kube_api,
+        chart,
+        sandbox_labels={"pod-security.kubernetes.io/enforce": "privileged"},
+        extra_values={"sandbox": {"caBundle": {"pem": pem}}},
+    )
+    yield world
+    world.close()
+
+
+def test_the_ca_bundle_volume_and_no_other_config_map_is_admitted(with_ca_bundle: _Rbac) -> None:
+    """L2: with sandbox.caBundle set, the pods the controller makes (cold and warm) mount its
+    ConfigMap and are admitted with the chart's token; a pod mounting another ConfigMap is not."""
+    [bundle] = [o for o in with_ca_bundle.objects if o["metadata"]["name"].endswith("-ca-bundle")]
+    settings = PodSettings(
+        namespace=with_ca_bundle.sandbox_ns,
+        executor_key_secret=with_ca_bundle.secret_name,
+        ca_bundle_configmap=bundle["metadata"]["name"],
+    )
+    template = SandboxTemplate(image=RUNNER_IMAGE)
+    cold = make_pod(_spec(), 1, template, settings)
+    warm = make_warm_pod(SandboxTemplate(name="fast", image=RUNNER_IMAGE, warm_pool_size=1), settings)
+    for admitted in (cold, warm):
+        assert {"name": "ca-bundle", "mountPath": "/etc/sandbox-ca", "readOnly": True} in admitted["spec"][
+            "containers"
+        ][0]["volumeMounts"]
+        assert with_ca_bundle.create_as_controller(admitted)["metadata"]["uid"]
+    other = copy.deepcopy(cold)
+    [volume] = [v for v in other["spec"]["volumes"] if v["name"] == "ca-bundle"]
+    volume["configMap"]["name"] = "any-config"
+    assert "CA bundle (sandbox.caBundle)" in with_ca_bundle.refusal(other)

@@ -1,6 +1,9 @@
-"""The real-node world: images built without a registry, a real node in a network namespace,
-the chart installed on it with Helm's own engine, and the Agents API simulator inside the
-namespace (see tests/node/node.py for the node itself)."""
+"""The real-node world: images built without a registry, a real node in a network namespace
+(NetworkPolicy enforced by kube-router), the chart installed on it with Helm's own engine, and
+the Agents API simulator inside the namespace, serving its API to the controller on the node's
+address and, as production does, to the sandboxes over TLS on 443 at a public-range address
+under the name ``api.openai.com`` (the node's DNS answers it; the sandbox pods trust the test's
+CA through the chart's ``sandbox.caBundle``). See tests/node/node.py for the node itself."""
 
 from __future__ import annotations
 
@@ -16,16 +19,36 @@ from typing import Any
 
 import pytest
 
-from tests.node.node import NODE_IP, Daemon, Image, RealNode, load_images, real_node, say
+from tests.node.node import (
+    NODE_IP,
+    PRIVATE_ADDRESSES,
+    PUBLIC_API_IP,
+    Daemon,
+    Image,
+    RealNode,
+    load_images,
+    real_node,
+    say,
+)
 from tests.support.processes import wait_for
+from tests.support.tls import TestCA
 
 RELEASE = "demo"
 NAMESPACE = "scc"
 SANDBOX_NAMESPACE = f"{NAMESPACE}-sandboxes"
 SIM_PORT = 8090
+# What sessions name as remote_url, served by the simulator's TLS listener at PUBLIC_API_IP:443.
+API_HOST = "api.openai.com"
+PUBLIC_URL = f"https://{API_HOST}"
+NODE_DNS_NAMES = {API_HOST: PUBLIC_API_IP}
 SIMULATOR_ENV = "SANDBOX_CONTROLLER_SIMULATOR_"
 PERSISTENT_TEMPLATE = "persistent-workspace"
 WARM_TEMPLATE = "warm"
+# A template whose sandboxes send their HTTPS through a CONNECT proxy at a private address the
+# sandbox NetworkPolicy opens for that port only (tests/node/test_network_policy.py runs it).
+PROXIED_TEMPLATE = "proxied"
+PROXY_IP = PRIVATE_ADDRESSES["172.16.0.0/12"]
+PROXY_PORT = 3128
 WARM_POOL_SIZE = 2
 # Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
 # test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
@@ -54,7 +77,7 @@ def images() -> list[Image]:
 
 @pytest.fixture(scope="session")
 def node(images: list[Image]) -> Iterator[RealNode]:
-    with real_node(images) as started:
+    with real_node(images, dns_names=NODE_DNS_NAMES) as started:
         yield started
 
 
@@ -69,6 +92,9 @@ class Installed:
     webhook_secret: str
     receiver_url: str
     install_seconds: float
+    ca: TestCA
+    helm: Any
+    """The ``helm_python.Config`` the release was installed with (``helm test``)."""
     images: dict[str, Image] = field(default_factory=dict)
 
     @property
@@ -76,7 +102,9 @@ class Installed:
         return f"http://{NODE_IP}:{SIM_PORT}"
 
 
-def _values(world_images: dict[str, Image], api_key: str, environment_key: str, webhook_secret: str) -> dict[str, Any]:
+def _values(
+    world_images: dict[str, Image], api_key: str, environment_key: str, webhook_secret: str, ca: TestCA
+) -> dict[str, Any]:
     def repo_tag(name: str) -> dict[str, str]:
         repository, _, tag = world_images[name].ref.rpartition(":")
         return {"repository": repository, "tag": tag}
@@ -88,9 +116,6 @@ def _values(world_images: dict[str, Image], api_key: str, environment_key: str, 
         "sandbox": {
             "executorKey": {"value": environment_key},
             "image": repo_tag("sandbox-runner"),
-            # The test's loopback forwarder, an ephemeral container of each sandbox pod, runs the
-            # controller image: the pod policy holds ephemeral containers to the allowed images.
-            "podPolicy": {"extraImages": [world_images["sandbox-controller"].ref]},
             # Sessions that ask for it (metadata sandbox_template) get a workspace volume (a PVC,
             # bound to one of the node's hostPath PersistentVolumes).
             "templates": {
@@ -103,18 +128,21 @@ def _values(world_images: dict[str, Image], api_key: str, environment_key: str, 
                 },
                 # Sessions that ask for it are served from a warm pool (pods started and waiting).
                 WARM_TEMPLATE: {"resources": SANDBOX_RESOURCES, "warmPool": {"size": WARM_POOL_SIZE}},
+                PROXIED_TEMPLATE: {"resources": SANDBOX_RESOURCES, "httpsProxy": f"http://{PROXY_IP}:{PROXY_PORT}"},
             },
+            # The proxy's address and port, and nothing else of its range.
+            "networkPolicy": {"egress": {"allow": [{"cidr": f"{PROXY_IP}/32", "ports": [{"port": PROXY_PORT}]}]}},
+            # The test's CA, which issued the simulator's certificate for api.openai.com.
+            "caBundle": {"pem": ca.pem},
         },
         # The locally built images (imported into containerd; nothing is pulled).
         "image": repo_tag("sandbox-controller"),
         "redis": {"image": repo_tag("redis")},
         # Idle sessions' sandboxes stop quickly here (see IDLE_TIMEOUT_SECONDS).
         "lifecycle": {"idleTimeoutSeconds": IDLE_TIMEOUT_SECONDS},
-        # The Agents API stand-in, inside the node's network namespace.
+        # The Agents API stand-in as the controller reads it: on the node's address. Sessions name
+        # https://api.openai.com as remote_url (the default allowlist), served over TLS.
         "api": {"baseUrl": f"http://{NODE_IP}:{SIM_PORT}"},
-        # The simulator's remote_url is loopback (codex sends its key only there or to OpenAI):
-        # in the sandbox pod a forwarder carries it to the simulator (tests/node/test_real_node.py).
-        "remoteUrlAllowlist": ["127.0.0.1"],
     }
 
 
@@ -139,7 +167,9 @@ def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
     api = node.api_client()
     core = client.CoreV1Api(api)
     core.create_namespace({"metadata": {"name": NAMESPACE}})
-    values = _values(by_name, api_key, environment_key, webhook_secret)
+    ca = TestCA("sandbox-controller real-node test CA")
+    certificate = ca.issue(node.workdir / "simulator-tls", [API_HOST])
+    values = _values(by_name, api_key, environment_key, webhook_secret, ca)
     say("helm install (Helm's own engine), waiting for the release's pods")
     start = time.monotonic()
     with helm.Chart.load(str(CHART)) as chart, helm.Config(kubeconfig_path=node.kubeconfig, namespace=NAMESPACE) as cfg:
@@ -153,6 +183,8 @@ def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
             "simulator",
             [
                 sys.executable, "-m", "agents_simulator", "--host", NODE_IP, "--port", str(SIM_PORT),
+                "--public-url", PUBLIC_URL, "--tls-listen", f"{PUBLIC_API_IP}:443",
+                "--tls-cert", str(certificate.certfile), "--tls-key", str(certificate.keyfile),
                 "--webhook-url", receiver_url, "--turn-seconds", "1",
                 "--webhook-retry-initial-seconds", "1", "--webhook-retry-max-seconds", "5",
             ],
@@ -168,15 +200,34 @@ def install(node: RealNode, images: list[Image]) -> Iterator[Installed]:
             simulator.check()
             import httpx
 
-            return httpx.get(f"http://{NODE_IP}:{SIM_PORT}/healthz", timeout=2).status_code == 200
+            plain = httpx.get(f"http://{NODE_IP}:{SIM_PORT}/healthz", timeout=2).status_code == 200
+            return plain and _tls_answers(ca)
 
-        wait_for(healthy, 30, "the simulator to answer inside the namespace", interval=0.5)
+        wait_for(healthy, 30, "the simulator to answer inside the namespace (and over TLS)", interval=0.5)
         world = Installed(
-            node, api, core, simulator, api_key, environment_key, webhook_secret, receiver_url, install_seconds, by_name
-        )
+            node, api, core, simulator, api_key, environment_key, webhook_secret, receiver_url, install_seconds,
+            ca, cfg, by_name,
+        )  # fmt: skip
         try:
             yield world
         finally:
             simulator.stop()
             cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
             api.close()
+
+
+def _tls_answers(ca: TestCA) -> bool:
+    """A TLS handshake with the simulator at PUBLIC_API_IP:443 for the name api.openai.com,
+    verified against the test's CA."""
+    import socket
+    import ssl
+
+    context = ssl.create_default_context(cadata=ca.pem)
+    try:
+        with (
+            socket.create_connection((PUBLIC_API_IP, 443), timeout=2) as raw,
+            context.wrap_socket(raw, server_hostname=API_HOST),
+        ):
+            return True
+    except OSError:
+        return False

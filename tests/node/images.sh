@@ -28,7 +28,7 @@ suite=bookworm
 kube_version=v1.37.2
 codex_version=0.171.0
 codex_platform=linux-x64
-packages=(runc containerd podman buildah containernetworking-plugins mmdebstrap iptables gcc libc6-dev)
+packages=(runc containerd podman buildah containernetworking-plugins mmdebstrap iptables ipset gcc libc6-dev)
 
 say() { echo "node/images.sh: $*" >&2; }
 mkdir -p "${node_cache}"/{rootfs,images,ctx,wheels}

@@ -8,14 +8,23 @@ group, logs in the node's work directory):
   ``localhost/pause:1``; images are imported with ``ctr -n k8s.io image import`` (no registry);
 * etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy (iptables mode) and
   the real kubelet v1.37, built from Go modules (``tests/envtest/build.sh --node``);
-* a small cluster DNS (:mod:`tests.node.dns`) for ``<service>.<namespace>.svc.cluster.local``;
+* kube-router v2 in firewall-only mode (iptables + ipset), built from Go modules too, which
+  enforces NetworkPolicy (the bridge plugin does not); :meth:`RealNode.stop_network_policy`
+  takes it away (a plain bridge again) and :meth:`RealNode.start_network_policy` brings it back;
+* a small cluster DNS (:mod:`tests.node.dns`) for ``<service>.<namespace>.svc.cluster.local`` and
+  the fixed names the test gives (``dns_names``), reached by pods through DNS pods in
+  kube-system (``k8s-app: kube-dns``, the ``kube-dns`` Service at ``DNS_SERVICE_IP``), as on a
+  real cluster;
 * hostPath PersistentVolumes (no storage class) so PersistentVolumeClaims bind.
 
 Network: the namespace has a loopback and a port-less bridge holding the node's address
-(``NODE_IP``); pods live on a bridge in ``POD_CIDR`` with routes to the node and the Service
-range only: no default route, no NAT. Nothing leaves the machine. The test process itself
-enters the namespace (``setns`` on its own network namespace only), so its clients reach the API
-server and the pods directly; :meth:`RealNode.stop` returns it to where it was.
+(``NODE_IP``) and the test's extra addresses: ``PUBLIC_API_IP`` (in TEST-NET-1, a public-range
+address never routed on the Internet: the test serves ``api.openai.com`` there) and one address
+in each range the sandbox NetworkPolicy excepts (``PRIVATE_ADDRESSES``). Pods live on a bridge
+in ``POD_CIDR`` with routes to the node, the Service range and those addresses only: no default
+route, no NAT. Nothing leaves the machine. The test process itself enters the namespace
+(``setns`` on its own network namespace only), so its clients reach the API server and the pods
+directly; :meth:`RealNode.stop` returns it to where it was.
 
 The kubelet changes global sysctls (``vm.overcommit_memory``, ``kernel.panic``,
 ``kernel.panic_on_oops``): they are saved first and restored on teardown. Teardown order: pods,
@@ -53,7 +62,24 @@ NODE_IP = "10.87.0.1"
 NODE_CIDR = "10.87.0.0/24"
 POD_CIDR = "10.88.0.0/24"
 SERVICE_CIDR = "10.96.0.0/24"
+DNS_SERVICE_IP = "10.96.0.10"
 API_PORT = 6443
+KUBELET_PORT = 10250
+KUBE_ROUTER_HEALTH_PORT = 20244
+# What kube-router's firewall adds to the filter table, and its ipsets.
+KUBE_ROUTER_CHAINS = ("KUBE-ROUTER-", "KUBE-POD-FW-", "KUBE-NWPLCY-")
+KUBE_ROUTER_IPSETS = ("KUBE-SRC-", "KUBE-DST-")
+# Inside the namespace only (on its bridge; pods get a route to each, nothing beyond).
+PUBLIC_API_IP = "192.0.2.10"
+PUBLIC_CIDR = "192.0.2.0/24"
+# One address in each range the sandbox NetworkPolicy excepts from its public egress.
+PRIVATE_ADDRESSES = {
+    "10.0.0.0/8": "10.200.0.10",
+    "172.16.0.0/12": "172.16.0.10",
+    "192.168.0.0/16": "192.168.0.10",
+    "100.64.0.0/10": "100.64.0.10",
+    "169.254.0.0/16": "169.254.169.254",
+}
 CNI_BIN_DIR = "/usr/lib/cni"
 GLOBAL_SYSCTLS = ("vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops")
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -83,8 +109,11 @@ def _setns(path: str) -> None:
         os.close(fd)
 
 
-def _run(argv: Sequence[str], *, check: bool = True, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+def _run(
+    argv: Sequence[str], *, check: bool = True, timeout: float = 120, input_text: str | None = None
+) -> subprocess.CompletedProcess[str]:
+    stdin = None if input_text is not None else subprocess.DEVNULL
+    result = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout, stdin=stdin, input=input_text)
     if check and result.returncode != 0:
         raise NodeError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()[-2000:]}")
     return result
@@ -145,6 +174,11 @@ class RealNode:
 
     images: list[Image] = field(default_factory=list)
     persistent_volumes: int = 40
+    dns_image: str = ""
+    """Image with ``python`` for the DNS pods (the controller image)."""
+    dns_names: dict[str, str] = field(default_factory=dict)
+    """Fixed names the cluster DNS answers (e.g. ``api.openai.com`` → ``PUBLIC_API_IP``)."""
+    enforce_network_policy: bool = True
     name: str = field(default_factory=lambda: f"scc-node-{uuid.uuid4().hex[:6]}")
     workdir: Path = field(init=False)
     bin_dir: Path = field(init=False)
@@ -193,7 +227,10 @@ class RealNode:
 
     def _start(self, started: float) -> None:
         self.bin_dir = Path(_run(["bash", str(BUILD_SCRIPT), "--print"]).stdout.strip())
-        for binary in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet"):
+        binaries = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet"]
+        if self.enforce_network_policy:
+            binaries.append("kube-router")
+        for binary in binaries:
             if not os.access(self.bin_dir / binary, os.X_OK):
                 raise NodeError(f"{self.bin_dir / binary} missing: run tests/envtest/build.sh --node")
         for path in GLOBAL_SYSCTLS:
@@ -205,6 +242,8 @@ class RealNode:
         self.timings["containerd_and_images"] = time.monotonic() - started
         self._start_control_plane()
         self._start_kubelet_and_proxy()
+        if self.enforce_network_policy:
+            self.start_network_policy()
         self._start_dns()
         self._create_persistent_volumes()
         self.timings["node_ready"] = time.monotonic() - started
@@ -225,6 +264,8 @@ class RealNode:
             # The node's own connections to Service addresses (the simulator's webhooks) need a
             # route before kube-proxy's OUTPUT rules rewrite them to a pod.
             ["ip", "route", "add", SERVICE_CIDR, "dev", "scc0"],
+            # The test's public-range and private-range addresses, local to the namespace.
+            *(["ip", "addr", "add", f"{a}/32", "dev", "scc0"] for a in (PUBLIC_API_IP, *PRIVATE_ADDRESSES.values())),
             ["sysctl", "-qw", "net.ipv4.ip_forward=1"],
         ):
             _run(self._in_netns(*argv))
@@ -287,8 +328,8 @@ class RealNode:
                         "type": "host-local",
                         "dataDir": str(w / "cni-ipam"),
                         "ranges": [[{"subnet": POD_CIDR}]],
-                        # The node and the Service range only: no default route.
-                        "routes": [{"dst": NODE_CIDR}, {"dst": SERVICE_CIDR}],
+                        # The node, the Service range and the test's addresses only: no default route.
+                        "routes": [{"dst": d} for d in (NODE_CIDR, SERVICE_CIDR, PUBLIC_CIDR, *_routes_to_private())],
                     },
                 }
             ],
@@ -441,7 +482,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
             "failSwapOn": False,
             "resolvConf": str(w / "resolv.conf"),
             "podCIDR": POD_CIDR,
-            "clusterDNS": [NODE_IP],
+            "clusterDNS": [DNS_SERVICE_IP],
             "clusterDomain": "cluster.local",
             "address": NODE_IP,
             "readOnlyPort": 0,
@@ -522,8 +563,122 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
             ip = found.spec.cluster_ip
             return ip if ip and ip != "None" else None
 
-        self._dns = ClusterDNS(NODE_IP, lookup).start()
+        self._dns = ClusterDNS(NODE_IP, lookup, self.dns_names).start()
         self._dns_api = api
+        self._start_dns_pods(core)
+
+    def _start_dns_pods(self, core: Any) -> None:
+        """The DNS pods that pods reach (kube-system, ``k8s-app: kube-dns``): relays to the test's
+        server, behind the ``kube-dns`` Service at ``DNS_SERVICE_IP`` (the kubelet's clusterDNS)."""
+        from tests.node.dns import RELAY
+
+        if not self.dns_image:
+            raise NodeError("RealNode needs dns_image (an image with python) for its DNS pods")
+        labels = {"k8s-app": "kube-dns"}
+        core.create_namespaced_service(
+            "kube-system",
+            {
+                "metadata": {"name": "kube-dns", "labels": labels},
+                "spec": {
+                    "clusterIP": DNS_SERVICE_IP,
+                    "selector": labels,
+                    "ports": [{"name": "dns", "port": 53, "targetPort": 53, "protocol": "UDP"}],
+                },
+            },
+        )
+        core.create_namespaced_pod(
+            "kube-system",
+            {
+                "metadata": {"name": "dns-relay", "labels": labels},
+                "spec": {
+                    "containers": [
+                        {
+                            "name": "relay",
+                            "image": self.dns_image,
+                            "command": ["python", "-c", RELAY, NODE_IP],
+                            "securityContext": {
+                                "allowPrivilegeEscalation": False,
+                                "capabilities": {"drop": ["ALL"]},
+                                "readOnlyRootFilesystem": True,
+                            },
+                        }
+                    ],
+                    # Port 53 without root or a capability (a "safe" sysctl, namespaced per pod).
+                    "securityContext": {
+                        "runAsNonRoot": True,
+                        "sysctls": [{"name": "net.ipv4.ip_unprivileged_port_start", "value": "53"}],
+                    },
+                    "enableServiceLinks": False,
+                    "automountServiceAccountToken": False,
+                },
+            },
+        )
+
+        def answers() -> bool:
+            return resolve("kubernetes.default.svc.cluster.local", DNS_SERVICE_IP) is not None
+
+        wait_for(answers, 120, "the DNS pods to answer through the kube-dns Service", interval=0.5)
+        say(f"DNS pods answer at {DNS_SERVICE_IP}")
+
+    # ------------------------------------------------------------ NetworkPolicy
+
+    def start_network_policy(self) -> None:
+        """kube-router in firewall-only mode: NetworkPolicy enforced with iptables and ipsets in
+        the node's namespace (a pod's rules follow within moments of its IP: see
+        :meth:`network_policy_covers`)."""
+        started = time.monotonic()
+        daemon = self._spawn(
+            "kube-router",
+            [
+                str(self.bin_dir / "kube-router"),
+                f"--kubeconfig={self.kubeconfig}",
+                f"--hostname-override={self.name}",
+                "--run-firewall=true",
+                "--run-router=false",
+                "--run-service-proxy=false",
+                "--enable-cni=false",
+                f"--service-cluster-ip-range={SERVICE_CIDR}",
+                f"--health-port={KUBE_ROUTER_HEALTH_PORT}",
+                "--metrics-port=0",
+                "--v=1",
+            ],
+        )
+        self._wait(
+            daemon,
+            lambda: (
+                _http_ok(f"http://127.0.0.1:{KUBE_ROUTER_HEALTH_PORT}/healthz")
+                and "KUBE-ROUTER-FORWARD" in self.iptables()
+            ),
+            "kube-router's NetworkPolicy chains",
+        )
+        self.timings["kube_router_ready"] = time.monotonic() - started
+        say(f"kube-router enforces NetworkPolicy ({self.timings['kube_router_ready']:.1f}s)")
+
+    def stop_network_policy(self) -> None:
+        """Stop kube-router and remove its rules and ipsets: NetworkPolicy is then not enforced,
+        as on a cluster whose CNI ignores it. (v2.1.0's ``--cleanup-config`` removes nothing of
+        the firewall's and then crashes, so the filter table is rewritten without its chains.)"""
+        for daemon in [d for d in self._daemons if d.name == "kube-router"]:
+            daemon.stop()
+            self._daemons.remove(daemon)
+        saved = _run(self._in_netns("iptables-save", "-t", "filter")).stdout
+        kept = [line for line in saved.splitlines() if not any(c in line for c in KUBE_ROUTER_CHAINS)]
+        _run(self._in_netns("iptables-restore"), input_text="\n".join(kept) + "\n")
+        for name in _run(self._in_netns("ipset", "list", "-n")).stdout.split():
+            if name.removeprefix("inet6:").startswith(KUBE_ROUTER_IPSETS):
+                _run(self._in_netns("ipset", "destroy", name))
+        left = [line for line in self.iptables().splitlines() if any(c in line for c in KUBE_ROUTER_CHAINS)]
+        if left:
+            raise NodeError(f"kube-router's rules are still there: {left[:5]}")
+        say("kube-router stopped and its rules and ipsets removed: NetworkPolicy is not enforced")
+
+    def iptables(self) -> str:
+        """The namespace's iptables rules (``iptables-save``)."""
+        return _run(self._in_netns("iptables-save"), timeout=30).stdout
+
+    def network_policy_covers(self, pod_ip: str) -> bool:
+        """Whether kube-router has put the pod at ``pod_ip`` under its firewall chains."""
+        return any(f"{pod_ip}/32" in line and "KUBE-POD-FW" in line for line in self.iptables().splitlines())
 
     def _create_persistent_volumes(self) -> None:
         from kubernetes import client
@@ -581,7 +736,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
 
         step("delete pods", self._delete_pods)
         by_name = {d.name: d for d in self._daemons}
-        for name in ("kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager"):
+        for name in ("kubelet", "kube-router", "kube-proxy", "kube-scheduler", "kube-controller-manager"):
             if name in by_name:
                 step(f"stop {name}", by_name[name].stop)
         step("remove containers", self._remove_containers)
@@ -735,6 +890,31 @@ def _http_ok(url: str, ca_file: str | None = None, token: str | None = None) -> 
         return False
 
 
+def _routes_to_private() -> list[str]:
+    """Pod routes to the test's private-range addresses (each /32: nothing else of the range)."""
+    return [f"{address}/32" for address in PRIVATE_ADDRESSES.values()]
+
+
+def resolve(name: str, server: str, timeout: float = 2.0) -> str | None:
+    """The A record ``server`` answers for ``name`` (one UDP query), or None."""
+    import socket
+    import struct
+
+    query = struct.pack("!HHHHHH", 0x5C5C, 0x0100, 1, 0, 0, 0)
+    query += b"".join(bytes([len(label)]) + label.encode() for label in name.split(".")) + b"\0"
+    query += struct.pack("!HH", 1, 1)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.sendto(query, (server, 53))
+            reply = sock.recv(4096)
+        except OSError:
+            return None
+    if len(reply) < len(query) + 16 or struct.unpack("!H", reply[6:8])[0] == 0:
+        return None
+    return socket.inet_ntoa(reply[-4:])
+
+
 def load_images() -> list[Image]:
     """Build (or find in the cache) the images; one JSON line per image from images.sh."""
     say("images: tests/node/images.sh (cached by a hash of their inputs)")
@@ -745,8 +925,10 @@ def load_images() -> list[Image]:
 
 
 @contextlib.contextmanager
-def real_node(images: list[Image]) -> Iterator[RealNode]:
-    node = RealNode(images=images).start()
+def real_node(images: list[Image], dns_names: dict[str, str] | None = None) -> Iterator[RealNode]:
+    """A started node; its DNS pods run the controller image."""
+    [controller] = [i.ref for i in images if i.name == "sandbox-controller"]
+    node = RealNode(images=images, dns_image=controller, dns_names=dict(dns_names or {})).start()
     try:
         yield node
     finally:

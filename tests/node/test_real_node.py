@@ -1,18 +1,12 @@
 """The chart on a real node: containerd + runc + the real kubelet v1.37 in a network namespace,
 the images built here without a registry, the whole loop with the real ``codex exec-server``.
 
-One stand-in, said plainly (as in the opt-in cluster tier): codex sends its key only to
-``https://*.openai.com`` or a loopback host, so the simulator's ``remote_url`` is
-``http://127.0.0.1:<port>``. Inside a sandbox pod that is the pod itself; the test therefore
-adds an ephemeral container to each sandbox pod (same network namespace, "restricted"-compliant,
-the controller image running a few lines of stdlib Python) that forwards the pod's loopback port
-to the simulator at the node's address. In production that hop is the pod's HTTPS route to the
-API. The sandbox pod policy checks ephemeral containers like the pod's own (allowed image,
-"restricted" context), so the values add the controller image to
-``sandbox.podPolicy.extraImages``; the controller's Role cannot add ephemeral containers at
-all (only this admin test does).
-
-NetworkPolicy is not enforced by the bridge CNI plugin here: nothing in this tier claims it.
+The network is production's shape: NetworkPolicy is enforced (kube-router, firewall only), and
+each sandbox's codex dials ``https://api.openai.com`` (the sessions' ``remote_url``, under the
+controller's default allowlist) by name through the cluster DNS pods, over TLS on 443 to a
+public-range address inside the namespace, where the simulator serves with a certificate from
+the test's CA; the pods trust that CA through the chart's ``sandbox.caBundle``. What the
+enforced policy lets a sandbox reach, and what not, is tests/node/test_network_policy.py.
 """
 
 from __future__ import annotations
@@ -24,7 +18,6 @@ import statistics
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -34,19 +27,17 @@ import pytest
 
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import RUNNER_UID
-from tests.cluster.test_real_cluster import FORWARDER
 from tests.node.conftest import (
     IDLE_TIMEOUT_SECONDS,
     NAMESPACE,
     PERSISTENT_TEMPLATE,
+    PUBLIC_URL,
     RELEASE,
     SANDBOX_NAMESPACE,
-    SIM_PORT,
     WARM_POOL_SIZE,
     WARM_TEMPLATE,
     Installed,
 )
-from tests.node.node import NODE_IP
 from tests.support.processes import wait_for
 from tests.support.simulator import run_turn
 
@@ -57,61 +48,10 @@ CACHE = Path(os.environ.get("SANDBOX_CONTROLLER_CACHE", Path.home() / ".cache" /
 FIGURES = CACHE / "node" / "figures.json"
 
 
-def _restricted() -> dict[str, Any]:
-    return {
-        "allowPrivilegeEscalation": False,
-        "capabilities": {"drop": ["ALL"]},
-        "runAsNonRoot": True,
-        "readOnlyRootFilesystem": True,
-        "seccompProfile": {"type": "RuntimeDefault"},
-    }
-
-
-class Forwarders:
-    """Adds the loopback forwarder to every sandbox pod as soon as it exists."""
-
-    def __init__(self, world: Installed) -> None:
-        self.world = world
-        self.done: set[str] = set()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="forwarders", daemon=True)
-
-    def __enter__(self) -> Forwarders:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.3):
-            with contextlib.suppress(Exception):
-                for pod in self.world.core.list_namespaced_pod(
-                    SANDBOX_NAMESPACE, label_selector=names.managed_selector()
-                ).items:
-                    if pod.metadata.uid in self.done or pod.metadata.deletion_timestamp:
-                        continue
-                    env = {e.name: e.value for e in pod.spec.containers[0].env or []}
-                    # A warm pod learns its remote_url only when claimed: the simulator's, on loopback.
-                    remote = env.get("REMOTE_URL") or f"http://127.0.0.1:{SIM_PORT}"
-                    port = remote.rsplit(":", 1)[1].split("/")[0]
-                    forwarder = {
-                        "name": "loopback-to-simulator",
-                        "image": self.world.images["sandbox-controller"].ref,
-                        "command": ["python", "-c", FORWARDER, NODE_IP, str(SIM_PORT), port],
-                        "securityContext": _restricted(),
-                    }
-                    self.world.core.patch_namespaced_pod_ephemeralcontainers(
-                        pod.metadata.name, SANDBOX_NAMESPACE, {"spec": {"ephemeralContainers": [forwarder]}}
-                    )
-                    self.done.add(pod.metadata.uid)
-
-
 @pytest.fixture
-def world(installed: Installed) -> Iterator[Installed]:
-    with Forwarders(installed):
-        yield installed
+def world(installed: Installed) -> Installed:
+    """The installed world (the chart, the simulator and the node)."""
+    return installed
 
 
 def _simulator(world: Installed) -> httpx.Client:
@@ -232,15 +172,25 @@ def test_the_chart_runs_as_real_containers(installed: Installed) -> None:
 
 
 def test_a_signed_webhook_becomes_a_connected_executor_in_a_container(world: Installed) -> None:
-    """Webhook (signed) → receiver Service → worker → sandbox pod (runner image, restricted)
-    → the real codex exec-server registers with the key from the Secret and connects."""
+    """L8: webhook (signed) → receiver Service → worker → sandbox pod (runner image, restricted)
+    → the real codex exec-server dials out: registers with the key from the Secret and connects, over TLS
+    to https://api.openai.com (the session's remote_url, allowed by the default allowlist),
+    trusting the CA the chart's sandbox.caBundle mounts."""
     timeline = _one_session(world)
     assert timeline["key_matched"] is True
+    [registration] = _registered(world, timeline["environment_id"])
+    assert registration["scheme"] == "https"  # through the TLS listener at the public address
     pod = world.core.read_namespaced_pod(timeline["pod"], SANDBOX_NAMESPACE)
     container = pod.spec.containers[0]
     assert container.image == world.images["sandbox-runner"].ref
     env = {e.name: e for e in container.env}
     assert env["ENVIRONMENT_ID"].value == timeline["environment_id"]
+    assert env["REMOTE_URL"].value == PUBLIC_URL
+    assert env["SSL_CERT_FILE"].value == "/etc/sandbox-ca/ca-bundle.crt"
+    [volume] = [v for v in pod.spec.volumes if v.name == "ca-bundle"]
+    bundle = world.core.read_namespaced_config_map(volume.config_map.name, SANDBOX_NAMESPACE)
+    assert bundle.data["ca-bundle.crt"] == world.ca.pem
+    assert not pod.spec.ephemeral_containers  # nothing but the runner in the pod
     assert env["CODEX_API_KEY"].value is None and env["CODEX_API_KEY"].value_from.secret_key_ref
     assert pod.spec.automount_service_account_token is False
 
@@ -420,16 +370,9 @@ def test_ten_sessions_at_once(world: Installed) -> None:
 
 
 def warm_ready(world: Installed) -> list[Any]:
-    """The warm pool's unclaimed pods that run, with their loopback forwarder running (the
-    test's stand-in for the pod's route to the API: a pool is ready once it is in place)."""
+    """The warm pool's unclaimed pods that run."""
     pods = world.core.list_namespaced_pod(SANDBOX_NAMESPACE, label_selector=names.pool_selector(WARM_TEMPLATE)).items
-    return [
-        p
-        for p in pods
-        if p.status.phase == "Running"
-        and not p.metadata.deletion_timestamp
-        and any(s.state and s.state.running for s in p.status.ephemeral_container_statuses or [])
-    ]
+    return [p for p in pods if p.status.phase == "Running" and not p.metadata.deletion_timestamp]
 
 
 def bound_after(world: Installed, pod: Any) -> float | None:

@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 import pytest
 
 from agents_simulator import cli as simulator_cli
 from agents_simulator import dev
+from agents_simulator.config import TlsListener
 from controller.cli import build_parser
+from tests.support.tls import TestCA
 
 
 def test_simulator_subcommand_takes_its_options_first() -> None:
@@ -91,3 +94,45 @@ def test_json_log_lines_carry_no_terminal_colour_copy() -> None:
     line = json.loads(JsonFormatter().format(record))
     assert line["event"] == "Started server process [7]"
     assert "color_message" not in line
+
+
+def _simulator_args(*extra: str) -> object:
+    return build_parser().parse_args(["simulator", "--port", "8090", *extra])
+
+
+SIM_SECRETS = {simulator_cli.ENV_PREFIX + "ENVIRONMENT_KEY": "ek-test"}
+
+
+def test_the_simulator_stands_in_for_a_public_https_url(tmp_path: Path) -> None:
+    """--public-url is every session's remote_url (WebSockets follow it); --tls-listen with its
+    certificate and key serves the same API over TLS; the certificate is loaded up front."""
+    ca = TestCA()
+    certificate = ca.issue(tmp_path, ["api.openai.com"])
+    argv = ["--public-url", "https://api.openai.com/", "--tls-listen", "192.0.2.10:443"]
+    argv += ["--tls-cert", str(certificate.certfile), "--tls-key", str(certificate.keyfile)]
+    config = simulator_cli.config_from_args(_simulator_args(*argv), environ=SIM_SECRETS)
+    assert config.base_url == "https://api.openai.com"
+    assert config.websocket_base_url == "wss://api.openai.com"
+    assert config.tls == TlsListener("192.0.2.10", 443, str(certificate.certfile), str(certificate.keyfile))
+    assert str(certificate.keyfile) not in repr(config)
+    plain = simulator_cli.config_from_args(_simulator_args("--host", "10.0.0.5"), environ=SIM_SECRETS)
+    assert (plain.base_url, plain.tls) == ("http://127.0.0.1:8090", None)  # loopback, as before
+
+
+@pytest.mark.parametrize(
+    ("extra", "problem"),
+    [
+        (["--tls-listen", "127.0.0.1:8443"], "go together (missing --tls-cert, --tls-key)"),
+        (["--tls-listen", "8443", "--tls-cert", "c", "--tls-key", "k"], "--tls-listen must be HOST:PORT, got '8443'"),
+        (["--tls-listen", "127.0.0.1:8443", "--tls-cert", "/nonexistent.crt", "--tls-key", "/nonexistent.key"],
+         "cannot load the TLS certificate /nonexistent.crt and its key"),
+        (["--public-url", "https://api.openai.com/v1"], "public URL must be http(s)://host[:port] with no path"),
+        (["--public-url", "api.openai.com"], "public URL must be http(s)://host[:port] with no path"),
+    ],
+)  # fmt: skip
+def test_bad_tls_or_public_url_options_are_one_line_errors(
+    extra: list[str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert simulator_cli.command(_simulator_args(*extra)) == 2  # type: ignore[arg-type]
+    err = capsys.readouterr().err
+    assert problem in err and err.count("\n") == 1 and "Traceback" not in err

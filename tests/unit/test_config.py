@@ -92,6 +92,18 @@ def test_the_full_sweep_interval_and_the_pod_watch_are_parsed() -> None:
     ]
 
 
+def test_the_ca_bundle_configmap_is_an_object_name() -> None:
+    """Unset by default (the image's own CAs); a ConfigMap name when given; one problem for a
+    name Kubernetes would refuse (said at start-up, not at the first pod)."""
+    assert Settings.from_env({}).kubernetes.ca_bundle_configmap is None
+    s = Settings.from_env(env(KUBERNETES_CA_BUNDLE_CONFIGMAP="proxy-ca.v2"))
+    assert s.kubernetes.ca_bundle_configmap == "proxy-ca.v2"
+    assert problems_of(env(KUBERNETES_CA_BUNDLE_CONFIGMAP="Proxy_CA")) == [
+        f"{PREFIX}KUBERNETES_CA_BUNDLE_CONFIGMAP must be a Kubernetes object name "
+        "(lower-case letters, digits, '-', '.'), got 'Proxy_CA'"
+    ]
+
+
 def test_receiver_limits_are_parsed() -> None:
     """The receiver's limits: defaults, values, and a problem for each nonsense value."""
     assert Settings.from_env({}).receiver == ReceiverSettings(

@@ -232,6 +232,33 @@ def test_persistent_workspace_mounts_the_session_claim() -> None:
         assert volumes[0]["persistentVolumeClaim"]["claimName"] == claim
 
 
+def test_a_ca_bundle_is_mounted_and_named_in_ssl_cert_file() -> None:
+    """Users behind a TLS-inspecting proxy (and the real-node tier): with a CA bundle ConfigMap
+    named, the pod mounts its ``ca-bundle.crt`` read-only and points ``SSL_CERT_FILE`` at it
+    (codex trusts what that names, on top of its usual roots); nothing else changes."""
+    expected = expected_pod()
+    container(expected)["env"].append({"name": "SSL_CERT_FILE", "value": "/etc/sandbox-ca/ca-bundle.crt"})
+    container(expected)["volumeMounts"].append({"name": "ca-bundle", "mountPath": "/etc/sandbox-ca", "readOnly": True})
+    items = [{"key": "ca-bundle.crt", "path": "ca-bundle.crt"}]
+    expected["spec"]["volumes"].append({"name": "ca-bundle", "configMap": {"name": "proxy-ca", "items": items}})
+    settings = PodSettings(ca_bundle_configmap="proxy-ca")
+    assert make_pod(SPEC, 1, SandboxTemplate(), settings) == expected
+    assert make_pod(SPEC, 1, SandboxTemplate(), PodSettings(ca_bundle_configmap=None)) == EXPECTED_POD
+
+
+def test_a_proxy_routes_the_sandboxs_https() -> None:
+    """A template's httpsProxy and noProxy: both spellings of each in the executor's environment
+    (codex honours HTTPS_PROXY for its registration and its WebSocket)."""
+    expected = expected_pod()
+    container(expected)["env"] += [
+        {"name": "HTTPS_PROXY", "value": "http://10.20.30.40:3128"},
+        {"name": "https_proxy", "value": "http://10.20.30.40:3128"},
+        {"name": "NO_PROXY", "value": ".svc"},
+        {"name": "no_proxy", "value": ".svc"},
+    ]
+    assert pod(https_proxy="http://10.20.30.40:3128", no_proxy=".svc") == expected
+
+
 def test_pvc_size_and_storage_class() -> None:
     """L16: the claim's size and storage class come from the template."""
     expected = copy.deepcopy(EXPECTED_PVC)

@@ -30,7 +30,9 @@ CHART_JSON = """
     "activeDeadlineSeconds": 86400,
     "workspacePersistence": {"enabled": true, "size": "20Gi", "storageClassName": "fast"},
     "codexSandbox": true,
-    "agentIds": ["agent_big", "agent_huge"]
+    "agentIds": ["agent_big", "agent_huge"],
+    "httpsProxy": "http://10.20.30.40:3128",
+    "noProxy": "internal.example.com,.svc"
   },
   "small": {"resources": {"limits": {"cpu": "500m"}}, "agentIds": ["agent_small", "agent_huge"]},
   "plain": {}
@@ -63,6 +65,8 @@ def test_chart_json_camel_case_fields_are_read() -> None:
         workspace_size="20Gi",
         storage_class_name="fast",
         codex_sandbox=True,
+        https_proxy="http://10.20.30.40:3128",
+        no_proxy="internal.example.com,.svc",
     )
 
 
@@ -117,6 +121,8 @@ def test_unknown_fields_and_bad_types_are_reported_together() -> None:
         ("nodeSelector", ["pool"]),
         ("image", 5),
         ("workspacePersistence", {"enabled": "no"}),
+        ("httpsProxy", ["http://proxy:3128"]),
+        ("noProxy", [".svc"]),
     ],
 )
 def test_wrongly_typed_fields_are_config_errors(field: str, value: Any) -> None:
@@ -124,6 +130,23 @@ def test_wrongly_typed_fields_are_config_errors(field: str, value: Any) -> None:
     with pytest.raises(ConfigError) as caught:
         parse({"t": {field: value}}, BASE)
     assert any("'t'" in p and field in p for p in caught.value.problems), caught.value.problems
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("proxy:3128", "httpsProxy must be http(s)://host[:port]"),
+        ("socks5://proxy:1080", "httpsProxy must be http(s)://host[:port]"),
+        ("http://proxy:3128/path", "httpsProxy must be http(s)://host[:port]"),
+        ("http://user:pass@proxy:3128", "must not carry credentials"),
+    ],
+)
+def test_a_bad_https_proxy_is_a_config_error(url: str, problem: str) -> None:
+    """The proxy is a URL codex and curl understand, and never holds a password (pod specs are readable)."""
+    with pytest.raises(ConfigError) as caught:
+        parse({"t": {"httpsProxy": url}}, BASE)
+    assert any(problem in p for p in caught.value.problems), caught.value.problems
+    assert all("pass" not in p for p in caught.value.problems)
 
 
 def test_top_level_must_be_an_object() -> None:

@@ -151,6 +151,19 @@ def test_the_shape_changes_with_the_template_or_the_settings() -> None:
     assert base != shape(make_warm_pod(SandboxTemplate(name="fast", image="runner:2"), settings)["spec"])
     assert base != shape(make_warm_pod(WARM, PodSettings(executor_key_secret="other"))["spec"])
     assert base != shape(make_warm_pod(WARM, PodSettings(workspace_directory="/w"))["spec"])
+    assert base != shape(make_warm_pod(WARM, PodSettings(ca_bundle_configmap="proxy-ca"))["spec"])
+
+
+def test_a_warm_pod_trusts_the_ca_bundle_as_a_cold_one_does() -> None:
+    """A warm pod serves a session as a cold pod does: the same CA bundle mount and SSL_CERT_FILE."""
+    settings = PodSettings(ca_bundle_configmap="proxy-ca")
+    warm = make_warm_pod(WARM, settings)["spec"]
+    cold = make_pod(SPEC, 1, WARM, settings)["spec"]
+    for spec in (warm, cold):
+        [volume] = [v for v in spec["volumes"] if v["name"] == "ca-bundle"]
+        assert volume["configMap"]["name"] == "proxy-ca"
+        env = {e["name"]: e.get("value") for e in spec["containers"][0]["env"]}
+        assert env["SSL_CERT_FILE"] == "/etc/sandbox-ca/ca-bundle.crt"
 
 
 def test_a_claim_applies_only_to_a_ready_pod_and_binds_the_session() -> None:

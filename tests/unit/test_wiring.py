@@ -6,11 +6,14 @@ import io
 import logging
 from pathlib import Path
 
+import pytest
+
 from controller import logs, queue, task_message, wiring
 from controller.config import PREFIX, Settings
 from controller.decide import Decision, Verdict
 from controller.lifecycle import Deps
 from controller.metrics import DECISIONS_TOTAL, Metrics
+from controller.model import SandboxSpec
 from tests.support.fakes import World, make_session
 
 
@@ -110,3 +113,20 @@ def test_the_redis_and_sentinel_passwords_are_redacted_from_log_lines(tmp_path: 
     )
     line = formatter.format(record)
     assert "password" not in line.replace("[REDACTED]", "") and line.count("[REDACTED]") == 2
+
+
+def test_the_ca_bundle_setting_reaches_the_pods_the_kubernetes_runner_builds(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CONTROLLER_KUBERNETES_CA_BUNDLE_CONFIGMAP → every sandbox pod mounts it (no cluster needed:
+    the runner is only built, never asked to call the API)."""
+    from controller.runners.kubernetes import api, templates
+    from controller.runners.kubernetes.manifests import SandboxTemplate, make_pod
+    from controller.runners.kubernetes.runner import KubernetesRunner
+
+    monkeypatch.setattr(api, "connect", lambda *args, **kwargs: object())
+    s = Settings.from_env({PREFIX + "RUNNER": "kubernetes", PREFIX + "KUBERNETES_CA_BUNDLE_CONFIGMAP": "proxy-ca"})
+    runner = wiring.kubernetes_runner(s, templates.load(None, SandboxTemplate()))
+    assert isinstance(runner, KubernetesRunner)
+    spec = SandboxSpec("sess_ca", "env_ca", "https://api.openai.com", "/workspace")
+    pod = make_pod(spec, 1, SandboxTemplate(), runner._settings)
+    [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "ca-bundle"]
+    assert volume["configMap"]["name"] == "proxy-ca"

@@ -12,6 +12,10 @@ A warm pod (``make_warm_pod``) has the same shape, minus what only a session can
 downward-API volume of two of its own annotations, which ``claim_patch`` sets when a session
 claims it (late binding: the entrypoint waits for them). The key still comes only from the
 Secret; the pod still gets no service-account token.
+
+With ``PodSettings.ca_bundle_configmap`` every pod (cold or warm) also mounts that ConfigMap's
+``ca-bundle.crt`` read-only and names it in ``SSL_CERT_FILE``: the CAs the executor trusts for
+its TLS to the API (users behind a TLS-inspecting proxy; the real-node tier's test CA).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from controller.runners.kubernetes import names
 RUNNER_UID = 10001
 CONTAINER = "executor"
 BINDING_DIRECTORY = "/etc/sandbox-binding"
+CA_BUNDLE_KEY = "ca-bundle.crt"
+CA_BUNDLE_DIRECTORY = "/etc/sandbox-ca"
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,10 @@ class SandboxTemplate:
     """Keep this many warm pods of this template started and waiting for a session (0: none)."""
     warm_max_age_seconds: int = 3600
     """A warm pod no session claimed within this is replaced (a fresh image pull policy, key)."""
+    https_proxy: str | None = None
+    """``HTTPS_PROXY`` of the pod: codex's registration and WebSocket go through it."""
+    no_proxy: str | None = None
+    """``NO_PROXY`` of the pod."""
 
     @property
     def pooled(self) -> bool:
@@ -71,6 +81,9 @@ class PodSettings:
     executor_key_secret_key: str = "executor-key"
     workspace_directory: str = "/workspace"
     """Where warm pods mount their workspace (the routing's directory: every session we serve has it)."""
+    ca_bundle_configmap: str | None = None
+    """A ConfigMap whose ``ca-bundle.crt`` every pod mounts at ``CA_BUNDLE_DIRECTORY``, with
+    ``SSL_CERT_FILE`` naming it (codex and OpenSSL-based tools read it); None: the image's CAs."""
 
 
 def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, settings: PodSettings) -> dict[str, Any]:
@@ -159,6 +172,28 @@ def _annotation(key: str) -> str:
     return f"metadata.annotations['{key}']"
 
 
+def _ca_bundle(settings: PodSettings) -> tuple[list[dict[str, Any]], list[tuple[dict[str, Any], dict[str, Any]]]]:
+    """The CA bundle's environment variable and (volume, mount), when the settings name one."""
+    if not settings.ca_bundle_configmap:
+        return [], []
+    volume = {
+        "name": "ca-bundle",
+        "configMap": {"name": settings.ca_bundle_configmap, "items": [{"key": CA_BUNDLE_KEY, "path": CA_BUNDLE_KEY}]},
+    }
+    mount = {"name": "ca-bundle", "mountPath": CA_BUNDLE_DIRECTORY, "readOnly": True}
+    return [{"name": "SSL_CERT_FILE", "value": f"{CA_BUNDLE_DIRECTORY}/{CA_BUNDLE_KEY}"}], [(volume, mount)]
+
+
+def _proxy_env(template: SandboxTemplate) -> list[dict[str, Any]]:
+    """The template's proxy, in both spellings tools read."""
+    env: list[dict[str, Any]] = []
+    if template.https_proxy:
+        env += [{"name": n, "value": template.https_proxy} for n in ("HTTPS_PROXY", "https_proxy")]
+    if template.no_proxy:
+        env += [{"name": n, "value": template.no_proxy} for n in ("NO_PROXY", "no_proxy")]
+    return env
+
+
 def _pod_spec(
     binding_env: list[dict[str, Any]],
     workspace_directory: str,
@@ -167,6 +202,8 @@ def _pod_spec(
     template: SandboxTemplate,
     settings: PodSettings,
 ) -> dict[str, Any]:
+    ca_env, ca_volumes = _ca_bundle(settings)
+    extra = [*extra, *ca_volumes]
     container_security: dict[str, Any] = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
@@ -198,6 +235,8 @@ def _pod_spec(
             },
             {"name": "HOME", "value": "/home/sandbox"},
             {"name": "TMPDIR", "value": "/tmp"},
+            *ca_env,
+            *_proxy_env(template),
         ],
         "workingDir": workspace_directory,
         "securityContext": container_security,

@@ -8,11 +8,17 @@ The file (the Helm chart's ``sandbox.templates``, mounted at
                "imagePullSecrets": ["regcred"], "activeDeadlineSeconds": 86400,
                "workspacePersistence": {"enabled": true, "size": "20Gi", "storageClassName": "fast"},
                "codexSandbox": false, "agentIds": ["agent_123"],
-               "warmPool": {"size": 2, "maxAgeSeconds": 3600}}}
+               "warmPool": {"size": 2, "maxAgeSeconds": 3600},
+               "httpsProxy": "http://10.20.30.40:3128", "noProxy": "internal.example.com"}}
 
 A session names its template with the metadata key ``sandbox_template``; otherwise the
 first template listing its agent id applies; otherwise ``default`` (which the file may
 override). Unknown names fall back to ``default`` rather than refusing to start compute.
+
+``httpsProxy`` routes the sandbox's HTTPS (codex's registration and WebSocket, and the tools
+that read ``HTTPS_PROXY``) through a proxy: ``HTTPS_PROXY``/``https_proxy`` in the pod, with
+``noProxy`` as ``NO_PROXY``/``no_proxy``. A proxy URL is ``http(s)://host:port`` without
+credentials (the pod spec is readable by whoever reads pods).
 
 ``warmPool.size`` keeps that many pods of the template started and waiting for a session
 (``runners/kubernetes/pool.py``); a template with workspace persistence cannot have one (its
@@ -24,6 +30,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, replace
 from typing import Any
+from urllib.parse import urlsplit
 
 from controller import files
 from controller.errors import ConfigError
@@ -34,7 +41,7 @@ METADATA_KEY = "sandbox_template"
 _FIELDS = {
     "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
     "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
-    "warmPool",
+    "warmPool", "httpsProxy", "noProxy",
 }  # fmt: skip
 # The JSON type each field must have (None allowed where noted); nothing is coerced, so a string
 # "false" never turns codexSandbox on and a bare string never becomes a list of characters.
@@ -42,7 +49,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "image": (str,), "imagePullPolicy": (str, type(None)), "resources": (dict,),
     "runtimeClassName": (str, type(None)), "nodeSelector": (dict,), "tolerations": (list,),
     "imagePullSecrets": (list,), "activeDeadlineSeconds": (int, type(None)), "workspacePersistence": (dict,),
-    "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,),
+    "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,), "httpsProxy": (str,), "noProxy": (str,),
 }  # fmt: skip
 _POOL_TYPES: dict[str, tuple[type, ...]] = {"size": (int,), "maxAgeSeconds": (int,)}
 _PERSISTENCE_TYPES: dict[str, tuple[type, ...]] = {
@@ -161,10 +168,24 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         codex_sandbox=bool(fields.get("codexSandbox", base.codex_sandbox)),
         warm_pool_size=_at_least(pool, "size", base.warm_pool_size, 0),
         warm_max_age_seconds=_at_least(pool, "maxAgeSeconds", base.warm_max_age_seconds, 60),
+        https_proxy=_proxy_url(fields.get("httpsProxy", base.https_proxy)),
+        no_proxy=fields.get("noProxy", base.no_proxy) or None,
     )
     if template.warm_pool_size > 0 and template.persist_workspace:
         raise ValueError("warmPool cannot be used with workspacePersistence (the volume belongs to one session)")
     return template
+
+
+def _proxy_url(url: str | None) -> str | None:
+    """``http(s)://host:port``, without credentials (they would sit in the pod spec)."""
+    if not url:
+        return None
+    parsed = urlsplit(url)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or parsed.path not in ("", "/"):
+        raise ValueError(f"httpsProxy must be http(s)://host[:port], got {url!r}")
+    if parsed.username or parsed.password:
+        raise ValueError("httpsProxy must not carry credentials (the pod spec is readable by whoever reads pods)")
+    return url
 
 
 def _at_least(fields: dict[str, Any], key: str, default: int, minimum: int) -> int:
