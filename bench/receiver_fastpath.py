@@ -241,7 +241,8 @@ def main() -> int:
         redis.stop()
         shutil.rmtree(directory, ignore_errors=True)
     after = loadavg()
-    report(args, cases, levels, runs, latency, loads, before, after)
+    if args.rounds:  # --rounds 0: only --instructions or --profile
+        report(args, cases, levels, runs, latency, loads, before, after)
     if instructions:
         print("\nuser-space instructions per request (callgrind, 16 clients; independent of the machine's load)\n")
         header = ["", *(f"{case} (thousands)" for case in instructions)]
