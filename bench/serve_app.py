@@ -1,8 +1,9 @@
-"""Serve a bench app on the receiver's exact uvicorn settings (``cli.cmd_serve``: the same
-options from ``controller.server``, log config, access log and lifespan), so the benchmark
-compares apps, not servers.
+"""Serve a bench app on the receiver's server settings (``cli.cmd_serve``: the same options
+from ``controller.server``, log config, access log and lifespan), or with ``h11`` on the
+settings the receiver had before issue 21 (uvicorn's h11 protocol, the header cap as h11's
+``max_incomplete_event_size``, the connection cap), so a benchmark compares apps, not servers.
 
-    python bench/serve_app.py bare_app:app PORT      (module relative to bench/)
+    python bench/serve_app.py bare_app:app PORT [h11]      (module relative to bench/)
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import importlib
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import uvicorn
 
@@ -26,15 +28,15 @@ def main() -> None:
     module, _, name = target.partition(":")
     app = getattr(importlib.import_module(module), name)
     assert not any(k.startswith("CONTROLLER_RECEIVER_") for k in os.environ), "bench apps use the default limits"
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        **server.options(ReceiverSettings()),
-    )
+    limits = ReceiverSettings()
+    options: dict[str, Any] = server.options(limits)
+    if sys.argv[3:] == ["h11"]:
+        options = {
+            "http": "h11",
+            "h11_max_incomplete_event_size": limits.max_header_bytes,
+            "limit_concurrency": limits.max_connections,
+        }
+    uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="off", **options)
 
 
 if __name__ == "__main__":

@@ -8,13 +8,12 @@ and the formatter additionally redacts every secret value given to ``setup(secre
 
 from __future__ import annotations
 
-import contextlib
 import contextvars
 import json
 import logging
 import sys
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable
 from typing import Any
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context")
@@ -26,15 +25,25 @@ _STANDARD_ATTRS = frozenset(logging.makeLogRecord({}).__dict__) | {"message", "a
 message with ANSI colour escapes, meant for terminals: the JSON line keeps ``event`` only."""
 
 
-@contextlib.contextmanager
-def bind(**fields: Any) -> Iterator[None]:
-    """Add fields (None values skipped) to every log line inside the block."""
-    current = _context.get({})
-    token = _context.set({**current, **{k: v for k, v in fields.items() if v is not None}})
-    try:
-        yield
-    finally:
-        _context.reset(token)
+class bind:  # lower case: used as a function, ``with logs.bind(...)``
+    """Add fields (None values skipped) to every log line inside the ``with`` block.
+
+    A class rather than a ``contextlib.contextmanager`` generator: the receiver binds twice
+    per delivery, and this costs a third as much."""
+
+    __slots__ = ("_fields", "_token")
+
+    def __init__(self, **fields: Any) -> None:
+        self._fields = fields
+
+    def __enter__(self) -> None:
+        fields = self._fields
+        if None in fields.values():
+            fields = {k: v for k, v in fields.items() if v is not None}
+        self._token = _context.set({**_context.get({}), **fields})
+
+    def __exit__(self, *exc_info: object) -> None:
+        _context.reset(self._token)
 
 
 def bound() -> dict[str, Any]:
@@ -47,6 +56,7 @@ class JsonFormatter(logging.Formatter):
     def __init__(self, secrets: Iterable[str] = ()) -> None:
         super().__init__()
         self._secrets = frozenset(s for s in secrets if s and len(s) >= _MIN_REDACT_LENGTH)
+        self._encode = json.JSONEncoder(default=str, ensure_ascii=False).encode  # built once, not per line
 
     def redact(self, secrets: Iterable[str]) -> None:
         """Redact these values too, from now on."""
@@ -72,7 +82,7 @@ class JsonFormatter(logging.Formatter):
         if record.exc_info and record.exc_info[0] is not None:
             line["error_type"] = record.exc_info[0].__name__
             line["traceback"] = self.formatException(record.exc_info)
-        return self._scrub(json.dumps(line, default=str, ensure_ascii=False))
+        return self._scrub(self._encode(line))
 
 
 def setup(level: str = "INFO", stream: Any = None, secrets: Iterable[str] = ()) -> None:

@@ -195,6 +195,7 @@ class Metrics:
             ),
         }
         self._gauges: dict[str, Gauge] = {}
+        self._children: dict[tuple[object, ...], Counter] = {}
 
     def set(self, name: str, value: float) -> None:
         """Set a named gauge; an unknown name is a bug (KeyError). Gauges are registered on first
@@ -206,8 +207,12 @@ class Metrics:
 
     def inc(self, name: str, **labels: str) -> None:
         """Add one to a named counter; an unknown name or label set is a bug (ValueError/KeyError)."""
-        counter = self._counters[name]
-        (counter.labels(**labels) if labels else counter).inc()  # a counter without labels has no .labels()
+        key = (name, *labels.items())
+        child = self._children.get(key)
+        if child is None:  # the labelled child, found once (the receiver counts every delivery)
+            counter = self._counters[name]
+            child = self._children[key] = counter.labels(**labels) if labels else counter  # no labels: no .labels()
+        child.inc()
 
     def value(self, name: str, **labels: str) -> float:
         """The current count (0 when never incremented), for tests and checks."""

@@ -37,7 +37,7 @@ import asyncio
 import contextlib
 import json
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
@@ -62,7 +62,7 @@ from controller.errors import (
 )
 from controller.inbox import Inbox, Job
 from controller.metrics import SECRETS_REFUSED_TOTAL, WEBHOOKS_TOTAL, Counters, Metrics
-from controller.signing import FileVerifier, Verifier
+from controller.signing import FileVerifier, Verified, Verifier
 from controller.trust import MAX_ID_CHARS
 
 log = logs.get("controller.receiver")
@@ -130,17 +130,15 @@ class InFlight:
         self.limit = limit
         self.count = 0
 
-    @contextlib.contextmanager
-    def slot(self) -> Iterator[bool]:
-        """Yields whether a slot was free (and holds it until the block ends)."""
+    def take(self) -> bool:
+        """Take a slot if one is free (give it back with ``give``); whether one was."""
         if self.count >= self.limit:
-            yield False
-            return
+            return False
         self.count += 1
-        try:
-            yield True
-        finally:
-            self.count -= 1
+        return True
+
+    def give(self) -> None:
+        self.count -= 1
 
 
 @dataclass(frozen=True)
@@ -194,14 +192,10 @@ class Webhooks:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         services = self._services
-        with contextlib.ExitStack() as context:
-            try:
-                answer = await _receive(services, signature_headers(scope), receive, context, self._in_flight)
-            except Exception:
-                log.exception("webhook.error", extra={"outcome": "error", "reason": "bug"})
-                with contextlib.suppress(Exception):
-                    services.counters.inc(WEBHOOKS_TOTAL, outcome="error", reason="bug")
-                answer = _unavailable("error", DEFAULT_RETRY_AFTER_SECONDS)
+        try:
+            answer = await _receive(services, signature_headers(scope), receive, self._in_flight)
+        except Exception:
+            answer = _bug(services)
         await answer(send)
 
 
@@ -246,35 +240,47 @@ def signature_headers(scope: Scope) -> dict[str, str]:
 
 
 async def _receive(
-    services: ReceiverServices,
-    headers: Mapping[str, str],
-    receive: Receive,
-    context: contextlib.ExitStack,
-    in_flight: InFlight,
+    services: ReceiverServices, headers: Mapping[str, str], receive: Receive, in_flight: InFlight
 ) -> Answer:
     try:
         signed = services.verifier.precheck(headers, services.clock.now())
     except RejectDelivery as exc:
         return _rejected(services, exc, close=True)  # the body is never read
-    if not context.enter_context(in_flight.slot()):
+    if not in_flight.take():
         log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy"})
         services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
         return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
     try:
-        body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds)
-    except RejectDelivery as exc:
-        return _rejected(services, exc, close=True)  # the rest of the body is never read
-    try:
-        verified = services.verifier.verify_signed(signed, body, services.clock.now())
-    except RejectDelivery as exc:
-        return _rejected(services, exc)
-    context.enter_context(logs.bind(webhook_id=verified.webhook_id))
+        try:
+            body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds)
+        except RejectDelivery as exc:
+            return _rejected(services, exc, close=True)  # the rest of the body is never read
+        try:
+            verified = services.verifier.verify_signed(signed, body, services.clock.now())
+        except RejectDelivery as exc:
+            return _rejected(services, exc)
+        with logs.bind(webhook_id=verified.webhook_id):
+            try:
+                return await _verified(services, verified, body)
+            except Exception:
+                return _bug(services)  # logged with the ids bound
+    finally:
+        in_flight.give()
+
+
+async def _verified(services: ReceiverServices, verified: Verified, body: bytes) -> Answer:
     try:
         event = events.parse(body)
     except BadPayload as exc:
         return _rejected(services, exc)
-    context.enter_context(logs.bind(event_id=loggable(event.id) or None, session_id=loggable(event.session_id)))
+    with logs.bind(event_id=loggable(event.id) or None, session_id=loggable(event.session_id)):
+        try:
+            return await _queued(services, verified, event)
+        except Exception:
+            return _bug(services)  # logged with the ids bound
 
+
+async def _queued(services: ReceiverServices, verified: Verified, event: events.Event) -> Answer:
     disposition = events.classify(event, services.prestart)
     malformed = disposition is events.MALFORMED_SESSION_ID
     if not disposition.enqueue and not malformed:
@@ -289,8 +295,8 @@ async def _receive(
     try:
         check_queueable(job)
         if malformed:
-            # Verified work for an id that can never be a key, a path or an argument (L2): a 4xx
-            # with a reason, not a 503 the sender would retry for 72 hours.
+            # Verified work for an id that can never be a key, a path or an argument (L2): a
+            # 4xx with a reason, not a 503 the sender would retry for 72 hours.
             raise Unqueueable("session id does not match the id pattern")
     except Unqueueable as exc:
         return _rejected(services, exc)
@@ -300,7 +306,12 @@ async def _receive(
         seconds = retry_after_seconds(exc.retry_after)
         log.warning(
             "webhook.unavailable",
-            extra={"outcome": "unavailable", "reason": "inbox", "error": str(exc), "event_type": loggable(event.type)},
+            extra={
+                "outcome": "unavailable",
+                "reason": "inbox",
+                "error": str(exc),
+                "event_type": loggable(event.type),
+            },
         )
         services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="inbox")
         return _unavailable("unavailable", seconds)
@@ -406,6 +417,15 @@ def _answer(
     log.info(f"webhook.{outcome}", extra={"outcome": outcome, "reason": reason, "event_type": loggable(event.type)})
     services.counters.inc(WEBHOOKS_TOTAL, outcome=outcome, reason=reason)
     return _QUEUED[outcome] if not extra and outcome in _QUEUED else Answer.json({"status": outcome, **extra})
+
+
+def _bug(services: ReceiverServices) -> Answer:
+    """A bug (an unexpected exception, being handled): logged with its traceback, 503 (the sender
+    retries, the event is not lost)."""
+    log.exception("webhook.error", extra={"outcome": "error", "reason": "bug"})
+    with contextlib.suppress(Exception):
+        services.counters.inc(WEBHOOKS_TOTAL, outcome="error", reason="bug")
+    return _unavailable("error", DEFAULT_RETRY_AFTER_SECONDS)
 
 
 def _unavailable(status: str, seconds: int, close: bool = False) -> Answer:

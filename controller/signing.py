@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import base64
 import binascii
-import hashlib
 import hmac
 import os
 import time
@@ -99,9 +98,17 @@ def _keys(secrets: Iterable[str]) -> tuple[bytes, ...]:
 
 def sign(key: bytes, webhook_id: str, timestamp: int, body: bytes) -> str:
     """The ``v1,<base64>`` entry for one key."""
-    content = f"{webhook_id}.{timestamp}.".encode() + body
-    digest = hmac.new(key, content, hashlib.sha256).digest()
-    return "v1," + base64.b64encode(digest).decode("ascii")
+    return _entry(key, signed_content(webhook_id, timestamp, body)).decode("ascii")
+
+
+def signed_content(webhook_id: str, timestamp: int, body: bytes) -> bytes:
+    return f"{webhook_id}.{timestamp}.".encode() + body
+
+
+def _entry(key: bytes, content: bytes) -> bytes:
+    """``v1,<base64 of HMAC-SHA256>`` (``hmac.digest``: OpenSSL's one-shot HMAC, several times
+    cheaper than building an ``hmac.HMAC`` object)."""
+    return b"v1," + binascii.b2a_base64(hmac.digest(key, content, "sha256"), newline=False)
 
 
 def sign_headers(secret: str | Sequence[str], webhook_id: str, timestamp: int, body: bytes) -> dict[str, str]:
@@ -176,8 +183,9 @@ class Verifier:
 
     def _matches(self, signed: SignedHeaders, body: bytes) -> bool:
         matched = False
+        content = signed_content(signed.webhook_id, signed.timestamp, body)
         for key in self._keys:
-            expected = sign(key, signed.webhook_id, signed.timestamp, body).encode("ascii")
+            expected = _entry(key, content)
             for entry in signed.signatures:
                 # Every secret against every entry, in constant time and without stopping at a
                 # match: how long this takes does not tell which secret or entry matched.

@@ -20,11 +20,12 @@ worker runs it with the job's arguments.
 
 from __future__ import annotations
 
-import base64
+import binascii
 import json
 import os
 import socket
 import uuid
+from json.encoder import encode_basestring_ascii as _json_text  # json.dumps' own (C)
 
 from controller.inbox import Job
 
@@ -32,6 +33,7 @@ TASK_SYNC_SESSION = "controller.sync_session"
 """The task the worker registers (``queue.TASK_SYNC_SESSION``; the contract test checks they agree)."""
 
 _EMBED = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+_EMBED_JSON = json.dumps(_EMBED)
 _REPLY_TO = str(uuid.uuid4())  # Celery puts its app's per-thread id here; no result is ever sent back
 _ORIGIN = f"gen{os.getpid()}@{socket.gethostname()}"  # Celery's anonymous node name
 
@@ -45,27 +47,48 @@ def job_kwargs(job: Job) -> dict[str, object]:
 
 
 def encode(job: Job, queue: str) -> str:
-    """The JSON text kombu's Redis transport would push for this job onto ``queue``."""
-    args = [job.session_id]
-    kwargs = job_kwargs(job)
-    body = base64.b64encode(json.dumps([args, kwargs, _EMBED]).encode("utf-8")).decode("ascii")
+    """The JSON text kombu's Redis transport would push for this job onto ``queue``.
+
+    The receiver writes one per delivery, so the per-job parts are put together as text: the
+    body is exactly ``json.dumps([args, job_kwargs(job), embed])`` (``json.dumps``' own string
+    encoder; a float's ``repr``, as ``json.dumps`` writes it), and ``argsrepr``/``kwargsrepr``
+    are exactly ``repr(args)``/``repr(kwargs)`` (``tests/unit/test_task_message.py`` checks both
+    against the plain construction)."""
+    session, webhook, kind = job.session_id, job.webhook_id, job.event_type
+    kwargs_json = f'{{"webhook_id": {_json_text(webhook)}, "event_type": {_json_text(kind)}'
+    kwargs_repr = f"{{'webhook_id': {webhook!r}, 'event_type': {kind!r}"
+    if job.received_at:  # as job_kwargs
+        at = repr(job.received_at)
+        kwargs_json += f', "received_at": {at}'
+        kwargs_repr += f", 'received_at': {at}"
+    body = f"[[{_json_text(session)}], {kwargs_json}}}, {_EMBED_JSON}]"
+    task_id, delivery_tag = random_uuids(2)
     template = _templates.get(queue) or _templates.setdefault(queue, _template(queue))
     return template % {
-        "body": body,
-        "id": random_uuid(),
-        "argsrepr": json.dumps(repr(args)),
-        "kwargsrepr": json.dumps(repr(kwargs)),
-        "delivery_tag": random_uuid(),
+        "body": binascii.b2a_base64(body.encode("utf-8"), newline=False).decode("ascii"),
+        "id": task_id,
+        "argsrepr": _json_text(f"[{session!r}]"),
+        "kwargsrepr": _json_text(kwargs_repr + "}"),
+        "delivery_tag": delivery_tag,
     }
 
 
 def random_uuid() -> str:
     """A random (version 4) UUID's text, as ``str(uuid.uuid4())`` gives it, for a third of the cost."""
-    raw = bytearray(os.urandom(16))
-    raw[6] = (raw[6] & 0x0F) | 0x40  # version 4
-    raw[8] = (raw[8] & 0x3F) | 0x80  # RFC 4122 variant
-    text = raw.hex()
-    return f"{text[:8]}-{text[8:12]}-{text[12:16]}-{text[16:20]}-{text[20:]}"
+    return random_uuids(1)[0]
+
+
+def random_uuids(count: int) -> list[str]:
+    """``count`` random UUIDs (``random_uuid``) from one read of the system's random source."""
+    text = os.urandom(16 * count).hex()
+    return [
+        # Version 4 (the 13th digit), RFC 4122 variant (the 17th: 8, 9, a or b from its random bits).
+        f"{t[:8]}-{t[8:12]}-4{t[13:16]}-{_VARIANT[t[16]]}{t[17:20]}-{t[20:32]}"
+        for t in (text[start : start + 32] for start in range(0, 32 * count, 32))
+    ]
+
+
+_VARIANT = {digit: "89ab"[int(digit, 16) & 3] for digit in "0123456789abcdef"}
 
 
 _templates: dict[str, str] = {}

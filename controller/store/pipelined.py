@@ -145,6 +145,10 @@ class _Connection(asyncio.Protocol):
         """Replicas the master listed at the last ``ROLE`` (``role_asked_at``, loop time)."""
         self.role_asked_at = -math.inf
 
+    def role_due(self) -> bool:
+        """Whether the master's last word on its replicas (``ROLE``) is older than a second."""
+        return self._loop.time() - self.role_asked_at >= ROLE_REFRESH_SECONDS
+
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._transport = cast(asyncio.Transport, transport)  # uvloop's are not asyncio.Transport subclasses
 
@@ -286,7 +290,7 @@ class PipelinedRedis:
         if connection is None or connection.closed:
             connection = await self._connect()
         reply = await connection.send(command(*args))
-        if replicated:
+        if replicated and (connection.replicas or connection.role_due()):
             await self._replicated(connection)
         return reply
 
@@ -304,9 +308,8 @@ class PipelinedRedis:
     async def _replicated(self, connection: _Connection) -> None:
         """Return once ``connection``'s writes are on at least one replica, or at once when the
         master has none. On the same connection: a new one's ``WAIT`` would count nothing."""
-        loop = asyncio.get_running_loop()
-        if loop.time() - connection.role_asked_at >= ROLE_REFRESH_SECONDS:
-            connection.role_asked_at = loop.time()  # the callers meanwhile go by the last answer
+        if connection.role_due():
+            connection.role_asked_at = asyncio.get_running_loop().time()  # the callers meanwhile go by the last answer
             _check_master(await _role(connection), connection, "")
         if connection.replicas == 0:
             return

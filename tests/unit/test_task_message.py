@@ -8,6 +8,8 @@ import json
 import uuid
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from controller import task_message
 from controller.inbox import Job
@@ -40,3 +42,35 @@ def test_task_ids_are_version_4_uuids() -> None:
     for text in ids:
         parsed = uuid.UUID(text)
         assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)
+
+
+def test_one_read_gives_many_uuids_with_every_random_bit_kept() -> None:
+    """The variant digit keeps its two random bits (8, 9, a and b all occur: the chance that one
+    of them is missing from 1000 draws is below 1e-120), and the other digits stay random."""
+    ids = task_message.random_uuids(1000)
+    assert len(set(ids)) == 1000
+    for text in ids:
+        parsed = uuid.UUID(text)
+        assert (str(parsed), parsed.version, parsed.variant) == (text, 4, uuid.RFC_4122)
+    assert {text[19] for text in ids} == set("89ab")
+    assert {text[15] for text in ids} == set("0123456789abcdef")
+
+
+@given(
+    session=st.text(),
+    webhook=st.text(),
+    kind=st.text(),
+    received_at=st.one_of(st.just(0.0), st.floats(min_value=0, max_value=4e9, allow_nan=False)),
+)
+def test_the_message_text_is_what_json_dumps_and_repr_write(
+    session: str, webhook: str, kind: str, received_at: float
+) -> None:
+    """L5: the per-job parts, put together as text for speed, are exactly the plain construction:
+    the body is ``json.dumps([args, kwargs, embed])`` and the argument summaries are ``repr``s."""
+    job = Job(session, webhook, kind, received_at=received_at)
+    message = json.loads(task_message.encode(job, "q"))
+    args, kwargs = [session], task_message.job_kwargs(job)
+    embed = {"callbacks": None, "errbacks": None, "chain": None, "chord": None}
+    assert base64.b64decode(message["body"]) == json.dumps([args, kwargs, embed]).encode("utf-8")
+    assert message["headers"]["argsrepr"] == repr(args)
+    assert message["headers"]["kwargsrepr"] == repr(kwargs)
