@@ -693,6 +693,7 @@ def main() -> int:
     parser.add_argument(
         "--pre-puller", action="store_true", help="install with the image pre-puller (sandbox.prePuller)"
     )
+    parser.add_argument("--out", type=Path, help="where to write the results (default: by mode, under bench/results)")
     args = parser.parse_args()
     try:
         sizes = [int(v) for v in args.sizes.split(",") if v.strip()]
@@ -719,7 +720,9 @@ def main() -> int:
         print_first(data["first_sandbox"], args.pre_puller)
         print_bursts(data["bursts"])
     out = RESULTS
-    if args.floor_only:
+    if args.out is not None:
+        out = args.out
+    elif args.floor_only:
         out = RESULTS.with_name("cold_burst_floor.json")
     elif args.pre_puller:
         out = RESULTS.with_name("cold_burst_pre_puller.json")
