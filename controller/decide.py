@@ -17,8 +17,9 @@ The rules it follows (L1–L18, ``docs/lifecycle.md``):
   its maximum lifetime, or whose executor's link has been down past the grace period while a
   connection is wanted, is replaced by exactly one new one (L1, L14). The grace period counts
   only while the link is down: from the first look that sees it down (a new sandbox: from
-  its start, until a look first sees it connected; it is looked at ``FIRST_LOOK_SECONDS``
-  after its start, then each time as long again as its age) to any look that sees it up.
+  its start, until a look first sees it connected or the API reports that its executor held
+  the link and lost it; it is looked at ``FIRST_LOOK_SECONDS`` after its start, then each time
+  as long again as its age) to any look that sees it up.
 - A sandbox whose session wants no connection is stopped once the session has been idle for
   the idle timeout (L11–L13), its workspace kept (L16) and discarded after its retention.
 - A failed session's compute is released (L7); a session whose read answers 404 counts as
@@ -160,10 +161,12 @@ def decide(
     prestart: bool = False,
     missing: Missing | None = None,
     deletion_confirm_seconds: float = 0.0,
+    link_dropped: bool = False,
 ) -> Decision:
     """What to do about one session, from what was observed (pure).
 
-    ``connected``: whether the executor holds its link (None: not looked at, or unknown).
+    ``connected``: whether the executor holds its link (None: not looked at, or unknown);
+    ``link_dropped``: the API reports the link ``disconnected`` (an executor held it and lost it).
     ``idle_timeout_seconds``: stop an idle session's sandbox this long after its last activity
     (0: keep warm). ``retention_seconds``: discard a stopped session's workspace this long
     after the stop (0: keep it until the session is deleted or fails). ``prestart``: the
@@ -201,7 +204,7 @@ def decide(
         elif past_lifetime:
             decision = Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
         else:
-            looked = _looked(record, connected, now)
+            looked = _looked(record, connected, now, link_dropped)
             if record.prestarted and _used(session):
                 looked = replace(looked or record, prestarted=False)
             current = looked or record
@@ -238,7 +241,7 @@ def decide(
             cause=Cause.LIFETIME,
             recheck_at=first_look,
         )
-    looked = _looked(record, connected, now)
+    looked = _looked(record, connected, now, link_dropped)
     if record.prestarted:  # asked for: it no longer counts against the pre-start budget
         looked = replace(looked or record, prestarted=False)
     current = looked or record
@@ -269,15 +272,20 @@ def decide(
     )
 
 
-def _looked(record: Record, connected: bool | None, now: float) -> Record | None:
+def _looked(record: Record, connected: bool | None, now: float, dropped: bool = False) -> Record | None:
     """The record after a look at the executor's link, or None when the look changes nothing.
 
     Seen connected: the grace clock stops (and the sandbox has been seen connected). Seen not
-    connected with no clock running: the clock starts now. Not looked at, or unknown: as it was."""
+    connected with no clock running: the clock starts now. A new sandbox's clock runs from its
+    start until a look sees it connected; when a look finds the link dropped instead (the
+    executor connected and lost it between two looks), the clock starts again at that look,
+    as for any drop. Not looked at, or unknown: as it was."""
     if connected is True:
         if record.disconnected_at is None and record.seen_connected:
             return None
         return replace(record, disconnected_at=None, seen_connected=True)
+    if connected is False and dropped and not record.seen_connected:
+        return replace(record, disconnected_at=now, seen_connected=True)
     if connected is False and record.disconnected_at is None:
         return replace(record, disconnected_at=now)
     return None

@@ -24,7 +24,8 @@ session's durable timer, fenced (``controller.timers``).
 
 The executor's grace period (L14) counts only while its link is down: it starts at the first
 look that sees the executor not connected (for a new sandbox: at its start, until a look first
-sees it connected, and such a sandbox is looked at again soon after its start) and is cleared
+sees it connected or finds its link dropped, and such a sandbox is looked at again soon after
+its start) and is cleared
 by any look that sees it connected, whatever the session is doing. A session whose read
 answers 404 counts as deleted only once its reads have answered 404 for the deletion
 confirmation period, and only when most of the sessions read to confirm it answer; until then
@@ -47,7 +48,7 @@ from controller.config import RoutingSettings
 from controller.decide import Decision, Missing, Verdict, decide, refusal
 from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent
 from controller.heartbeat import Heartbeat
-from controller.model import Handle, Health, Record, SandboxSpec, Session
+from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
 from controller.runners.base import Runner
 from controller.store.base import Busy, Lease, SessionStore
 
@@ -61,8 +62,9 @@ class Sessions(Protocol):
         """The session, or None when it was deleted (404)."""
         ...
 
-    def environment_connected(self, environment_id: str) -> bool | None:
-        """Whether an executor holds the environment's link; None when unknown."""
+    def environment_link(self, environment_id: str) -> Link | None:
+        """Whether an executor holds the environment's link, held it and lost it, or never held
+        it; None when unknown."""
         ...
 
 
@@ -180,6 +182,8 @@ class Observation:
     """``record`` stands for a sandbox found without one (``act`` then records it)."""
     health: Health | None
     connected: bool | None
+    link_dropped: bool
+    """The API says an executor held the link and lost it (``Link.DROPPED``): it had connected."""
     now: float
     """The round's one reading of the clock: everything it decides and stores uses it."""
     missing: Missing | None = None
@@ -202,7 +206,7 @@ def observe(sid: str, deps: Deps) -> Observation:
             record = Record(sid, found.environment_id, found, found.created_at or now)
             adopted = True
     health = deps.runner.status(record.handle) if record else None
-    connected = None
+    link = None
     if (
         record is not None
         and session is not None
@@ -210,9 +214,10 @@ def observe(sid: str, deps: Deps) -> Observation:
         and health in (Health.RUNNING, Health.STARTING)
         and (session.wants_connection or record.disconnected_at is not None)
     ):
-        connected = deps.sessions.environment_connected(record.environment_id)
+        link = deps.sessions.environment_link(record.environment_id)
+    connected = None if link is None else link is Link.UP
     missing = _missing(sid, deps, now) if session is None else None
-    return Observation(session, record, adopted, health, connected, now, missing)
+    return Observation(session, record, adopted, health, connected, link is Link.DROPPED, now, missing)
 
 
 def _missing(sid: str, deps: Deps, now: float) -> Missing:
@@ -252,6 +257,7 @@ def decide_observed(seen: Observation, deps: Deps) -> Decision:
         seen.session is not None and deps.prestarts_agent(seen.session.agent_id),
         seen.missing,
         deps.deletion_confirm_seconds,
+        seen.link_dropped,
     )
 
 

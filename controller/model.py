@@ -89,6 +89,14 @@ class Health(StrEnum):
     GONE = "gone"  # nothing there
 
 
+class Link(StrEnum):
+    """An environment's link as the Agents API reports it (its ``status``)."""
+
+    UP = "up"  # ``connected``: an executor holds it
+    DROPPED = "dropped"  # ``disconnected``: an executor held it and lost it
+    NOT_YET = "not_yet"  # any other status (``pending``, ``ready``, …): no executor has held it
+
+
 @dataclass(frozen=True)
 class Handle:
     """A runner's name for one sandbox: stable, storable, enough to find it again."""
@@ -134,9 +142,10 @@ class Record:
     a new sandbox, its start); None while it is seen connected. A replacement for a link that is
     down counts the grace period from here (L14)."""
     seen_connected: bool = False
-    """Whether a look ever saw this sandbox's executor connected. Until one does, the sandbox is
-    looked at again soon after its start (``decide.FIRST_LOOK_SECONDS``), so that a link that
-    comes up and then drops is timed from the drop, not from the start."""
+    """Whether a look ever saw this sandbox's executor connected, or found its link dropped (the
+    API's ``disconnected``: held, then lost). Until then the sandbox is looked at again soon
+    after its start (``decide.FIRST_LOOK_SECONDS``), so that a link that comes up and then drops
+    is timed from the drop, not from the start."""
     prestarted: bool = False
     """Started at the session's creation, before anything asked for it (L9's pre-start), and not
     used since; these count against ``CONTROLLER_PRESTART_MAX_SANDBOXES``."""

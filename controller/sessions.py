@@ -17,7 +17,7 @@ import tenacity
 
 from controller import agents_api
 from controller.errors import ApiRejected, ApiUnavailable
-from controller.model import DEFAULT_WORKSPACE, Environment, RequiredAction, Session, SessionStatus
+from controller.model import DEFAULT_WORKSPACE, Environment, Link, RequiredAction, Session, SessionStatus
 
 
 def parse_session(data: Mapping[str, Any]) -> Session:
@@ -104,7 +104,8 @@ class HttpSessions:
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise ApiUnavailable(f"Agents API sent a session body the controller cannot read ({session_id})") from exc
 
-    def environment_connected(self, environment_id: str) -> bool | None:
+    def environment_link(self, environment_id: str) -> Link | None:
+        """The environment's link by its ``status``; None when unknown (an error, or 404)."""
         path = f"/v1/agents/environments/{quote(environment_id, safe='')}"
         try:
             data = self._get_json(path, f"reading environment {environment_id}", "retrieve_environment")
@@ -112,7 +113,12 @@ class HttpSessions:
             return None
         if data is None:
             return None
-        return data.get("status") == "connected"
+        status = data.get("status")
+        if status == "connected":
+            return Link.UP
+        if status == "disconnected":
+            return Link.DROPPED
+        return Link.NOT_YET
 
     def _get_json(self, path: str, what: str, operation: str) -> dict[str, Any] | None:
         """A GET that may answer 404 (None), retried briefly on what ``agents_api`` calls

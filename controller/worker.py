@@ -25,6 +25,7 @@ from controller import lifecycle, logs, queue
 from controller.decide import Verdict
 from controller.errors import Fenced, Permanent, Transient
 from controller.metrics import DELIVERY_TO_CONNECTED_SECONDS, DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
+from controller.model import Link
 from controller.store.base import Busy
 
 log = logs.get(__name__)
@@ -169,7 +170,7 @@ def register(
         retry, whose exception makes Celery capture and format a traceback each time; with ten
         sandboxes starting at once that was as much of the workers' CPU as starting them."""
         count = self.request.retries if asked is None else asked  # a job queued before ``asked`` existed
-        connected = deps().sessions.environment_connected(environment_id)
+        connected = deps().sessions.environment_link(environment_id) is Link.UP
         now = time.time()
         if connected:
             if metrics is not None:

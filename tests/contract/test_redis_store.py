@@ -22,7 +22,7 @@ from controller.clock import FakeClock
 from controller.errors import Fenced, StoreUnavailable
 from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
-from controller.model import Handle, Record, Session
+from controller.model import Handle, Link, Record, Session
 from controller.store.base import Busy, Lease
 from controller.store.redis import (
     PENDING_KEY,
@@ -429,7 +429,7 @@ class SlowDeletedSessions:
         time.sleep(self.seconds)
         return None
 
-    def environment_connected(self, environment_id: str) -> bool | None:
+    def environment_link(self, environment_id: str) -> Link | None:
         return None
 
 

@@ -27,6 +27,7 @@ from controller.model import (
     Environment,
     Handle,
     Health,
+    Link,
     Record,
     RequiredAction,
     SandboxSpec,
@@ -70,6 +71,8 @@ class FakeSessions:
     def __init__(self) -> None:
         self.sessions: dict[str, Session] = {}
         self.connected: dict[str, bool] = {}
+        self.dropped: set[str] = set()
+        """Environments whose link, when not connected, the API reports ``disconnected`` (held, then lost)."""
         self.unavailable = False
         self.gets = 0
         self.on_get: Callable[[str], None] | None = None
@@ -90,6 +93,14 @@ class FakeSessions:
         if self.unavailable:
             return None
         return self.connected.get(environment_id)
+
+    def environment_link(self, environment_id: str) -> Link | None:
+        connected = self.environment_connected(environment_id)
+        if connected is None:
+            return None
+        if connected:
+            return Link.UP
+        return Link.DROPPED if environment_id in self.dropped else Link.NOT_YET
 
 
 @dataclass

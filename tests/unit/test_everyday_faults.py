@@ -119,6 +119,30 @@ def test_any_look_that_sees_the_executor_connected_stops_the_grace_clock(status:
     assert decision.verdict is not Verdict.REPLACE
 
 
+@pytest.mark.parametrize(("api_says", "replaced"), [("disconnected", False), ("pending", True)])
+def test_a_drop_between_a_new_sandboxs_first_looks_is_timed_from_the_look_that_finds_it(
+    api_says: str, replaced: bool
+) -> None:
+    """L14 (found by the seeded schedule, seed 30): a new sandbox's executor connects 17 s after
+    its start and loses its link 3 s later, between two of the first looks (16 s and 32 s), so no
+    look sees it up. The API reports the link ``disconnected`` (held, then lost): the grace clock
+    runs from the look that finds it so, not from the sandbox's start, and a drop shorter than
+    the grace replaces nothing. A link the API reports never held (``pending``) is still timed
+    from the start, and replaced once the grace is over."""
+    world = World()
+    world.sessions.put(WANTS)
+    assert verdicts(world.deliver()) == [Verdict.START]
+    world.sessions.connected["env_1"] = False
+    seen = run_timers_until(world, 17.0)
+    if api_says == "disconnected":
+        world.sessions.dropped.add("env_1")  # up from 17 s to 20 s, unseen
+    seen += run_timers_until(world, 20.0 + GRACE - 10)
+    world.sessions.connected["env_1"] = True
+    seen += run_timers_until(world, 20.0 + 3 * GRACE)
+    assert (Verdict.REPLACE in seen) is replaced
+    assert world.count("ensure") == (2 if replaced else 1)
+
+
 def test_a_link_down_past_the_grace_is_still_replaced_once() -> None:
     """L14: a link that stays down past the grace while a connection is wanted is replaced by
     exactly one new sandbox, timed from the first look that saw it down."""

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from controller.errors import ApiRejected, ApiUnavailable, ControllerError
-from controller.model import DEFAULT_WORKSPACE, Environment, RequiredAction, SessionStatus
+from controller.model import DEFAULT_WORKSPACE, Environment, Link, RequiredAction, SessionStatus
 from controller.sessions import HttpSessions, parse_session
 
 API_KEY = "sk-controller-secret-0123456789"
@@ -184,16 +184,20 @@ def test_garbled_bodies_are_transient(response: httpx.Response) -> None:
     assert len(script.requests) == 2
 
 
-def test_environment_connected() -> None:
-    """L10/L14: the environment's status says whether an executor holds the link; unknown is None."""
+def test_environment_link() -> None:
+    """L10/L14: the environment's status says whether an executor holds the link, held it and
+    lost it (``disconnected``), or has not held it; unknown is None."""
     script = Script(ok({"id": "env_1", "status": "connected"}))
-    assert run(script, lambda s: s.environment_connected("env_1")) is True
+    assert run(script, lambda s: s.environment_link("env_1")) is Link.UP
     assert str(script.requests[0].url) == f"{BASE}/v1/agents/environments/env_1"
-    for status in ("pending", "disconnected", "ready", "failed"):
-        assert run(Script(ok({"id": "env_1", "status": status})), lambda s: s.environment_connected("env_1")) is False
-    assert run(Script(httpx.Response(404)), lambda s: s.environment_connected("env_1")) is None
-    assert run(Script(httpx.Response(503)), lambda s: s.environment_connected("env_1"), max_attempts=2) is None
-    assert run(Script(httpx.Response(403)), lambda s: s.environment_connected("env_1")) is None
+    dropped = Script(ok({"id": "env_1", "status": "disconnected"}))
+    assert run(dropped, lambda s: s.environment_link("env_1")) is Link.DROPPED
+    for status in ("pending", "ready", "failed"):
+        not_yet = Script(ok({"id": "env_1", "status": status}))
+        assert run(not_yet, lambda s: s.environment_link("env_1")) is Link.NOT_YET
+    assert run(Script(httpx.Response(404)), lambda s: s.environment_link("env_1")) is None
+    assert run(Script(httpx.Response(503)), lambda s: s.environment_link("env_1"), max_attempts=2) is None
+    assert run(Script(httpx.Response(403)), lambda s: s.environment_link("env_1")) is None
 
 
 def test_the_api_key_never_appears_in_any_error() -> None:

@@ -16,6 +16,7 @@ import pytest
 from celery import Celery
 
 from controller import queue, worker
+from controller.model import Link
 
 
 class World:
@@ -23,7 +24,7 @@ class World:
         self.app = Celery("watch-test", broker="memory://")
         self.answers = answers
         self.asked_api: list[str] = []
-        sessions = SimpleNamespace(environment_connected=self._connected)
+        sessions = SimpleNamespace(environment_link=self._link)
         deps = SimpleNamespace(sessions=sessions)
         worker.register(self.app, 3, lambda: deps)  # type: ignore[arg-type,return-value]
         self.task = self.app.tasks[queue.TASK_WATCH_CONNECTION]
@@ -36,9 +37,9 @@ class World:
 
         self.app.producer_pool.acquire = counted
 
-    def _connected(self, environment_id: str) -> bool:
+    def _link(self, environment_id: str) -> Link:
         self.asked_api.append(environment_id)
-        return self.answers.pop(0)
+        return Link.UP if self.answers.pop(0) else Link.NOT_YET
 
     def queued(self) -> list[tuple[dict[str, Any], list[Any], dict[str, Any]]]:
         """Every message on the session queue now: (headers, args, kwargs)."""
