@@ -192,10 +192,12 @@ def test_every_rendered_object_passes_a_strict_server_side_dry_run(
     # Only core kinds (no CRDs); no cluster-scoped object besides the sandbox Namespace and the
     # sandbox pod policy with its binding (admission policies are cluster-scoped).
     allowed = {
-        "ConfigMap", "Deployment", "Ingress", "Namespace", "NetworkPolicy", "Pod", "PodDisruptionBudget",
-        "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet",
+        "ConfigMap", "DaemonSet", "Deployment", "Ingress", "Namespace", "NetworkPolicy", "Pod",
+        "PodDisruptionBudget", "Role", "RoleBinding", "Secret", "Service", "ServiceAccount", "StatefulSet",
     } | POLICY_KINDS  # fmt: skip
     assert set(kinds) <= allowed, set(kinds) - allowed
+    pre_puller = values.get("sandbox", {}).get("prePuller", {}).get("enabled", False)
+    assert kinds.get("DaemonSet", 0) == (1 if pre_puller else 0)  # the image pre-puller, when asked for
     assert kinds["Deployment"] >= 2 and kinds["Pod"] == 2  # the helm test hooks: readyz, network policy
     assert kinds["ValidatingAdmissionPolicy"] == kinds["ValidatingAdmissionPolicyBinding"] == 1
     assert kinds["NetworkPolicy"] >= 1
