@@ -25,11 +25,10 @@ session's durable timer, fenced (``controller.timers``).
 The executor's grace period (L14) counts only while its link is down: it starts at the first
 look that sees the executor not connected (for a new sandbox: at its start, until a look first
 sees it connected or finds its link dropped, and such a sandbox is looked at again soon after
-its start) and is cleared
-by any look that sees it connected, whatever the session is doing. A session whose read
-answers 404 counts as deleted only once its reads have answered 404 for the deletion
-confirmation period, and only when most of the sessions read to confirm it answer; until then
-its sandbox and workspace stay (``Missing``).
+its start) and is cleared by any look that sees it connected, whatever the session is doing.
+A session whose read answers 404 counts as deleted only once its reads have answered 404 for
+the deletion confirmation period, and only when most of the sessions read to confirm it
+answer; until then its sandbox and workspace stay (``Missing``).
 
 One clock: each round reads the time once from ``Deps.clock`` (the workers use Redis's ``TIME``,
 the clock timers fall due on), and every time it decides or stores comes from that reading, so
