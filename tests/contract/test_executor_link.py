@@ -5,9 +5,6 @@ and turns that carry commands (with the failure behaviour the API describes)."""
 from __future__ import annotations
 
 import base64
-import contextlib
-import os
-import signal
 import subprocess
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +16,7 @@ import pytest
 from websockets.sync.client import connect
 
 from tests.support.codex import codex_binary, start_exec_server
-from tests.support.processes import wait_for
+from tests.support.processes import end_group, wait_for
 from tests.support.simulator import InProcessSimulator, SimulatorProcess, StartSimulator
 
 pytestmark = pytest.mark.timeout(120)
@@ -47,13 +44,7 @@ def executor(start_simulator: StartSimulator, tmp_path: Path) -> Iterator[Callab
 
     yield start
     for process in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)  # anything left in its group
+        end_group(process)
 
 
 def _env_id(sim: SimulatorProcess, session_id: str) -> str:

@@ -5,9 +5,6 @@ checker reads."""
 
 from __future__ import annotations
 
-import contextlib
-import os
-import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -17,7 +14,7 @@ import httpx
 import pytest
 
 from tests.support.codex import codex_binary, start_exec_server
-from tests.support.processes import wait_for
+from tests.support.processes import end_group, wait_for
 from tests.support.simulator import StartSimulator, WebhookReceiver
 
 pytestmark = pytest.mark.timeout(120)
@@ -31,13 +28,7 @@ def codex_processes() -> Iterator[list[subprocess.Popen[bytes]]]:
     started: list[subprocess.Popen[bytes]] = []
     yield started
     for process in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        finally:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGKILL)
+        end_group(process)
 
 
 def _create(client: httpx.Client, **body: object) -> dict[str, object]:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from agents_simulator.waiting import free_port, port_open, wait_for
 
-__all__ = ["Managed", "free_port", "port_open", "python_module", "wait_for"]
+__all__ = ["Managed", "end_group", "free_port", "port_open", "python_module", "wait_for"]
 
 
 class Managed:
@@ -77,6 +77,18 @@ class Managed:
 
     def output(self) -> str:
         return self.log_path.read_text(errors="replace")
+
+
+def end_group(process: subprocess.Popen[bytes], timeout: float = 20.0) -> None:
+    """End a process started in its own group: SIGTERM to the group, wait for the leader, then
+    SIGKILL to the group for anything left in it (children that outlived their leader)."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=timeout)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)
 
 
 def python_module(module: str, *args: str) -> list[str]:
