@@ -89,13 +89,8 @@ class FakeSessions:
             raise ApiUnavailable(f"fake Agents API is down reading session {session_id}")
         return self.sessions.get(session_id)
 
-    def environment_connected(self, environment_id: str) -> bool | None:
-        if self.unavailable:
-            return None
-        return self.connected.get(environment_id)
-
     def environment_link(self, environment_id: str) -> Link | None:
-        connected = self.environment_connected(environment_id)
+        connected = None if self.unavailable else self.connected.get(environment_id)
         if connected is None:
             return None
         if connected:
