@@ -1,7 +1,7 @@
-"""Serve a bench app on the receiver's server settings (``cli.cmd_serve``: the same options
-from ``controller.server``, log config, access log and lifespan), or with ``h11`` on the
-settings the receiver had before issue 21 (uvicorn's h11 protocol, the header cap as h11's
-``max_incomplete_event_size``, the connection cap), so a benchmark compares apps, not servers.
+"""Serve a bench app on the receiver's own server (``cli.cmd_serve``: ``controller.server.run``
+with the default limits), or with ``h11`` on the settings the receiver had before issue 21
+(uvicorn's h11 protocol, the header cap as h11's ``max_incomplete_event_size``, the connection
+cap), so a benchmark compares apps, not servers.
 
     python bench/serve_app.py bare_app:app PORT [h11]      (module relative to bench/)
 """
@@ -20,7 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from controller import server
-from controller.config import ReceiverSettings
+from controller.config import ReceiverSettings, WebhookSettings
 
 
 def main() -> None:
@@ -29,13 +29,14 @@ def main() -> None:
     app = getattr(importlib.import_module(module), name)
     assert not any(k.startswith("CONTROLLER_RECEIVER_") for k in os.environ), "bench apps use the default limits"
     limits = ReceiverSettings()
-    options: dict[str, Any] = server.options(limits)
-    if sys.argv[3:] == ["h11"]:
-        options = {
-            "http": "h11",
-            "h11_max_incomplete_event_size": limits.max_header_bytes,
-            "limit_concurrency": limits.max_connections,
-        }
+    if sys.argv[3:] != ["h11"]:
+        server.run(app, "127.0.0.1", port, server.Limits.from_settings(limits, WebhookSettings().body_timeout_seconds))
+        return
+    options: dict[str, Any] = {
+        "http": "h11",
+        "h11_max_incomplete_event_size": limits.max_header_bytes,
+        "limit_concurrency": limits.max_connections,
+    }
     uvicorn.run(app, host="127.0.0.1", port=port, log_config=None, access_log=False, lifespan="off", **options)
 
 

@@ -14,12 +14,10 @@ import sys
 import time
 from collections.abc import Sequence
 
-import uvicorn
-
 from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring, worker
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
-from controller.metrics import serve_metrics
+from controller.metrics import RECEIVER_REFUSED_TOTAL, serve_metrics
 
 
 def _settings(role: str | None = None) -> Settings:
@@ -67,14 +65,13 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # of the collector, a full collection no longer walks it, which on this heap stalled every
     # delivery in flight for 20-80 ms (bench/receiver_fastpath.py's p99).
     gc.freeze()
-    uvicorn.run(
+    counters = app.state.services.counters
+    server.run(
         app,
-        host=args.host,
-        port=args.port,
-        log_config=None,
-        access_log=False,
-        lifespan="off",
-        **server.options(settings.receiver),
+        args.host,
+        args.port,
+        server.Limits.from_settings(settings.receiver, settings.webhook.body_timeout_seconds),
+        on_refused=lambda reason: counters.inc(RECEIVER_REFUSED_TOTAL, reason=reason),
     )
     return 0
 

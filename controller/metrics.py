@@ -10,6 +10,13 @@ each worker or switch to prometheus_client's multiprocess mode.
         outcome: enqueued | duplicate | ignored | rejected | unavailable | error
         reason:  a fixed word (``events.Disposition.reason``, ``signature``, ``payload``,
                  ``too_large``, ``inbox``, ``bug``); never a header or body value
+    controller_receiver_refused_total{reason}
+        what the receiver's HTTP server refused or cut short before (or instead of) the app
+        (``controller/server.py``): ``bad_request`` (400) | ``header_too_large`` (431) |
+        ``trailers_too_large`` (431) | ``header_timeout`` (a head not complete in time: closed) |
+        ``body_timeout`` (408) | ``over_capacity`` (503 with ``Retry-After``: every connection
+        busy answering) | ``shed`` (the connection that waited longest for its client, closed to
+        make room for a new one) | ``app_error`` (500: a bug)
     controller_webhook_secrets_refused_total{reason}
         the receiver's secrets file changed but could not be used, so the last good secrets
         stay in use (``signing.FileVerifier``); reason: ``not_a_file`` | ``unreadable`` |
@@ -96,6 +103,7 @@ from controller.errors import ConfigError
 from controller.model import PoolState
 
 WEBHOOKS_TOTAL = "controller_webhooks_total"
+RECEIVER_REFUSED_TOTAL = "controller_receiver_refused_total"
 SESSIONS_REFUSED_TOTAL = "controller_sessions_refused_total"
 SECRETS_REFUSED_TOTAL = "controller_webhook_secrets_refused_total"
 DECISIONS_TOTAL = "controller_decisions_total"
@@ -151,6 +159,12 @@ class Metrics:
                 WEBHOOKS_TOTAL,
                 "Webhook deliveries by outcome and reason.",
                 ("outcome", "reason"),
+                registry=self.registry,
+            ),
+            RECEIVER_REFUSED_TOTAL: Counter(
+                RECEIVER_REFUSED_TOTAL,
+                "Requests and connections the receiver's HTTP server refused or closed for a limit, by reason.",
+                ("reason",),
                 registry=self.registry,
             ),
             SECRETS_REFUSED_TOTAL: Counter(

@@ -1,261 +1,674 @@
-"""The receiver's HTTP server: uvicorn options that keep slow or hostile clients cheap.
+"""The receiver's HTTP/1.1 server: made for one public ASGI app and for the clients that attack it.
 
-``options(limits)`` is what ``sandbox-controller serve`` passes to ``uvicorn.run``:
+``run(app, host, port, limits, on_refused)`` is what ``sandbox-controller serve`` runs (uvloop
+when installed). It is a small asyncio server over ``controller/http1.py``'s framing, so that
+every byte a connection sends is counted against a limit and every phase has a clock:
 
-- uvicorn's httptools protocol (the C parser ``llhttp``, about a third of the pure-Python h11
-  parser's CPU per request: ``bench/receiver_fastpath.py``), with two guards it lacks
-  (``guarded_protocol``):
+- **head** (request line and headers, through the blank line): at most ``max_header_bytes``,
+  counted byte for byte whatever the segmentation (431), complete within
+  ``header_timeout_seconds`` of the connection opening or of the previous answer (closed);
+- **body**: read only while the app reads it. Up to ``BODY_BUFFER_BYTES`` wait for the app
+  before reading pauses; a body the app did not read when it answered is not read at all (the
+  connection closes after the answer). Complete, with its trailers, within
+  ``body_timeout_seconds`` of the head (408; the app's own deadline on ``/webhooks`` is a
+  second shorter, so it answers first);
+- **trailers**: at most ``max_header_bytes`` (431), then dropped; chunk lines at most
+  ``http1.MAX_CHUNK_LINE_BYTES`` (400);
+- **reads** of at most ``READ_BYTES``, so one connection holds at most
+  ``max_header_bytes + BODY_BUFFER_BYTES + READ_BYTES`` of the server's memory (the app's
+  ``max_in_flight`` bodies are the app's).
 
-  - a header cap: a request whose request line and headers exceed ``max_header_bytes`` gets
-    431 and the connection is closed. httptools itself buffers a header of any size (each
-    piece is appended until the line ends), so the bytes of a request head still incomplete
-    are counted as they arrive, and the request is refused once they pass the cap: what a
-    connection can make the receiver hold is the cap plus one read (the event loop reads up
-    to 256 KiB at a time);
-  - a header deadline: a connection whose request head is not complete
-    ``header_timeout_seconds`` after it opened, or after its previous response, is closed, so
-    a client trickling headers cannot keep a connection slot for ever;
+**Capacity** is ``max_connections`` open connections. When a connection arrives with all of
+them open, the one that has waited longest for its client (between requests, or with its head
+or body incomplete) is closed to make room ("shed"); only when every open connection is
+being answered does the newcomer get ``503`` with ``Retry-After`` (after its head, within a
+short deadline) — so clients that do not finish never hold capacity a genuine delivery needs.
 
-- ``limit_concurrency``: once ``max_connections`` connections are open (or requests in
-  progress), a new request gets 503 and the sender retries: a backstop on sockets (the body
-  budget is the app's ``max_in_flight``, which leaves health probes alone);
-- no WebSocket upgrades (``ws="none"``): the receiver serves none, and an upgraded connection
-  would leave these guards behind.
+Every refusal — 400, 408, 413, 431, 503, a deadline that closed a connection, a connection
+shed — calls ``on_refused(reason)`` (``controller_receiver_refused_total{reason}``), and is
+logged at most once per ``LOG_EVERY_SECONDS`` per reason with the count since. A refusal
+answered while the client may still be sending is followed by a lingering close (our side
+half-closed, input read and dropped for at most ``LINGER_SECONDS``), so the client reads the
+answer rather than a reset.
 
-In the app (``receiver``), the signature headers are checked before a body byte is read
-(``signing.Verifier.precheck``), at most ``max_in_flight`` deliveries are read at once (503
-beyond), and the body has a deadline (408).
+Answers: one write per ASGI message (the head waits for the first body bytes), a ``date``
+header, ``Content-Length`` or else chunked, nothing after the head for ``HEAD``, keep-alive as
+HTTP/1.1 says. No upgrades, no HTTP/2, no TLS (terminated in front, as the chart's Ingress does).
+SIGTERM or SIGINT stop accepting, close idle connections, and give requests in progress up to
+``shutdown_timeout_seconds``.
 """
 
 from __future__ import annotations
 
 import asyncio
-import enum
+import contextlib
+import signal
+import socket
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from email.utils import formatdate
 from typing import Any
 
-import httptools
-from uvicorn._types import ASGISendEvent
-from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol, RequestResponseCycle
-
+from controller import http1, logs
 from controller.config import ReceiverSettings
 
-_HEADER_LINE_EXTRA = 4
-"""Bytes of a header line besides its name and value (``": "`` and CRLF), as counted for the cap."""
+log = logs.get("controller.server")
+
+READ_BYTES = 64 * 1024
+"""The most one read takes from a socket."""
+BODY_BUFFER_BYTES = 64 * 1024
+"""Body bytes that may wait for the app before reading from the connection pauses."""
+LINGER_SECONDS = 2.0
+LINGER_MAX_BYTES = 256 * 1024
+OVER_CAPACITY_HEAD_SECONDS = 2.0
+"""How long a connection beyond capacity has to send its head before it is closed (a 503 once it has)."""
+RETRY_AFTER_SECONDS = 1
+LOG_EVERY_SECONDS = 10.0
+REFUSAL_REASONS = (
+    "bad_request",
+    "header_too_large",
+    "header_timeout",
+    "trailers_too_large",
+    "body_timeout",
+    "over_capacity",
+    "shed",
+    "app_error",
+)
+"""The reasons ``on_refused`` is called with (``controller_receiver_refused_total``'s label values)."""
 
 
-def options(limits: ReceiverSettings) -> dict[str, Any]:
-    """Keyword arguments for ``uvicorn.run``/``uvicorn.Config`` that enforce ``limits``."""
-    return {
-        "http": guarded_protocol(limits.max_header_bytes, limits.header_timeout_seconds),
-        "ws": "none",
-        "limit_concurrency": limits.max_connections,
-        # The receiver reads no client address (it logs none), so uvicorn's proxy-headers
-        # middleware, a layer on every request, has nothing to do.
-        "proxy_headers": False,
-    }
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 400
+    max_header_bytes: int = 16 * 1024
+    header_timeout_seconds: float = 10.0
+    body_timeout_seconds: float = 11.0
+    shutdown_timeout_seconds: float = 20.0
+
+    @classmethod
+    def from_settings(cls, receiver: ReceiverSettings, app_body_timeout_seconds: float) -> Limits:
+        """The server's limits; its body deadline a second after the app's own (``/webhooks``
+        answers 408 itself, counted with the deliveries)."""
+        return cls(
+            receiver.max_connections,
+            receiver.max_header_bytes,
+            receiver.header_timeout_seconds,
+            app_body_timeout_seconds + 1.0,
+        )
 
 
-class _Phase(enum.Enum):
-    IDLE = "idle"  # between requests: nothing of the next one has been parsed
-    HEAD = "head"  # the request line and headers are arriving
-    BODY = "body"  # the head is complete; the body (if any) is arriving
+_READ_BUFFER = bytearray(READ_BYTES)
+"""One buffer every connection reads into (the loop runs one read at a time); copied out at once."""
+_READ_VIEW = memoryview(_READ_BUFFER)
+_CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
+_NO_BODY_STATUSES = frozenset({204, 304})
 
 
-class _HeadTooLarge(Exception):
-    """Raised from a parser callback to stop parsing a head over the cap."""
+class Phase:
+    IDLE = "idle"  # waiting for the first byte of the next head
+    HEAD = "head"  # part of a head received
+    BODY = "body"  # head complete, body (or trailers) still arriving
+    DONE = "done"  # the request is read whole; its answer is pending
+    LINGER = "linger"  # answered and half-closed; input dropped until the client closes
 
 
-def guarded_protocol(max_header_bytes: int, header_timeout_seconds: float) -> type[HttpToolsProtocol]:
-    """uvicorn's httptools protocol with the header cap and the header deadline (see the module
-    docstring)."""
-
-    class GuardedHttpToolsProtocol(HttpToolsProtocol):
-        _phase = _Phase.IDLE
-        _head_received = 0
-        """Bytes received for the current head in the chunks before the one being parsed (or,
-        once a chunk is parsed and the head is still incomplete, including it)."""
-        _chunk = 0
-        """Bytes in the chunk being parsed."""
-        _began = 0
-        """Requests begun in the chunk being parsed."""
-        _header_deadline: asyncio.TimerHandle | None = None
-
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
-            super().connection_made(transport)
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._disarm()
-            super().connection_lost(exc)
-
-        def data_received(self, data: bytes) -> None:
-            self._unset_keepalive_if_required()
-            phase = self._phase
-            self._chunk = len(data)
-            self._began = 0
-            try:
-                self.parser.feed_data(data)
-            except httptools.HttpParserCallbackError as exc:
-                if isinstance(exc.__context__, _HeadTooLarge):
-                    self._refuse_head()
-                else:
-                    self._bad_request()
-                return
-            except httptools.HttpParserError:
-                self._bad_request()
-                return
-            except httptools.HttpParserUpgrade:
-                pass  # ws="none": the request is served as plain HTTP, its Upgrade header ignored
-            if self._phase is not _Phase.HEAD:
-                return
-            # The head is still incomplete: count what it holds so far.
-            if phase is _Phase.HEAD and not self._began:
-                self._head_received += len(data)  # every byte of this chunk belongs to it
-            elif phase is _Phase.IDLE and self._began == 1:
-                self._head_received = len(data)  # it began this chunk (after stray CRLFs at most)
-            else:
-                # It began after the end of another request in this chunk, where is not known: what
-                # the parser handed over counts now (its current header is not in it), and the next
-                # chunk counts whole.
-                self._head_received = self._head_size()
-            if self._head_received > max_header_bytes:
-                self._refuse_head()
-
-        def on_message_begin(self) -> None:
-            super().on_message_begin()
-            self._phase = _Phase.HEAD
-            self._head_received = 0
-            self._began += 1
-
-        def on_headers_complete(self) -> None:
-            # The head has at most the bytes received for it: counted exactly only when that is
-            # more than the cap (a large head in one chunk).
-            if self._head_received + self._chunk > max_header_bytes and self._head_size() > max_header_bytes:
-                raise _HeadTooLarge  # stops the parser: data_received answers 431
-            self._phase = _Phase.BODY
-            self._disarm()  # the request line and headers are in
-            super().on_headers_complete()
-
-        def on_message_complete(self) -> None:
-            self._phase = _Phase.IDLE
-            super().on_message_complete()
-
-        def _start_asgi_task(self, cycle: RequestResponseCycle, app: Any) -> None:
-            cycle.__class__ = OneWriteCycle  # before the app runs: it is handed this class's send
-            super()._start_asgi_task(cycle, app)
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            # Keep-alive: the next request's head gets the same deadline (unless a pipelined one
-            # is already complete).
-            if not self.transport.is_closing() and self._phase is not _Phase.BODY:
-                self._arm()
-
-        def _head_size(self) -> int:
-            """The bytes of the URL and the complete headers the parser has handed over."""
-            return len(self.url) + sum(len(name) + len(value) + _HEADER_LINE_EXTRA for name, value in self.headers)
-
-        def _refuse_head(self) -> None:
-            self.logger.warning("Request headers over the cap (%d bytes).", max_header_bytes)
-            self._close_with(431, "Request headers are too large.")
-
-        def _bad_request(self) -> None:
-            self.logger.warning("Invalid HTTP request received.")
-            self._close_with(400, "Invalid HTTP request received.")
-
-        def _close_with(self, status: int, message: str) -> None:
-            self._disarm()
-            if self.transport.is_closing():
-                return
-            body = message.encode("ascii")
-            head = [STATUS_LINE[status]]
-            for name, value in self.server_state.default_headers:
-                head += [name, b": ", value, b"\r\n"]
-            head += [
-                b"content-type: text/plain; charset=utf-8\r\n",
-                b"content-length: %d\r\n" % len(body),
-                b"connection: close\r\n\r\n",
-            ]
-            self.transport.write(b"".join(head) + body)
-            self.transport.close()
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._header_deadline = self.loop.call_later(header_timeout_seconds, self._expire)
-
-        def _disarm(self) -> None:
-            if self._header_deadline is not None:
-                self._header_deadline.cancel()
-                self._header_deadline = None
-
-        def _expire(self) -> None:
-            self._header_deadline = None
-            if self._phase is not _Phase.BODY and not self.transport.is_closing():
-                self.transport.close()
-
-    return GuardedHttpToolsProtocol
+WAITING_FOR_CLIENT = frozenset({Phase.IDLE, Phase.HEAD, Phase.BODY, Phase.LINGER})
+"""Phases in which a connection waits for its client: the ones shed to make room."""
 
 
-class OneWriteCycle(RequestResponseCycle):
-    """uvicorn's response cycle, writing a response's head together with its first body bytes.
+class RefusalLog:
+    """One log line per reason at most every ``LOG_EVERY_SECONDS`` (the first at once), with the
+    count since the last, so a flood of refusals is visible without flooding the log."""
 
-    uvicorn writes the head (status line and headers) as soon as the app starts its response,
-    and the body when the app sends it: two writes, two system calls and two TCP segments for an
-    answer the receiver has whole at once (on loopback each write also runs the peer's receive
-    path: it was a tenth of the receiver's CPU time, ``bench/receiver_fastpath.py --profile``).
-    Here the head waits for the first body message and leaves in the same write. A response
-    whose app fails between the two is not sent at all (uvicorn closes the connection), where
-    uvicorn would have sent its head alone.
-    """
+    def __init__(self, on_refused: Callable[[str], None]) -> None:
+        self._on_refused = on_refused
+        self._pending: dict[str, int] = {}
+        self._logged_at: dict[str, float] = {}
 
-    _held: bytes | None = None
-
-    async def send(self, message: ASGISendEvent) -> None:
-        held = self._held
-        if held is None and (self.response_started or message["type"] != "http.response.start"):
-            await super().send(message)  # a later body message, or a protocol error for uvicorn to raise
-            return
-        transport = self.transport
-        collected = _Collecting(transport, held)
-        self._held, self.transport = None, collected  # type: ignore[assignment]
+    def __call__(self, reason: str) -> None:
         try:
-            await super().send(message)
-        finally:
-            self.transport = transport
-            if held is None and message["type"] == "http.response.start":
-                self._held = collected.take()  # the head: written with the first body message
+            self._on_refused(reason)
+        except Exception:
+            log.exception("receiver.count_error")
+        self._pending[reason] = self._pending.get(reason, 0) + 1
+        now = time.monotonic()
+        if now - self._logged_at.get(reason, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
+            log.warning("receiver.refused", extra={"reason": reason, "count": self._pending.pop(reason)})
+            self._logged_at[reason] = now
+
+
+class Server:
+    """The connections of one listening socket, and the limits they share."""
+
+    def __init__(self, app: Any, limits: Limits, on_refused: Callable[[str], None] | None = None) -> None:
+        self.app = app
+        self.limits = limits
+        self.refused = RefusalLog(on_refused or (lambda reason: None))
+        self.open: dict[Connection, None] = {}  # insertion-ordered: oldest first
+        self.surplus = 0
+        self.stopping = False
+        self.date = b""
+        self._date_second = -1
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def now_date(self) -> bytes:
+        second = int(time.time())
+        if second != self._date_second:
+            self._date_second = second
+            self.date = formatdate(second, usegmt=True).encode("ascii")
+        return self.date
+
+    def admit(self, connection: Connection) -> bool:
+        """Take a slot for ``connection``, shedding the longest-waiting connection if all are
+        taken; False when every open connection is being answered (it is surplus)."""
+        if len(self.open) >= self.limits.max_connections:
+            oldest = min(
+                (each for each in self.open if each.phase in WAITING_FOR_CLIENT),
+                key=lambda each: each.phase_since,
+                default=None,
+            )
+            if oldest is None:
+                return False
+            self.refused("shed")
+            oldest.abort()
+        self.open[connection] = None
+        return True
+
+    def leave(self, connection: Connection) -> None:
+        """``connection`` is closed: its slot is free (once)."""
+        if connection in self.open:
+            del self.open[connection]
+        elif connection.surplus:
+            connection.surplus = False
+            self.surplus -= 1
+
+    def protocol(self) -> Connection:
+        return Connection(self)
+
+    async def shutdown(self) -> None:
+        self.stopping = True
+        for each in list(self.open):
+            if each.cycle is None:
+                each.abort()
+        deadline = time.monotonic() + self.limits.shutdown_timeout_seconds
+        while self.open and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        for each in list(self.open):
+            each.abort()
+        for task in list(self.tasks):
+            task.cancel()
+
+
+class Connection(asyncio.BufferedProtocol):
+    """One client connection: framing, deadlines and flow control, one request at a time
+    (pipelined requests wait in the buffer, bounded, for the previous answer)."""
+
+    def __init__(self, server: Server) -> None:
+        self.server = server
+        self.limits = server.limits
+        self.loop = asyncio.get_running_loop()
+        self.transport: asyncio.Transport | None = None
+        self.buffer = bytearray()
+        self.searched = 0
+        self.phase = Phase.IDLE
+        self.phase_since = self.loop.time()
+        self.served = 0
+        self.cycle: Cycle | None = None
+        self.body: http1.FixedBody | http1.ChunkedBody | None = None
+        self.timer: asyncio.TimerHandle | None = None
+        self.surplus = False
+        self.reading = True
+        self.lingered = 0
+        self.writable: asyncio.Future[None] | None = None
+
+    # asyncio callbacks
+
+    def connection_made(self, base: asyncio.BaseTransport) -> None:
+        transport: asyncio.Transport = base  # type: ignore[assignment]  # uvloop's is no subclass of it
+        self.transport = transport
+        sock = transport.get_extra_info("socket")
+        if sock is not None:
+            with contextlib.suppress(OSError):
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        server = self.server
+        if server.stopping:
+            transport.abort()
+            return
+        if not server.admit(self):
+            if server.surplus >= self.limits.max_connections:
+                server.refused("over_capacity")
+                transport.abort()
+                return
+            server.surplus += 1
+            self.surplus = True
+            self._arm(min(OVER_CAPACITY_HEAD_SECONDS, self.limits.header_timeout_seconds), self._head_expired)
+            return
+        self._arm(self.limits.header_timeout_seconds, self._head_expired)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        self.server.leave(self)
+        self.phase = Phase.LINGER
+        if self.cycle is not None:
+            self.cycle.lost()
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+
+    def get_buffer(self, sizehint: int) -> memoryview:
+        return _READ_VIEW
+
+    def buffer_updated(self, nbytes: int) -> None:
+        if self.phase is Phase.LINGER:
+            self.lingered += nbytes
+            if self.lingered > LINGER_MAX_BYTES:
+                self.abort()
+            return
+        self.buffer += _READ_VIEW[:nbytes]
+        self._advance()
+
+    def eof_received(self) -> bool | None:
+        if self.phase is Phase.DONE and self.cycle is not None:
+            self.cycle.keep_alive = False  # the client half-closed after its request: answer, then close
+            return True
+        if self.cycle is not None:
+            self.cycle.lost()  # the body can never be complete
+        return None  # close
+
+    def pause_writing(self) -> None:
+        if self.writable is None or self.writable.done():
+            self.writable = self.loop.create_future()
+
+    def resume_writing(self) -> None:
+        if self.writable is not None and not self.writable.done():
+            self.writable.set_result(None)
+        if self.buffer and self.cycle is None:
+            self._advance()  # a pipelined request waited for the answers before it to be written out
+
+    @property
+    def write_blocked(self) -> bool:
+        """The client is not reading our answers: the transport's buffer is over its high mark."""
+        return self.writable is not None and not self.writable.done()
+
+    # the request's way through
+
+    def _advance(self) -> None:
+        limits = self.limits
+        while self.transport is not None and not self.transport.is_closing():
+            phase = self.phase
+            if phase is Phase.LINGER:
+                return
+            if phase is Phase.BODY:
+                if not self._read_body():
+                    return
+            elif phase is Phase.DONE or self.cycle is not None or self.write_blocked:
+                # The answer is pending (or not yet written out): the next request waits, bounded.
+                if len(self.buffer) >= limits.max_header_bytes:
+                    self._pause_reading()
+                return
             else:
-                collected.release()
+                if phase is Phase.IDLE:
+                    self._strip_blank_lines()
+                    if not self.buffer:
+                        return
+                    self._enter(Phase.HEAD)
+                try:
+                    end = http1.head_end(self.buffer, self.searched, limits.max_header_bytes)
+                    if end < 0:
+                        self.searched = len(self.buffer)
+                        return
+                    head = http1.parse_head(bytes(self.buffer[:end]), limits.max_header_bytes)
+                except http1.FramingError as exc:
+                    self.refuse(exc.status, exc.reason, str(exc))
+                    return
+                del self.buffer[:end]
+                self.searched = 0
+                self._begin(head)
+
+    def _strip_blank_lines(self) -> None:
+        while self.buffer[:2] == b"\r\n":
+            del self.buffer[:2]
+
+    def _begin(self, head: http1.Head) -> None:
+        self._disarm()
+        if self.surplus:
+            self.refuse(503, "over_capacity", "The receiver is at capacity; retry later.")
+            return
+        keep_alive = head.keep_alive and not self.server.stopping
+        cycle = self.cycle = Cycle(self, head, keep_alive)
+        self.body = head.body
+        if head.body is not None:
+            self._enter(Phase.BODY)
+            self._arm(self.limits.body_timeout_seconds, self._body_expired)
+        else:
+            self._enter(Phase.DONE)
+            cycle.body_complete()
+        task = self.loop.create_task(cycle.run(self.server.app))
+        self.server.tasks.add(task)
+        task.add_done_callback(self.server.tasks.discard)
+
+    def _read_body(self) -> bool:
+        """Move body bytes from the buffer to the app; whether the request is read whole."""
+        body, cycle = self.body, self.cycle
+        assert body is not None and cycle is not None
+        if cycle.queued >= BODY_BUFFER_BYTES:
+            self._pause_reading()
+            return False
+        if not self.buffer:
+            return False
+        try:
+            pieces, used = body.feed(self.buffer)
+        except http1.FramingError as exc:
+            self.refuse(exc.status, exc.reason, str(exc))
+            return False
+        del self.buffer[:used]
+        cycle.add_body(pieces)
+        if not body.done:
+            if cycle.queued >= BODY_BUFFER_BYTES:
+                self._pause_reading()
+            return False
+        self._disarm()
+        self._enter(Phase.DONE)
+        cycle.body_complete()
+        return True
+
+    def answered(self, cycle: Cycle) -> None:
+        """The app's answer is written whole."""
+        self.cycle = None
+        self.served += 1
+        if not cycle.keep_alive or self.phase is Phase.BODY or self.server.stopping:
+            # A body the app did not read is not read: close (lingering, the client may be sending).
+            self.linger()
+            return
+        self.body = None
+        self._enter(Phase.IDLE)
+        self._arm(self.limits.header_timeout_seconds, self._head_expired)
+        self._resume_reading()
+        if self.buffer:
+            self._advance()
+
+    def app_wants_body(self) -> None:
+        """The app waits for body bytes: read again (and say 100 Continue once, if asked)."""
+        self._resume_reading()
+
+    # refusals, deadlines, closing
+
+    def refuse(self, status: int, reason: str, message: str) -> None:
+        """Answer ``status`` (unless an answer has begun) and close; counted as ``reason``."""
+        self.server.refused(reason)
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        cycle = self.cycle
+        if cycle is None or not cycle.started:
+            extra = ((b"retry-after", b"%d" % RETRY_AFTER_SECONDS),) if status == 503 else ()
+            transport.write(http1.answer(status, message, extra))
+            if cycle is not None:
+                cycle.started = cycle.complete = True
+        if cycle is not None:
+            cycle.lost()
+            self.cycle = None
+        self.linger()
+
+    def linger(self) -> None:
+        """Half-close our side and drop input until the client closes, at most ``LINGER_SECONDS``."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return
+        self._enter(Phase.LINGER)
+        self.buffer.clear()
+        if not transport.can_write_eof():
+            transport.close()
+            return
+        self._resume_reading()
+        transport.write_eof()
+        self._arm(LINGER_SECONDS, self.abort)
+
+    def abort(self) -> None:
+        self._disarm()
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+        if self.transport is not None:
+            self.server.leave(self)
+            self.phase = Phase.LINGER
+
+    def _head_expired(self) -> None:
+        self.timer = None
+        if self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):
+            self.server.refused("header_timeout")  # keep-alive idle after an answer is no refusal
+        self.abort()
+
+    def _body_expired(self) -> None:
+        self.timer = None
+        self.refuse(408, "body_timeout", "The request body did not arrive in time.")
+
+    def _enter(self, phase: str) -> None:
+        self.phase = phase
+        self.phase_since = self.loop.time()
+
+    def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
+        self._disarm()
+        self.timer = self.loop.call_later(seconds, callback)
+
+    def _disarm(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()
+            self.timer = None
+
+    def _pause_reading(self) -> None:
+        if self.reading and self.transport is not None and not self.transport.is_closing():
+            self.reading = False
+            self.transport.pause_reading()
+
+    def _resume_reading(self) -> None:
+        if not self.reading and self.transport is not None and not self.transport.is_closing():
+            self.reading = True
+            self.transport.resume_reading()
+            if self.buffer and self.phase is Phase.BODY:
+                self._advance()
 
 
-class _Collecting:
-    """Stands for a transport while one ASGI message is written: the writes are joined into one,
-    and a close waits for it (``release``)."""
+class Cycle:
+    """One request and its answer, as the app sees them (ASGI ``receive``/``send``)."""
 
-    def __init__(self, transport: asyncio.Transport, held: bytes | None) -> None:
-        self._transport = transport
-        self._parts = [held] if held else []
-        self._close = False
+    def __init__(self, connection: Connection, head: http1.Head, keep_alive: bool) -> None:
+        self.connection = connection
+        self.head = head
+        self.keep_alive = keep_alive
+        self.pieces: deque[bytes] = deque()
+        self.queued = 0
+        self.read_whole = False
+        self.body_given = False
+        self.disconnected = False
+        self.waiter: asyncio.Future[None] | None = None
+        self.started = False
+        self.complete = False
+        self.continued = not head.expects_continue
+        self.held = b""
+        self.chunked = False
 
-    def write(self, data: bytes) -> None:
-        self._parts.append(data)
+    def scope(self) -> dict[str, Any]:
+        head, transport = self.head, self.connection.transport
+        assert transport is not None
+        client = transport.get_extra_info("peername")
+        server = transport.get_extra_info("sockname")
+        return {
+            "type": "http",
+            "asgi": {"version": "3.0", "spec_version": "2.3"},
+            "http_version": head.http_version,
+            "server": tuple(server[:2]) if isinstance(server, tuple) else None,
+            "client": tuple(client[:2]) if isinstance(client, tuple) else None,
+            "scheme": "http",
+            "method": head.method,
+            "root_path": "",
+            "path": head.path,
+            "raw_path": head.raw_path,
+            "query_string": head.query,
+            "headers": head.headers,
+            "state": {},
+        }
 
-    def close(self) -> None:
-        self._close = True
+    async def run(self, app: Any) -> None:
+        try:
+            await app(self.scope(), self.receive, self.send)
+        except Exception:
+            log.exception("receiver.app_error")
+            if not self.started:
+                self.connection.refuse(500, "app_error", "Internal Server Error")
+                return
+        if not self.complete:
+            if not self.started and not self.disconnected:
+                log.error("receiver.no_answer")
+            self.connection.abort()
 
-    def is_closing(self) -> bool:
-        return self._close or self._transport.is_closing()
+    # inbound (called by the connection)
 
-    def take(self) -> bytes | None:
-        data = b"".join(self._parts)
-        if self._close:  # never happens with the head alone; kept safe all the same
-            self.release()
-            return None
-        return data
+    def add_body(self, pieces: list[bytes]) -> None:
+        for piece in pieces:
+            if piece:
+                self.pieces.append(piece)
+                self.queued += len(piece)
+        self._wake()
 
-    def release(self) -> None:
-        if self._parts and not self._transport.is_closing():
-            self._transport.write(b"".join(self._parts))
-        self._parts = []
-        if self._close:
-            self._transport.close()
+    def body_complete(self) -> None:
+        self.read_whole = True
+        self._wake()
+
+    def lost(self) -> None:
+        self.disconnected = True
+        self._wake()
+
+    def _wake(self) -> None:
+        if self.waiter is not None and not self.waiter.done():
+            self.waiter.set_result(None)
+
+    # ASGI
+
+    async def receive(self) -> dict[str, Any]:
+        while True:
+            if self.disconnected or self.complete:
+                return {"type": "http.disconnect"}
+            if self.pieces:
+                body = self.pieces.popleft() if len(self.pieces) == 1 else b"".join(self.pieces)
+                self.pieces.clear()
+                self.queued = 0
+                more = not self.read_whole
+                self.body_given = not more
+                if more:
+                    self.connection.app_wants_body()
+                return {"type": "http.request", "body": body, "more_body": more}
+            if self.read_whole and not self.body_given:
+                self.body_given = True
+                return {"type": "http.request", "body": b"", "more_body": False}
+            if not self.read_whole and not self.continued and not self.started:
+                self.continued = True
+                transport = self.connection.transport
+                if transport is not None and not transport.is_closing():
+                    transport.write(_CONTINUE)
+            self.connection.app_wants_body()
+            self.waiter = asyncio.get_running_loop().create_future()
+            await self.waiter
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if self.disconnected:
+            return  # the client is gone, or the server answered (a refusal) and closes
+        kind = message["type"]
+        if kind == "http.response.start":
+            if self.started:
+                raise RuntimeError("the answer has already started")
+            self.started = True
+            self.held = self._answer_head(message["status"], message.get("headers", ()))
+            return
+        if kind != "http.response.body":
+            raise RuntimeError(f"unexpected ASGI message {kind!r}")
+        if not self.started or self.complete:
+            raise RuntimeError("body sent before the answer started, or after it ended")
+        body: bytes = message.get("body", b"")
+        more: bool = message.get("more_body", False)
+        out = [self.held] if self.held else []
+        self.held = b""
+        if self.head.method != "HEAD":
+            if self.chunked:
+                if body:
+                    out.append(b"%x\r\n%s\r\n" % (len(body), body))
+                if not more:
+                    out.append(b"0\r\n\r\n")
+            elif body:
+                out.append(body)
+        connection = self.connection
+        transport = connection.transport
+        if out and transport is not None and not transport.is_closing():
+            transport.write(b"".join(out) if len(out) > 1 else out[0])
+        if not more:
+            self.complete = True
+            self._wake()
+            connection.answered(self)
+        elif connection.writable is not None and not connection.writable.done():
+            await connection.writable
+
+    def _answer_head(self, status: int, headers: Any) -> bytes:
+        parts = [http1.status_line(status)]
+        framed = status in _NO_BODY_STATUSES or self.head.method == "HEAD"
+        for name, value in headers:
+            lowered = name.lower()
+            if lowered == b"content-length":
+                framed = True
+            elif lowered == b"connection" and value.lower() == b"close":
+                self.keep_alive = False
+                continue
+            elif lowered == b"transfer-encoding":
+                continue  # framed here
+            if b"\n" in name or b"\r" in name or b"\n" in value or b"\r" in value:
+                raise RuntimeError("invalid header in the app's answer")
+            parts += [name, b": ", value, b"\r\n"]
+        if not framed:
+            self.chunked = True
+            parts.append(b"transfer-encoding: chunked\r\n")
+        parts += [b"date: ", self.connection.server.now_date(), b"\r\n"]
+        if not self.keep_alive or (self.connection.phase is Phase.BODY):
+            self.keep_alive = False
+            parts.append(b"connection: close\r\n")
+        parts.append(b"\r\n")
+        return b"".join(parts)
+
+
+async def serve(
+    app: Any,
+    host: str,
+    port: int,
+    limits: Limits,
+    on_refused: Callable[[str], None] | None = None,
+    ready: Callable[[Server], None] | None = None,
+    stop: asyncio.Event | None = None,
+) -> None:
+    """Serve ``app`` until ``stop`` is set (or, without one, until SIGTERM or SIGINT)."""
+    server = Server(app, limits, on_refused)
+    loop = asyncio.get_running_loop()
+    listening = await loop.create_server(server.protocol, host, port, backlog=2048, reuse_address=True)
+    if stop is None:
+        stop = asyncio.Event()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop.set)
+    addresses = [sock.getsockname()[:2] for sock in listening.sockets]
+    log.info("receiver.listening", extra={"addresses": [f"{a}:{p}" for a, p in addresses]})
+    if ready is not None:
+        ready(server)
+    try:
+        await stop.wait()
+    finally:
+        log.info("receiver.stopping", extra={"open_connections": len(server.open)})
+        listening.close()
+        await server.shutdown()
+        await listening.wait_closed()
+        log.info("receiver.stopped")
+
+
+def run(app: Any, host: str, port: int, limits: Limits, on_refused: Callable[[str], None] | None = None) -> None:
+    """``serve`` on a new event loop (uvloop's when installed)."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvicorn[standard] installs it
+        asyncio.run(serve(app, host, port, limits, on_refused))
+    else:
+        uvloop.run(serve(app, host, port, limits, on_refused))

@@ -70,3 +70,16 @@ def test_rules_and_dashboard_use_only_exported_metrics(chart: Any) -> None:  # n
     for wanted in ("controller_decisions_total", "controller_delivery_to_sandbox_start_seconds_bucket"):
         assert wanted in used
     assert all(f'namespace="{NAMESPACE}"' in e for e in expressions if "controller_" in e and "$namespace" not in e)
+
+
+def test_an_alert_watches_the_receivers_refusals_of_genuine_deliveries(chart: Any) -> None:  # noqa: F811
+    """L5: 503s beyond the receiver's capacity (genuine deliveries turned away) raise an alert, on a
+    reason the server counts."""
+    from controller.server import REFUSAL_REASONS
+
+    objects = render(chart, merge(CREDENTIALS, ALL_ON))
+    [rule] = of_kind(objects, "PrometheusRule")
+    alerts = {r["alert"]: r["expr"] for g in rule["spec"]["groups"] for r in g["rules"]}
+    expression = alerts["SandboxControllerReceiverOverCapacity"]
+    assert 'controller_receiver_refused_total{reason="over_capacity"' in expression
+    assert "over_capacity" in REFUSAL_REASONS

@@ -1,86 +1,140 @@
-"""The receiver's HTTP server on the wire (``controller/server.py``): uvicorn with httptools and
-the guards it lacks, a header cap and a header deadline, served on 127.0.0.1 from a thread of
-this process with ``server.options`` exactly as ``serve`` passes them. The floods these guards
-hold off, on a real receiver process, are tests/system/test_receiver_limits.py.
+"""The receiver's HTTP server on the wire (``controller/server.py``): every byte counted, every
+phase on a clock, capacity never held by clients that do not finish, every refusal counted.
+Served on 127.0.0.1 from a thread of this process (``tests/support/http_server.py``, uvloop as
+``serve`` runs it). The same attacks on a real receiver process, with its memory watched, are in
+tests/system/test_receiver_limits.py.
 """
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
-import threading
 import time
 from collections.abc import Iterator, Sequence
 
 import pytest
-import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse
 from starlette.routing import Route
 
 from controller import server
-from controller.config import ReceiverSettings
-from tests.support.processes import free_port, port_open, wait_for
+from tests.support.http_server import ServerThread
+from tests.support.processes import wait_for
 
 CAP = 4096
 DEADLINE = 1.0
-LIMITS = ReceiverSettings(max_connections=20, max_header_bytes=CAP, header_timeout_seconds=DEADLINE)
+BODY_DEADLINE = 2.0
+LIMITS = server.Limits(
+    max_connections=20,
+    max_header_bytes=CAP,
+    header_timeout_seconds=DEADLINE,
+    body_timeout_seconds=BODY_DEADLINE,
+    shutdown_timeout_seconds=2.0,
+)
 
 
 async def echo(request: Request) -> PlainTextResponse:
     return PlainTextResponse(f"body {len(await request.body())}")
 
 
-@pytest.fixture(scope="module")
-def port() -> Iterator[int]:
-    app = Starlette(routes=[Route("/", echo, methods=["GET", "POST"])])
-    chosen = free_port()
-    config = uvicorn.Config(
-        app, host="127.0.0.1", port=chosen, log_config=None, access_log=False, lifespan="off", **server.options(LIMITS)
+async def healthz(request: Request) -> PlainTextResponse:
+    return PlainTextResponse("ok")  # reads no body
+
+
+class Gate:
+    """``/hold`` answers once the test opens the gate (requests being answered, holding capacity)."""
+
+    def __init__(self) -> None:
+        self.opened = False
+        self.waiting = 0
+
+    async def hold(self, request: Request) -> PlainTextResponse:
+        self.waiting += 1
+        while not self.opened:
+            await asyncio.sleep(0.01)
+        return PlainTextResponse("held")
+
+
+def make_app(gate: Gate | None = None) -> Starlette:
+    gate = gate or Gate()
+    return Starlette(
+        routes=[
+            Route("/", echo, methods=["GET", "POST"]),
+            Route("/healthz", healthz, methods=["GET", "POST"]),
+            Route("/hold", gate.hold, methods=["GET"]),
+        ]
     )
-    uvicorn_server = uvicorn.Server(config)
-    thread = threading.Thread(target=uvicorn_server.run, name="receiver-server", daemon=True)
-    thread.start()
-    try:
-        wait_for(lambda: port_open(chosen), 30, "the server")
-        yield chosen
-    finally:
-        uvicorn_server.should_exit = True
-        thread.join(30)
-        assert not thread.is_alive(), "the server did not stop"
+
+
+@pytest.fixture(scope="module")
+def running() -> Iterator[ServerThread]:
+    with ServerThread(make_app(), LIMITS) as started:
+        yield started
+
+
+@pytest.fixture
+def port(running: ServerThread) -> int:
+    return running.port
+
+
+def connect(port: int, timeout: float = 10.0) -> socket.socket:
+    client = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    client.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return client
+
+
+def read_until_closed(client: socket.socket, within: float) -> tuple[bytes, str]:
+    received, ended = b"", "open"
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        try:
+            data = client.recv(65536)
+        except TimeoutError:
+            break
+        except ConnectionResetError:
+            ended = "reset"
+            break
+        if not data:
+            ended = "closed"
+            break
+        received += data
+    return received, ended
+
+
+def statuses_in(received: bytes) -> list[str]:
+    return [line.decode() for line in re.findall(rb"HTTP/1\.1 \d{3}[^\r]*", received)]
 
 
 def exchange(port: int, pieces: Sequence[bytes], pause: float = 0.0, within: float = 10.0) -> tuple[list[str], str]:
     """Send ``pieces`` (``pause`` seconds apart, stopping if the server closed), then read until
     the server closes: the status lines received, and how the connection ended (``closed``,
     ``reset`` or ``open`` when the server kept it past ``within`` seconds)."""
-    received, ended = b"", "open"
-    with socket.create_connection(("127.0.0.1", port), timeout=within) as client:
+    with connect(port, within) as client:
         for piece in pieces:
             try:
                 client.sendall(piece)
             except (BrokenPipeError, ConnectionResetError):
                 break
             time.sleep(pause)
-        deadline = time.monotonic() + within
-        while time.monotonic() < deadline:
-            try:
-                data = client.recv(65536)
-            except TimeoutError:
-                break
-            except ConnectionResetError:
-                ended = "reset"
-                break
-            if not data:
-                ended = "closed"
-                break
-            received += data
-    return [line.decode() for line in re.findall(rb"HTTP/1\.1 \d{3}[^\r]*", received)], ended
+        received, ended = read_until_closed(client, within)
+    return statuses_in(received), ended
 
 
 def head(*lines: str, method: str = "GET", target: str = "/") -> bytes:
     return f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode() + "".join(f"{x}\r\n" for x in lines).encode()
+
+
+def head_of_exactly(size: int, pad_with: str = "a") -> bytes:
+    """A whole head (``Connection: close``, blank line included) of exactly ``size`` bytes."""
+    bare = head("Connection: close", "X-Pad: ") + b"\r\n"
+    padded = head("Connection: close", "X-Pad: " + pad_with * (size - len(bare))) + b"\r\n"
+    assert len(padded) == size
+    return padded
+
+
+# -- the head ---------------------------------------------------------------------------------------
 
 
 def test_a_head_over_the_cap_in_one_read_gets_431_and_the_connection_closes(port: int) -> None:
@@ -104,12 +158,52 @@ def test_a_url_over_the_cap_is_refused(port: int) -> None:
 
 
 def test_a_header_trickled_past_the_cap_is_refused_before_it_ends(port: int) -> None:
-    """L3: a header that never ends is refused once the bytes received for the head pass the cap
-    (httptools itself would buffer it without bound)."""
+    """L3: a header that never ends is refused once the bytes received for the head pass the cap."""
     pieces = [head() + b"X-Endless: "] + [b"a" * 512] * 64  # 32 KiB, never a line end
     statuses, ended = exchange(port, pieces, pause=0.01)
     assert statuses == ["HTTP/1.1 431 Request Header Fields Too Large"]
     assert ended in {"closed", "reset"}
+
+
+SEGMENTATIONS = {
+    "one write": lambda size: [size],
+    "the first byte alone": lambda size: [1, size - 1],
+    "the last byte alone": lambda size: [size - 1, 1],
+    "split inside the blank line": lambda size: [size - 3, 3],
+    "the blank line's last two bytes alone": lambda size: [size - 2, 2],
+    "1000-byte pieces": lambda size: [1000] * (size // 1000) + [size % 1000],
+    "at the cap": lambda size: [min(size, CAP - 1), size - min(size, CAP - 1)],
+}
+
+
+def pieces_of(data: bytes, sizes: list[int]) -> list[bytes]:
+    pieces, at = [], 0
+    for size in sizes:
+        if size:
+            pieces.append(data[at : at + size])
+            at += size
+    assert b"".join(pieces) == data
+    return pieces
+
+
+@pytest.mark.parametrize("segmentation", sorted(SEGMENTATIONS))
+def test_the_cap_is_exact_to_the_byte_whatever_the_segmentation(port: int, segmentation: str) -> None:
+    """L3: a head of exactly the cap is served and one of the cap plus one byte gets 431, however
+    TCP splits it (each piece its own segment, 50 ms apart)."""
+    for size, expected in ((CAP, "HTTP/1.1 200 OK"), (CAP + 1, "HTTP/1.1 431 Request Header Fields Too Large")):
+        data = head_of_exactly(size)
+        statuses, _ = exchange(port, pieces_of(data, SEGMENTATIONS[segmentation](size)), pause=0.05)
+        assert statuses == [expected], (segmentation, size, statuses)
+
+
+def test_whitespace_in_header_values_counts_toward_the_cap(port: int) -> None:
+    """L3: leading whitespace of a header value is bytes of the head like any other: a head made
+    six times the cap by spaces is refused even in one write."""
+    statuses, _ = exchange(port, [head_of_exactly(6 * CAP, pad_with=" ")[:-2] + b"\r\n"])
+    assert statuses == ["HTTP/1.1 431 Request Header Fields Too Large"]
+    data = head("Connection: close", "X-Pad:" + " " * (CAP - 100) + "v") + b"\r\n"
+    statuses, _ = exchange(port, [data])
+    assert statuses == (["HTTP/1.1 200 OK"] if len(data) <= CAP else ["HTTP/1.1 431 Request Header Fields Too Large"])
 
 
 def test_a_head_under_the_cap_passes_with_a_large_body_in_the_same_read(port: int) -> None:
@@ -131,14 +225,25 @@ def test_a_pipelined_request_after_a_body_is_served(port: int) -> None:
     assert statuses == ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK"]
 
 
-def test_headers_not_complete_within_the_deadline_close_the_connection(port: int) -> None:
+def test_headers_not_complete_within_the_deadline_close_the_connection(running: ServerThread) -> None:
     """L3: a client that sends a header line every 0.2 s, never ending its headers, is closed at
-    the header deadline (1 s here), without an answer."""
+    the header deadline (1 s here), without an answer, and the refusal is counted."""
+    before = running.refused["header_timeout"]
     started = time.monotonic()
-    statuses, ended = exchange(port, [head()] + [b"X-Trickle: a\r\n"] * 40, pause=0.2)
+    statuses, ended = exchange(running.port, [head()] + [b"X-Trickle: a\r\n"] * 40, pause=0.2)
     assert statuses == []
     assert ended in {"closed", "reset"}
     assert time.monotonic() - started < 40 * 0.2  # closed before the client was done
+    wait_for(lambda: running.refused["header_timeout"] > before, 10, "the header timeout to be counted")
+
+
+def test_a_connection_that_sends_nothing_is_closed_at_the_header_deadline(running: ServerThread) -> None:
+    """L3: an opened connection that never sends a byte is closed at the header deadline and counted."""
+    before = running.refused["header_timeout"]
+    with connect(running.port) as client:
+        _, ended = read_until_closed(client, DEADLINE + 5)
+    assert ended in {"closed", "reset"}
+    wait_for(lambda: running.refused["header_timeout"] > before, 10, "the header timeout to be counted")
 
 
 def test_a_kept_alive_connection_gets_the_deadline_again_after_each_answer(port: int) -> None:
@@ -152,20 +257,210 @@ def test_a_kept_alive_connection_gets_the_deadline_again_after_each_answer(port:
 
 
 def test_an_upgrade_header_is_ignored(port: int) -> None:
-    """L3: no WebSocket or other upgrade leaves the guarded protocol: the request is plain HTTP."""
+    """L3: no WebSocket or other upgrade leaves the server's limits: the request is plain HTTP."""
     statuses, _ = exchange(port, [head("Connection: Upgrade, close", "Upgrade: websocket") + b"\r\n"])
     assert statuses == ["HTTP/1.1 200 OK"]
 
 
+@pytest.mark.parametrize(
+    "framing",
+    [
+        ("Content-Length: 5", "Transfer-Encoding: chunked"),
+        ("Content-Length: 5", "Content-Length: 6"),
+        ("Transfer-Encoding: gzip",),
+        ("Transfer-Encoding: chunked, gzip",),
+        ("Content-Length: -1",),
+    ],
+)
+def test_ambiguous_body_framing_is_refused(running: ServerThread, framing: tuple[str, ...]) -> None:
+    """L3: a head whose body length could be read two ways (request smuggling) gets 400."""
+    statuses, ended = exchange(running.port, [head(*framing, method="POST") + b"\r\n" + b"hello"])
+    assert statuses == ["HTTP/1.1 400 Bad Request"]
+    assert ended in {"closed", "reset"}
+
+
+# -- body and trailers ----------------------------------------------------------------------------
+
+
+TOO_LARGE = "HTTP/1.1 431 Request Header Fields Too Large"
+
+
+def endless_trailers(port: int, target: str, method: str, seconds: float) -> tuple[list[str], str, float]:
+    """A chunked request that ends its chunks, then sends 1 KiB trailer lines as fast as it can,
+    for at most ``seconds``: what the server answered, how the connection ended, and how long
+    the client could go on sending."""
+    line = b"X-Trailer: " + b"t" * 1010 + b"\r\n"
+    started = time.monotonic()
+    with connect(port, 5.0) as client:
+        client.sendall(head("Transfer-Encoding: chunked", method=method, target=target) + b"\r\n5\r\nhello\r\n0\r\n")
+        sending = 0.0
+        while time.monotonic() - started < seconds:
+            try:
+                client.sendall(line * 64)
+            except (BrokenPipeError, ConnectionResetError, TimeoutError):
+                break
+            sending = time.monotonic() - started
+        received, ended = read_until_closed(client, 5.0)
+    return statuses_in(received), ended, sending
+
+
+@pytest.mark.parametrize(
+    ("method", "target", "answer"),
+    [
+        ("POST", "/", TOO_LARGE),  # reads its body: the trailers are refused
+        ("GET", "/", TOO_LARGE),
+        ("POST", "/healthz", "HTTP/1.1 200 OK"),  # reads no body: answered, the rest is never read
+        ("GET", "/healthz", "HTTP/1.1 200 OK"),
+        ("POST", "/missing", "HTTP/1.1 404 Not Found"),
+    ],
+)
+def test_endless_trailers_are_cut_off_on_every_route(
+    running: ServerThread, method: str, target: str, answer: str
+) -> None:
+    """L3: trailers after the last chunk count against the head's cap whatever the route: a client
+    sending trailers without end is answered and its connection closed within a few seconds
+    (the server reads and drops at most ``LINGER_MAX_BYTES`` after answering); on a route that
+    reads its body the trailers over the cap get 431, counted. (On a route that reads none, the
+    app's answer or the 431, whichever comes first.)"""
+    before = running.refused["trailers_too_large"]
+    statuses, ended, sending = endless_trailers(running.port, target, method, seconds=20.0)
+    assert statuses in ([answer], [TOO_LARGE])
+    assert ended in {"closed", "reset"}
+    assert sending < 15.0, f"the client could send trailers for {sending:.1f} s"
+    if answer.startswith("HTTP/1.1 431"):
+        wait_for(lambda: running.refused["trailers_too_large"] > before, 10, "the refusal to be counted")
+
+
+def test_a_body_not_complete_within_its_deadline_gets_408(running: ServerThread) -> None:
+    """L3: a body trickled to a route that reads it gets 408 at the body deadline, counted."""
+    before = running.refused["body_timeout"]
+    started = time.monotonic()
+    statuses, ended = exchange(
+        running.port, [head("Content-Length: 100", method="POST") + b"\r\n"] + [b"x"] * 30, pause=0.2
+    )
+    assert statuses == ["HTTP/1.1 408 Request Timeout"]
+    assert ended in {"closed", "reset"}
+    assert time.monotonic() - started < 30 * 0.2 + 5
+    wait_for(lambda: running.refused["body_timeout"] > before, 10, "the refusal to be counted")
+
+
+def test_a_body_on_a_route_that_reads_none_is_not_read(running: ServerThread) -> None:
+    """L3: ``GET /healthz`` declaring a 1 GB body is answered at once and its connection closed:
+    the body is never read, whatever the client trickles after."""
+    with connect(running.port) as client:
+        client.sendall(head("Content-Length: 1000000000", target="/healthz") + b"\r\n")
+        for _ in range(5):
+            try:
+                client.sendall(b"x")
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            time.sleep(0.5)
+        received, ended = read_until_closed(client, 5.0)
+    assert statuses_in(received) == ["HTTP/1.1 200 OK"]
+    assert ended in {"closed", "reset"}
+
+
+def test_expect_100_continue_is_answered_when_the_app_reads(port: int) -> None:
+    """A client that waits for ``100 Continue`` before its body gets it, then its answer."""
+    with connect(port) as client:
+        client.sendall(head("Expect: 100-continue", "Content-Length: 5", "Connection: close", method="POST") + b"\r\n")
+        first = client.recv(65536)
+        assert first == b"HTTP/1.1 100 Continue\r\n\r\n"
+        client.sendall(b"hello")
+        received, _ = read_until_closed(client, 5.0)
+    assert statuses_in(received) == ["HTTP/1.1 200 OK"]
+    assert received.endswith(b"body 5")
+
+
 def test_an_answer_with_its_body_arrives_whole(port: int) -> None:
-    """L3: the head written with the body (``OneWriteCycle``) still makes a whole HTTP answer,
-    with keep-alive, ``Connection: close`` and HEAD alike."""
-    with socket.create_connection(("127.0.0.1", port), timeout=10) as client:
+    """L3: keep-alive, ``HEAD`` and ``Connection: close`` answers are whole HTTP answers."""
+    with connect(port) as client:
         client.sendall(head() + b"\r\n" + head(method="HEAD") + b"\r\n" + head("Connection: close") + b"\r\n")
-        received = b""
-        while data := client.recv(65536):
-            received += data
+        received, _ = read_until_closed(client, 5.0)
     answers = received.split(b"HTTP/1.1 ")[1:]
     assert [a.split(b"\r\n", 1)[0] for a in answers] == [b"200 OK"] * 3
     assert answers[0].endswith(b"\r\n\r\nbody 0") and answers[2].endswith(b"\r\n\r\nbody 0")
     assert answers[1].endswith(b"\r\n\r\n")  # HEAD: the head alone
+    assert b"connection: close" in answers[2] and b"date: " in answers[0]
+
+
+# -- capacity ---------------------------------------------------------------------------------------
+
+
+def genuine_status(port: int) -> str:
+    statuses, _ = exchange(port, [head("Connection: close", target="/healthz") + b"\r\n"], within=5.0)
+    return statuses[0] if statuses else "none"
+
+
+def test_connections_trickling_a_body_hold_no_slot() -> None:
+    """L3, L5: more connections than the cap each send ``GET /healthz`` with a 1 GB
+    ``Content-Length``, read the answer and then send a byte every half second: none keeps its
+    slot (the body is never read), and a fresh request is answered 200 while they go on."""
+    limits = server.Limits(max_connections=20, max_header_bytes=CAP, header_timeout_seconds=30, body_timeout_seconds=30)
+    with ServerThread(make_app(), limits) as running:
+        holders = [connect(running.port) for _ in range(25)]
+        try:
+            for each in holders:
+                each.sendall(head("Content-Length: 1000000000", target="/healthz") + b"\r\n")
+            for _ in range(4):
+                for each in holders:
+                    try:
+                        each.sendall(b"x")
+                    except OSError:
+                        pass
+                time.sleep(0.5)
+            assert genuine_status(running.port) == "HTTP/1.1 200 OK"
+            wait_for(lambda: running.open_connections() == 0, 10, "the holders' connections to be closed")
+        finally:
+            for each in holders:
+                each.close()
+
+
+def test_clients_that_never_finish_their_heads_are_shed_for_a_new_one() -> None:
+    """L3, L5: with every slot taken by connections trickling their heads (a long header
+    deadline here), a new connection sheds the one that waited longest: a genuine request is
+    answered 200 at once, and each shed is counted."""
+    limits = server.Limits(max_connections=10, max_header_bytes=CAP, header_timeout_seconds=60, body_timeout_seconds=30)
+    with ServerThread(make_app(), limits) as running:
+        holders = [connect(running.port) for _ in range(10)]
+        try:
+            for each in holders:
+                each.sendall(head())  # never the blank line
+            wait_for(lambda: running.open_connections() == 10, 10, "every slot to be taken")
+            started = time.monotonic()
+            assert genuine_status(running.port) == "HTTP/1.1 200 OK"
+            assert time.monotonic() - started < 5.0
+            assert running.refused["shed"] >= 1
+            holders[0].settimeout(5)
+            _, ended = read_until_closed(holders[0], 5.0)
+            assert ended in {"closed", "reset"}  # the oldest was the one shed
+        finally:
+            for each in holders:
+                each.close()
+
+
+def test_beyond_capacity_of_answers_in_progress_a_request_gets_503_with_retry_after() -> None:
+    """L5: when every slot holds a request being answered, a new request gets 503 with
+    ``Retry-After`` (counted ``over_capacity``), and is served once a slot frees."""
+    gate = Gate()
+    limits = server.Limits(max_connections=3, max_header_bytes=CAP, header_timeout_seconds=30, body_timeout_seconds=30)
+    with ServerThread(make_app(gate), limits) as running:
+        busy = [connect(running.port) for _ in range(3)]
+        try:
+            for each in busy:
+                each.sendall(head("Connection: close", target="/hold") + b"\r\n")
+            wait_for(lambda: gate.waiting == 3, 10, "three requests being answered")
+            with connect(running.port) as client:
+                client.sendall(head("Connection: close", target="/healthz") + b"\r\n")
+                received, _ = read_until_closed(client, 5.0)
+            assert statuses_in(received) == ["HTTP/1.1 503 Service Unavailable"]
+            assert b"\r\nretry-after: 1\r\n" in received
+            assert running.refused["over_capacity"] == 1
+            gate.opened = True
+            for each in busy:
+                received, _ = read_until_closed(each, 5.0)
+                assert statuses_in(received) == ["HTTP/1.1 200 OK"]
+            wait_for(lambda: genuine_status(running.port) == "HTTP/1.1 200 OK", 10, "a slot to free")
+        finally:
+            for each in busy:
+                each.close()

@@ -372,3 +372,183 @@ def test_a_kept_alive_connection_gets_the_header_deadline_again(receiver: Receiv
     served, third = asyncio.run(scenario())
     assert served == ["HTTP/1.1 200 OK", "HTTP/1.1 200 OK"]
     assert third in {"closed", "reset"}, third
+
+
+# -- issue 24: trailers, slot holding, the cap to the byte --------------------------------------------
+
+
+def metric_value(port: int, sample: str) -> float:
+    for line in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text.splitlines():
+        name, _, value = line.rpartition(" ")
+        if name == sample:
+            return float(value)
+    return 0.0
+
+
+async def endless_trailers(port: int, method: str, target: str, extra: str, seconds: float) -> tuple[str, float]:
+    """A chunked request whose chunks end, then 1 KiB trailer lines as fast as the receiver takes
+    them for at most ``seconds``: its answer and how long the client could keep sending."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    line = b"X-Trailer: " + b"t" * 1010 + b"\r\n"
+    started = time.monotonic()
+    sending = 0.0
+    try:
+        writer.write(
+            f"{method} {target} HTTP/1.1\r\nHost: 127.0.0.1\r\n{extra}Transfer-Encoding: chunked\r\n\r\n".encode()
+            + b"5\r\nhello\r\n0\r\n"
+        )
+        while time.monotonic() - started < seconds:
+            try:
+                writer.write(line * 64)
+                await asyncio.wait_for(writer.drain(), seconds)
+            except (ConnectionError, TimeoutError):
+                break
+            sending = time.monotonic() - started
+        return await answer(reader, 10.0), sending
+    finally:
+        writer.close()
+
+
+TRAILER_ROUTES = [
+    ("POST", "/healthz", ""),
+    ("GET", "/healthz", ""),
+    ("GET", "/no-such-path", ""),
+    ("POST", "/webhooks", "fake-signature"),
+]
+
+
+def test_endless_trailers_on_every_route_are_cut_off_with_memory_bounded(receiver: Receiver) -> None:
+    """L3, L5: 25 connections on each route (``/healthz`` both ways, an unknown path, ``/webhooks``
+    with well-formed but fake signature headers) send a last chunk and then trailers without end,
+    as fast as the receiver reads: each is answered or closed within seconds, the receiver's
+    memory grows by less than 64 MiB (trailers count against the head's cap; a body the route
+    does not read is not read), ``/healthz`` answers throughout, and a genuine delivery is accepted."""
+    idle = rss_bytes(receiver.process.pid)
+
+    async def attack() -> tuple[Counter[str], list[float], list[int], list[float]]:
+        attackers = []
+        for method, target, extra in TRAILER_ROUTES:
+            for index in range(25):
+                headers = well_formed_headers(index) if extra else ""
+                attackers.append(asyncio.ensure_future(endless_trailers(receiver.port, method, target, headers, 20.0)))
+        await asyncio.sleep(1.0)
+        health: list[float] = []
+        async with httpx.AsyncClient(timeout=10) as client:
+            for _ in range(5):
+                started = time.monotonic()
+                assert (await client.get(f"http://127.0.0.1:{receiver.port}/healthz")).status_code == 200
+                health.append(time.monotonic() - started)
+                await asyncio.sleep(0.2)
+        statuses = await genuine_delivery(receiver.url, "sess_during_trailers", time.monotonic() + 30)
+        results = await asyncio.gather(*attackers)
+        return Counter(status for status, _ in results), [sending for _, sending in results], statuses, health
+
+    with RssSampler(receiver.process.pid) as sampler:
+        outcomes, sending, statuses, health = asyncio.run(attack())
+    growth = sampler.peak - idle
+    print(
+        f"\nFIGURE receiver, endless trailers on 4 routes x 25: RSS growth {growth / 2**20:.1f} MiB; "
+        f"longest sending {max(sending):.1f} s; answers {dict(outcomes)}; /healthz {max(health):.3f} s at worst; "
+        f"genuine delivery {statuses}"
+    )
+    assert growth < 64 * 2**20, f"the receiver grew by {growth / 2**20:.0f} MiB"
+    assert max(sending) < 15.0, f"a client could send trailers for {max(sending):.1f} s"
+    assert outcomes["hung"] == 0, outcomes
+    assert statuses and statuses[-1] == 200, statuses
+    assert metric_value(receiver.port, 'controller_receiver_refused_total{reason="trailers_too_large"}') > 0
+
+
+async def trickling_body_holder(port: int, seconds: float) -> str:
+    """``GET /healthz`` declaring a 1 GB body; reads the answer, then a byte every 5 s."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000000000\r\n\r\n")
+        first = await answer(reader, 10.0)
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            try:
+                writer.write(b"x")
+                await writer.drain()
+            except ConnectionError:
+                return first
+            try:
+                if not await asyncio.wait_for(reader.read(4096), 5.0):
+                    return first  # closed by the receiver
+            except TimeoutError:
+                continue
+            except ConnectionError:
+                return first
+        return "held"
+    finally:
+        writer.close()
+
+
+def test_420_connections_trickling_bodies_hold_no_slot(receiver: Receiver) -> None:
+    """L3, L5: 420 connections (over the chart's 400) each send ``GET /healthz`` with a 1 GB
+    ``Content-Length``, read the answer, then send a byte every 5 s for 40 s. None holds its
+    slot: each is closed after its answer, and at 5, 15 and 30 s a genuine signed delivery on a
+    fresh connection is accepted at its first try, and ``/healthz`` answers 200."""
+
+    async def attack() -> tuple[Counter[str], list[list[int]], list[int]]:
+        holders = [asyncio.ensure_future(trickling_body_holder(receiver.port, 40.0)) for _ in range(420)]
+        deliveries: list[list[int]] = []
+        health: list[int] = []
+        started = time.monotonic()
+        async with httpx.AsyncClient(timeout=10) as client:
+            for at in (5.0, 15.0, 30.0):
+                await asyncio.sleep(max(0.0, started + at - time.monotonic()))
+                deliveries.append(await genuine_delivery(receiver.url, f"sess_trickle_{int(at)}", time.monotonic() + 5))
+                health.append((await client.get(f"http://127.0.0.1:{receiver.port}/healthz")).status_code)
+        return Counter(await asyncio.gather(*holders)), deliveries, health
+
+    outcomes, deliveries, health = asyncio.run(attack())
+    print(
+        f"\nFIGURE receiver, 420 trickling bodies: holders {dict(outcomes)}; deliveries {deliveries}; healthz {health}"
+    )
+    assert outcomes["held"] == 0, outcomes
+    assert deliveries == [[200], [200], [200]], deliveries
+    assert health == [200, 200, 200]
+
+
+def test_the_header_cap_is_exact_however_the_head_is_split(receiver: Receiver) -> None:
+    """L3: with the chart's cap, a head of exactly the cap is served and one byte more gets 431,
+    sent in one write or split near its end; a head six times the cap made of spaces in a header
+    value is refused too."""
+    cap = int(CHART.env["CONTROLLER_RECEIVER_MAX_HEADER_BYTES"])
+
+    def head_of(size: int, pad: str = "a") -> bytes:
+        bare = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Pad: v\r\n\r\n"
+        value = pad * (size - len(bare)) + "v"
+        data = f"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nX-Pad: {value}\r\n\r\n".encode()
+        assert len(data) == size
+        return data
+
+    async def status_of(pieces: list[bytes]) -> str:
+        reader, writer = await asyncio.open_connection("127.0.0.1", receiver.port)
+        try:
+            for piece in pieces:
+                writer.write(piece)
+                await writer.drain()
+                await asyncio.sleep(0.05)
+            return await answer(reader, 10.0)
+        finally:
+            writer.close()
+
+    async def all_cases() -> dict[tuple[int, str], str]:
+        found = {}
+        for size in (cap, cap + 1):
+            data = head_of(size)
+            for name, pieces in {
+                "one write": [data],
+                "last byte alone": [data[:-1], data[-1:]],
+                "blank line split": [data[:-3], data[-3:]],
+                "halves": [data[: size // 2], data[size // 2 :]],
+            }.items():
+                found[(size, name)] = await status_of(pieces)
+        found[(6 * cap, "spaces")] = await status_of([head_of(6 * cap, pad=" ")])
+        return found
+
+    found = asyncio.run(all_cases())
+    too_large = "HTTP/1.1 431 Request Header Fields Too Large"
+    expected = {key: ("HTTP/1.1 200 OK" if key[0] == cap else too_large) for key in found}
+    assert found == expected

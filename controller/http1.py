@@ -1,0 +1,247 @@
+"""HTTP/1.1 framing for the receiver's server (``controller/server.py``): where a request's head,
+body and trailers end, each counted against its limit. No I/O, no clock: bytes in, decisions out.
+
+- ``head_end``: the end of the head (request line and headers, through the blank line), or
+  ``HeadTooLarge`` as soon as the bytes received prove it longer than the cap. The cap counts
+  every byte of the head, so the verdict is the same however TCP splits it.
+- ``parse_head``: the head, through httptools (llhttp, strict: one Content-Length, no
+  Content-Length beside Transfer-Encoding, ``chunked`` last): method, target, version,
+  headers, keep-alive, and how the body is framed.
+- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length or by chunks; the chunk lines are
+  bounded, and the trailers are counted against the head's cap, then dropped (no app here
+  reads trailers).
+- ``answer``: a whole short answer (the server's own refusals).
+
+Errors carry the status and the refusal reason the server counts
+(``controller_receiver_refused_total{reason}``).
+"""
+
+from __future__ import annotations
+
+import http
+import urllib.parse
+from dataclasses import dataclass
+
+import httptools
+
+_END = b"\r\n\r\n"
+MAX_CHUNK_LINE_BYTES = 1024
+"""A chunk-size line (hex digits and any extensions) longer than this is refused (400)."""
+
+
+class FramingError(Exception):
+    """A request the server answers itself and then closes."""
+
+    status = 400
+    reason = "bad_request"
+
+
+class BadRequest(FramingError):
+    pass
+
+
+class HeadTooLarge(FramingError):
+    status = 431
+    reason = "header_too_large"
+
+
+class TrailersTooLarge(FramingError):
+    status = 431
+    reason = "trailers_too_large"
+
+
+def head_end(buffer: bytes | bytearray, searched: int, cap: int) -> int:
+    """The length of the head at the start of ``buffer`` (through its blank line), or -1 while it
+    is incomplete. ``searched``: how much of ``buffer`` an earlier call already searched.
+    HeadTooLarge once the head is known to be over ``cap`` bytes."""
+    end = buffer.find(_END, max(0, searched - 3))
+    if end < 0:
+        if len(buffer) >= cap:  # the blank line, when it comes, ends at least one byte later
+            raise HeadTooLarge(f"request head over {cap} bytes")
+        return -1
+    if end + 4 > cap:
+        raise HeadTooLarge(f"request head over {cap} bytes")
+    return end + 4
+
+
+@dataclass(frozen=True)
+class Head:
+    method: str
+    raw_path: bytes
+    path: str
+    query: bytes
+    http_version: str
+    headers: list[tuple[bytes, bytes]]
+    keep_alive: bool
+    body: FixedBody | ChunkedBody | None
+    expects_continue: bool
+
+
+class _Collector:
+    """httptools callbacks for one head. What the parser knows of the request is read when the
+    headers are complete: once the message is complete (a request without a body), it has
+    already reset for the next one."""
+
+    def __init__(self) -> None:
+        self.url = b""
+        self.headers: list[tuple[bytes, bytes]] = []
+        self.parser: httptools.HttpRequestParser | None = None
+        self.method = b""
+        self.http_version = ""
+        self.keep_alive = False
+
+    def on_headers_complete(self) -> None:
+        parser = self.parser
+        assert parser is not None
+        self.method = parser.get_method()
+        self.http_version = parser.get_http_version()
+        self.keep_alive = parser.should_keep_alive()
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers.append((name.lower(), value))
+
+
+def parse_head(head: bytes, max_trailer_bytes: int) -> Head:
+    """The head (as ``head_end`` framed it), or BadRequest."""
+    collected = _Collector()
+    parser = collected.parser = httptools.HttpRequestParser(collected)
+    try:
+        parser.feed_data(head)
+    except httptools.HttpParserUpgrade:
+        pass  # an Upgrade (or CONNECT) is served as a plain request: this server upgrades nothing
+    except httptools.HttpParserError as exc:
+        raise BadRequest(f"invalid request head: {exc}") from None
+    try:
+        url = httptools.parse_url(collected.url)
+    except httptools.HttpParserInvalidURLError:
+        raise BadRequest("invalid request target") from None
+    raw_path = url.path or b"/"
+    try:
+        path = raw_path.decode("ascii")
+    except UnicodeDecodeError:
+        raise BadRequest("request target is not ASCII") from None
+    if "%" in path:
+        path = urllib.parse.unquote(path)
+    body: FixedBody | ChunkedBody | None = None
+    expects_continue = False
+    encodings = [value for name, value in collected.headers if name == b"transfer-encoding"]
+    for name, value in collected.headers:
+        if name == b"content-length" and not encodings:
+            length = int(value)  # llhttp checked: digits, one value
+            body = FixedBody(length) if length else None
+        elif name == b"expect" and value.strip().lower() == b"100-continue":
+            expects_continue = True
+    if encodings:
+        if b",".join(encodings).strip().lower() != b"chunked":
+            raise BadRequest("Transfer-Encoding other than chunked")
+        body = ChunkedBody(max_trailer_bytes)
+    return Head(
+        method=collected.method.decode("ascii"),
+        raw_path=raw_path,
+        path=path,
+        query=url.query or b"",
+        http_version=collected.http_version,
+        headers=collected.headers,
+        keep_alive=collected.keep_alive,
+        body=body,
+        expects_continue=expects_continue and body is not None,
+    )
+
+
+class FixedBody:
+    """A body of ``Content-Length`` bytes."""
+
+    def __init__(self, length: int) -> None:
+        self.remaining = length
+        self.done = length == 0
+
+    def feed(self, data: bytes | bytearray) -> tuple[list[bytes], int]:
+        """The body bytes at the start of ``data`` and how many bytes of it were the body's."""
+        taken = min(self.remaining, len(data))
+        self.remaining -= taken
+        self.done = self.remaining == 0
+        return ([bytes(data[:taken])] if taken else []), taken
+
+
+class ChunkedBody:
+    """A chunked body: chunk lines at most ``MAX_CHUNK_LINE_BYTES``, trailers at most
+    ``max_trailer_bytes`` together (then dropped); strict CRLF line ends."""
+
+    _SIZE, _DATA, _DATA_END, _TRAILERS = range(4)
+
+    def __init__(self, max_trailer_bytes: int) -> None:
+        self.done = False
+        self._state = self._SIZE
+        self._remaining = 0
+        self._line = bytearray()
+        self._max_trailer_bytes = max_trailer_bytes
+        self._trailer_bytes = 0
+
+    def feed(self, data: bytes | bytearray) -> tuple[list[bytes], int]:
+        """The body bytes decoded from the start of ``data`` and how many bytes of it were the
+        body's (all of them, unless the body ended inside ``data``). BadRequest for malformed
+        framing, TrailersTooLarge past the trailer cap."""
+        pieces: list[bytes] = []
+        at, size = 0, len(data)
+        while at < size and not self.done:
+            if self._state == self._DATA:
+                taken = min(self._remaining, size - at)
+                pieces.append(bytes(data[at : at + taken]))
+                at += taken
+                self._remaining -= taken
+                if not self._remaining:
+                    self._state = self._DATA_END
+                continue
+            newline = data.find(b"\n", at)
+            piece_end = size if newline < 0 else newline + 1
+            self._line += data[at:piece_end]
+            if self._state == self._TRAILERS:
+                self._trailer_bytes += piece_end - at
+                if self._trailer_bytes > self._max_trailer_bytes:
+                    raise TrailersTooLarge(f"trailers over {self._max_trailer_bytes} bytes")
+            elif len(self._line) > MAX_CHUNK_LINE_BYTES:
+                raise BadRequest("chunk line too long")
+            at = piece_end
+            if newline < 0:
+                break
+            line, self._line = bytes(self._line), bytearray()
+            if not line.endswith(b"\r\n"):
+                raise BadRequest("chunk line not ended by CRLF")
+            self._line_ended(line[:-2])
+        return pieces, at
+
+    def _line_ended(self, line: bytes) -> None:
+        if self._state == self._DATA_END:
+            if line:
+                raise BadRequest("chunk data longer than its size")
+            self._state = self._SIZE
+        elif self._state == self._SIZE:
+            digits = line.split(b";", 1)[0].rstrip(b" \t")
+            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
+                raise BadRequest("invalid chunk size")
+            self._remaining = int(digits, 16)
+            self._state = self._DATA if self._remaining else self._TRAILERS
+        elif not line:  # _TRAILERS: the blank line ends the body
+            self.done = True
+
+
+_PHRASES = {status.value: status.phrase.encode("ascii") for status in http.HTTPStatus}
+
+
+def status_line(status: int) -> bytes:
+    return b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES.get(status, b""))
+
+
+def answer(status: int, message: str, extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:
+    """A whole plain-text answer that closes the connection."""
+    body = message.encode("ascii")
+    headers = b"".join(name + b": " + value + b"\r\n" for name, value in extra)
+    return (
+        status_line(status)
+        + headers
+        + b"content-type: text/plain; charset=utf-8\r\ncontent-length: %d\r\nconnection: close\r\n\r\n" % len(body)
+        + body
+    )
