@@ -211,7 +211,10 @@ def create_app(services: ReceiverServices) -> Starlette:
         except Exception:
             log.exception("readyz.error")
             ready = False
-        return JSONResponse({"status": "ready" if ready else "unavailable"}, status_code=200 if ready else 503)
+        if ready:
+            return JSONResponse({"status": "ready"})
+        retry = {"Retry-After": str(DEFAULT_RETRY_AFTER_SECONDS)}  # every 503 says when to come back
+        return JSONResponse({"status": "unavailable"}, status_code=503, headers=retry)
 
     routes = [
         Route("/webhooks", webhooks, methods=["POST"]),  # reached only under a root path; 405 for other methods

@@ -21,7 +21,7 @@ from starlette.routing import Route
 
 from controller import server
 from tests.support.http_server import ServerThread
-from tests.support.processes import wait_for
+from tests.support.processes import port_open, wait_for
 
 CAP = 4096
 DEADLINE = 1.0
@@ -464,3 +464,23 @@ def test_beyond_capacity_of_answers_in_progress_a_request_gets_503_with_retry_af
         finally:
             for each in busy:
                 each.close()
+
+
+def test_a_stop_lets_the_answer_in_progress_finish_and_takes_no_new_connection() -> None:
+    """L5: on SIGTERM (here: the stop event) the server stops listening, closes idle connections,
+    and a request being answered still gets its answer."""
+    gate = Gate()
+    limits = server.Limits(max_connections=5, max_header_bytes=CAP, header_timeout_seconds=30)
+    with ServerThread(make_app(gate), limits) as running, connect(running.port) as busy, connect(running.port) as idle:
+        try:
+            busy.sendall(head("Connection: close", target="/hold") + b"\r\n")
+            wait_for(lambda: gate.waiting == 1, 10, "the request to be answered")
+            running.stop()
+            _, ended = read_until_closed(idle, 5.0)
+            assert ended in {"closed", "reset"}  # idle: closed at once
+            wait_for(lambda: not port_open(running.port), 10, "the listening socket to close")
+            gate.opened = True
+            received, _ = read_until_closed(busy, 5.0)
+            assert statuses_in(received) == ["HTTP/1.1 200 OK"]
+        finally:
+            gate.opened = True

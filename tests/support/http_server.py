@@ -50,8 +50,12 @@ class ServerThread:
         wait_for(lambda: self.server is not None and port_open(self.port), 30, "the server")
         return self
 
-    def __exit__(self, *exc: object) -> None:
+    def stop(self) -> None:
+        """Ask the server to stop, as SIGTERM does (``__exit__`` waits for it)."""
         assert self._loop is not None and self._stop is not None
         self._loop.call_soon_threadsafe(self._stop.set)
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
         self._thread.join(30)
         assert not self._thread.is_alive(), "the server did not stop"

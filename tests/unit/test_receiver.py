@@ -309,7 +309,8 @@ def test_readyz_follows_the_inbox(client: TestClient, inbox: FakeInbox) -> None:
     """L5: not ready while the queue is unavailable; alive all the same."""
     assert client.get("/readyz").status_code == 200
     inbox.unavailable = True
-    assert client.get("/readyz").status_code == 503
+    unready = client.get("/readyz")
+    assert unready.status_code == 503 and unready.headers["retry-after"] == "5"  # every 503 says when
     assert client.get("/healthz").status_code == 200
 
 
