@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import http
 import urllib.parse
-from dataclasses import dataclass
 
 import httptools
 
@@ -64,23 +63,49 @@ def head_end(buffer: bytes | bytearray, searched: int, cap: int) -> int:
     return end + 4
 
 
-@dataclass(frozen=True)
 class Head:
-    method: str
-    raw_path: bytes
-    path: str
-    query: bytes
-    http_version: str
-    headers: list[tuple[bytes, bytes]]
-    keep_alive: bool
-    body: FixedBody | ChunkedBody | None
-    expects_continue: bool
+    """A request's head, as ``parse_head`` read it."""
+
+    __slots__ = (
+        "body",
+        "expects_continue",
+        "headers",
+        "http_version",
+        "keep_alive",
+        "method",
+        "path",
+        "query",
+        "raw_path",
+    )
+
+    def __init__(self, collected: _Collector, raw_path: bytes, path: str, query: bytes) -> None:
+        self.method: str = collected.method.decode("ascii")
+        self.raw_path = raw_path
+        self.path = path
+        self.query = query
+        self.http_version: str = collected.http_version
+        self.headers: list[tuple[bytes, bytes]] = collected.headers
+        self.keep_alive: bool = collected.keep_alive
+        self.body: FixedBody | ChunkedBody | None = None
+        self.expects_continue = False
 
 
 class _Collector:
     """httptools callbacks for one head. What the parser knows of the request is read when the
     headers are complete: once the message is complete (a request without a body), it has
     already reset for the next one."""
+
+    __slots__ = (
+        "chunked",
+        "content_length",
+        "expect",
+        "headers",
+        "http_version",
+        "keep_alive",
+        "method",
+        "parser",
+        "url",
+    )
 
     def __init__(self) -> None:
         self.url = b""
@@ -89,6 +114,22 @@ class _Collector:
         self.method = b""
         self.http_version = ""
         self.keep_alive = False
+        self.content_length: bytes | None = None
+        self.chunked: list[bytes] = []
+        self.expect = False
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        name = name.lower()
+        self.headers.append((name, value))
+        if name == b"content-length":
+            self.content_length = value
+        elif name == b"transfer-encoding":
+            self.chunked.append(value)
+        elif name == b"expect":
+            self.expect = value.strip().lower() == b"100-continue"
 
     def on_headers_complete(self) -> None:
         parser = self.parser
@@ -96,12 +137,6 @@ class _Collector:
         self.method = parser.get_method()
         self.http_version = parser.get_http_version()
         self.keep_alive = parser.should_keep_alive()
-
-    def on_url(self, url: bytes) -> None:
-        self.url += url
-
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers.append((name.lower(), value))
 
 
 def parse_head(head: bytes, max_trailer_bytes: int) -> Head:
@@ -125,30 +160,16 @@ def parse_head(head: bytes, max_trailer_bytes: int) -> Head:
         raise BadRequest("request target is not ASCII") from None
     if "%" in path:
         path = urllib.parse.unquote(path)
-    body: FixedBody | ChunkedBody | None = None
-    expects_continue = False
-    encodings = [value for name, value in collected.headers if name == b"transfer-encoding"]
-    for name, value in collected.headers:
-        if name == b"content-length" and not encodings:
-            length = int(value)  # llhttp checked: digits, one value
-            body = FixedBody(length) if length else None
-        elif name == b"expect" and value.strip().lower() == b"100-continue":
-            expects_continue = True
-    if encodings:
-        if b",".join(encodings).strip().lower() != b"chunked":
+    parsed = Head(collected, raw_path, path, url.query or b"")
+    if collected.chunked:
+        if b",".join(collected.chunked).strip().lower() != b"chunked":
             raise BadRequest("Transfer-Encoding other than chunked")
-        body = ChunkedBody(max_trailer_bytes)
-    return Head(
-        method=collected.method.decode("ascii"),
-        raw_path=raw_path,
-        path=path,
-        query=url.query or b"",
-        http_version=collected.http_version,
-        headers=collected.headers,
-        keep_alive=collected.keep_alive,
-        body=body,
-        expects_continue=expects_continue and body is not None,
-    )
+        parsed.body = ChunkedBody(max_trailer_bytes)
+    elif collected.content_length is not None:
+        length = int(collected.content_length)  # llhttp checked: digits, one value
+        parsed.body = FixedBody(length) if length else None
+    parsed.expects_continue = collected.expect and parsed.body is not None
+    return parsed
 
 
 class FixedBody:
@@ -228,11 +249,14 @@ class ChunkedBody:
             self.done = True
 
 
-_PHRASES = {status.value: status.phrase.encode("ascii") for status in http.HTTPStatus}
+_STATUS_LINES = {
+    status.value: b"HTTP/1.1 %d %s\r\n" % (status.value, status.phrase.encode()) for status in http.HTTPStatus
+}
 
 
 def status_line(status: int) -> bytes:
-    return b"HTTP/1.1 %d %s\r\n" % (status, _PHRASES.get(status, b""))
+    line = _STATUS_LINES.get(status)
+    return line if line is not None else b"HTTP/1.1 %d \r\n" % status
 
 
 def answer(status: int, message: str, extra: tuple[tuple[bytes, bytes], ...] = ()) -> bytes:

@@ -66,6 +66,8 @@ OVER_CAPACITY_HEAD_SECONDS = 2.0
 """How long a connection beyond capacity has to send its head before it is closed (a 503 once it has)."""
 RETRY_AFTER_SECONDS = 1
 LOG_EVERY_SECONDS = 10.0
+SWEEP_SECONDS = 0.1
+"""How often deadlines are looked at: each fires at most this late."""
 REFUSAL_REASONS = (
     "bad_request",
     "header_too_large",
@@ -104,6 +106,12 @@ _READ_BUFFER = bytearray(READ_BYTES)
 _READ_VIEW = memoryview(_READ_BUFFER)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY_STATUSES = frozenset({204, 304})
+_FRAMING_HEADERS = {
+    b"content-length": "content-length",
+    b"transfer-encoding": "transfer-encoding",
+    b"connection": "connection",
+}
+"""Answer headers the server reads or replaces: it frames the body and says ``connection: close``."""
 
 
 class Phase:
@@ -147,7 +155,7 @@ class Server:
         self.limits = limits
         self.refused = RefusalLog(on_refused or (lambda reason: None))
         self.open: dict[Connection, None] = {}  # insertion-ordered: oldest first
-        self.surplus = 0
+        self.surplus: dict[Connection, None] = {}
         self.stopping = False
         self.date = b""
         self._date_second = -1
@@ -177,25 +185,32 @@ class Server:
         return True
 
     def leave(self, connection: Connection) -> None:
-        """``connection`` is closed: its slot is free (once)."""
-        if connection in self.open:
-            del self.open[connection]
-        elif connection.surplus:
-            connection.surplus = False
-            self.surplus -= 1
+        """``connection`` is closed: its slot is free."""
+        self.open.pop(connection, None)
+        self.surplus.pop(connection, None)
+
+    def sweep(self) -> None:
+        """Run the deadlines that have passed. Every ``SWEEP_SECONDS``: one timer for all
+        connections, so a request arms and disarms its deadlines with an attribute each."""
+        now = asyncio.get_running_loop().time()
+        for connections in (self.open, self.surplus):
+            due = [each for each in connections if each.deadline is not None and each.deadline <= now]
+            for each in due:
+                each.deadline = None
+                each.on_deadline()
 
     def protocol(self) -> Connection:
         return Connection(self)
 
     async def shutdown(self) -> None:
         self.stopping = True
-        for each in list(self.open):
+        for each in [*self.open, *self.surplus]:
             if each.cycle is None:
                 each.abort()
         deadline = time.monotonic() + self.limits.shutdown_timeout_seconds
         while self.open and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
-        for each in list(self.open):
+        for each in [*self.open, *self.surplus]:
             each.abort()
         for task in list(self.tasks):
             task.cancel()
@@ -217,7 +232,9 @@ class Connection(asyncio.BufferedProtocol):
         self.served = 0
         self.cycle: Cycle | None = None
         self.body: http1.FixedBody | http1.ChunkedBody | None = None
-        self.timer: asyncio.TimerHandle | None = None
+        self.deadline: float | None = None
+        """When ``on_deadline`` runs (the loop's clock), unless disarmed first: ``Server.sweep``."""
+        self.on_deadline: Callable[[], None] = self.abort
         self.surplus = False
         self.reading = True
         self.lingered = 0
@@ -237,11 +254,11 @@ class Connection(asyncio.BufferedProtocol):
             transport.abort()
             return
         if not server.admit(self):
-            if server.surplus >= self.limits.max_connections:
+            if len(server.surplus) >= self.limits.max_connections:
                 server.refused("over_capacity")
                 transport.abort()
                 return
-            server.surplus += 1
+            server.surplus[self] = None
             self.surplus = True
             self._arm(min(OVER_CAPACITY_HEAD_SECONDS, self.limits.header_timeout_seconds), self._head_expired)
             return
@@ -434,13 +451,11 @@ class Connection(asyncio.BufferedProtocol):
             self.phase = Phase.LINGER
 
     def _head_expired(self) -> None:
-        self.timer = None
         if self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):
             self.server.refused("header_timeout")  # keep-alive idle after an answer is no refusal
         self.abort()
 
     def _body_expired(self) -> None:
-        self.timer = None
         self.refuse(408, "body_timeout", "The request body did not arrive in time.")
 
     def _enter(self, phase: str) -> None:
@@ -448,13 +463,11 @@ class Connection(asyncio.BufferedProtocol):
         self.phase_since = self.loop.time()
 
     def _arm(self, seconds: float, callback: Callable[[], None]) -> None:
-        self._disarm()
-        self.timer = self.loop.call_later(seconds, callback)
+        self.deadline = self.loop.time() + seconds
+        self.on_deadline = callback
 
     def _disarm(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
-            self.timer = None
+        self.deadline = None
 
     def _pause_reading(self) -> None:
         if self.reading and self.transport is not None and not self.transport.is_closing():
@@ -608,29 +621,30 @@ class Cycle:
             await connection.writable
 
     def _answer_head(self, status: int, headers: Any) -> bytes:
-        parts = [http1.status_line(status)]
         framed = status in _NO_BODY_STATUSES or self.head.method == "HEAD"
+        lines = []
         for name, value in headers:
-            lowered = name.lower()
-            if lowered == b"content-length":
-                framed = True
-            elif lowered == b"connection" and value.lower() == b"close":
-                self.keep_alive = False
-                continue
-            elif lowered == b"transfer-encoding":
-                continue  # framed here
-            if b"\n" in name or b"\r" in name or b"\n" in value or b"\r" in value:
-                raise RuntimeError("invalid header in the app's answer")
-            parts += [name, b": ", value, b"\r\n"]
+            special = _FRAMING_HEADERS.get(name.lower())
+            if special is not None:
+                if special == "content-length":
+                    framed = True
+                elif special == "transfer-encoding":
+                    continue  # the server frames the body
+                elif value.lower() == b"close":
+                    self.keep_alive = False
+                    continue
+            lines.append(name + b": " + value + b"\r\n")
+        block = b"".join(lines)
+        if block.count(b"\n") != len(lines) or block.count(b"\r") != len(lines):
+            raise RuntimeError("a header of the app's answer holds a line break")
+        if self.connection.phase is Phase.BODY:
+            self.keep_alive = False  # the rest of the body is not read: the connection ends here
+        ending = b"\r\n" if self.keep_alive else b"connection: close\r\n\r\n"
         if not framed:
             self.chunked = True
-            parts.append(b"transfer-encoding: chunked\r\n")
-        parts += [b"date: ", self.connection.server.now_date(), b"\r\n"]
-        if not self.keep_alive or (self.connection.phase is Phase.BODY):
-            self.keep_alive = False
-            parts.append(b"connection: close\r\n")
-        parts.append(b"\r\n")
-        return b"".join(parts)
+            ending = b"transfer-encoding: chunked\r\n" + ending
+        date = self.connection.server.now_date()
+        return b"".join((http1.status_line(status), block, b"date: ", date, b"\r\n", ending))
 
 
 async def serve(
@@ -650,6 +664,7 @@ async def serve(
         stop = asyncio.Event()
         for signum in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(signum, stop.set)
+    sweeping = loop.create_task(_sweep(server))
     addresses = [sock.getsockname()[:2] for sock in listening.sockets]
     log.info("receiver.listening", extra={"addresses": [f"{a}:{p}" for a, p in addresses]})
     if ready is not None:
@@ -660,8 +675,18 @@ async def serve(
         log.info("receiver.stopping", extra={"open_connections": len(server.open)})
         listening.close()
         await server.shutdown()
+        sweeping.cancel()
         await listening.wait_closed()
         log.info("receiver.stopped")
+
+
+async def _sweep(server: Server) -> None:
+    while True:
+        await asyncio.sleep(SWEEP_SECONDS)
+        try:
+            server.sweep()
+        except Exception:
+            log.exception("receiver.sweep_error")
 
 
 def run(app: Any, host: str, port: int, limits: Limits, on_refused: Callable[[str], None] | None = None) -> None:
