@@ -7,8 +7,8 @@ body and trailers end, each counted against its limit. No I/O, no clock: bytes i
 - ``parse_head``: the head, through httptools (llhttp, strict: one Content-Length, no
   Content-Length beside Transfer-Encoding, ``chunked`` last): method, target, version,
   headers, keep-alive, and how the body is framed.
-- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length or by chunks; the chunk lines are
-  bounded, and the trailers are counted against the head's cap, then dropped (no app here
+- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length or by chunks; the chunk lines and
+  the number of chunks are bounded, and the trailers are counted against the head's cap, then dropped (no app here
   reads trailers).
 - ``answer``: a whole short answer (the server's own refusals).
 
@@ -26,6 +26,9 @@ import httptools
 _END = b"\r\n\r\n"
 MAX_CHUNK_LINE_BYTES = 1024
 """A chunk-size line (hex digits and any extensions) longer than this is refused (400)."""
+MAX_CHUNKS = 4096
+"""A body of more chunks than this is refused (400): each costs a turn of a Python loop, so a
+body of one-byte chunks would cost about 2 ms of CPU per KiB; at this bound, about 8 ms."""
 
 
 class FramingError(Exception):
@@ -200,6 +203,7 @@ class ChunkedBody:
         self._line = bytearray()
         self._max_trailer_bytes = max_trailer_bytes
         self._trailer_bytes = 0
+        self._chunks = 0
 
     def feed(self, data: bytes | bytearray) -> tuple[list[bytes], int]:
         """The body bytes decoded from the start of ``data`` and how many bytes of it were the
@@ -245,6 +249,9 @@ class ChunkedBody:
                 raise BadRequest("invalid chunk size")
             self._remaining = int(digits, 16)
             self._state = self._DATA if self._remaining else self._TRAILERS
+            self._chunks += 1
+            if self._chunks > MAX_CHUNKS:
+                raise BadRequest(f"more than {MAX_CHUNKS} chunks")
         elif not line:  # _TRAILERS: the blank line ends the body
             self.done = True
 

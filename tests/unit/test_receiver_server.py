@@ -197,3 +197,13 @@ def test_every_refusal_reason_is_declared_and_documented() -> None:
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     [row] = [line for line in readme.splitlines() if line.lstrip().startswith("| `controller_receiver_refused_total")]
     assert {reason for reason in server.REFUSAL_REASONS if f"`{reason}`" not in row} == set()
+
+
+def test_a_body_of_too_many_chunks_is_refused() -> None:
+    """L3: a body of one-byte chunks (each a turn of the decoder's loop) is refused past
+    ``MAX_CHUNKS``; as many chunks as that are decoded."""
+    body = http1.ChunkedBody(64)
+    pieces, _ = body.feed(b"1\r\na\r\n" * http1.MAX_CHUNKS)
+    assert b"".join(pieces) == b"a" * http1.MAX_CHUNKS
+    with pytest.raises(http1.BadRequest):
+        body.feed(b"1\r\na\r\n")
