@@ -6,9 +6,11 @@ decides:
 1. check the signature headers without the body (``Verifier.precheck``: present, well
    formed, timestamp within the window; 401), so a delivery that cannot be genuine costs no
    body buffer;
-2. take one of ``max_in_flight`` slots for deliveries being read or handled at once, or
-   answer 503 with ``Retry-After`` (the sender retries): each one may buffer a whole body, so
-   this is what bounds the receiver's memory under a flood;
+2. take one of ``max_in_flight`` slots for deliveries being read or handled at once — when all
+   are taken, cutting off (408) the delivery that has read its body longest, if for at least
+   ``READING_GRACE_SECONDS`` (``InFlight``) — or answer 503 with ``Retry-After`` (the sender
+   retries): each one may buffer a whole body, so this is what bounds the receiver's memory
+   under a flood;
 3. read the raw body, at most ``max_body_bytes`` (413; an over-cap ``Content-Length`` is
    refused before reading, a chunked body is cut off while streaming) and within
    ``body_timeout_seconds`` of the headers (408: a body trickled slowly holds no slot for long);
@@ -123,22 +125,59 @@ class ReceiverServices:
         )
 
 
+READING_GRACE_SECONDS = 1.0
+"""A delivery still reading its body this long after it took its slot may be cut off (408) to
+give the slot to a newer one when the budget is full: a genuine sender's body arrives in
+milliseconds, a trickled one holds a slot for nothing."""
+
+
+class Reading:
+    """One delivery's slot, while it reads its body: the clock that cuts it off."""
+
+    def __init__(self, started: float) -> None:
+        self.started = started
+        self.deadline: asyncio.Timeout | None = None
+        self.evicted = False
+
+
 class InFlight:
-    """Deliveries being read or handled at once, up to ``limit`` (one event loop: no lock)."""
+    """Deliveries being read or handled at once, up to ``limit`` (one event loop: no lock).
+
+    When every slot is taken, the delivery that has been reading its body longest (at least
+    ``READING_GRACE_SECONDS``) is cut off to make room: its body deadline is brought forward to
+    now (it answers 408 and gives its slot back); the newcomer takes the slot at once. Only when
+    no reader is that old does the newcomer get 503."""
 
     def __init__(self, limit: int) -> None:
         self.limit = limit
         self.count = 0
+        self._reading: dict[Reading, None] = {}  # insertion-ordered: oldest first
 
-    def take(self) -> bool:
-        """Take a slot if one is free (give it back with ``give``); whether one was."""
-        if self.count >= self.limit:
-            return False
+    def take(self) -> Reading | None:
+        """A slot (give it back with ``give``), or None when none is free and none can be freed."""
+        now = asyncio.get_running_loop().time()  # monotonic: a wall-clock step frees no slot
+        if self.count - self._evicting() >= self.limit:
+            oldest = next((r for r in self._reading if not r.evicted and r.deadline is not None), None)
+            if oldest is None or now - oldest.started < READING_GRACE_SECONDS:
+                return None
+            oldest.evicted = True
+            assert oldest.deadline is not None
+            oldest.deadline.reschedule(now)
         self.count += 1
-        return True
+        reading = Reading(now)
+        self._reading[reading] = None
+        return reading
 
-    def give(self) -> None:
+    def read(self, reading: Reading) -> None:
+        """``reading``'s body is in: it no longer holds a slot for a client."""
+        self._reading.pop(reading, None)
+
+    def give(self, reading: Reading) -> None:
+        self._reading.pop(reading, None)
         self.count -= 1
+
+    def _evicting(self) -> int:
+        return sum(1 for r in self._reading if r.evicted)
 
 
 @dataclass(frozen=True)
@@ -249,15 +288,17 @@ async def _receive(
         signed = services.verifier.precheck(headers, services.clock.now())
     except RejectDelivery as exc:
         return _rejected(services, exc, close=True)  # the body is never read
-    if not in_flight.take():
+    slot = in_flight.take()
+    if slot is None:
         log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy"})
         services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
         return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
     try:
         try:
-            body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds)
+            body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds, slot)
         except RejectDelivery as exc:
             return _rejected(services, exc, close=True)  # the rest of the body is never read
+        in_flight.read(slot)
         try:
             verified = services.verifier.verify_signed(signed, body, services.clock.now())
         except RejectDelivery as exc:
@@ -268,7 +309,7 @@ async def _receive(
             except Exception:
                 return _bug(services)  # logged with the ids bound
     finally:
-        in_flight.give()
+        in_flight.give(slot)
 
 
 async def _verified(services: ReceiverServices, verified: Verified, body: bytes) -> Answer:
@@ -322,10 +363,15 @@ async def _queued(services: ReceiverServices, verified: Verified, event: events.
 
 
 async def read_body(
-    headers: Mapping[str, str], receive: Receive, limit: int, timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS
+    headers: Mapping[str, str],
+    receive: Receive,
+    limit: int,
+    timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS,
+    slot: Reading | None = None,
 ) -> bytes:
     """The raw body, or BodyTooLarge once more than ``limit`` bytes are declared or arrive, or
-    BodyTimeout when it has not all arrived within ``timeout_seconds``."""
+    BodyTimeout when it has not all arrived within ``timeout_seconds`` (or ``slot`` was cut off
+    for a newer delivery: ``InFlight``)."""
     declared = headers.get("content-length")
     if declared is not None:
         digits = declared.strip()
@@ -335,7 +381,9 @@ async def read_body(
             raise BodyTooLarge(f"body is larger than {limit} bytes")
     body = bytearray()
     try:
-        async with asyncio.timeout(timeout_seconds):
+        async with asyncio.timeout(timeout_seconds) as deadline:
+            if slot is not None:
+                slot.deadline = deadline
             while True:
                 message = await receive()
                 if message["type"] != "http.request":  # http.disconnect
@@ -350,6 +398,8 @@ async def read_body(
                 if not more:
                     return bytes(body)
     except TimeoutError as exc:
+        if slot is not None and slot.evicted:
+            raise BodyTimeout("body still incomplete when a newer delivery needed its slot") from exc
         raise BodyTimeout(f"body did not arrive within {timeout_seconds:g} seconds") from exc
 
 

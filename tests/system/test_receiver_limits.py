@@ -300,14 +300,16 @@ SLOW_BODY_ANSWERS = {"HTTP/1.1 503 Service Unavailable", "HTTP/1.1 408 Request T
 def test_900_slow_bodies_stay_under_the_memory_limit(receiver: Receiver) -> None:
     """L3, L5: 900 connections, opened over two seconds, with well-formed signature headers each
     send all but one byte of a max-size body and stall. The receiver stays below the chart's
-    memory limit: max_in_flight of them are read and cut off with 408 at the body deadline, the
-    rest get 503 before their body is read; a genuine delivery sent during the flood is accepted
-    (after 503s, as the sender retries)."""
+    memory limit: those read are cut off with 408 (at the body deadline, or sooner for a newer
+    delivery once they have read for a second), the rest get 503 before their body is read; a
+    genuine delivery sent during the flood is accepted within a few tries (the stalled readers
+    it finds have held their slots for over a second: one is cut off for it)."""
     within = CHART.body_timeout_seconds + 30
     attackers = [slow_body(receiver.port, i, CHART.max_body_bytes, within) for i in range(FLOOD)]
-    outcomes, _ = run_flood(receiver, "900 slow bodies", attackers, "sess_during_slow_bodies", ramp_seconds=2.0)
+    outcomes, statuses = run_flood(receiver, "900 slow bodies", attackers, "sess_during_slow_bodies", ramp_seconds=2.0)
     assert set(outcomes) <= SLOW_BODY_ANSWERS, outcomes
-    assert outcomes["HTTP/1.1 408 Request Timeout"] > 0  # some reached the app and were cut at the deadline
+    assert outcomes["HTTP/1.1 408 Request Timeout"] > 0  # some reached the app and were cut off
+    assert statuses.count(503) <= 4, statuses  # tries are 0.5 s apart: accepted within 2 s
 
 
 def test_900_slow_bodies_at_once_stay_under_the_memory_limit(receiver: Receiver) -> None:

@@ -14,6 +14,7 @@ import pytest
 from starlette.testclient import TestClient
 
 from controller import logs
+from controller import receiver as receiver_module
 from controller.clock import FakeClock
 from controller.config import Secret, WebhookSettings
 from controller.inbox import Job
@@ -651,3 +652,49 @@ def test_max_in_flight_comes_from_settings(inbox: FakeInbox, clock: FakeClock) -
     """L5: CONTROLLER_WEBHOOK_MAX_IN_FLIGHT reaches the receiver."""
     settings = WebhookSettings(secrets=(Secret(SECRET),), max_in_flight=7)
     assert ReceiverServices.from_settings(settings, inbox, clock).max_in_flight == 7
+
+
+def test_a_delivery_reading_its_body_too_long_is_cut_off_for_a_newer_one(
+    inbox: FakeInbox, clock: FakeClock, metrics: Metrics, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L5: with every in-flight slot held by a delivery still reading its body past the grace
+    (a client trickling it), a new delivery takes the slot at once: the old one is cut off with
+    408 (reason ``timeout``), the new one is accepted; a reader within the grace is never cut."""
+    monkeypatch.setattr(receiver_module, "READING_GRACE_SECONDS", 0.2)
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics, max_in_flight=1))
+    _, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_trickled")
+    answers: dict[str, int] = {}
+
+    async def scenario() -> None:
+        started = anyio.Event()
+
+        async def never_finishes() -> dict[str, Any]:
+            started.set()
+            await anyio.sleep(30)
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        async def call(name: str, webhook_id: str, receive: Any) -> None:
+            sent: list[dict[str, Any]] = []
+
+            async def send(message: dict[str, Any]) -> None:
+                sent.append(message)
+
+            wire = [(k.encode(), v.encode()) for k, v in signed(body, webhook_id=webhook_id)[0].items()]
+            await app(asgi_scope(wire), receive, send)
+            answers[name] = sent[0]["status"]
+
+        async def whole() -> dict[str, Any]:
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        with anyio.fail_after(10):
+            async with anyio.create_task_group() as group:
+                group.start_soon(call, "trickled", "msg_trickled", never_finishes)
+                await started.wait()
+                await call("too_soon", "msg_too_soon", whole)  # within the grace: 503, nothing cut
+                await anyio.sleep(0.3)
+                await call("genuine", "msg_genuine", whole)
+
+    anyio.run(scenario)
+    assert answers == {"trickled": 408, "too_soon": 503, "genuine": 200}
+    assert [job.webhook_id for job in inbox.jobs] == ["msg_genuine"]
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="timeout") == 1
