@@ -343,6 +343,8 @@ class _Parser:
         """Every variable name this parser looked up (so ``KEYS`` is what it really reads)."""
         self.bounds: dict[str, tuple[float, float]] = {}
         """Each numeric setting's (minimum, maximum), as ``number`` checks them (``BOUNDS``)."""
+        self.defaults: dict[str, float | str | bool] = {}
+        """Each number's, text's and flag's default, as the parser falls back to it (``DEFAULTS``)."""
 
     @overload
     def get(self, key: str) -> str | None: ...
@@ -499,6 +501,7 @@ class _Parser:
         return settings
 
     def text(self, name: str, default: str) -> str:
+        self.defaults[PREFIX + name] = default
         value = self.get(PREFIX + name, "").strip()
         return value or default
 
@@ -540,6 +543,7 @@ class _Parser:
             self.problems.append(f"set {PREFIX}LOCAL_EXECUTOR_UIDS or {PREFIX}LOCAL_EXECUTOR_USER, not both")
 
     def flag(self, name: str, default: bool) -> bool:
+        self.defaults[PREFIX + name] = default
         raw = self.get(PREFIX + name, "").strip().lower()
         if not raw:
             return default
@@ -574,6 +578,7 @@ class _Parser:
         parsing and then break at run time (a Redis expiry out of range, every delivery 503)."""
         assert minimum <= default <= maximum, name  # type: ignore[operator]  # a default out of its own range is a bug
         self.bounds[PREFIX + name] = (minimum, maximum)
+        self.defaults[PREFIX + name] = default  # type: ignore[assignment]  # T is a number here
         raw = self.get(PREFIX + name, "").strip()
         if not raw:
             return default
@@ -745,3 +750,5 @@ KEYS: frozenset[str] = frozenset(_parse_nothing().read)
 """Every variable the parser reads (taken from a parse, not kept by hand)."""
 BOUNDS: Mapping[str, tuple[float, float]] = dict(_parse_nothing().bounds)
 """Every numeric setting's (minimum, maximum) (taken from a parse; README states each one)."""
+DEFAULTS: Mapping[str, float | str | bool] = dict(_parse_nothing().defaults)
+"""Every number's, text's and flag's default (taken from a parse; README's table states each one)."""

@@ -197,3 +197,100 @@ def test_the_settings_table_names_every_setting_and_every_numbers_range() -> Non
     assert set(rows) - KEYS == set(), sorted(set(rows) - KEYS)
     for name, (minimum, maximum) in BOUNDS.items():
         assert f"range {number_text(minimum)}–{number_text(maximum)}" in rows[name], name
+
+
+def _default_cells() -> dict[str, str]:
+    """README's settings table: each variable's default, the row's second cell."""
+    cells = {}
+    for line in _text(ROOT / "README.md").splitlines():
+        found = re.match(r"^\| `(CONTROLLER_[A-Z0-9_]+)`(?: / `_FILE`)? \| ([^|]*) \|", line)
+        if found:
+            cells[found.group(1)] = found.group(2).strip()
+    return cells
+
+
+def test_the_settings_table_states_every_default_the_parser_falls_back_to() -> None:
+    """Each number's, text's and flag's default in README's table is the parser's own (``DEFAULTS``):
+    a number as ``number_text`` writes it, a text or flag in backticks, an empty text as ``—``
+    (a cell may go on after the value, as ``0 (off; …)`` does)."""
+    from controller.config import DEFAULTS
+
+    cells = _default_cells()
+    wrong = []
+    for name, default in sorted(DEFAULTS.items()):
+        if isinstance(default, bool):
+            expected = f"`{'true' if default else 'false'}`"
+        elif isinstance(default, int | float):
+            expected = number_text(default)
+        else:
+            expected = f"`{default}`" if default else "—"
+        cell = cells.get(name, "")
+        if cell != expected and not cell.startswith(expected + " "):
+            wrong.append(f"{name}: README says {cell!r}, the parser {expected!r}")
+    assert wrong == [], wrong
+
+
+def _metric_row(metric: str) -> str:
+    [row] = [line for line in _text(ROOT / "README.md").splitlines() if line.lstrip().startswith(f"| `{metric}")]
+    return row
+
+
+def _receiver_outcomes() -> set[str]:
+    """Every ``outcome`` the receiver counts deliveries under, read from its code."""
+    import inspect
+
+    from controller import receiver
+    from controller.inbox import Outcome
+
+    return {*re.findall(r'outcome="(\w+)"', inspect.getsource(receiver)), *(o.value for o in Outcome), "ignored"}
+
+
+def test_the_metrics_table_names_every_label_value_the_code_counts() -> None:
+    """README's metrics table names every value a label takes in the code (the outcomes of
+    ``controller_webhooks_total``, ``decide.Verdict``, ``decide.Cause``), so an added value
+    cannot stay undocumented."""
+    from controller.decide import Cause, Verdict
+
+    labelled = {
+        "controller_webhooks_total": _receiver_outcomes(),
+        "controller_decisions_total": {v.value for v in Verdict},
+        "controller_sandboxes_stopped_total": {c.value for c in Cause},
+    }
+    missing = []
+    for metric, values in labelled.items():
+        words = set(re.findall(r"\w+", _metric_row(metric).split("|")[3]))
+        missing += [f"{metric}: {value}" for value in sorted(values - words)]
+    assert missing == [], missing
+
+
+def _import_layers() -> dict[str, set[int]]:
+    """``.importlinter``'s top-level layers: each module or package of ``controller`` (first name
+    after ``controller.``) with the layers (by position) it has modules in."""
+    import configparser
+
+    parser = configparser.ConfigParser()
+    parser.read(ROOT / ".importlinter")
+    found: dict[str, set[int]] = {}
+    for position, line in enumerate(parser["importlinter:contract:layers"]["layers"].split("\n")):
+        for name in re.findall(r"controller\.(\w+)", line):
+            found.setdefault(name, set()).add(position)
+    return found
+
+
+def test_the_readmes_layer_map_names_every_module_in_its_layer() -> None:
+    """README's map of controller/ names every module and package of it, each line's modules all
+    in one layer of the import contract (``.importlinter``), so the map cannot fall behind."""
+    readme = _text(ROOT / "README.md")
+    block = readme[readme.index("controller/        the product") : readme.index("  runners/kubernetes/")]
+    package = ROOT / "controller"
+    modules = {p.stem for p in package.glob("*.py") if p.stem not in ("__init__", "__main__")}
+    modules |= {p.name for p in package.iterdir() if (p / "__init__.py").exists()}
+    layers = _import_layers()
+    named: set[str] = set()
+    for line in block.splitlines()[1:]:
+        on_line = {w for w in re.findall(r"\b(\w+)(?:\.py\b|/)?", line) if w in modules}
+        named |= on_line
+        shared = set.intersection(*(layers.get(m, set()) for m in on_line)) if on_line else {0}
+        assert shared, f"README's layer map puts modules of different layers on one line: {sorted(on_line)}"
+    assert modules - named == set(), f"modules missing from README's layer map: {sorted(modules - named)}"
+    assert modules - set(layers) == set(), f"modules in no layer of .importlinter: {sorted(modules - set(layers))}"
