@@ -487,17 +487,17 @@ async def trickling_body_holder(port: int, seconds: float) -> str:
 
 def test_420_connections_trickling_bodies_hold_no_slot(receiver: Receiver) -> None:
     """L3, L5: 420 connections (over the chart's 400) each send ``GET /healthz`` with a 1 GB
-    ``Content-Length``, read the answer, then send a byte every 5 s for 40 s. None holds its
-    slot: each is closed after its answer, and at 5, 15 and 30 s a genuine signed delivery on a
+    ``Content-Length``, read the answer, then send a byte every 5 s for 25 s. None holds its
+    slot: each is closed after its answer, and at 5, 12 and 20 s a genuine signed delivery on a
     fresh connection is accepted at its first try, and ``/healthz`` answers 200."""
 
     async def attack() -> tuple[Counter[str], list[list[int]], list[int]]:
-        holders = [asyncio.ensure_future(trickling_body_holder(receiver.port, 40.0)) for _ in range(420)]
+        holders = [asyncio.ensure_future(trickling_body_holder(receiver.port, 25.0)) for _ in range(420)]
         deliveries: list[list[int]] = []
         health: list[int] = []
         started = time.monotonic()
         async with httpx.AsyncClient(timeout=10) as client:
-            for at in (5.0, 15.0, 30.0):
+            for at in (5.0, 12.0, 20.0):
                 await asyncio.sleep(max(0.0, started + at - time.monotonic()))
                 deliveries.append(await genuine_delivery(receiver.url, f"sess_trickle_{int(at)}", time.monotonic() + 5))
                 health.append((await client.get(f"http://127.0.0.1:{receiver.port}/healthz")).status_code)
