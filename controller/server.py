@@ -443,12 +443,18 @@ class Connection(asyncio.BufferedProtocol):
         self._arm(LINGER_SECONDS, self.abort)
 
     def abort(self) -> None:
+        """Close now: gracefully when everything written has left, else with a reset (a client
+        that does not read its answers must not keep a socket and its buffer until it does)."""
         self._disarm()
-        if self.transport is not None and not self.transport.is_closing():
-            self.transport.close()
-        if self.transport is not None:
-            self.server.leave(self)
-            self.phase = Phase.LINGER
+        transport = self.transport
+        if transport is None:
+            return
+        if transport.get_write_buffer_size():
+            transport.abort()
+        elif not transport.is_closing():
+            transport.close()
+        self.server.leave(self)
+        self.phase = Phase.LINGER
 
     def _head_expired(self) -> None:
         if self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):

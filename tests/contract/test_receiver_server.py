@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 import pytest
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import PlainTextResponse
+from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from controller import server
@@ -49,6 +49,7 @@ class Gate:
     def __init__(self) -> None:
         self.opened = False
         self.waiting = 0
+        self.big = 0
 
     async def hold(self, request: Request) -> PlainTextResponse:
         self.waiting += 1
@@ -57,13 +58,22 @@ class Gate:
         return PlainTextResponse("held")
 
 
+BIG = b"b" * 2**20
+
+
 def make_app(gate: Gate | None = None) -> Starlette:
     gate = gate or Gate()
+
+    async def big(request: Request) -> Response:
+        gate.big += 1
+        return Response(BIG)
+
     return Starlette(
         routes=[
             Route("/", echo, methods=["GET", "POST"]),
             Route("/healthz", healthz, methods=["GET", "POST"]),
             Route("/hold", gate.hold, methods=["GET"]),
+            Route("/big", big, methods=["GET"]),
         ]
     )
 
@@ -484,3 +494,17 @@ def test_a_stop_lets_the_answer_in_progress_finish_and_takes_no_new_connection()
             assert statuses_in(received) == ["HTTP/1.1 200 OK"]
         finally:
             gate.opened = True
+
+
+def test_a_client_that_never_reads_its_answers_is_not_served_without_end() -> None:
+    """L3: 100 pipelined requests for a 1 MiB answer each, never read: the server stops taking
+    the next request once its answers are not leaving (far fewer than 100 are answered), and
+    closes the connection at the header deadline, with what it had buffered."""
+    gate = Gate()
+    limits = server.Limits(max_connections=5, max_header_bytes=CAP, header_timeout_seconds=1.0)
+    with ServerThread(make_app(gate), limits) as running, connect(running.port) as client:
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 65536)
+        client.sendall((head(target="/big") + b"\r\n") * 100)
+        wait_for(lambda: gate.big > 0, 10, "the first answer")
+        wait_for(lambda: running.open_connections() == 0, 15, "the connection to be closed")
+        assert 0 < gate.big < 50, gate.big

@@ -130,6 +130,9 @@ class RecordingTransport:
     def can_write_eof(self) -> bool:
         return True
 
+    def get_write_buffer_size(self) -> int:
+        return 0
+
     def write_eof(self) -> None:
         self.eof = True
 
