@@ -344,8 +344,11 @@ class Connection(asyncio.BufferedProtocol):
                 self._begin(head)
 
     def _strip_blank_lines(self) -> None:
-        while self.buffer[:2] == b"\r\n":
-            del self.buffer[:2]
+        """Drop line ends before a request line (RFC 9112 asks servers to ignore at least one),
+        in one cut: a client sending nothing else is closed at the header deadline."""
+        blank = len(self.buffer) - len(self.buffer.lstrip(b"\r\n"))
+        if blank:
+            del self.buffer[:blank]
 
     def _begin(self, head: http1.Head) -> None:
         self._disarm()

@@ -508,3 +508,24 @@ def test_a_client_that_never_reads_its_answers_is_not_served_without_end() -> No
         wait_for(lambda: gate.big > 0, 10, "the first answer")
         wait_for(lambda: running.open_connections() == 0, 15, "the connection to be closed")
         assert 0 < gate.big < 50, gate.big
+
+
+def test_a_client_sending_only_blank_lines_is_closed_at_the_header_deadline(running: ServerThread) -> None:
+    """L3: line ends before a request line are ignored, cheaply: 32 MiB of them, sent as fast as
+    the server reads, end with the connection closed at the header deadline, counted; the server
+    answers another client meanwhile."""
+    before = running.refused["header_timeout"]
+    started = time.monotonic()
+    with connect(running.port) as client:
+        sent = 0
+        while sent < 32 * 2**20 and time.monotonic() - started < DEADLINE + 10:
+            try:
+                client.sendall(b"\r\n" * 32768)
+            except (BrokenPipeError, ConnectionResetError):
+                break
+            sent += 65536
+            if sent == 4 * 2**20:
+                assert genuine_status(running.port) == "HTTP/1.1 200 OK"
+        _, ended = read_until_closed(client, DEADLINE + 5)
+    assert ended in {"closed", "reset"}
+    wait_for(lambda: running.refused["header_timeout"] > before, 10, "the header timeout to be counted")
