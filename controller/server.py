@@ -409,7 +409,7 @@ class Connection(asyncio.BufferedProtocol):
             self._advance()
 
     def app_wants_body(self) -> None:
-        """The app waits for body bytes: read again (and say 100 Continue once, if asked)."""
+        """The app waits for body bytes: read from the client again."""
         self._resume_reading()
 
     # refusals, deadlines, closing
