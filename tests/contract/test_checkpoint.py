@@ -1,0 +1,142 @@
+"""``LocalRunner`` suspending a sandbox with CRIU (issue 29), with a stand-in executor whose
+background process keeps its state only in memory. Real CRIU (scripts/criu.sh), real processes,
+a listening socket on loopback; skipped with the reason when this host cannot checkpoint."""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.model import SandboxSpec
+from controller.runners.local import LocalRunner, session_key
+from tests.support.criu import criu_binary
+from tests.support.processes import wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CRIU checkpoints other processes only as root")
+
+# The executor: starts a background child that holds a random token and a counter only in
+# memory and answers "<token> <counter> <pid>" on a loopback port it writes to `port`; then waits.
+FAKE_EXECUTOR = """
+import os, secrets, socket, sys, threading, time
+if os.fork() == 0:
+    token, counter = secrets.token_hex(8), [0]
+    def count():
+        while True:
+            counter[0] += 1
+            time.sleep(0.05)
+    threading.Thread(target=count, daemon=True).start()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: rebound at restore
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    with open("port.partial", "w") as f:
+        f.write(str(server.getsockname()[1]))
+    os.rename("port.partial", "port")
+    while True:
+        conn, _ = server.accept()
+        conn.sendall(f"{token} {counter[0]} {os.getpid()}".encode())
+        conn.close()
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def spec(environment_id: str = "env_1") -> SandboxSpec:
+    return SandboxSpec(session_id="sess_1", environment_id=environment_id, remote_url="https://remote.test/env")
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[tuple[LocalRunner, Path, list[str]]]:
+    script = tmp_path / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    outcomes: list[str] = []
+    runner = LocalRunner(
+        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary(), on_resume=outcomes.append
+    )
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        yield runner, directory, outcomes
+    finally:
+        runner.stop_all()
+        wait_for(lambda: not runner.live(), 15, "every executor to stop")
+
+
+def ask(directory: Path) -> tuple[str, int, int]:
+    port = int((directory / "workspace" / "port").read_text())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        token, counter, pid = conn.recv(200).decode().split()
+    return token, int(counter), int(pid)
+
+
+def test_a_suspended_sandbox_leaves_no_process_and_resumes_with_its_memory(
+    made: tuple[LocalRunner, Path, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: suspend dumps the whole tree (executor and its background process) and leaves
+    nothing running; the next ensure restores it: the same token, a counter that went on from
+    where it stopped, and one sandbox (the new generation's handle) for the session."""
+    runner, directory, outcomes = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token, before, inner_pid = ask(directory)
+    wait_for(lambda: ask(directory)[1] > before, 10, "the counter to go on")
+    pids = runner.processes(first)
+    assert len(pids) >= 2  # the executor and its background child
+    at_suspend = ask(directory)[1]
+
+    runner.suspend(first)
+    assert runner.live() == [] and runner.find("sess_1") is None
+    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "a process of the suspended sandbox is left"
+    suspended = runner.suspended("sess_1")
+    assert suspended is not None and suspended["size_bytes"] > 0
+    with pytest.raises(OSError):
+        ask(directory)  # nobody answers while suspended
+
+    second = runner.ensure(spec(), 2)
+    assert second.generation == 2 and second != first
+    assert outcomes == ["restored"], [getattr(r, "reason", None) for r in caplog.records]
+    assert runner.live() == [second]
+    again, counter, same_pid = ask(directory)
+    assert again == token and same_pid == inner_pid
+    assert counter > at_suspend
+    assert runner.suspended("sess_1") is None and not (directory / "checkpoint").exists()
+    assert runner.ensure(spec(), 2) == second  # L1: one sandbox, not a second start
+
+
+def test_a_checkpoint_that_cannot_be_restored_falls_back_to_a_fresh_start(
+    made: tuple[LocalRunner, Path, list[str]],
+) -> None:
+    """Issue 29: a corrupt image is not fatal: the next ensure logs it, counts ``fresh_start``,
+    drops the checkpoint and starts a new executor on the same workspace."""
+    runner, directory, outcomes = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token, _, _ = ask(directory)
+    (directory / "workspace" / "kept.txt").write_text("kept")
+    runner.suspend(first)
+    for image in (directory / "checkpoint").glob("pagemap-*.img"):
+        image.write_bytes(b"corrupt")
+    (directory / "workspace" / "port").unlink()
+    second = runner.ensure(spec(), 2)
+    assert outcomes == ["fresh_start"]
+    assert runner.live() == [second]
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+    assert ask(directory)[0] != token
+    assert (directory / "workspace" / "kept.txt").read_text() == "kept"
+    assert not (directory / "checkpoint").exists()
+
+
+def test_discard_removes_the_checkpoint_with_the_workspace(made: tuple[LocalRunner, Path, list[str]]) -> None:
+    """Issue 29, L16: a session released for good loses its checkpoint with its workspace."""
+    runner, directory, _ = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    runner.suspend(first)
+    assert (directory / "checkpoint").is_dir()
+    runner.discard("sess_1")
+    assert not (directory / "checkpoint").exists() and not (directory / "suspended.json").exists()
