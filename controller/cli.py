@@ -141,6 +141,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         last = f"{r.last.verdict}: {r.last.reason}" if r.last else "-"
         age = _duration(r.age_seconds)
         timer = "-" if r.next_timer_in_seconds is None else _duration(r.next_timer_in_seconds)
+        if r.suspended is not None:
+            size, held = r.suspended["size_bytes"] / 1e6, _duration(r.suspended["age_seconds"])
+            last += f" (checkpoint {size:.1f} MB, {held} old)"
         print(
             f"{r.session_id:<34} {r.runner:<10} {r.sandbox:<40} {r.generation:>3} {age:>8} {r.health:<11} "
             f"{timer:>10} {last}"

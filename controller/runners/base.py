@@ -71,6 +71,10 @@ class Suspends(Protocol):
 
     def suspend(self, handle: Handle) -> None: ...
 
+    def suspended(self, session_id: str) -> dict[str, float] | None:
+        """The session's checkpoint (``size_bytes``, ``suspended_at``), or None."""
+        ...
+
 
 @runtime_checkable
 class Pools(Protocol):

@@ -2,23 +2,39 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
+from controller import fleet
 from controller.decide import Verdict
-from controller.model import Handle, SessionStatus
+from controller.model import Handle, LastDecision, SessionStatus
 from controller.runners.base import Suspends
 from tests.support.fakes import T0, FakeRunner, World, make_session, verdicts
 
 
 @dataclass
 class SuspendingRunner(FakeRunner):
-    """``FakeRunner`` that also suspends: a suspended sandbox is gone like a released one."""
+    """``FakeRunner`` that also suspends: a suspended sandbox is gone like a released one, and
+    leaves a checkpoint of 21 MB taken at ``T0 + 700``."""
+
+    checkpoints: dict[str, dict[str, float]] = field(default_factory=dict)
 
     def suspend(self, handle: Handle) -> None:
         self.calls.append(("suspend", handle.session_id, handle.generation))
         current = self.live.get(handle.session_id)
         if current is not None and current.handle.uid == handle.uid:
             del self.live[handle.session_id]
+            self.checkpoints[handle.session_id] = {"size_bytes": 21e6, "suspended_at": T0 + 700}
+
+    def suspended(self, session_id: str) -> dict[str, float] | None:
+        return self.checkpoints.get(session_id)
+
+
+class _Decisions:
+    def last_decision(self, session_id: str) -> LastDecision | None:
+        return None
+
+    def timer(self, session_id: str) -> float | None:
+        return None
 
 
 def world_with(runner: FakeRunner, **settings: float) -> World:
@@ -64,3 +80,22 @@ def test_a_runner_that_cannot_suspend_is_released_by_the_idle_rule() -> None:
     world.clock.advance(700)
     assert verdicts(world.deliver()) == [Verdict.STOP]
     assert world.runner.calls == [("release", "sess_1", 1)]
+
+
+def test_status_and_explain_show_a_suspended_sandbox_with_its_image_size_and_age() -> None:
+    """Issue 29: after an idle suspension ``status`` says ``suspended`` (not ``gone``) with the
+    checkpoint's size and age, and ``explain`` shows the same; a running sandbox shows none."""
+    runner = SuspendingRunner()
+    world = world_with(runner, idle_timeout=600.0)
+    world.sessions.put(make_session(status=SessionStatus.IDLE, actions=(), last_active_at=int(T0)))
+    world.mapped()
+    [running] = fleet.status(world.store, _Decisions(), runner, "local", world.clock.now())
+    assert (running.health, running.suspended) == ("running", None)
+    world.clock.advance(700)
+    assert verdicts(world.deliver()) == [Verdict.STOP]
+    world.clock.advance(90)
+
+    [row] = fleet.status(world.store, _Decisions(), runner, "local", world.clock.now())
+    assert row.health == "suspended"
+    assert row.to_json()["suspended"] == {"size_bytes": 21e6, "age_seconds": 90.0}
+    assert fleet.explain("sess_1", world.deps).observed["suspended"] == {"size_bytes": 21e6, "age_seconds": 90.0}
