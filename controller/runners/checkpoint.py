@@ -2,13 +2,20 @@
 restored from there (issue 29; the local runner's ``CONTROLLER_IDLE_SUSPEND=checkpoint``).
 
 **The sandbox runs in a pid namespace of its own** (``pid_namespace_argv``): ``unshare --pid
---fork`` (as root) forks the sandbox's first process as pid 1 of a new namespace, ``setsid``
-makes it a session leader there (so the whole tree, the session included, is inside what is
-dumped), ``setpriv`` drops to the executor's uid, and a one-line ``sh`` points the executor's
-stderr at its stdout, the log. ``unshare``'s own stderr goes nowhere: it complains into it when
-its child dies (at every dump), and CRIU refuses to restore a file whose size changed since.
-A restored tree gets a new pid namespace, so its pids are always free there: no clash with
-whatever took the old numbers meanwhile.
+--fork`` (as root) forks the namespace's pid 1, which ``setsid`` makes a session leader (so
+the whole tree, the session included, is inside what is dumped); pid 1 is a second, plain
+``unshare --fork``, still root, that only forks the executor and waits for it, exiting with it.
+The executor, pid 2, drops to its uid with ``setpriv``, and a one-line ``sh`` joins its stderr
+to its stdout, the log. Pid 1 stays root because CRIU's parasite code, run inside the root task
+of the dump, mounts a /proc for the namespace, which an unprivileged task may not do (dumping
+a namespace whose pid 1 is the executor's uid fails: "Can't create a directory (-13)", "Can't
+get proc fd"); being no executor, it also passes on no signal semantics of a pid 1 (the
+executor gets SIGTERM as any process does). The ``unshare`` processes' own stderr goes
+nowhere: they complain into it when a child dies (at every dump), and CRIU refuses to restore
+a file whose size changed since. Orphans of the sandbox (a command that left with ``setsid
+-f``) are re-parented to pid 1 and stay in the tree; pid 1 does not reap them, so one that ends
+stays a zombie until the sandbox does. A restored tree gets a new pid namespace, so its pids
+are always free there: no clash with whatever took the old numbers meanwhile.
 
 **Dump** (``dump``): ``criu dump -t <pid 1 of the namespace>`` writes the images and kills the
 tree (nothing of the sandbox runs after it; its memory is freed). Established TCP connections
@@ -36,6 +43,7 @@ __all__ = [
     "CheckpointFailed",
     "Dumped",
     "dump",
+    "has_sys_resource",
     "host_can_checkpoint",
     "image_size",
     "pid_namespace_argv",
@@ -80,19 +88,41 @@ def host_can_checkpoint(binary: str) -> tuple[bool, str]:
     if checked.returncode != 0:
         errors = [line for line in (checked.stdout + checked.stderr).splitlines() if "Error" in line]
         return False, f"{path} ({first}): criu check failed: {(errors or ['exit ' + str(checked.returncode)])[-1]}"
+    if not has_sys_resource():
+        return True, (
+            f"{path} ({first}): criu check passed, but without CAP_SYS_RESOURCE CRIU cannot read another uid's "
+            "rlimits: only executors of this uid (CONTROLLER_LOCAL_EXECUTOR_SAME_USER=true) can be checkpointed; "
+            "others fail to dump and are stopped instead"
+        )
     return True, f"{path} ({first}): criu check passed"
 
 
+_CAP_SYS_RESOURCE = 24
+
+
+def has_sys_resource() -> bool:
+    """Whether this process holds CAP_SYS_RESOURCE: CRIU reads each process's rlimits with
+    prlimit(2), which for another uid's process needs it (root lacks it in some containers)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
 def pid_namespace_argv(argv: Sequence[str], identity: tuple[int, int] | None) -> list[str]:
-    """``argv`` run as pid 1 of a new pid namespace, session leader there, as ``identity``
-    (uid, gid; None: this process's own), its stderr joined to its stdout."""
+    """``argv`` run as pid 2 of a new pid namespace (pid 1: a root ``unshare --fork`` waiting
+    for it, session leader there), as ``identity`` (uid, gid; None: this process's own), its
+    stderr joined to its stdout."""
     drop = (
         []
         if identity is None
         else ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
     )
     redirect = ["sh", "-c", 'exec "$@" 2>&1', "sh"]
-    return ["unshare", "--pid", "--fork", "--", "setsid", *drop, *redirect, *argv]
+    return ["unshare", "--pid", "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
 
 
 def image_size(images: Path) -> int:

@@ -5,17 +5,21 @@ a listening socket on loopback; skipped with the reason when this host cannot ch
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from controller.model import SandboxSpec
+from controller.model import Handle, SandboxSpec
+from controller.runners.checkpoint import has_sys_resource
 from controller.runners.local import LocalRunner, session_key
+from tests.contract.test_local_runner import free_uid_range, python_for_others
 from tests.support.criu import criu_binary
-from tests.support.processes import wait_for
+from tests.support.processes import assert_no_process_left, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CRIU checkpoints other processes only as root")
 
@@ -140,3 +144,78 @@ def test_discard_removes_the_checkpoint_with_the_workspace(made: tuple[LocalRunn
     assert (directory / "checkpoint").is_dir()
     runner.discard("sess_1")
     assert not (directory / "checkpoint").exists() and not (directory / "suspended.json").exists()
+
+
+def identity_of(pid: int) -> tuple[list[int], list[int], str]:
+    """(real, effective, saved, fs uids), (the same gids), and the supplementary groups."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return (
+        [int(x) for x in fields["Uid"].split()],
+        [int(x) for x in fields["Gid"].split()],
+        fields["Groups"].strip(),
+    )
+
+
+@pytest.fixture
+def separate() -> Iterator[tuple[LocalRunner, Path, Path]]:
+    """A runner giving each session a uid of its own, in a directory that uid can traverse."""
+    base = Path(tempfile.mkdtemp(prefix="sc-checkpoint-"))
+    base.chmod(0o711)
+    script = base / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    script.chmod(0o644)
+    runner = LocalRunner(
+        base / "state", [python_for_others(), str(script)], "envkey", run_as=free_uid_range(2), criu=criu_binary()
+    )
+    try:
+        yield runner, base / "state" / "sessions" / session_key("sess_1"), base
+    finally:
+        runner.stop_all()
+        assert_no_process_left(base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def assert_runs_as_the_sessions_uid(runner: LocalRunner, handle: Handle, uid: int) -> None:
+    leader = int(handle.uid.split(":")[0])
+    pids = runner.processes(handle)
+    assert len(pids) >= 3  # pid 1 (root, waiting), the executor, its background child
+    for pid in pids:
+        if pid != leader:
+            assert identity_of(pid) == ([uid] * 4, [uid] * 4, ""), pid
+    assert identity_of(leader)[0] == [0] * 4  # pid 1 stays root: it only waits for the executor
+
+
+def test_with_a_uid_per_session_the_namespaced_executor_runs_as_that_uid(
+    separate: tuple[LocalRunner, Path, Path],
+) -> None:
+    """L2, issue 29: in a pid namespace of its own (started as root: ``unshare`` needs it) the
+    executor still runs as the session's uid, every uid and gid of each of its processes
+    dropped, no supplementary groups; only the namespace's pid 1, which waits for it, is root."""
+    runner, directory, _ = separate
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    uid = (directory / "workspace").stat().st_uid
+    assert uid != 0
+    assert_runs_as_the_sessions_uid(runner, first, uid)
+
+
+@pytest.mark.skipif(
+    not has_sys_resource(),
+    reason="this host's root lacks CAP_SYS_RESOURCE: CRIU cannot read the rlimits of another uid's "
+    'process (criu dump: "Can\'t get rlimit 0: Operation not permitted")',
+)
+def test_with_a_uid_per_session_a_suspended_sandbox_resumes_as_that_uid(
+    separate: tuple[LocalRunner, Path, Path],
+) -> None:
+    """L2, issue 29: a sandbox of a session's own uid is suspended and restored, and its
+    restored processes are that uid again."""
+    runner, directory, _ = separate
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    uid = (directory / "workspace").stat().st_uid
+    token = ask(directory)[0]
+    runner.suspend(first)
+    assert runner.suspended("sess_1") is not None
+    second = runner.ensure(spec(), 2)
+    assert ask(directory)[0] == token
+    assert_runs_as_the_sessions_uid(runner, second, uid)

@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
-from controller import fleet
+import pytest
+
+from controller import cli, fleet
 from controller.decide import Verdict
 from controller.model import Handle, LastDecision, SessionStatus
 from controller.runners.base import Suspends
+from controller.runners.checkpoint import host_can_checkpoint
 from tests.support.fakes import T0, FakeRunner, World, make_session, verdicts
 
 
@@ -99,3 +104,35 @@ def test_status_and_explain_show_a_suspended_sandbox_with_its_image_size_and_age
     assert row.health == "suspended"
     assert row.to_json()["suspended"] == {"size_bytes": 21e6, "age_seconds": 90.0}
     assert fleet.explain("sess_1", world.deps).observed["suspended"] == {"size_bytes": 21e6, "age_seconds": 90.0}
+
+
+def test_check_config_says_in_one_line_whether_this_host_can_checkpoint_and_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 29: ``check-config`` prints one line: a CRIU that is missing, or whose ``criu
+    check`` fails, is named with the reason (here a stand-in CRIU that fails as Debian 12's
+    3.17 does on this kernel)."""
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    assert host_can_checkpoint(str(tmp_path / "nowhere" / "criu")) == (
+        False,
+        f"'{tmp_path / 'nowhere' / 'criu'}' not found (build it with scripts/criu.sh, then set CONTROLLER_CRIU)",
+    )
+    fake = tmp_path / "criu"
+    fake.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = --version ]; then echo "Version: 3.17.1"; exit 0; fi\n'
+        'echo "Error (criu/crtools.c:260): Could not initialize kernel features detection." >&2\n'
+        "exit 1\n"
+    )
+    fake.chmod(0o755)
+    can, reason = host_can_checkpoint(str(fake))
+    assert not can
+    assert reason == (
+        f"{fake} (Version: 3.17.1): criu check failed: "
+        "Error (criu/crtools.c:260): Could not initialize kernel features detection."
+    )
+    monkeypatch.setenv("CONTROLLER_CRIU", str(fake))
+    monkeypatch.setenv("CONTROLLER_IDLE_SUSPEND", "checkpoint")
+    cli.main(["check-config", "--role", "serve"])
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("checkpoint")]
+    assert lines == [f"checkpoint (idle suspend: checkpoint): cannot checkpoint here: {reason}"]
