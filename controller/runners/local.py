@@ -340,12 +340,16 @@ class LocalRunner:
         """Checkpoint the sandbox's whole process tree into ``checkpoint/`` beside its
         workspace, which leaves nothing of it running (issue 29); without checkpointing, or
         when the dump fails (logged), this is ``release``. The next ``ensure`` restores it."""
+        if self._criu is None:
+            self.release(handle)  # CONTROLLER_IDLE_SUSPEND=stop: the plain stop it always was
+            return
         directory = self._root / session_key(handle.session_id)
+        suspended = False
         with self._locked(directory):
             current = self._read(directory)
             if current is None or current.uid != handle.uid:
                 return  # already gone, or a newer sandbox: not ours
-            if self._criu is not None and self._in_pid_namespace(directory) and self._leader_alive(current):
+            if self._in_pid_namespace(directory) and self._leader_alive(current):
                 pid, _ = self._leader(current)
                 images = directory / "checkpoint"
                 try:
@@ -367,6 +371,7 @@ class LocalRunner:
                             }
                         ),
                     )
+                    suspended = True
                     log.info(
                         "executor suspended",
                         extra={
@@ -379,6 +384,8 @@ class LocalRunner:
             self._stop(current)  # whatever the dump left (nothing, once it succeeded)
             (directory / "sandbox.json").unlink(missing_ok=True)
             self._reap()
+        if not suspended:
+            log.info("executor stopped", extra={"session_id": handle.session_id, "sandbox": handle.name})
 
     def suspended(self, session_id: str) -> dict[str, float] | None:
         """The session's checkpoint: ``size_bytes`` and ``suspended_at``; None when it has none."""
@@ -606,7 +613,7 @@ class LocalRunner:
         while time.monotonic() < deadline:
             try:
                 children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
-            except OSError:
+            except OSError:  # (the file exists on kernels CRIU runs on: CONFIG_CHECKPOINT_RESTORE)
                 return None
             if children:
                 return int(children[0])

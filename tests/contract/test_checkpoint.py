@@ -4,6 +4,7 @@ a listening socket on loopback; skipped with the reason when this host cannot ch
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import socket
@@ -16,7 +17,7 @@ import pytest
 
 from controller.model import Handle, SandboxSpec
 from controller.runners.checkpoint import has_sys_resource
-from controller.runners.local import LocalRunner, session_key
+from controller.runners.local import LocalRunner, proc_stat, session_key
 from tests.contract.test_local_runner import free_uid_range, python_for_others
 from tests.support.criu import criu_binary
 from tests.support.processes import assert_no_process_left, wait_for
@@ -71,6 +72,11 @@ def made(tmp_path: Path) -> Iterator[tuple[LocalRunner, Path, list[str]]]:
         wait_for(lambda: not runner.live(), 15, "every executor to stop")
 
 
+def alive(pid: int) -> bool:
+    found = proc_stat(pid)
+    return found is not None and found.running
+
+
 def ask(directory: Path) -> tuple[str, int, int]:
     port = int((directory / "workspace" / "port").read_text())
     with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
@@ -95,7 +101,7 @@ def test_a_suspended_sandbox_leaves_no_process_and_resumes_with_its_memory(
 
     runner.suspend(first)
     assert runner.live() == [] and runner.find("sess_1") is None
-    assert not [p for p in pids if Path(f"/proc/{p}").exists()], "a process of the suspended sandbox is left"
+    assert not [p for p in pids if alive(p)], "a process of the suspended sandbox is left"
     suspended = runner.suspended("sess_1")
     assert suspended is not None and suspended["size_bytes"] > 0
     with pytest.raises(OSError):
@@ -219,3 +225,55 @@ def test_with_a_uid_per_session_a_suspended_sandbox_resumes_as_that_uid(
     second = runner.ensure(spec(), 2)
     assert ask(directory)[0] == token
     assert_runs_as_the_sessions_uid(runner, second, uid)
+
+
+def test_without_checkpointing_suspend_is_the_plain_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """L11, issue 29: with ``CONTROLLER_IDLE_SUSPEND=stop`` (no CRIU given) the idle rule's
+    ``suspend`` is ``release``: nothing left running, no checkpoint, "executor stopped"."""
+    caplog.set_level(logging.INFO, logger="controller")
+    script = tmp_path / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    runner = LocalRunner(tmp_path / "state", [sys.executable, str(script)], "envkey")
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+        pids = runner.processes(first)
+        runner.suspend(first)
+        assert runner.live() == [] and not [p for p in pids if alive(p)]
+        assert not (directory / "checkpoint").exists() and runner.suspended("sess_1") is None
+        assert [r.getMessage() for r in caplog.records if r.getMessage() == "executor stopped"] == ["executor stopped"]
+    finally:
+        runner.stop_all()
+
+
+def test_a_dump_that_fails_stops_the_sandbox_and_the_next_start_is_fresh(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: a CRIU that cannot dump (a stand-in that fails) leaves no half checkpoint: the
+    sandbox is stopped instead (logged with the reason), and the next ensure starts afresh."""
+    script = tmp_path / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    failing = tmp_path / "criu"
+    failing.write_text("#!/bin/sh\necho 'Error (criu/cr-dump.c:1): stand-in refuses' > dump.log\nexit 1\n")
+    failing.chmod(0o755)
+    outcomes: list[str] = []
+    runner = LocalRunner(
+        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=str(failing), on_resume=outcomes.append
+    )
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+        token = ask(directory)[0]
+        runner.suspend(first)
+        assert runner.live() == [] and not (directory / "checkpoint").exists()
+        [failed] = [r for r in caplog.records if r.getMessage() == "checkpoint failed, executor stopped instead"]
+        assert "stand-in refuses" in failed.__dict__["reason"]
+        (directory / "workspace" / "port").unlink()
+        second = runner.ensure(spec(), 2)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+        assert ask(directory)[0] != token and runner.live() == [second]
+        assert outcomes == []  # no checkpoint was there to restore
+    finally:
+        runner.stop_all()
