@@ -10,6 +10,7 @@ directory on the way to which another user could replace: see ``state_directory_
     sessions/<key>/home/          the executor's $HOME
     sessions/<key>/executor.log   its stdout and stderr (opened by the runner; the executor only
                                   holds the descriptor)
+    sessions/<key>/checkpoint/    a suspended sandbox's CRIU images (0700, root's; see below)
     uids/                         with a uid per session: who holds which uid (``runners/uids.py``)
 
 **A sandbox is a process group.** The executor starts as the leader of a new session and
@@ -46,6 +47,15 @@ a sandbox or a kept workspace (``runners/uids.py``): then one session's code can
 another's workspace nor signal its processes, and stopping a sandbox also stops whatever runs
 as its uid (even a process that left its session with ``setsid``). Without ``run_as`` the
 executor runs as the runner's own uid (an explicit opt-in in the settings).
+
+**Checkpointing** (``criu``: ``CONTROLLER_IDLE_SUSPEND=checkpoint``, ``runners/checkpoint.py``):
+each sandbox then runs in a pid namespace of its own, and its recorded leader is the
+namespace's pid 1 (a root ``unshare --fork`` that waits for the executor, pid 2, and exits with
+it), session leader of the sandbox as above; ``sandbox.json`` says ``"pid_namespace": true``.
+``suspend`` dumps the namespace into ``checkpoint/`` (``suspended.json`` beside it: when, how
+big, for which environment) and removes ``sandbox.json``; the next ``ensure`` restores it as the
+new generation's sandbox, or starts afresh when it cannot. ``discard`` removes the checkpoint
+with the workspace.
 
 Its environment is built from scratch: PATH, HOME, CODEX_API_KEY (the environment key, L2)
 and SANDBOX_WORKSPACE; the controller's own variables (its API key among them) never reach it.
