@@ -9,7 +9,9 @@ Skipped, with the reason, where this host cannot checkpoint (not root, no CRIU t
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,7 +19,7 @@ import pytest
 
 from tests.support.codex import codex_binary
 from tests.support.criu import criu_binary
-from tests.support.processes import wait_for
+from tests.support.processes import python_module, wait_for
 from tests.support.simulator import run_turn
 from tests.system.loop import Loop
 from tests.system.test_idle import session_of, stops, wait_idle, workspace_of
@@ -107,9 +109,10 @@ def ask(loop: Loop, sid: str) -> tuple[str, int]:
 def test_an_idle_session_is_suspended_with_its_memory_and_resumes_where_it_was(loop: Loop) -> None:
     """Issue 29, L11, L16: turn 1 starts a background process that keeps a token and a counter
     only in memory; the session goes idle and is suspended (cause idle): no process of it is
-    left, a checkpoint is on disk. Turn 2's connection request restores it: the executor
-    reconnects by itself (on its original registration: one lineage, one executor), and the same background
-    process answers with the same token and a counter that went on from where it stopped."""
+    left, a checkpoint is on disk, and ``status`` says ``suspended`` with its size. Turn 2's
+    connection request restores it: the executor reconnects by itself (on its original
+    registration: one lineage, one executor), and the same background process answers with
+    the same token and a counter that went on from where it stopped."""
     with loop.api() as client:
         session = loop.create_session(client, input_text=None)
     sid, environment_id = session["id"], session["environment"]["id"]
@@ -131,6 +134,11 @@ def test_an_idle_session_is_suspended_with_its_memory_and_resumes_where_it_was(l
     checkpoint = workspace.parent / "checkpoint"
     assert checkpoint.is_dir() and suspended["size_bytes"] > 0
     wait_for(lambda: loop.environment_status(environment_id) == "disconnected", 30, "the link to drop")
+    shown = subprocess.run(
+        python_module("controller", "status", "--json"), env=loop.controller_env(), capture_output=True, text=True
+    )
+    [row] = [r for r in json.loads(shown.stdout)["sessions"] if r["session_id"] == sid]
+    assert row["health"] == "suspended" and row["suspended"]["size_bytes"] == suspended["size_bytes"], row
 
     again, later = ask(loop, sid)  # the connection request restores it; the executor reconnects
     assert again == token, "a new background process answered: the memory was not restored"
