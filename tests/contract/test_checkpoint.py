@@ -277,3 +277,35 @@ def test_a_dump_that_fails_stops_the_sandbox_and_the_next_start_is_fresh(
         assert outcomes == []  # no checkpoint was there to restore
     finally:
         runner.stop_all()
+
+
+@pytest.mark.parametrize("criu", ["missing", "off"])
+def test_a_checkpoint_without_a_criu_to_restore_it_falls_back_to_a_fresh_start(
+    made: tuple[LocalRunner, Path, list[str]], tmp_path: Path, criu: str
+) -> None:
+    """Issue 29: a worker whose CRIU is gone (``missing``), or that runs with checkpointing off
+    again (``off``), meets a session's checkpoint: it counts ``fresh_start``, drops the
+    checkpoint and starts a new executor on the same workspace."""
+    runner, directory, _ = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token = ask(directory)[0]
+    runner.suspend(first)
+    assert (directory / "checkpoint").is_dir()
+    (directory / "workspace" / "port").unlink()
+    outcomes: list[str] = []
+    other = LocalRunner(
+        tmp_path / "state",
+        [sys.executable, str(tmp_path / "fake_executor.py")],
+        "envkey",
+        criu=str(tmp_path / "no-criu") if criu == "missing" else None,
+        on_resume=outcomes.append,
+    )
+    try:
+        second = other.ensure(spec(), 2)
+        assert outcomes == ["fresh_start"] and other.live() == [second]
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+        assert ask(directory)[0] != token
+        assert not (directory / "checkpoint").exists()
+    finally:
+        other.stop_all()
