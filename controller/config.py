@@ -386,6 +386,11 @@ class _Parser:
             self.problems.append(
                 f"{PREFIX}IDLE_SUSPEND must be one of {', '.join(IDLE_SUSPENDS)}, got {idle_suspend!r}"
             )
+        elif idle_suspend == "checkpoint" and runner != "local":
+            self.problems.append(
+                f"{PREFIX}IDLE_SUSPEND=checkpoint works with the local runner only; with {PREFIX}RUNNER={runner} "
+                "an idle sandbox is stopped (docs/kubernetes.md says what checkpointing pods would need)"
+            )
         level = self.text("LOG_LEVEL", "INFO").upper()
         if level not in LOG_LEVELS:
             self.problems.append(f"{PREFIX}LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")

@@ -9,7 +9,9 @@ from pathlib import Path
 import pytest
 
 from controller import cli, fleet
+from controller.config import Settings
 from controller.decide import Verdict
+from controller.errors import ConfigError
 from controller.model import Handle, LastDecision, SessionStatus
 from controller.runners.base import Suspends
 from controller.runners.checkpoint import host_can_checkpoint
@@ -136,3 +138,20 @@ def test_check_config_says_in_one_line_whether_this_host_can_checkpoint_and_why(
     cli.main(["check-config", "--role", "serve"])
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("checkpoint")]
     assert lines == [f"checkpoint (idle suspend: checkpoint): cannot checkpoint here: {reason}"]
+
+
+def test_the_idle_suspend_setting_is_stop_or_checkpoint_and_checkpoint_only_with_the_local_runner() -> None:
+    """Issue 29: ``stop`` by default; ``checkpoint`` with the local runner; anything else, or
+    ``checkpoint`` with the Kubernetes runner (which cannot), is refused at start with the reason."""
+    assert Settings.from_env({}).runner.local_idle_suspend == "stop"
+    chosen = Settings.from_env({"CONTROLLER_IDLE_SUSPEND": "Checkpoint", "CONTROLLER_CRIU": "/opt/criu"})
+    assert (chosen.runner.local_idle_suspend, chosen.runner.criu) == ("checkpoint", "/opt/criu")
+    with pytest.raises(ConfigError) as wrong:
+        Settings.from_env({"CONTROLLER_IDLE_SUSPEND": "hibernate"})
+    assert wrong.value.problems == ["CONTROLLER_IDLE_SUSPEND must be one of stop, checkpoint, got 'hibernate'"]
+    with pytest.raises(ConfigError) as kubernetes:
+        Settings.from_env({"CONTROLLER_IDLE_SUSPEND": "checkpoint", "CONTROLLER_RUNNER": "kubernetes"})
+    assert kubernetes.value.problems == [
+        "CONTROLLER_IDLE_SUSPEND=checkpoint works with the local runner only; with CONTROLLER_RUNNER=kubernetes an "
+        "idle sandbox is stopped (docs/kubernetes.md says what checkpointing pods would need)"
+    ]
