@@ -13,7 +13,7 @@
 # suite's package, fetched with `apt-get source --download-only` through a private sources
 # list that reuses the mirror this host's apt already uses; nothing is added to the system's
 # apt configuration) and is checked against the SHA-256 pinned below before it is unpacked.
-# The build takes about 1.5 minutes on 2 cores; later runs only run `criu check`.
+# The build takes 25 s to 1.5 minutes on 2 cores (as loaded); later runs only run `criu check`.
 #
 # The controller finds the binary through CONTROLLER_CRIU (default: `criu` on PATH); the test
 # tiers export CONTROLLER_CRIU to the path this prints. Production: run this script once on
@@ -101,7 +101,7 @@ if [ ! -x "${bin}" ]; then
   fi
 
   build="$(mktemp -d)"
-  say "building criu ${CRIU_VERSION} (about 1.5 minutes on 2 cores; log: ${dir}/build.log)"
+  say "building criu ${CRIU_VERSION} (under 2 minutes on 2 cores; log: ${dir}/build.log)"
   tar -xJf "${dir}/${CRIU_TARBALL}" -C "${build}"
   if ! (cd "${build}/criu-${CRIU_VERSION}" && nice -n 10 make -j"$(nproc)" criu) >"${dir}/build.log" 2>&1; then
     say "build failed; the end of ${dir}/build.log:"
