@@ -18,6 +18,7 @@ from controller import __version__, fleet, logs, queue, scheduler, server, webho
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import RECEIVER_REFUSED_TOTAL, serve_metrics
+from controller.runners.checkpoint import host_can_checkpoint
 
 
 def _settings(role: str | None = None) -> Settings:
@@ -55,6 +56,11 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 print(f"  - {problem}", file=sys.stderr)
         else:
             print(f"{role}: ready", file=sys.stderr)
+    if settings.runner.kind == "local":
+        can, reason = host_can_checkpoint(settings.runner.criu)
+        mode = settings.runner.local_idle_suspend
+        verdict = "can" if can else "cannot"
+        print(f"checkpoint (idle suspend: {mode}): {verdict} checkpoint here: {reason}", file=sys.stderr)
     return 1 if refused else 0
 
 
@@ -135,6 +141,9 @@ def cmd_status(args: argparse.Namespace) -> int:
         last = f"{r.last.verdict}: {r.last.reason}" if r.last else "-"
         age = _duration(r.age_seconds)
         timer = "-" if r.next_timer_in_seconds is None else _duration(r.next_timer_in_seconds)
+        if r.suspended is not None:
+            size, held = r.suspended["size_bytes"] / 1e6, _duration(r.suspended["age_seconds"])
+            last += f" (checkpoint {size:.1f} MB, {held} old)"
         print(
             f"{r.session_id:<34} {r.runner:<10} {r.sandbox:<40} {r.generation:>3} {age:>8} {r.health:<11} "
             f"{timer:>10} {last}"

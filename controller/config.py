@@ -200,6 +200,13 @@ class RunnerSettings(Printable):
     local_executor_same_user: bool = False
     """Local runner: opt in to running executors as the worker's own uid (no separation from
     the controller's secrets; ``dev`` sets it). Required when the worker is not root."""
+    local_idle_suspend: str = "stop"
+    """Local runner: what the idle rule does to a sandbox (``CONTROLLER_IDLE_SUSPEND``): ``stop``
+    (its processes end, its workspace stays) or ``checkpoint`` (its whole process tree is
+    dumped with CRIU into the state directory and restored at the next connection request,
+    ``runners/checkpoint.py``; a fresh start whenever that is impossible)."""
+    criu: str = "criu"
+    """The CRIU binary (``CONTROLLER_CRIU``: a path, or a name on PATH) for ``checkpoint``."""
     local_allow_redis_without_password: bool = False
     """Local runner: allow executors of another uid beside a Redis URL without a password (only
     when Redis is out of their reach: another host behind a firewall, a socket they cannot
@@ -327,6 +334,7 @@ class Settings(Printable):
 
 
 RUNNERS = ("local", "kubernetes")
+IDLE_SUSPENDS = ("stop", "checkpoint")
 DAY = 24 * 3600
 MAX_UID = 2**32 - 2
 """The highest uid an executor may get (``2**32 - 1`` is ``(uid_t) -1``: "no change")."""
@@ -375,6 +383,16 @@ class _Parser:
         runner = self.text("RUNNER", RunnerSettings.kind).lower()
         if runner not in RUNNERS:
             self.problems.append(f"{PREFIX}RUNNER must be one of {', '.join(RUNNERS)}, got {runner!r}")
+        idle_suspend = self.text("IDLE_SUSPEND", RunnerSettings.local_idle_suspend).lower()
+        if idle_suspend not in IDLE_SUSPENDS:
+            self.problems.append(
+                f"{PREFIX}IDLE_SUSPEND must be one of {', '.join(IDLE_SUSPENDS)}, got {idle_suspend!r}"
+            )
+        elif idle_suspend == "checkpoint" and runner != "local":
+            self.problems.append(
+                f"{PREFIX}IDLE_SUSPEND=checkpoint works with the local runner only; with {PREFIX}RUNNER={runner} "
+                "an idle sandbox is stopped (docs/kubernetes.md says what checkpointing pods would need)"
+            )
         level = self.text("LOG_LEVEL", "INFO").upper()
         if level not in LOG_LEVELS:
             self.problems.append(f"{PREFIX}LOG_LEVEL must be one of {', '.join(LOG_LEVELS)}, got {level!r}")
@@ -459,6 +477,8 @@ class _Parser:
                 local_allow_redis_without_password=self.flag(
                     "LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD", RunnerSettings.local_allow_redis_without_password
                 ),
+                local_idle_suspend=idle_suspend,
+                criu=self.text("CRIU", RunnerSettings.criu),
             ),
             kubernetes=KubernetesSettings(
                 namespace=self.text("KUBERNETES_NAMESPACE", KubernetesSettings.namespace),

@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from controller.decide import Decision
 from controller.lifecycle import Deps, decide_observed, observe
 from controller.model import LastDecision
-from controller.runners.base import Runner
+from controller.runners.base import Runner, Suspends
 from controller.store.base import SessionStore
 
 
@@ -41,6 +41,8 @@ class Row:
     last: LastDecision | None
     next_timer_in_seconds: float | None = None
     """Seconds until the session's timer falls due (negative: overdue); None without a timer."""
+    suspended: dict[str, float] | None = None
+    """A checkpoint kept for the session (issue 29): ``size_bytes`` and ``age_seconds``."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -57,6 +59,7 @@ class Row:
             "next_timer_in_seconds": (
                 None if self.next_timer_in_seconds is None else round(self.next_timer_in_seconds, 1)
             ),
+            "suspended": self.suspended,
         }
 
 
@@ -67,6 +70,8 @@ def status(store: SessionStore, decisions: DecisionLog, runner: Runner, runner_k
         record = store.record(session_id)
         if record is None:
             continue
+        health = runner.status(record.handle).value
+        suspended = checkpoint_of(runner, session_id, now)
         rows.append(
             Row(
                 session_id=session_id,
@@ -75,12 +80,23 @@ def status(store: SessionStore, decisions: DecisionLog, runner: Runner, runner_k
                 sandbox=record.handle.name,
                 generation=record.handle.generation,
                 age_seconds=max(0.0, now - record.started_at),
-                health=runner.status(record.handle).value,
+                health="suspended" if suspended is not None and health == "gone" else health,
                 last=decisions.last_decision(session_id),
                 next_timer_in_seconds=_seconds_until(decisions.timer(session_id), now),
+                suspended=suspended,
             )
         )
     return rows
+
+
+def checkpoint_of(runner: Runner, session_id: str, now: float) -> dict[str, float] | None:
+    """The session's checkpoint, when its runner suspends sandboxes and keeps one for it."""
+    if not isinstance(runner, Suspends):
+        return None
+    found = runner.suspended(session_id)
+    if found is None:
+        return None
+    return {"size_bytes": found["size_bytes"], "age_seconds": round(max(0.0, now - found["suspended_at"]), 1)}
 
 
 def _seconds_until(due_at: float | None, now: float) -> float | None:
@@ -138,6 +154,7 @@ def explain(session_id: str, deps: Deps) -> Explanation:
             }
         ),
         "health": health.value if health else None,
+        "suspended": checkpoint_of(deps.runner, session_id, now),
         "executor_connected": seen.connected,
         "not_found_since": seen.missing.since if seen.missing is not None else None,
         "grace_seconds": deps.grace_seconds,

@@ -44,11 +44,11 @@ from typing import Protocol
 from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
-from controller.decide import Decision, Missing, Verdict, decide, refusal
+from controller.decide import Cause, Decision, Missing, Verdict, decide, refusal
 from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent
 from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
-from controller.runners.base import Runner
+from controller.runners.base import Runner, Suspends
 from controller.store.base import Busy, Lease, SessionStore
 
 log = logs.get(__name__)
@@ -334,7 +334,10 @@ def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) 
     elif decision.verdict is Verdict.STOP:
         assert record is not None and session is not None
         deps.store.check(lease)
-        deps.runner.release(record.handle)  # the sandbox goes; its workspace stays (L16)
+        if decision.cause is Cause.IDLE and isinstance(deps.runner, Suspends):
+            deps.runner.suspend(record.handle)  # checkpointed, then freed (issue 29); its workspace stays
+        else:
+            deps.runner.release(record.handle)  # the sandbox goes; its workspace stays (L16)
         deps.store.save(lease, replace(record, stopped_at=now, disconnected_at=None, prestarted=False))
         _stopped_log(decision, session, record, deps)
     elif decision.verdict is Verdict.DISCARD:

@@ -61,6 +61,10 @@ each worker or switch to prometheus_client's multiprocess mode.
         pods the Kubernetes runner placed for sessions, by template; source: ``warm`` (a
         claimed warm pod) | ``cold`` (a pod created for the session). Cold placements of a
         template with a warm pool mean the pool ran dry: make it bigger.
+    controller_sandbox_resumes_total{outcome}
+        local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: starts of a session that had
+        a checkpoint; outcome: ``restored`` (its processes and memory came back) |
+        ``fresh_start`` (the restore was impossible: a new executor on the same workspace)
     controller_warm_pods{template, state}, controller_warm_pool_size{template} (gauges, the
         scheduler's leader, as its last tending found each pool, every few seconds)
         state: ``ready`` (running, waiting for a claim) | ``starting``; the size is the
@@ -119,6 +123,7 @@ QUEUE_DEPTH = "controller_queue_depth"
 WORK_PENDING = "controller_work_pending"
 TIMERS_PENDING = "controller_timers_pending"
 PLACEMENTS_TOTAL = "controller_sandbox_placements_total"
+RESUMES_TOTAL = "controller_sandbox_resumes_total"
 WARM_PODS = "controller_warm_pods"
 WARM_POOL_SIZE = "controller_warm_pool_size"
 START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
@@ -199,6 +204,12 @@ class Metrics:
             PRESTARTS_SKIPPED_TOTAL: Counter(
                 PRESTARTS_SKIPPED_TOTAL,
                 "Session creations that started no sandbox: the pre-start budget was used up.",
+                registry=self.registry,
+            ),
+            RESUMES_TOTAL: Counter(
+                RESUMES_TOTAL,
+                "Starts of a session that had a checkpoint, by outcome (restored, or fresh_start if it could not be).",
+                ("outcome",),
                 registry=self.registry,
             ),
             PLACEMENTS_TOTAL: Counter(

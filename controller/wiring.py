@@ -36,6 +36,7 @@ from controller.metrics import (
     DELETIONS_HELD_TOTAL,
     PLACEMENTS_TOTAL,
     PRESTARTS_SKIPPED_TOTAL,
+    RESUMES_TOTAL,
     SANDBOXES_RUNNING,
     SANDBOXES_STOPPED_TOTAL,
     SESSIONS_REFUSED_TOTAL,
@@ -73,7 +74,7 @@ def runner(settings: Settings, templates: Templates | None = None, counters: Cou
     """The configured runner; with ``counters``, the pods it places are counted by template and
     source (``controller_sandbox_placements_total``: the workers', which place them)."""
     if settings.runner.kind == "local":
-        return local_runner(settings)
+        return local_runner(settings, counters)
     return kubernetes_runner(settings, templates or sandbox_templates(settings), counters)
 
 
@@ -117,18 +118,28 @@ def local_runner_problems(settings: Settings) -> list[str]:
             "executors cannot reach it (another host behind a firewall, a socket they cannot open)"
         )
     problems += state_directory_problems(Path(settings.runner.local_state_directory), traversable=separate)
+    if settings.runner.local_idle_suspend == "checkpoint" and os.geteuid() != 0:
+        problems.append(
+            f"{PREFIX}IDLE_SUSPEND=checkpoint needs the worker to run as root (each executor gets a pid "
+            f"namespace, and CRIU dumps and restores it); this process runs as uid {os.geteuid()}"
+        )
     return problems
 
 
-def local_runner(settings: Settings) -> LocalRunner:
+def local_runner(settings: Settings, counters: Counters | None = None) -> LocalRunner:
     """Child processes on this machine; raises ConfigError (exit 2) for an unsafe state
-    directory or an executor user it cannot switch to (``preflight`` said so already)."""
+    directory or an executor user it cannot switch to (``preflight`` said so already). With
+    ``CONTROLLER_IDLE_SUSPEND=checkpoint``, idle sandboxes are checkpointed with CRIU; with
+    ``counters``, each start of a session that had a checkpoint is counted by outcome."""
     assert settings.runner.executor_key is not None  # Settings.require checked it
+    checkpointing = settings.runner.local_idle_suspend == "checkpoint"
     return LocalRunner(
         state_directory=settings.runner.local_state_directory,
         executor_command=shlex.split(settings.runner.executor_command),
         executor_key=settings.runner.executor_key.reveal(),
         run_as=executor_identity(settings),
+        criu=settings.runner.criu if checkpointing else None,
+        on_resume=(lambda outcome: counters.inc(RESUMES_TOTAL, outcome=outcome)) if counters else lambda outcome: None,
     )
 
 

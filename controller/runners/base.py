@@ -64,5 +64,18 @@ class Runner(Protocol):
 
 
 @runtime_checkable
+class Suspends(Protocol):
+    """A runner that can stop an idle sandbox with its memory kept (issue 29): ``suspend``
+    checkpoints the sandbox and frees it (or releases it when it cannot: then it is a plain
+    stop); the next ``ensure`` for the session restores it, or starts afresh when it cannot."""
+
+    def suspend(self, handle: Handle) -> None: ...
+
+    def suspended(self, session_id: str) -> dict[str, float] | None:
+        """The session's checkpoint (``size_bytes``, ``suspended_at``), or None."""
+        ...
+
+
+@runtime_checkable
 class Pools(Protocol):
     def tend_pools(self) -> Sequence[PoolState]: ...

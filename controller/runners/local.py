@@ -10,6 +10,7 @@ directory on the way to which another user could replace: see ``state_directory_
     sessions/<key>/home/          the executor's $HOME
     sessions/<key>/executor.log   its stdout and stderr (opened by the runner; the executor only
                                   holds the descriptor)
+    sessions/<key>/checkpoint/    a suspended sandbox's CRIU images (0700, root's; see below)
     uids/                         with a uid per session: who holds which uid (``runners/uids.py``)
 
 **A sandbox is a process group.** The executor starts as the leader of a new session and
@@ -47,6 +48,15 @@ another's workspace nor signal its processes, and stopping a sandbox also stops 
 as its uid (even a process that left its session with ``setsid``). Without ``run_as`` the
 executor runs as the runner's own uid (an explicit opt-in in the settings).
 
+**Checkpointing** (``criu``: ``CONTROLLER_IDLE_SUSPEND=checkpoint``, ``runners/checkpoint.py``):
+each sandbox then runs in a pid namespace of its own, and its recorded leader is the
+namespace's pid 1 (a root ``unshare --fork`` that waits for the executor, pid 2, and exits with
+it), session leader of the sandbox as above; ``sandbox.json`` says ``"pid_namespace": true``.
+``suspend`` dumps the namespace into ``checkpoint/`` (``suspended.json`` beside it: when, how
+big, for which environment) and removes ``sandbox.json``; the next ``ensure`` restores it as the
+new generation's sandbox, or starts afresh when it cannot. ``discard`` removes the checkpoint
+with the workspace.
+
 Its environment is built from scratch: PATH, HOME, CODEX_API_KEY (the environment key, L2)
 and SANDBOX_WORKSPACE; the controller's own variables (its API key among them) never reach it.
 """
@@ -63,7 +73,7 @@ import signal
 import stat
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -71,6 +81,7 @@ from pathlib import Path
 from controller import logs
 from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
+from controller.runners import checkpoint
 from controller.runners.base import checked
 from controller.runners.uids import UidClaims, UidRange, signal_uid, uid_processes
 
@@ -279,10 +290,15 @@ class LocalRunner:
         executor_key: str,
         extra_env: dict[str, str] | None = None,
         run_as: RunAs | UidRange | None = None,
+        criu: str | None = None,
+        on_resume: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         """``run_as``: the user every executor runs as, or the range each session's executor gets
         its own uid from; None runs them as this process's own uid (the settings allow that
-        only on an explicit opt-in)."""
+        only on an explicit opt-in). ``criu``: the CRIU binary when an idle sandbox is to be
+        checkpointed rather than stopped (``CONTROLLER_IDLE_SUSPEND=checkpoint``; executors then
+        run in a pid namespace each, ``runners/checkpoint.py``); ``on_resume`` is called with
+        ``restored`` or ``fresh_start`` for each start of a session that had a checkpoint."""
         state = Path(state_directory)
         prepare_state_directory(state, traversable=run_as is not None)
         self._dir_mode = stat.S_IMODE(state.stat().st_mode)  # 0700, or 0711 when executors must reach in
@@ -295,6 +311,8 @@ class LocalRunner:
         self._run_as = run_as
         self._claims = UidClaims(state / "uids", run_as) if isinstance(run_as, UidRange) else None
         self._children: dict[int, subprocess.Popen[bytes]] = {}
+        self._criu = criu
+        self._on_resume = on_resume
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -307,7 +325,8 @@ class LocalRunner:
                 if self._leader_alive(current):
                     return current
                 self._stop(current)  # what is left of a sandbox whose leader died goes first (L1)
-            return self._spawn(directory, spec, generation)
+            restored = self._resume(directory, spec, generation)
+            return restored if restored is not None else self._spawn(directory, spec, generation)
 
     def status(self, handle: Handle) -> Health:
         self._reap()
@@ -327,6 +346,68 @@ class LocalRunner:
             (directory / "sandbox.json").unlink(missing_ok=True)
         log.info("executor stopped", extra={"session_id": handle.session_id, "sandbox": handle.name})
 
+    def suspend(self, handle: Handle) -> None:
+        """Checkpoint the sandbox's whole process tree into ``checkpoint/`` beside its
+        workspace, which leaves nothing of it running (issue 29); without checkpointing, or
+        when the dump fails (logged), this is ``release``. The next ``ensure`` restores it."""
+        if self._criu is None:
+            self.release(handle)  # CONTROLLER_IDLE_SUSPEND=stop: the plain stop it always was
+            return
+        directory = self._root / session_key(handle.session_id)
+        suspended = False
+        with self._locked(directory):
+            current = self._read(directory)
+            if current is None or current.uid != handle.uid:
+                return  # already gone, or a newer sandbox: not ours
+            if self._in_pid_namespace(directory) and self._leader_alive(current):
+                pid, _ = self._leader(current)
+                images = directory / "checkpoint"
+                try:
+                    dumped = checkpoint.dump(self._criu, pid, images)
+                except checkpoint.CheckpointFailed as exc:
+                    self._drop_checkpoint(directory)
+                    log.warning(
+                        "checkpoint failed, executor stopped instead",
+                        extra={"session_id": handle.session_id, "sandbox": handle.name, "reason": str(exc)},
+                    )
+                else:
+                    _write_private(
+                        directory / "suspended.json",
+                        json.dumps(
+                            {
+                                "suspended_at": time.time(),
+                                "size_bytes": dumped.size_bytes,
+                                "environment_id": current.environment_id,
+                            }
+                        ),
+                    )
+                    suspended = True
+                    log.info(
+                        "executor suspended",
+                        extra={
+                            "session_id": handle.session_id,
+                            "sandbox": handle.name,
+                            "dump_seconds": round(dumped.seconds, 3),
+                            "size_bytes": dumped.size_bytes,
+                        },
+                    )
+            self._stop(current)  # whatever the dump left (nothing, once it succeeded)
+            (directory / "sandbox.json").unlink(missing_ok=True)
+            self._reap()
+        if not suspended:
+            log.info("executor stopped", extra={"session_id": handle.session_id, "sandbox": handle.name})
+
+    def suspended(self, session_id: str) -> dict[str, float] | None:
+        """The session's checkpoint: ``size_bytes`` and ``suspended_at``; None when it has none."""
+        directory = self._root / session_key(session_id)
+        try:
+            data = json.loads((directory / "suspended.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if not (directory / "checkpoint").is_dir():
+            return None
+        return {"size_bytes": float(data["size_bytes"]), "suspended_at": float(data["suspended_at"])}
+
     def find(self, session_id: str) -> Handle | None:
         self._reap()
         current = self._read(self._root / session_key(session_id))
@@ -340,6 +421,7 @@ class LocalRunner:
             if self._read(directory) is None:
                 shutil.rmtree(directory / "workspace", ignore_errors=True)
                 shutil.rmtree(directory / "home", ignore_errors=True)
+                self._drop_checkpoint(directory)
                 if self._claims is not None:
                     self._claims.release(session_key(session_id))
 
@@ -382,6 +464,10 @@ class LocalRunner:
         """Stop every executor (dev mode's Ctrl-C; test clean-up)."""
         for handle in self.list_managed():
             self.release(handle)
+        for child in list(self._children.values()):  # an unshare still exiting after its namespace went
+            with suppress(subprocess.TimeoutExpired):
+                child.wait(timeout=_KILL_WAIT_SECONDS)
+        self._reap()
 
     @contextmanager
     def _locked(self, directory: Path) -> Iterator[None]:
@@ -446,6 +532,104 @@ class LocalRunner:
                 _hand_over(path, uid, gid)
         os.chmod(path, 0o700)
 
+    def _in_pid_namespace(self, directory: Path) -> bool:
+        try:
+            return bool(json.loads((directory / "sandbox.json").read_text()).get("pid_namespace"))
+        except (OSError, ValueError):
+            return False
+
+    def _drop_checkpoint(self, directory: Path) -> None:
+        (directory / "suspended.json").unlink(missing_ok=True)
+        shutil.rmtree(directory / "checkpoint", ignore_errors=True)
+
+    def _resume(self, directory: Path, spec: SandboxSpec, generation: int) -> Handle | None:
+        """Restore the session's checkpoint, if it has one, as this generation's sandbox; None
+        (logged, counted, the checkpoint removed) when there is none or it cannot be restored:
+        the caller starts afresh on the same workspace."""
+        images = directory / "checkpoint"
+        if not images.is_dir():
+            return None
+        try:
+            saved = json.loads((directory / "suspended.json").read_text())
+        except (OSError, ValueError):
+            saved = {}
+        started = time.monotonic()
+        try:
+            if self._criu is None:
+                raise checkpoint.CheckpointFailed("checkpointing is off (CONTROLLER_IDLE_SUSPEND=stop)")
+            if saved.get("environment_id") != spec.environment_id:
+                raise checkpoint.CheckpointFailed("the checkpoint is of another environment (or its record is lost)")
+            pid = checkpoint.restore(self._criu, images)
+            found = proc_stat(pid)
+            if found is None or not found.running:
+                raise checkpoint.CheckpointFailed(f"the restored process {pid} is gone")
+        except checkpoint.CheckpointFailed as exc:
+            self._drop_checkpoint(directory)
+            log.warning(
+                "restore impossible, starting a fresh executor",
+                extra={"session_id": spec.session_id, "generation": generation, "reason": str(exc)},
+            )
+            self._on_resume("fresh_start")
+            return None
+        self._drop_checkpoint(directory)
+        handle = self._record(directory, spec, generation, pid, found.start_ticks, time.time())
+        log.info(
+            "executor restored",
+            extra={
+                "session_id": spec.session_id,
+                "pid": pid,
+                "generation": generation,
+                "restore_seconds": round(time.monotonic() - started, 3),
+                "suspended_seconds": round(time.time() - float(saved.get("suspended_at", time.time())), 1),
+            },
+        )
+        self._on_resume("restored")
+        return handle
+
+    def _record(
+        self, directory: Path, spec: SandboxSpec, generation: int, pid: int, ticks: int, created_at: float
+    ) -> Handle:
+        """Write ``sandbox.json`` for the sandbox led by ``pid`` and return its handle."""
+        _write_private(directory / "session", spec.session_id)
+        name = f"executor-{session_key(spec.session_id)}-g{generation}"
+        _write_private(
+            directory / "sandbox.json",
+            json.dumps(
+                {
+                    "session_id": spec.session_id,
+                    "generation": generation,
+                    "pid": pid,
+                    "pgid": pid,
+                    "start_ticks": ticks,
+                    "name": name,
+                    "environment_id": spec.environment_id,
+                    "created_at": created_at,
+                    "pid_namespace": self._criu is not None,
+                }
+            ),
+        )
+        return Handle(
+            session_id=spec.session_id,
+            name=name,
+            generation=generation,
+            uid=f"{pid}:{ticks}",
+            environment_id=spec.environment_id,
+            created_at=created_at,
+        )
+
+    def _namespace_leader(self, launcher: int) -> int | None:
+        """The pid (as seen here) of pid 1 of the namespace ``unshare`` (pid ``launcher``) forked."""
+        deadline = time.monotonic() + 5.0
+        while time.monotonic() < deadline:
+            try:
+                children = Path(f"/proc/{launcher}/task/{launcher}/children").read_text().split()
+            except OSError:  # (the file exists on kernels CRIU runs on: CONFIG_CHECKPOINT_RESTORE)
+                return None
+            if children:
+                return int(children[0])
+            time.sleep(0.01)
+        return None
+
     def _spawn(self, directory: Path, spec: SandboxSpec, generation: int) -> Handle:
         workspace = directory / "workspace"
         home = directory / "home"
@@ -467,62 +651,47 @@ class LocalRunner:
             "--environment-id",
             spec.environment_id,
         ]
+        namespaced = self._criu is not None  # checkpointable: a pid namespace of its own
         log_descriptor = os.open(directory / "executor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             with os.fdopen(log_descriptor, "ab") as output:
                 child = subprocess.Popen(
-                    argv,
+                    checkpoint.pid_namespace_argv(argv, identity) if namespaced else argv,
                     cwd=workspace,
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=output,
-                    stderr=subprocess.STDOUT,
+                    # unshare's own complaints stay out of the log (a restore checks its size)
+                    stderr=subprocess.DEVNULL if namespaced else subprocess.STDOUT,
                     start_new_session=True,  # leader of its own session and process group
-                    user=identity[0] if identity else None,
-                    group=identity[1] if identity else None,
-                    extra_groups=[] if identity else None,
+                    # unshare needs root: setpriv in the namespace drops to the executor's uid
+                    user=identity[0] if identity and not namespaced else None,
+                    group=identity[1] if identity and not namespaced else None,
+                    extra_groups=[] if identity and not namespaced else None,
                     umask=0o077 if identity else -1,
                 )
         except OSError as exc:
             raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: {exc.strerror}") from exc
         self._children[child.pid] = child
         created_at = time.time()
-        started = proc_stat(child.pid)
+        leader = self._namespace_leader(child.pid) if namespaced else child.pid
+        if leader is None:
+            with suppress(ProcessLookupError):
+                os.killpg(child.pid, signal.SIGKILL)
+            raise RunnerRejected(f"cannot start the executor {self._command[0]!r} in a pid namespace (unshare)")
+        started = proc_stat(leader)
         ticks = started.start_ticks if started is not None else 0
-        _write_private(directory / "session", spec.session_id)
-        name = f"executor-{session_key(spec.session_id)}-g{generation}"
-        _write_private(
-            directory / "sandbox.json",
-            json.dumps(
-                {
-                    "session_id": spec.session_id,
-                    "generation": generation,
-                    "pid": child.pid,
-                    "pgid": child.pid,
-                    "start_ticks": ticks,
-                    "name": name,
-                    "environment_id": spec.environment_id,
-                    "created_at": created_at,
-                }
-            ),
-        )
+        handle = self._record(directory, spec, generation, leader, ticks, created_at)
         log.info(
             "executor process started",
             extra={
                 "session_id": spec.session_id,
-                "pid": child.pid,
+                "pid": leader,
                 "generation": generation,
                 "uid": identity[0] if identity else os.geteuid(),
             },
         )
-        return Handle(
-            session_id=spec.session_id,
-            name=name,
-            generation=generation,
-            uid=f"{child.pid}:{ticks}",
-            environment_id=spec.environment_id,
-            created_at=created_at,
-        )
+        return handle
 
     def _stop(self, handle: Handle) -> None:
         """SIGTERM to every process group of the sandbox's session (and, when the session has a

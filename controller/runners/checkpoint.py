@@ -1,0 +1,195 @@
+"""Suspend with memory: a sandbox's whole process tree checkpointed to disk with CRIU, and
+restored from there (issue 29; the local runner's ``CONTROLLER_IDLE_SUSPEND=checkpoint``).
+
+**The sandbox runs in a pid namespace of its own** (``pid_namespace_argv``): ``unshare --pid
+--fork`` (as root) forks the namespace's pid 1, which ``setsid`` makes a session leader (so
+the whole tree, the session included, is inside what is dumped); pid 1 is a second, plain
+``unshare --fork``, still root, that only forks the executor and waits for it, exiting with it.
+The executor, pid 2, drops to its uid with ``setpriv``, and a one-line ``sh`` joins its stderr
+to its stdout, the log. Pid 1 stays root because CRIU's parasite code, run inside the root task
+of the dump, mounts a /proc for the namespace, which an unprivileged task may not do (dumping
+a namespace whose pid 1 is the executor's uid fails: "Can't create a directory (-13)", "Can't
+get proc fd"); being no executor, it also passes on no signal semantics of a pid 1 (the
+executor gets SIGTERM as any process does). The ``unshare`` processes' own stderr goes
+nowhere: they complain into it when a child dies (at every dump), and CRIU refuses to restore
+a file whose size changed since. Orphans of the sandbox (a command that left with ``setsid
+-f``) are re-parented to pid 1 and stay in the tree; pid 1 does not reap them, so one that ends
+stays a zombie until the sandbox does. A restored tree gets a new pid namespace, so its pids
+are always free there: no clash with whatever took the old numbers meanwhile.
+
+**Dump** (``dump``): ``criu dump -t <pid 1 of the namespace>`` writes the images and kills the
+tree (nothing of the sandbox runs after it; its memory is freed). Established TCP connections
+are not kept (``--tcp-close``): the executor's link to the API is restored closed and the
+executor reconnects by itself, as after any lost link (L14). **Restore** (``restore``):
+``criu restore --restore-detached`` brings the tree back and returns the new outer pid of its
+first process; the images are then removed by the caller. Errors are ``CheckpointFailed`` with
+the reason (the end of CRIU's log): the caller falls back to a fresh start.
+
+``host_can_checkpoint`` runs ``criu check``: whether this host can checkpoint at all, with the
+reason in one line (``check-config`` prints it).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = [
+    "CheckpointFailed",
+    "Dumped",
+    "dump",
+    "has_sys_resource",
+    "host_can_checkpoint",
+    "image_size",
+    "pid_namespace_argv",
+    "restore",
+]
+
+_CHECK_SECONDS = 30.0
+_DUMP_SECONDS = 120.0
+_RESTORE_SECONDS = 120.0
+
+
+class CheckpointFailed(Exception):
+    """CRIU could not dump or restore; the message says why (the end of its log)."""
+
+
+@dataclass(frozen=True)
+class Dumped:
+    seconds: float
+    size_bytes: int
+
+
+def resolve(binary: str) -> str | None:
+    """The CRIU binary's path (``CONTROLLER_CRIU``: a path, or a name looked up on PATH)."""
+    if os.sep in binary:
+        return binary if os.access(binary, os.X_OK) else None
+    return shutil.which(binary)
+
+
+def host_can_checkpoint(binary: str) -> tuple[bool, str]:
+    """Whether CRIU runs here (``criu check``), and why in one line."""
+    path = resolve(binary)
+    if path is None:
+        return False, f"{binary!r} not found (build it with scripts/criu.sh, then set CONTROLLER_CRIU)"
+    if os.geteuid() != 0:
+        return False, "checkpointing needs root (CRIU reads and rebuilds other processes)"
+    try:
+        version = subprocess.run([path, "--version"], capture_output=True, text=True, timeout=_CHECK_SECONDS)
+        checked = subprocess.run([path, "check"], capture_output=True, text=True, timeout=_CHECK_SECONDS)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return False, f"{path}: {exc}"
+    first = (version.stdout.strip().splitlines() or ["unknown version"])[0]
+    if checked.returncode != 0:
+        errors = [line for line in (checked.stdout + checked.stderr).splitlines() if "Error" in line]
+        return False, f"{path} ({first}): criu check failed: {(errors or ['exit ' + str(checked.returncode)])[-1]}"
+    if not has_sys_resource():
+        return True, (
+            f"{path} ({first}): criu check passed, but without CAP_SYS_RESOURCE CRIU cannot read another uid's "
+            "rlimits: only executors of this uid (CONTROLLER_LOCAL_EXECUTOR_SAME_USER=true) can be checkpointed; "
+            "others fail to dump and are stopped instead"
+        )
+    return True, f"{path} ({first}): criu check passed"
+
+
+_CAP_SYS_RESOURCE = 24
+
+
+def has_sys_resource() -> bool:
+    """Whether this process holds CAP_SYS_RESOURCE: CRIU reads each process's rlimits with
+    prlimit(2), which for another uid's process needs it (root lacks it in some containers)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("CapEff:"):
+                return bool(int(line.split()[1], 16) >> _CAP_SYS_RESOURCE & 1)
+    except (OSError, ValueError):
+        pass
+    return False
+
+
+def pid_namespace_argv(argv: Sequence[str], identity: tuple[int, int] | None) -> list[str]:
+    """``argv`` run as pid 2 of a new pid namespace (pid 1: a root ``unshare --fork`` waiting
+    for it, session leader there), as ``identity`` (uid, gid; None: this process's own), its
+    stderr joined to its stdout."""
+    drop = (
+        []
+        if identity is None
+        else ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
+    )
+    redirect = ["sh", "-c", 'exec "$@" 2>&1', "sh"]
+    return ["unshare", "--pid", "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
+
+
+def image_size(images: Path) -> int:
+    """Bytes of the checkpoint's images (0: none)."""
+    try:
+        return sum(entry.stat().st_size for entry in images.iterdir() if entry.is_file())
+    except OSError:
+        return 0
+
+
+def _log_tail(log: Path, lines: int = 3) -> str:
+    try:
+        text = log.read_text(errors="replace").splitlines()
+    except OSError:
+        return "no log"
+    errors = [line.strip() for line in text if "Error" in line and "RLIMIT_NOFILE" not in line]
+    return "; ".join((errors or text)[-lines:])
+
+
+def dump(binary: str, pid: int, images: Path) -> Dumped:
+    """Checkpoint the tree rooted at ``pid`` (pid 1 of its namespace) into ``images`` (created
+    0700, emptied first); the tree is gone afterwards."""
+    path = resolve(binary)
+    if path is None:
+        raise CheckpointFailed(f"{binary!r} not found")
+    shutil.rmtree(images, ignore_errors=True)
+    images.mkdir(mode=0o700, parents=True)
+    started = time.monotonic()
+    # Run in the images directory, named "." (CRIU binds unix sockets to paths in its work
+    # directory, and a long path overflows their 108 bytes: "Can't sent fd 0 to 2").
+    argv = [path, "dump", "-t", str(pid), "-D", ".", "-W", ".", "--tcp-close", "--file-locks"]
+    try:
+        done = subprocess.run(
+            [*argv, "-v2", "-o", "dump.log"], capture_output=True, text=True, timeout=_DUMP_SECONDS, cwd=images
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CheckpointFailed(f"criu dump: {exc}") from exc
+    if done.returncode != 0:
+        raise CheckpointFailed(f"criu dump exited {done.returncode}: {_log_tail(images / 'dump.log')}")
+    return Dumped(seconds=time.monotonic() - started, size_bytes=image_size(images))
+
+
+def restore(binary: str, images: Path) -> int:
+    """Restore the tree checkpointed in ``images``, detached; its first process's pid (as this
+    process sees it)."""
+    path = resolve(binary)
+    if path is None:
+        raise CheckpointFailed(f"{binary!r} not found")
+    if not (images / "inventory.img").is_file():
+        raise CheckpointFailed(f"no checkpoint in {images}")
+    pidfile = images / "restored.pid"
+    pidfile.unlink(missing_ok=True)
+    argv = [path, "restore", "-D", ".", "-W", ".", "--tcp-close", "--file-locks", "--restore-detached"]
+    try:
+        done = subprocess.run(
+            [*argv, "--pidfile", pidfile.name, "-v2", "-o", "restore.log"],
+            capture_output=True,
+            text=True,
+            timeout=_RESTORE_SECONDS,
+            stdin=subprocess.DEVNULL,
+            cwd=images,
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise CheckpointFailed(f"criu restore: {exc}") from exc
+    if done.returncode != 0:
+        raise CheckpointFailed(f"criu restore exited {done.returncode}: {_log_tail(images / 'restore.log')}")
+    try:
+        return int(pidfile.read_text().strip())
+    except (OSError, ValueError) as exc:
+        raise CheckpointFailed(f"criu restore left no pid file: {exc}") from exc

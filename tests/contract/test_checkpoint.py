@@ -1,0 +1,311 @@
+"""``LocalRunner`` suspending a sandbox with CRIU (issue 29), with a stand-in executor whose
+background process keeps its state only in memory. Real CRIU (scripts/criu.sh), real processes,
+a listening socket on loopback; skipped with the reason when this host cannot checkpoint."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.model import Handle, SandboxSpec
+from controller.runners.checkpoint import has_sys_resource
+from controller.runners.local import LocalRunner, proc_stat, session_key
+from tests.contract.test_local_runner import free_uid_range, python_for_others
+from tests.support.criu import criu_binary
+from tests.support.processes import assert_no_process_left, wait_for
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CRIU checkpoints other processes only as root")
+
+# The executor: starts a background child that holds a random token and a counter only in
+# memory and answers "<token> <counter> <pid>" on a loopback port it writes to `port`; then waits.
+FAKE_EXECUTOR = """
+import os, secrets, socket, sys, threading, time
+if os.fork() == 0:
+    token, counter = secrets.token_hex(8), [0]
+    def count():
+        while True:
+            counter[0] += 1
+            time.sleep(0.05)
+    threading.Thread(target=count, daemon=True).start()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: rebound at restore
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    with open("port.partial", "w") as f:
+        f.write(str(server.getsockname()[1]))
+    os.rename("port.partial", "port")
+    while True:
+        conn, _ = server.accept()
+        conn.sendall(f"{token} {counter[0]} {os.getpid()}".encode())
+        conn.close()
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def spec(environment_id: str = "env_1") -> SandboxSpec:
+    return SandboxSpec(session_id="sess_1", environment_id=environment_id, remote_url="https://remote.test/env")
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[tuple[LocalRunner, Path, list[str]]]:
+    script = tmp_path / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    outcomes: list[str] = []
+    runner = LocalRunner(
+        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary(), on_resume=outcomes.append
+    )
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        yield runner, directory, outcomes
+    finally:
+        runner.stop_all()
+        wait_for(lambda: not runner.live(), 15, "every executor to stop")
+
+
+def alive(pid: int) -> bool:
+    found = proc_stat(pid)
+    return found is not None and found.running
+
+
+def ask(directory: Path) -> tuple[str, int, int]:
+    port = int((directory / "workspace" / "port").read_text())
+    with socket.create_connection(("127.0.0.1", port), timeout=5) as conn:
+        token, counter, pid = conn.recv(200).decode().split()
+    return token, int(counter), int(pid)
+
+
+def test_a_suspended_sandbox_leaves_no_process_and_resumes_with_its_memory(
+    made: tuple[LocalRunner, Path, list[str]], caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: suspend dumps the whole tree (executor and its background process) and leaves
+    nothing running; the next ensure restores it: the same token, a counter that went on from
+    where it stopped, and one sandbox (the new generation's handle) for the session."""
+    runner, directory, outcomes = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token, before, inner_pid = ask(directory)
+    wait_for(lambda: ask(directory)[1] > before, 10, "the counter to go on")
+    pids = runner.processes(first)
+    assert len(pids) >= 2  # the executor and its background child
+    at_suspend = ask(directory)[1]
+
+    runner.suspend(first)
+    assert runner.live() == [] and runner.find("sess_1") is None
+    assert not [p for p in pids if alive(p)], "a process of the suspended sandbox is left"
+    suspended = runner.suspended("sess_1")
+    assert suspended is not None and suspended["size_bytes"] > 0
+    with pytest.raises(OSError):
+        ask(directory)  # nobody answers while suspended
+
+    second = runner.ensure(spec(), 2)
+    assert second.generation == 2 and second != first
+    assert outcomes == ["restored"], [getattr(r, "reason", None) for r in caplog.records]
+    assert runner.live() == [second]
+    again, counter, same_pid = ask(directory)
+    assert again == token and same_pid == inner_pid
+    assert counter > at_suspend
+    assert runner.suspended("sess_1") is None and not (directory / "checkpoint").exists()
+    assert runner.ensure(spec(), 2) == second  # L1: one sandbox, not a second start
+
+
+def test_a_checkpoint_that_cannot_be_restored_falls_back_to_a_fresh_start(
+    made: tuple[LocalRunner, Path, list[str]],
+) -> None:
+    """Issue 29: a corrupt image is not fatal: the next ensure logs it, counts ``fresh_start``,
+    drops the checkpoint and starts a new executor on the same workspace."""
+    runner, directory, outcomes = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token, _, _ = ask(directory)
+    (directory / "workspace" / "kept.txt").write_text("kept")
+    runner.suspend(first)
+    for image in (directory / "checkpoint").glob("pagemap-*.img"):
+        image.write_bytes(b"corrupt")
+    (directory / "workspace" / "port").unlink()
+    second = runner.ensure(spec(), 2)
+    assert outcomes == ["fresh_start"]
+    assert runner.live() == [second]
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+    assert ask(directory)[0] != token
+    assert (directory / "workspace" / "kept.txt").read_text() == "kept"
+    assert not (directory / "checkpoint").exists()
+
+
+def test_discard_removes_the_checkpoint_with_the_workspace(made: tuple[LocalRunner, Path, list[str]]) -> None:
+    """Issue 29, L16: a session released for good loses its checkpoint with its workspace."""
+    runner, directory, _ = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    runner.suspend(first)
+    assert (directory / "checkpoint").is_dir()
+    runner.discard("sess_1")
+    assert not (directory / "checkpoint").exists() and not (directory / "suspended.json").exists()
+
+
+def identity_of(pid: int) -> tuple[list[int], list[int], str]:
+    """(real, effective, saved, fs uids), (the same gids), and the supplementary groups."""
+    fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
+    return (
+        [int(x) for x in fields["Uid"].split()],
+        [int(x) for x in fields["Gid"].split()],
+        fields["Groups"].strip(),
+    )
+
+
+@pytest.fixture
+def separate() -> Iterator[tuple[LocalRunner, Path, Path]]:
+    """A runner giving each session a uid of its own, in a directory that uid can traverse."""
+    base = Path(tempfile.mkdtemp(prefix="sc-checkpoint-"))
+    base.chmod(0o711)
+    script = base / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    script.chmod(0o644)
+    runner = LocalRunner(
+        base / "state", [python_for_others(), str(script)], "envkey", run_as=free_uid_range(2), criu=criu_binary()
+    )
+    try:
+        yield runner, base / "state" / "sessions" / session_key("sess_1"), base
+    finally:
+        runner.stop_all()
+        assert_no_process_left(base)
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def assert_runs_as_the_sessions_uid(runner: LocalRunner, handle: Handle, uid: int) -> None:
+    leader = int(handle.uid.split(":")[0])
+    pids = runner.processes(handle)
+    assert len(pids) >= 3  # pid 1 (root, waiting), the executor, its background child
+    for pid in pids:
+        if pid != leader:
+            assert identity_of(pid) == ([uid] * 4, [uid] * 4, ""), pid
+    assert identity_of(leader)[0] == [0] * 4  # pid 1 stays root: it only waits for the executor
+
+
+def test_with_a_uid_per_session_the_namespaced_executor_runs_as_that_uid(
+    separate: tuple[LocalRunner, Path, Path],
+) -> None:
+    """L2, issue 29: in a pid namespace of its own (started as root: ``unshare`` needs it) the
+    executor still runs as the session's uid, every uid and gid of each of its processes
+    dropped, no supplementary groups; only the namespace's pid 1, which waits for it, is root."""
+    runner, directory, _ = separate
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    uid = (directory / "workspace").stat().st_uid
+    assert uid != 0
+    assert_runs_as_the_sessions_uid(runner, first, uid)
+
+
+@pytest.mark.skipif(
+    not has_sys_resource(),
+    reason="this host's root lacks CAP_SYS_RESOURCE: CRIU cannot read the rlimits of another uid's "
+    'process (criu dump: "Can\'t get rlimit 0: Operation not permitted")',
+)
+def test_with_a_uid_per_session_a_suspended_sandbox_resumes_as_that_uid(
+    separate: tuple[LocalRunner, Path, Path],
+) -> None:
+    """L2, issue 29: a sandbox of a session's own uid is suspended and restored, and its
+    restored processes are that uid again."""
+    runner, directory, _ = separate
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    uid = (directory / "workspace").stat().st_uid
+    token = ask(directory)[0]
+    runner.suspend(first)
+    assert runner.suspended("sess_1") is not None
+    second = runner.ensure(spec(), 2)
+    assert ask(directory)[0] == token
+    assert_runs_as_the_sessions_uid(runner, second, uid)
+
+
+def test_without_checkpointing_suspend_is_the_plain_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """L11, issue 29: with ``CONTROLLER_IDLE_SUSPEND=stop`` (no CRIU given) the idle rule's
+    ``suspend`` is ``release``: nothing left running, no checkpoint, "executor stopped"."""
+    caplog.set_level(logging.INFO, logger="controller")
+    script = tmp_path / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    runner = LocalRunner(tmp_path / "state", [sys.executable, str(script)], "envkey")
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+        pids = runner.processes(first)
+        runner.suspend(first)
+        assert runner.live() == [] and not [p for p in pids if alive(p)]
+        assert not (directory / "checkpoint").exists() and runner.suspended("sess_1") is None
+        assert [r.getMessage() for r in caplog.records if r.getMessage() == "executor stopped"] == ["executor stopped"]
+    finally:
+        runner.stop_all()
+
+
+def test_a_dump_that_fails_stops_the_sandbox_and_the_next_start_is_fresh(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 29: a CRIU that cannot dump (a stand-in that fails) leaves no half checkpoint: the
+    sandbox is stopped instead (logged with the reason), and the next ensure starts afresh."""
+    script = tmp_path / "fake_executor.py"
+    script.write_text(FAKE_EXECUTOR)
+    failing = tmp_path / "criu"
+    failing.write_text("#!/bin/sh\necho 'Error (criu/cr-dump.c:1): stand-in refuses' > dump.log\nexit 1\n")
+    failing.chmod(0o755)
+    outcomes: list[str] = []
+    runner = LocalRunner(
+        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=str(failing), on_resume=outcomes.append
+    )
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+        token = ask(directory)[0]
+        runner.suspend(first)
+        assert runner.live() == [] and not (directory / "checkpoint").exists()
+        [failed] = [r for r in caplog.records if r.getMessage() == "checkpoint failed, executor stopped instead"]
+        assert "stand-in refuses" in failed.__dict__["reason"]
+        (directory / "workspace" / "port").unlink()
+        second = runner.ensure(spec(), 2)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+        assert ask(directory)[0] != token and runner.live() == [second]
+        assert outcomes == []  # no checkpoint was there to restore
+    finally:
+        runner.stop_all()
+
+
+@pytest.mark.parametrize("criu", ["missing", "off"])
+def test_a_checkpoint_without_a_criu_to_restore_it_falls_back_to_a_fresh_start(
+    made: tuple[LocalRunner, Path, list[str]], tmp_path: Path, criu: str
+) -> None:
+    """Issue 29: a worker whose CRIU is gone (``missing``), or that runs with checkpointing off
+    again (``off``), meets a session's checkpoint: it counts ``fresh_start``, drops the
+    checkpoint and starts a new executor on the same workspace."""
+    runner, directory, _ = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token = ask(directory)[0]
+    runner.suspend(first)
+    assert (directory / "checkpoint").is_dir()
+    (directory / "workspace" / "port").unlink()
+    outcomes: list[str] = []
+    other = LocalRunner(
+        tmp_path / "state",
+        [sys.executable, str(tmp_path / "fake_executor.py")],
+        "envkey",
+        criu=str(tmp_path / "no-criu") if criu == "missing" else None,
+        on_resume=outcomes.append,
+    )
+    try:
+        second = other.ensure(spec(), 2)
+        assert outcomes == ["fresh_start"] and other.live() == [second]
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+        assert ask(directory)[0] != token
+        assert not (directory / "checkpoint").exists()
+    finally:
+        other.stop_all()
