@@ -13,6 +13,8 @@
 # suite's package, fetched with `apt-get source --download-only` through a private sources
 # list that reuses the mirror this host's apt already uses; nothing is added to the system's
 # apt configuration) and is checked against the SHA-256 pinned below before it is unpacked.
+# When the suite has moved past the pinned release, a newer 4.2+ one is built instead, its
+# hashes checked by apt against the suite's signed index (the cache keeps the pinned name).
 # The build takes 25 s to 1.5 minutes on 2 cores (as loaded); later runs only run `criu check`.
 #
 # The controller finds the binary through CONTROLLER_CRIU (default: `criu` on PATH); the test
@@ -61,7 +63,8 @@ if [ ! -x "${bin}" ]; then
       "${missing[@]}" >/dev/null)
   fi
 
-  if [ ! -f "${dir}/${CRIU_TARBALL}" ] || ! echo "${CRIU_SHA256}  ${dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; then
+  if [ ! -f "${dir}/${CRIU_TARBALL}" ] || { [ ! -f "${dir}/built-from" ] \
+    && ! echo "${CRIU_SHA256}  ${dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; }; then
     mirror="${CRIU_DEBIAN_MIRROR:-}"
     if [ -z "${mirror}" ]; then
       # The Debian archive this host already uses (deb822 .sources or one-line sources.list).
@@ -88,20 +91,34 @@ if [ ! -x "${bin}" ]; then
     # Only the upstream tarball is used (Debian's packaging files are not needed to build, and
     # a failure to fetch them is ignored); the pinned checksum decides whether it is the one.
     (cd "${apt_dir}/src" && apt-get -qq "${apt_opts[@]}" source --download-only criu >/dev/null 2>&1 || true)
-    if [ ! -f "${apt_dir}/src/${CRIU_TARBALL}" ]; then
-      say "the archive did not provide ${CRIU_TARBALL} (is criu ${CRIU_VERSION} still in ${CRIU_DEBIAN_SUITE}?)"
-      exit 1
-    fi
-    mv "${apt_dir}/src/${CRIU_TARBALL}" "${dir}/${CRIU_TARBALL}"
-    if ! echo "${CRIU_SHA256}  ${dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; then
-      say "checksum mismatch for ${CRIU_TARBALL}: refusing to build it"
-      rm -f "${dir}/${CRIU_TARBALL}"
-      exit 1
+    if [ -f "${apt_dir}/src/${CRIU_TARBALL}" ]; then
+      mv "${apt_dir}/src/${CRIU_TARBALL}" "${dir}/${CRIU_TARBALL}"
+      if ! echo "${CRIU_SHA256}  ${dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; then
+        say "checksum mismatch for ${CRIU_TARBALL}: refusing to build it"
+        rm -f "${dir}/${CRIU_TARBALL}"
+        exit 1
+      fi
+    else
+      # The suite moved on (its archive keeps only the current version). A newer 4.2+ release
+      # is taken instead: apt-get checked its hashes against the suite's signed index.
+      newer="$(cd "${apt_dir}/src" && ls criu_*.orig.tar.xz 2>/dev/null | head -n1 || true)"
+      version="${newer#criu_}"
+      version="${version%.orig.tar.xz}"
+      if [ -z "${newer}" ] || ! printf '4.2\n%s\n' "${version}" | sort -V -C; then
+        say "the archive did not provide ${CRIU_TARBALL} nor a newer 4.2+ release (${newer:-none})"
+        exit 1
+      fi
+      say "criu ${CRIU_VERSION} is no longer in ${CRIU_DEBIAN_SUITE}; building ${version} (hashes checked by apt):"
+      sha256sum "${apt_dir}/src/${newer}" >&2
+      tar -xJf "${apt_dir}/src/${newer}" -C "${apt_dir}"
+      mv "${apt_dir}/criu-${version}" "${apt_dir}/criu-${CRIU_VERSION}"
+      tar -cJf "${dir}/${CRIU_TARBALL}" -C "${apt_dir}" "criu-${CRIU_VERSION}"
+      echo "${version}" >"${dir}/built-from"
     fi
   fi
 
   build="$(mktemp -d)"
-  say "building criu ${CRIU_VERSION} (under 2 minutes on 2 cores; log: ${dir}/build.log)"
+  say "building criu $(cat "${dir}/built-from" 2>/dev/null || echo "${CRIU_VERSION}") (under 2 minutes on 2 cores; log: ${dir}/build.log)"
   tar -xJf "${dir}/${CRIU_TARBALL}" -C "${build}"
   if ! (cd "${build}/criu-${CRIU_VERSION}" && nice -n 10 make -j"$(nproc)" criu) >"${dir}/build.log" 2>&1; then
     say "build failed; the end of ${dir}/build.log:"
