@@ -233,3 +233,60 @@ def test_the_worker_says_it_at_start(tmp_path: Path) -> None:
     finally:
         worker.stop()
         redis_server.stop()
+
+
+# The executor as a container runs it: as an unprivileged uid, in a mount namespace whose /proc
+# has a sub-mount over part of it (runtimes mask /proc/interrupts, /proc/kcore… so), where the
+# kernel refuses bubblewrap a fresh /proc and Codex goes on without one.
+MASKED_PROC_EXECUTOR = """#!/bin/sh
+exec unshare -m --propagation private sh -c 'mount --bind /dev/null /proc/interrupts && cd "$0" && \
+exec setpriv --reuid={uid} --regid={uid} --clear-groups env HOME="$0" CODEX_HOME="$0" {codex} "$@"' {workspace} "$@"
+"""
+ENVIRON_PROBE = (
+    "echo pid1=$(tr '\\0' ' ' < /proc/1/cmdline | cut -c1-30); "
+    "echo readable=$(grep -l CODEX_API_KEY= /proc/[0-9]*/environ 2>/dev/null | wc -l)"
+)
+
+
+@requires_root
+def test_without_a_fresh_proc_a_sandboxed_command_still_cannot_read_the_executors_key(
+    shared_base: Path, start_simulator: StartSimulator
+) -> None:
+    """L2: where /proc is masked (as in a pod without procMount Unmasked) Codex runs the command
+    with the executor's own /proc (the machine's process list shows through), yet the sandboxed
+    command cannot read the executor's environment — its CODEX_API_KEY — which an unsandboxed
+    command of the same uid can."""
+    if shutil.which("unshare") is None or shutil.which("setpriv") is None:
+        pytest.skip("needs unshare and setpriv")
+    binary = native_codex_for_others(shared_base)
+    uid = free_uid_range(1).first
+    workspace = shared_base / "workspace"
+    workspace.mkdir()
+    os.chown(workspace, uid, uid)
+    script = shared_base / "executor.sh"
+    script.write_text(MASKED_PROC_EXECUTOR.format(uid=uid, codex=binary, workspace=workspace))
+    script.chmod(0o755)
+    sim = start_simulator()
+    with sim.http() as client:
+        session = client.post(
+            "/v1/agents/sessions", json={"environment": {"type": "self_hosted", "workspace_directory": "/workspace"}}
+        ).json()
+    env_id = session["environment"]["id"]
+    executor = Managed(
+        "codex",
+        [str(script), "exec-server", "--remote", session["environment"]["remote_url"], "--environment-id", env_id],
+        {"PATH": os.environ["PATH"], "CODEX_API_KEY": sim.environment_key},
+        shared_base / "codex.log",
+    ).start()
+    try:
+        wait_for(lambda: sim.environment_status(env_id) == "connected", 30, "codex to connect")
+        sandboxed = _exec(sim.base_url, env_id, ["sh", "-c", ENVIRON_PROBE], "workspace-write")
+        plain = _exec(sim.base_url, env_id, ["sh", "-c", ENVIRON_PROBE])
+    finally:
+        executor.stop()
+    assert sandboxed["sandbox_type"] == "linuxSeccomp", sandboxed
+    # No fresh /proc: the sandboxed command sees the machine's PID 1, not Codex's sandbox helper.
+    pid1 = sandboxed["stdout"].splitlines()[0]
+    assert pid1 == plain["stdout"].splitlines()[0] and "codex-linux-sandbox" not in pid1, (sandboxed, plain)
+    assert sandboxed["stdout"].endswith("readable=0\n"), sandboxed
+    assert not plain["stdout"].endswith("readable=0\n"), plain  # the same uid, unsandboxed, reads it
