@@ -153,6 +153,8 @@ def _values(
         # The Agents API stand-in as the controller reads it: on the node's address. Sessions name
         # https://api.openai.com as remote_url (the default allowlist), served over TLS.
         "api": {"baseUrl": f"http://{NODE_IP}:{SIM_PORT}"},
+        # `helm test` of Codex's own sandbox, with the profile the node has (tests/node/test_codex_sandbox.py).
+        "tests": {"codexSandbox": {"enabled": True, "seccompProfile": CODEX_SECCOMP_PROFILE}},
     }
 
 

@@ -11,7 +11,8 @@ every capability dropped, no privilege escalation, read-only root):
   Unconfined seccomp a wider grant would take;
 - and the way the API runs it: a session of the chart's template with that profile
   (``seccompProfile``), its command sent by the simulator as a sandboxed ``process/start``
-  through the real executor in the pod the controller made.
+  through the real executor in the pod the controller made;
+- and the chart's ``helm test`` says whether the cluster gives Codex its sandbox.
 
 docs/kubernetes.md ("Codex's own sandbox in a pod") records these facts and what each missing
 syscall does."""
@@ -32,6 +33,7 @@ from tests.node.conftest import (
     CODEX_SANDBOX_TEMPLATE,
     CODEX_SECCOMP_PROFILE,
     PUBLIC_API_IP,
+    RELEASE,
     SANDBOX_NAMESPACE,
     Installed,
     install_seccomp_profile,
@@ -206,3 +208,30 @@ def test_a_sandboxed_command_through_the_executor_in_the_controllers_pod(install
     assert refused["sandbox_denied"] is True
     assert offline["exit_code"] != 0 and "Operation not permitted" in offline["stderr"], offline
     assert (online["exit_code"], online["stdout"], online["sandbox_type"]) == (0, "reached\n", "none"), online
+
+
+HELM_TEST = f"{RELEASE}-sandbox-controller-test-codex-sandbox"
+
+
+def test_helm_test_says_whether_the_cluster_gives_codex_its_sandbox(installed: Installed) -> None:
+    """The chart's `helm test` (tests.codexSandbox): with the profile on the node, its pod's
+    `codex sandbox` writes the workspace and is refused /etc and the network, and the test
+    passes; with a profile that is only RuntimeDefault in its place, it fails, its pod saying
+    Codex cannot build its sandbox and what to install; back again, it passes."""
+    import helm_python
+
+    installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
+    profile = install_seccomp_profile(installed.node)
+    full = json.loads(profile.read_text())
+    runtime_default = {**full, "syscalls": full["syscalls"][:-1]}  # without the five syscalls
+    assert set(full["syscalls"][-1]["names"]) == {"clone", "unshare", "mount", "umount2", "pivot_root"}
+    profile.write_text(json.dumps(runtime_default))
+    try:
+        with pytest.raises(helm_python.HelmReleaseError):
+            installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
+        log = installed.core.read_namespaced_pod_log(HELM_TEST, SANDBOX_NAMESPACE)
+        assert "bwrap: No permissions to create a new namespace" in log, log
+        assert "FAIL: Codex cannot build its own sandbox in a sandbox pod here" in log, log
+    finally:
+        install_seccomp_profile(installed.node)
+    installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])  # passes again
