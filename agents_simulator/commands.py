@@ -5,7 +5,11 @@ turn may carry commands (``POST /admin/sessions/{id}/turns``), which it runs one
 other over the executor's link (``harness.py``) in the session's workspace, recording stdout,
 stderr, exit code and timing. A command that cannot run because the sandbox is not there
 fails (``tool execution failed: …``) and the turn goes on, as the API's tool calls do; a
-command whose link drops while it runs is marked ``interrupted`` and never started again.
+command whose link drops while it runs is marked ``interrupted`` and never started again. A
+command may ask for Codex's own sandbox (``"sandbox": "workspace-write"`` or ``{"mode":
+"read-only", "network": true}``, ``sandboxing.py``), as the API does for sessions with
+automatic review; its result says what the executor reported (``sandbox_type``,
+``sandbox_denied``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from enum import StrEnum
 from typing import Any
 
 from agents_simulator.errors import bad_request
+from agents_simulator.sandboxing import SandboxRequest, parse_sandbox
 from agents_simulator.state import new_id
 
 MAX_COMMANDS_PER_TURN = 20
@@ -38,6 +43,7 @@ class CommandSpec:
     cwd: str | None = None  # default: the sandbox's workspace (the executor's working directory)
     env: dict[str, str] = field(default_factory=dict)
     timeout_seconds: float = 120.0
+    sandbox: SandboxRequest | None = None  # None: unsandboxed, as process/start without "sandbox"
 
 
 @dataclass
@@ -51,6 +57,7 @@ class CommandRun:
     stderr_total: int = 0
     exit_code: int | None = None
     sandbox_type: str | None = None  # as the executor reported it ("none": codex's own sandbox not used)
+    sandbox_denied: bool | None = None  # the executor took the failure for a sandbox denial
     error: str | None = None
     started_at: float | None = None
     finished_at: float | None = None
@@ -70,7 +77,9 @@ class CommandRun:
             "stderr_bytes": self.stderr_total,
             "output_truncated": self.stdout_total > len(self.stdout) or self.stderr_total > len(self.stderr),
             "exit_code": self.exit_code,
+            "sandbox": self.spec.sandbox.to_json() if self.spec.sandbox else None,
             "sandbox_type": self.sandbox_type,
+            "sandbox_denied": self.sandbox_denied,
             "error": self.error,
             "started_at": self.started_at,
             "finished_at": self.finished_at,
@@ -133,7 +142,7 @@ class TurnLog:
 
 
 def parse_commands(body: Any) -> list[CommandSpec]:
-    """``{"commands": [{"argv": [...], "cwd"?, "env"?, "timeout_seconds"?} | [...argv]]}``."""
+    """``{"commands": [{"argv": [...], "cwd"?, "env"?, "timeout_seconds"?, "sandbox"?} | [...argv]]}``."""
     raw = body.get("commands") if isinstance(body, dict) else None
     if not isinstance(raw, list) or not raw:
         raise bad_request("'commands' must be a non-empty list.", "commands")
@@ -159,7 +168,8 @@ def parse_command(item: Any) -> CommandSpec:
     timeout = item.get("timeout_seconds", 120.0)
     if not isinstance(timeout, int | float) or not 0 < timeout <= 3600:
         raise bad_request("'timeout_seconds' must be between 0 and 3600.", "commands.timeout_seconds")
-    return CommandSpec(argv=list(argv), cwd=cwd, env=dict(env), timeout_seconds=float(timeout))
+    sandbox = parse_sandbox(item.get("sandbox"))
+    return CommandSpec(argv=list(argv), cwd=cwd, env=dict(env), timeout_seconds=float(timeout), sandbox=sandbox)
 
 
 def keep(output: bytes) -> bytes:

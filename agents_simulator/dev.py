@@ -30,11 +30,11 @@ import httpx
 import redis
 
 from agents_simulator.cli import ENV_PREFIX
+from agents_simulator.codex_install import CODEX_VERSION, cache_prefix
 from agents_simulator.scenario import run_scenario
 from agents_simulator.waiting import TimedOut, free_port, wait_for
 from controller.runners.local import LocalRunner
 
-CODEX_VERSION = "0.171.0"
 CODEX_INSTALL = f"npm install -g @openai/codex@{CODEX_VERSION}"
 _COLOURS = {"redis": 90, "api": 35, "receiver": 36, "worker": 33, "scenario": 32, "dev": 1}
 
@@ -172,9 +172,8 @@ def redis_binary() -> str | None:
 
 
 def codex_install_prefix() -> Path:
-    """Where ``scripts/test`` installs the pinned codex (npm --prefix), under the cache root."""
-    cache = Path(os.environ.get("SANDBOX_CONTROLLER_CACHE") or Path.home() / ".cache" / "sandbox-controller")
-    return cache / f"codex-{CODEX_VERSION}"
+    """Where ``scripts/test`` (and ``scripts/dev``) install the pinned codex (npm --prefix)."""
+    return cache_prefix()
 
 
 def find_codex() -> str | None:
@@ -245,7 +244,7 @@ def _run(args: argparse.Namespace, view: View, state: Path) -> int:
     executor = env.get("CONTROLLER_EXECUTOR_COMMAND") or find_codex()
     stand_in = executor is None
     if executor is None:
-        view.say("dev", "codex not installed", "", f"install it with: {CODEX_INSTALL}")
+        view.say("dev", "codex not installed", "", f"install it with: {CODEX_INSTALL} (scripts/dev does, with npm)")
         view.say("dev", "using STAND-IN executor", "", "registers and holds the link; runs no commands")
         executor = f"{sys.executable} -m agents_simulator.standin"
     env["CONTROLLER_EXECUTOR_COMMAND"] = executor
@@ -256,6 +255,7 @@ def _run(args: argparse.Namespace, view: View, state: Path) -> int:
     env.setdefault("CONTROLLER_LOCAL_EXECUTOR_SAME_USER", "true")
     env.setdefault("CONTROLLER_LOG_LEVEL", "INFO")
 
+    scenario_ok = True  # False once the scenario saw a command fail: dev then ends non-zero
     try:
         if not env.get("CONTROLLER_REDIS_URL"):
             binary = redis_binary()
@@ -329,9 +329,9 @@ def _run(args: argparse.Namespace, view: View, state: Path) -> int:
 
         if simulate:
             key = env["CONTROLLER_API_KEY"]
-            run_scenario(view, simulator_url, key, sessions=args.sessions, runs_commands=not stand_in)
+            scenario_ok = run_scenario(view, simulator_url, key, sessions=args.sessions, runs_commands=not stand_in)
             if args.exit_after_scenario:
-                return 0
+                return 0 if scenario_ok else 1
         view.say("dev", "running", "", "Ctrl-C to stop")
         while True:
             dead = processes.check_alive()
@@ -341,7 +341,7 @@ def _run(args: argparse.Namespace, view: View, state: Path) -> int:
             time.sleep(0.5)
     except KeyboardInterrupt:
         view.say("dev", "stopping")
-        return 0
+        return 0 if scenario_ok else 1  # a scenario that saw a command fail ends non-zero
     except (RuntimeError, TimedOut) as exc:
         view.say("dev", "failed", "", str(exc))
         return 1

@@ -349,7 +349,8 @@ class Simulator:
             if link is None:
                 raise HarnessError("the sandbox is not connected")
             stream = await (link.open_stream() if new_stream else link.main_stream())
-            outcome = await stream.run(run.spec.argv, run.spec.cwd, run.spec.env, run.spec.timeout_seconds)
+            spec = run.spec
+            outcome = await stream.run(spec.argv, spec.cwd, spec.env, spec.timeout_seconds, spec.sandbox)
         except asyncio.CancelledError:
             # The turn was stopped under the command (its link dropped, it was cancelled, the
             # session went): the command may have run; it is never started again.
@@ -369,7 +370,7 @@ class Simulator:
             why = f"tool execution failed: {type(exc).__name__}"
             self._finish(run, CommandStatus.FAILED, why, environment_id, session_id)
             return
-        run.cwd, run.sandbox_type = outcome.cwd, outcome.sandbox_type
+        run.cwd, run.sandbox_type, run.sandbox_denied = outcome.cwd, outcome.sandbox_type, outcome.sandbox_denied
         run.stdout_total, run.stderr_total = len(outcome.stdout), len(outcome.stderr)
         run.stdout, run.stderr, run.exit_code = keep(outcome.stdout), keep(outcome.stderr), outcome.exit_code
         self._finish(run, CommandStatus.COMPLETED, None, environment_id, session_id)
@@ -388,6 +389,9 @@ class Simulator:
                 "argv": " ".join(run.spec.argv)[:200],
                 "status": status.value,
                 "exit_code": run.exit_code,
+                "sandbox": run.spec.sandbox.mode.value if run.spec.sandbox else None,
+                "sandbox_type": run.sandbox_type,
+                "sandbox_denied": run.sandbox_denied,
                 "stdout": run.stdout[:200].decode(errors="replace"),
                 "error": error,
                 "seconds": round(run.finished_at - (run.started_at or run.finished_at), 3),

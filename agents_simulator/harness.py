@@ -36,6 +36,7 @@ from typing import Any
 from urllib.parse import quote, unquote, urlparse
 
 from agents_simulator import noise, relay
+from agents_simulator.sandboxing import SandboxRequest, process_sandbox
 
 log = logging.getLogger("agents_simulator")
 
@@ -107,6 +108,7 @@ class CommandOutcome:
     exit_code: int | None
     cwd: str
     sandbox_type: str | None
+    sandbox_denied: bool | None = None
 
 
 @dataclass
@@ -115,6 +117,7 @@ class _Process:
     stderr: bytearray = field(default_factory=bytearray)
     seen: set[int] = field(default_factory=set)
     exit_code: int | None = None
+    sandbox_denied: bool | None = None
     exited: asyncio.Event = field(default_factory=asyncio.Event)
     closed: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -248,6 +251,8 @@ class Stream:
         elif method == "process/exited":
             code = params.get("exitCode")
             process.exit_code = code if isinstance(code, int) else None
+            denied = params.get("sandboxDenied")
+            process.sandbox_denied = denied if isinstance(denied, bool) else None
             process.exited.set()
         elif method == "process/closed":
             process.exited.set()
@@ -307,27 +312,30 @@ class Stream:
         cwd: str | None = None,
         env: dict[str, str] | None = None,
         timeout: float = DEFAULT_COMMAND_TIMEOUT_SECONDS,
+        sandbox: SandboxRequest | None = None,
     ) -> CommandOutcome:
         """Start ``argv`` in ``cwd`` (default: the executor's own working directory) and wait
-        until the executor says the process closed; its output comes back in base64 chunks."""
+        until the executor says the process closed; its output comes back in base64 chunks.
+        With ``sandbox`` the executor is asked to run it inside Codex's own sandbox, whose
+        writable workspace is the executor's working directory."""
         directory = cwd or self.cwd
         if directory is None:
             raise HarnessError("no working directory: the executor reported none and the command named none")
         process_id = f"sim-{next(self._process_ids)}-{secrets.token_hex(4)}"
         process = self._processes[process_id] = _Process()
+        params: dict[str, Any] = {
+            "processId": process_id,
+            "argv": argv,
+            "cwd": file_uri(directory),
+            "env": {"PATH": DEFAULT_COMMAND_PATH, **(env or {})},
+            "tty": False,
+            "pipeStdin": False,
+            "arg0": None,
+        }
+        if sandbox is not None:
+            params["sandbox"] = process_sandbox(sandbox, file_uri(self.cwd or directory))
         try:
-            started = await self.request(
-                "process/start",
-                {
-                    "processId": process_id,
-                    "argv": argv,
-                    "cwd": file_uri(directory),
-                    "env": {"PATH": DEFAULT_COMMAND_PATH, **(env or {})},
-                    "tty": False,
-                    "pipeStdin": False,
-                    "arg0": None,
-                },
-            )
+            started = await self.request("process/start", params)
             try:
                 await asyncio.wait_for(process.closed.wait(), timeout)
             except TimeoutError as exc:
@@ -342,6 +350,8 @@ class Stream:
                 )
                 if isinstance(state, dict) and isinstance(state.get("exitCode"), int):
                     process.exit_code = state["exitCode"]
+                if isinstance(state, dict) and isinstance(state.get("sandboxDenied"), bool):
+                    process.sandbox_denied = state["sandboxDenied"]
             sandbox = started.get("sandboxType") if isinstance(started, dict) else None
             return CommandOutcome(
                 stdout=bytes(process.stdout),
@@ -349,6 +359,7 @@ class Stream:
                 exit_code=process.exit_code,
                 cwd=directory,
                 sandbox_type=sandbox if isinstance(sandbox, str) else None,
+                sandbox_denied=process.sandbox_denied,
             )
         finally:
             self._processes.pop(process_id, None)

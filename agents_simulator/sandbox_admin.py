@@ -1,10 +1,10 @@
 """``/admin/...`` routes for work in sandboxes: scripted turns with commands, direct commands,
 the harness's key validations.
 
-    POST /admin/sessions/{id}/turns  {"commands": [{"argv", "cwd"?, "env"?, "timeout_seconds"?}]}
+    POST /admin/sessions/{id}/turns  {"commands": [{"argv", "cwd"?, "env"?, "timeout_seconds"?, "sandbox"?}]}
          input whose turn runs the commands in the session's sandbox → 202 the turn
     GET  /admin/sessions/{id}/turns                 every scripted turn with its command results
-    POST /admin/environments/{id}/exec  {"argv", "cwd"?, "env"?, "timeout_seconds"?, "new_stream"?}
+    POST /admin/environments/{id}/exec  {"argv", "cwd"?, "env"?, "timeout_seconds"?, "sandbox"?, "new_stream"?}
          run one command now, outside any turn (on a new stream when asked) → the result
     GET  /admin/validations                         every /validate call and the verdict
     GET  /admin/links[?environment_id=]             open executor links: streams, frames, records

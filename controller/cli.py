@@ -56,6 +56,8 @@ def cmd_check_config(args: argparse.Namespace) -> int:
                 print(f"  - {problem}", file=sys.stderr)
         else:
             print(f"{role}: ready", file=sys.stderr)
+        for warning in wiring.preflight_warnings(settings, role):
+            print(f"{role}: warning: {warning}", file=sys.stderr)
     if settings.runner.kind == "local":
         can, reason = host_can_checkpoint(settings.runner.criu)
         mode = settings.runner.local_idle_suspend
@@ -99,6 +101,8 @@ def worker_argv(concurrency: int, hostname: str) -> list[str]:
 
 def cmd_worker(args: argparse.Namespace) -> int:
     settings = _settings("worker")
+    for warning in wiring.preflight_warnings(settings, "worker"):
+        logs.get("controller.worker").warning("codex sandbox unavailable", extra={"reason": warning})
     if settings.runner.kind == "local":
         wiring.local_runner(settings)  # creates the state directory (checked again once created)
     if settings.metrics.port:

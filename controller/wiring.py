@@ -54,6 +54,7 @@ from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.redis_client import Endpoint
 from controller.runners.base import Runner
+from controller.runners.host_sandbox import codex_sandbox_problem
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
@@ -97,6 +98,18 @@ def preflight(settings: Settings, role: str) -> None:
             problems += exc.problems
     if problems:
         raise ConfigError(problems)
+
+
+def preflight_warnings(settings: Settings, role: str) -> list[str]:
+    """What a process of ``role`` would start with but should be told about, one line each with
+    the fix: for a local-runner worker, a host that cannot give Codex its own sandbox (only
+    sessions that ask for it need it, so it refuses nothing). ``check-config`` prints them;
+    the worker logs them at start."""
+    if role != "worker" or settings.runner.kind != "local":
+        return []
+    unprivileged = not (settings.runner.local_executor_same_user and os.geteuid() == 0)
+    problem = codex_sandbox_problem(unprivileged)
+    return [problem] if problem else []
 
 
 def local_runner_problems(settings: Settings) -> list[str]:

@@ -1185,6 +1185,30 @@ def test_helm_test_hook_checks_readyz(chart: Any) -> None:
     assert pod["spec"]["restartPolicy"] == "Never"
 
 
+def test_helm_test_of_codex_sandbox_is_opt_in_and_tries_the_profile(chart: Any) -> None:
+    """`helm test` checks Codex's own sandbox only when asked (it fails until the profile is on
+    the nodes): a pod in the sandbox namespace, the sandbox image and security context, the
+    Localhost profile named by tests.codexSandbox.seccompProfile (empty: RuntimeDefault)."""
+    name = "test-codex-sandbox"
+    assert not [o for o in render(chart, CREDENTIALS) if o["metadata"]["name"].endswith(name)]
+    objects = render(chart, merge(CREDENTIALS, {"tests": {"codexSandbox": {"enabled": True}}}))
+    pod = one(objects, "Pod", f"{_full(objects)}-{name}")
+    assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
+    assert pod["metadata"]["namespace"].endswith("-sandboxes")
+    [container] = pod["spec"]["containers"]
+    security = container["securityContext"]
+    assert security["seccompProfile"] == {
+        "type": "Localhost",
+        "localhostProfile": "sandbox-controller/codex-sandbox.json",
+    }
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert "codex sandbox -c 'sandbox_mode=\"workspace-write\"'" in container["args"][0]
+    plain = render(chart, merge(CREDENTIALS, {"tests": {"codexSandbox": {"enabled": True, "seccompProfile": ""}}}))
+    [container] = one(plain, "Pod", f"{_full(plain)}-{name}")["spec"]["containers"]
+    assert "seccompProfile" not in container["securityContext"]
+    assert "seccomp: RuntimeDefault" in container["args"][0]
+
+
 def test_ingress_routes_webhooks_to_the_receiver(chart: Any) -> None:
     objects = render(chart, load_values(CI_DIR / "production-values.yaml"))
     [ingress] = of_kind(objects, "Ingress")

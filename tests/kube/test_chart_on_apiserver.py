@@ -717,8 +717,10 @@ def test_a_foreign_pod_shape_is_refused_by_the_charts_admission_policy(
             active_deadline_seconds=3600,
         ),
         SandboxTemplate(image=RUNNER_IMAGE, runtime_class_name="gvisor"),
+        # Codex's own sandbox within "restricted": the chart's Localhost seccomp profile.
+        SandboxTemplate(image=RUNNER_IMAGE, seccomp_profile="sandbox-controller/codex-sandbox.json"),
     ],
-    ids=["default", "persistent-workspace", "scheduling", "runtime-class"],
+    ids=["default", "persistent-workspace", "scheduling", "runtime-class", "codex-seccomp-profile"],
 )
 def test_every_pod_the_controller_makes_is_admitted_by_the_policy(
     unguarded: _Rbac, rbac: _Rbac, template: SandboxTemplate

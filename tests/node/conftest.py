@@ -15,6 +15,7 @@ import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -49,6 +50,11 @@ WARM_TEMPLATE = "warm"
 PROXIED_TEMPLATE = "proxied"
 PROXY_IP = PRIVATE_ADDRESSES["172.16.0.0/12"]
 PROXY_PORT = 3128
+# A template whose sandboxes get the chart's Localhost seccomp profile, which lets Codex build its
+# own sandbox within "restricted" (tests/node/test_codex_sandbox.py); the profile is put where
+# the node's kubelet reads Localhost profiles, as node provisioning would.
+CODEX_SANDBOX_TEMPLATE = "codex-sandbox"
+CODEX_SECCOMP_PROFILE = "sandbox-controller/codex-sandbox.json"
 WARM_POOL_SIZE = 2
 # Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
 # test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
@@ -129,6 +135,7 @@ def _values(
                 # Sessions that ask for it are served from a warm pool (pods started and waiting).
                 WARM_TEMPLATE: {"resources": SANDBOX_RESOURCES, "warmPool": {"size": WARM_POOL_SIZE}},
                 PROXIED_TEMPLATE: {"resources": SANDBOX_RESOURCES, "httpsProxy": f"http://{PROXY_IP}:{PROXY_PORT}"},
+                CODEX_SANDBOX_TEMPLATE: {"resources": SANDBOX_RESOURCES, "seccompProfile": CODEX_SECCOMP_PROFILE},
             },
             # The proxy's address and port, and nothing else of its range.
             "networkPolicy": {"egress": {"allow": [{"cidr": f"{PROXY_IP}/32", "ports": [{"port": PROXY_PORT}]}]}},
@@ -146,6 +153,8 @@ def _values(
         # The Agents API stand-in as the controller reads it: on the node's address. Sessions name
         # https://api.openai.com as remote_url (the default allowlist), served over TLS.
         "api": {"baseUrl": f"http://{NODE_IP}:{SIM_PORT}"},
+        # `helm test` of Codex's own sandbox, with the profile the node has (tests/node/test_codex_sandbox.py).
+        "tests": {"codexSandbox": {"enabled": True, "seccompProfile": CODEX_SECCOMP_PROFILE}},
     }
 
 
@@ -174,6 +183,7 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
     ca = TestCA("sandbox-controller real-node test CA")
     certificate = ca.issue(node.workdir / "simulator-tls", [API_HOST])
     values = _merged(_values(by_name, api_key, environment_key, webhook_secret, ca), overrides or {})
+    install_seccomp_profile(node)
     say("helm install (Helm's own engine), waiting for the release's pods")
     start = time.monotonic()
     with helm.Chart.load(str(CHART)) as chart, helm.Config(kubeconfig_path=node.kubeconfig, namespace=NAMESPACE) as cfg:
@@ -218,6 +228,16 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
             simulator.stop()
             cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
             api.close()
+
+
+def install_seccomp_profile(node: RealNode) -> Path:
+    """The chart's Codex seccomp profile where the node's kubelet reads Localhost profiles."""
+    from tests.chart.test_chart import CHART
+
+    target = node.workdir / "kubelet" / "seccomp" / CODEX_SECCOMP_PROFILE
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text((CHART / "files" / "codex-sandbox-seccomp.json").read_text())
+    return target
 
 
 def _merged(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

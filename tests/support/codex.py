@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agents_simulator.dev import CODEX_VERSION
+from agents_simulator.codex_install import CODEX_VERSION
 from agents_simulator.dev import codex_install_prefix as install_prefix
 
 CODEX_PACKAGE = f"@openai/codex@{CODEX_VERSION}"

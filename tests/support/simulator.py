@@ -300,7 +300,9 @@ class InProcessSimulator(_Endpoints):
         self.stop()
 
 
-def run_turn(simulator_url: str, session_id: str, commands: list[list[str]], timeout: float = 120) -> dict[str, Any]:
+def run_turn(
+    simulator_url: str, session_id: str, commands: Sequence[list[str] | dict[str, Any]], timeout: float = 120
+) -> dict[str, Any]:
     """A simulated turn carrying ``commands``, run by the simulator over the executor's link;
     the finished turn (its commands' results) once the simulator says it finished."""
     response = httpx.post(f"{simulator_url}/admin/sessions/{session_id}/turns", json={"commands": commands}, timeout=10)

@@ -16,7 +16,7 @@ from tests.support.processes import assert_no_process_left, free_port
 pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 
-def _run_dev(tmp_path: Path, env: dict[str, str], keep_state: bool = True) -> str:
+def _run_dev(tmp_path: Path, env: dict[str, str], keep_state: bool = True, exit_code: int = 0) -> str:
     state = tmp_path / "state"
     keep = ["--state-directory", str(state)] if keep_state else []
     result = subprocess.run(
@@ -40,7 +40,7 @@ def _run_dev(tmp_path: Path, env: dict[str, str], keep_state: bool = True) -> st
         stdin=subprocess.DEVNULL,
     )
     output = result.stdout + result.stderr
-    assert result.returncode == 0, output
+    assert result.returncode == exit_code, output
     assert_no_process_left(state)  # dev passes the state directory to every child it starts
     return output
 
@@ -77,9 +77,22 @@ def test_dev_without_codex_says_how_to_install_and_uses_the_stand_in(tmp_path: P
     output = _run_dev(tmp_path, env)
     assert "npm install -g @openai/codex@0.171.0" in output
     assert "STAND-IN" in output
-    assert "scenario ok" in output
-    # The stand-in runs no commands: the turn's tool call fails, as on a sandbox that cannot.
+    # The stand-in runs no commands: the scenario skips its command and says so, never sends it
+    # to fail and then reports the run as fine.
+    assert "command skipped" in output and "install codex" in output
+    assert "command failed" not in output and "tool execution failed" not in output
+    assert "scenario ok" in output and "command skipped" in output.split("scenario ok", 1)[1].splitlines()[0]
+
+
+def test_dev_ends_non_zero_when_a_command_of_the_scenario_failed(tmp_path: Path) -> None:
+    """An executor that registers but cannot run the command (the stand-in, named as if it were
+    the real executor): the command fails, the scenario says PROBLEM, and dev exits 1."""
+    env = _clean_env()
+    env["CONTROLLER_EXECUTOR_COMMAND"] = f"{sys.executable} -m agents_simulator.standin"
+    output = _run_dev(tmp_path, env, exit_code=1)
     assert "command failed" in output and "tool execution failed" in output
+    assert "scenario PROBLEM" in output and "command FAILED" in output
+    assert "scenario ok" not in output
 
 
 def test_dev_removes_the_state_directory_it_made(tmp_path: Path) -> None:

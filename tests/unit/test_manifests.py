@@ -287,6 +287,15 @@ def test_codex_sandbox_is_an_explicit_opt_in() -> None:
     assert "privileged" not in security
 
 
+def test_a_localhost_seccomp_profile_is_the_only_change() -> None:
+    """The template's Localhost profile (Codex's own sandbox within "restricted"): the container's
+    seccomp, and nothing else of the pod, changes; no procMount, no host users."""
+    expected = expected_pod()
+    profile = {"type": "Localhost", "localhostProfile": "sandbox-controller/codex-sandbox.json"}
+    container(expected)["securityContext"]["seccompProfile"] = profile
+    assert pod(seccomp_profile="sandbox-controller/codex-sandbox.json") == expected
+
+
 def test_every_option_at_once_composes() -> None:
     template = SandboxTemplate(
         runtime_class_name="gvisor",

@@ -234,3 +234,21 @@ def test_unknown_template_name_falls_back_rather_than_refusing() -> None:
     assert templates.get("") is BASE
     by_agent = make_session(agent_id="agent_small", metadata={"sandbox_template": "does-not-exist"})
     assert templates.choose(by_agent) == "small"
+
+
+def test_a_localhost_seccomp_profile_is_read_and_checked() -> None:
+    """seccompProfile names a profile under the kubelet's seccomp directory (Codex's own sandbox
+    within "restricted"); an absolute path, a `..`, or the combination with codexSandbox (which
+    takes seccomp off) is refused."""
+    parsed = parse({"codex": {"seccompProfile": "sandbox-controller/codex-sandbox.json"}}, BASE)
+    assert parsed.by_name["codex"].seccomp_profile == "sandbox-controller/codex-sandbox.json"
+    assert parsed.by_name["default"].seccomp_profile is None
+    for bad, problem in (
+        ({"seccompProfile": "/etc/x.json"}, "under the kubelet's seccomp directory"),
+        ({"seccompProfile": "../x.json"}, "under the kubelet's seccomp directory"),
+        ({"seccompProfile": "a.json", "codexSandbox": True}, "cannot be used with codexSandbox"),
+        ({"seccompProfile": 5}, "seccompProfile must be a string or null"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse({"t": bad}, BASE)
+        assert any(problem in p for p in caught.value.problems), caught.value.problems

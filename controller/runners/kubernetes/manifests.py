@@ -66,6 +66,10 @@ class SandboxTemplate:
     storage_class_name: str | None = None
     codex_sandbox: bool = False
     """Opt-in: Codex's own bubblewrap sandbox (fails Pod Security "restricted")."""
+    seccomp_profile: str | None = None
+    """A ``Localhost`` seccomp profile for the container, by its path under the kubelet's seccomp
+    directory (``sandbox-controller/codex-sandbox.json``: Codex's own sandbox within
+    "restricted"; docs/kubernetes.md); None: the pod's ``RuntimeDefault``."""
     warm_pool_size: int = 0
     """Keep this many warm pods of this template started and waiting for a session (0: none)."""
     warm_max_age_seconds: int = 3600
@@ -227,6 +231,8 @@ def _pod_spec(
         "fsGroup": RUNNER_UID,
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+    if template.seccomp_profile:
+        container_security["seccompProfile"] = {"type": "Localhost", "localhostProfile": template.seccomp_profile}
     if template.codex_sandbox:
         container_security["seccompProfile"] = {"type": "Unconfined"}
         container_security["procMount"] = "Unmasked"

@@ -9,7 +9,8 @@ The file (the Helm chart's ``sandbox.templates``, mounted at
                "workspacePersistence": {"enabled": true, "size": "20Gi", "storageClassName": "fast"},
                "codexSandbox": false, "agentIds": ["agent_123"],
                "warmPool": {"size": 2, "maxAgeSeconds": 3600},
-               "httpsProxy": "http://10.20.30.40:3128", "noProxy": "internal.example.com"}}
+               "httpsProxy": "http://10.20.30.40:3128", "noProxy": "internal.example.com",
+               "seccompProfile": "sandbox-controller/codex-sandbox.json"}}
 
 A session names its template with the metadata key ``sandbox_template``; otherwise the
 first template listing its agent id applies; otherwise ``default`` (which the file may
@@ -23,6 +24,11 @@ credentials (the pod spec is readable by whoever reads pods).
 ``warmPool.size`` keeps that many pods of the template started and waiting for a session
 (``runners/kubernetes/pool.py``); a template with workspace persistence cannot have one (its
 volume belongs to a session that does not exist yet), so that combination is refused.
+
+``seccompProfile`` gives the sandbox container a ``Localhost`` seccomp profile, named by its
+path under the kubelet's seccomp directory; with the chart's Codex profile installed on the
+nodes, Codex's own sandbox works within Pod Security "restricted" (docs/kubernetes.md). It
+cannot be combined with ``codexSandbox`` (which takes seccomp off entirely).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ METADATA_KEY = "sandbox_template"
 _FIELDS = {
     "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
     "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
-    "warmPool", "httpsProxy", "noProxy",
+    "warmPool", "httpsProxy", "noProxy", "seccompProfile",
 }  # fmt: skip
 # The JSON type each field must have (None allowed where noted); nothing is coerced, so a string
 # "false" never turns codexSandbox on and a bare string never becomes a list of characters.
@@ -50,6 +56,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "runtimeClassName": (str, type(None)), "nodeSelector": (dict,), "tolerations": (list,),
     "imagePullSecrets": (list,), "activeDeadlineSeconds": (int, type(None)), "workspacePersistence": (dict,),
     "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,), "httpsProxy": (str,), "noProxy": (str,),
+    "seccompProfile": (str, type(None)),
 }  # fmt: skip
 _POOL_TYPES: dict[str, tuple[type, ...]] = {"size": (int,), "maxAgeSeconds": (int,)}
 _PERSISTENCE_TYPES: dict[str, tuple[type, ...]] = {
@@ -170,10 +177,22 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         warm_max_age_seconds=_at_least(pool, "maxAgeSeconds", base.warm_max_age_seconds, 60),
         https_proxy=_proxy_url(fields.get("httpsProxy", base.https_proxy)),
         no_proxy=fields.get("noProxy", base.no_proxy) or None,
+        seccomp_profile=_localhost_profile(fields.get("seccompProfile", base.seccomp_profile)),
     )
+    if template.seccomp_profile and template.codex_sandbox:
+        raise ValueError("seccompProfile cannot be used with codexSandbox (which sets seccomp Unconfined)")
     if template.warm_pool_size > 0 and template.persist_workspace:
         raise ValueError("warmPool cannot be used with workspacePersistence (the volume belongs to one session)")
     return template
+
+
+def _localhost_profile(path: str | None) -> str | None:
+    """A path under the kubelet's seccomp directory: relative, with no ``..`` in it."""
+    if not path:
+        return None
+    if path.startswith("/") or ".." in path.split("/"):
+        raise ValueError(f"seccompProfile must be a path under the kubelet's seccomp directory, got {path!r}")
+    return path
 
 
 def _proxy_url(url: str | None) -> str | None:
