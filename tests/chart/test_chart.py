@@ -830,6 +830,8 @@ NOT_SET_BY_THE_CHART = {
     "CONTROLLER_LOCAL_EXECUTOR_SAME_USER": "local runner only",
     "CONTROLLER_LOCAL_EXECUTOR_UIDS": "local runner only",
     "CONTROLLER_LOCAL_ALLOW_REDIS_WITHOUT_PASSWORD": "local runner only",
+    "CONTROLLER_IDLE_SUSPEND": "local runner only (checkpoint is refused with the Kubernetes runner)",
+    "CONTROLLER_CRIU": "local runner only (the CRIU binary for CONTROLLER_IDLE_SUSPEND=checkpoint)",
 }
 
 
