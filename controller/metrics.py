@@ -54,10 +54,17 @@ each worker or switch to prometheus_client's multiprocess mode.
         pods the Kubernetes runner placed for sessions, by template; source: ``warm`` (a
         claimed warm pod) | ``cold`` (a pod created for the session). Cold placements of a
         template with a warm pool mean the pool ran dry: make it bigger.
-    controller_warm_pods{template, state}, controller_warm_pool_size{template} (gauges, the
+    controller_cold_starts_total{template, reason}
+        the cold ones among them, by why: ``pool_empty`` (the template's pool had no pod to
+        claim) | ``no_pool`` (the template has none) | ``workspace_directory`` (the session
+        names another working directory than warm pods mount)
+    controller_warm_pods{template, state}, controller_warm_pool_target{template} (gauges, the
         scheduler's leader, as its last tending found each pool, every few seconds)
-        state: ``ready`` (running, waiting for a claim) | ``starting``; the size is the
-        template's ``warmPool.size``
+        state: ``ready`` (running, waiting for a claim) | ``starting``; the target is the
+        template's ``warmPool.size``, or for a pool sized by demand the size it aims at now
+    controller_warm_pod_seconds_total{template} (counter, the scheduler's leader)
+        seconds warm pods spent waiting unclaimed (ready or starting), summed over pods: each
+        tending adds the pods it found times the seconds since the previous one
 
 Who serves what: the receiver its own ``GET /metrics``; the scheduler and each worker
 ``GET /metrics`` on ``CONTROLLER_METRICS_PORT`` (``serve_metrics``). A worker's pool
@@ -71,6 +78,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -89,7 +97,7 @@ from prometheus_client import (
     start_http_server,
     values,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.errors import ConfigError
@@ -112,7 +120,9 @@ WORK_PENDING = "controller_work_pending"
 TIMERS_PENDING = "controller_timers_pending"
 PLACEMENTS_TOTAL = "controller_sandbox_placements_total"
 WARM_PODS = "controller_warm_pods"
-WARM_POOL_SIZE = "controller_warm_pool_size"
+WARM_POOL_TARGET = "controller_warm_pool_target"
+WARM_POD_SECONDS_TOTAL = "controller_warm_pod_seconds_total"
+COLD_STARTS_TOTAL = "controller_cold_starts_total"
 START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -193,6 +203,12 @@ class Metrics:
                 ("template", "source"),
                 registry=self.registry,
             ),
+            COLD_STARTS_TOTAL: Counter(
+                COLD_STARTS_TOTAL,
+                "Cold pods placed for sessions, by template and reason (pool_empty, no_pool, workspace_directory).",
+                ("template", "reason"),
+                registry=self.registry,
+            ),
         }
         self._gauges: dict[str, Gauge] = {}
         self._children: dict[tuple[object, ...], Counter] = {}
@@ -271,31 +287,52 @@ class QueueCollector(Collector):
 
 
 class WarmPoolCollector(Collector):
-    """``controller_warm_pods{template, state}`` and ``controller_warm_pool_size{template}``:
+    """``controller_warm_pods{template, state}`` and ``controller_warm_pool_target{template}``:
     each pool as the scheduler's last tending found it (``update``); nothing before the first,
     and nothing from a scheduler that stands by (it tends no pool; one that loses the lead is
-    told of no pool, so its figures never go stale)."""
+    told of no pool, so its figures never go stale). ``controller_warm_pod_seconds_total``:
+    each tending adds the unclaimed pods it found times the seconds since the previous one
+    (none accrue while this scheduler stands by)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._pools: tuple[PoolState, ...] = ()
+        self._clock = clock
+        self._last: float | None = None
+        self._pod_seconds: dict[str, float] = {}
 
     def update(self, pools: Sequence[PoolState]) -> None:
-        self._pools = tuple(pools)
+        now = self._clock()
+        if self._last is not None:
+            for pool in pools:
+                waited = (pool.ready + pool.starting) * (now - self._last)
+                self._pod_seconds[pool.template] = self._pod_seconds.get(pool.template, 0.0) + waited
+        self._pools, self._last = tuple(pools), (now if pools else None)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         pools = self._pools
         if not pools:
             return
         pods = GaugeMetricFamily(
             WARM_PODS, "Unclaimed usable warm pods, by template and state.", labels=("template", "state")
         )
-        size = GaugeMetricFamily(WARM_POOL_SIZE, "Warm pods each template asks to keep waiting.", labels=("template",))
+        target = GaugeMetricFamily(
+            WARM_POOL_TARGET,
+            "Warm pods each pool aims to keep waiting (its size, or its target from demand).",
+            labels=("template",),
+        )
+        waited = CounterMetricFamily(
+            WARM_POD_SECONDS_TOTAL.removesuffix("_total"),
+            "Seconds warm pods spent waiting unclaimed, summed over pods.",
+            labels=("template",),
+        )
         for pool in pools:
             pods.add_metric((pool.template, "ready"), pool.ready)
             pods.add_metric((pool.template, "starting"), pool.starting)
-            size.add_metric((pool.template,), pool.size)
+            target.add_metric((pool.template,), pool.size)
+            waited.add_metric((pool.template,), self._pod_seconds.get(pool.template, 0.0))
         yield pods
-        yield size
+        yield target
+        yield waited
 
 
 def use_multiprocess(directory: Path) -> None:

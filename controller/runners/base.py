@@ -20,7 +20,8 @@ makes it so, safely under repetition:
 
 A runner may also keep warm pools (``Pools``): sandboxes started ahead of any session, one of
 which ``ensure`` claims for a session instead of starting one; ``tend_pools`` keeps them at
-their size (the scheduler's leader calls it every few seconds) and tells how it found each.
+their size (the scheduler's leader calls it every few seconds) and tells how it found each. A
+pool sized by demand reads its size from a ``DemandLog`` the workers note placements in.
 
 ``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
 in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
@@ -61,6 +62,19 @@ class Runner(Protocol):
     def workspaces(self) -> list[str]: ...
 
     def keeps_workspace(self, session_id: str) -> bool: ...
+
+
+class DemandLog(Protocol):
+    """When sessions of a template were placed (claims and cold starts), shared by every
+    process: the workers note each placement, the scheduler's leader sizes the pool from them."""
+
+    def note(self, template: str, keep_seconds: float) -> None:
+        """Note one placement now; notes older than ``keep_seconds`` may be dropped."""
+        ...
+
+    def recent(self, template: str) -> tuple[float, list[float]]:
+        """The clock's time now and the stamps of the placements noted (on that clock)."""
+        ...
 
 
 @runtime_checkable

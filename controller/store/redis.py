@@ -40,6 +40,7 @@ it guards happen atomically. redis-py errors are translated here, once.
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -611,3 +612,38 @@ class RedisInbox:
     async def close(self) -> None:
         """Close the client's connection (on the loop that used it)."""
         await self._r.aclose()
+
+
+DEMAND_KEY_PREFIX = "sc:pool:demand:"
+_NOTE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], string.format('%d.%06d', t[1], t[2]), t[1] .. '.' .. t[2] .. '-' .. ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.6f', now - tonumber(ARGV[1])))
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1])) + 60)
+return 1
+"""
+
+
+class RedisDemandLog:
+    """``runners.base.DemandLog`` on Redis: one sorted set per template of when its sessions
+    were placed. Each note is stamped with Redis's own clock (``TIME``, in the script), so every
+    worker's stamps and the scheduler's ``now`` are on one clock whatever the nodes' clocks say.
+    A note also drops the notes older than the window it keeps, and the key expires a minute
+    after the last note's window: a template nobody uses leaves nothing behind."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._r = client
+        self._note = client.register_script(_NOTE)
+
+    def note(self, template: str, keep_seconds: float) -> None:
+        with _translated("note a placement"):
+            self._note(keys=[DEMAND_KEY_PREFIX + template], args=[keep_seconds, secrets.token_hex(4)])
+
+    def recent(self, template: str) -> tuple[float, list[float]]:
+        with _translated("read the placements"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.time()
+            pipe.zrange(DEMAND_KEY_PREFIX + template, 0, -1, withscores=True)
+            (seconds, microseconds), noted = pipe.execute()
+        return float(seconds) + microseconds / 1_000_000, [float(score) for _, score in noted]
