@@ -42,6 +42,14 @@ each worker or switch to prometheus_client's multiprocess mode.
         from the same delivery to the Agents API reporting the environment connected: after a
         start, a watch job asks after 0.5 s and then less often (√2 times later each time, at
         most every 5 s) for up to five minutes (L15's window); late by at most a third of itself
+    controller_start_stage_seconds{stage, source, template} (histogram)
+        each stage of every start a worker made (``start_stages``): ``queue_wait`` (delivery →
+        a worker took the job; jobs from a delivery only), ``placing`` (→ pod created or warm
+        pod claimed, and recorded), ``scheduled`` (pod created → PodScheduled) and
+        ``container_started`` (→ the container running; both cold pods on Kubernetes only,
+        stamped by the API to the second), ``connected`` (placed → the Agents API reports
+        the executor connected; with metrics served, as the watch job sees it). source:
+        ``warm`` | ``cold``; template: the sandbox template (``local`` for the local runner)
     controller_lease_busy_total
         jobs a worker put back because another worker held the session's lease
     controller_agents_api_requests_total{operation, status}
@@ -111,6 +119,7 @@ SANDBOXES_STOPPED_TOTAL = "controller_sandboxes_stopped_total"
 SANDBOXES_RUNNING = "controller_sandboxes_running"
 DELIVERY_TO_START_SECONDS = "controller_delivery_to_sandbox_start_seconds"
 DELIVERY_TO_CONNECTED_SECONDS = "controller_delivery_to_executor_connected_seconds"
+START_STAGE_SECONDS = "controller_start_stage_seconds"
 LEASE_BUSY_TOTAL = "controller_lease_busy_total"
 DELETIONS_HELD_TOTAL = "controller_deletions_held_total"
 PRESTARTS_SKIPPED_TOTAL = "controller_prestarts_skipped_total"
@@ -151,6 +160,13 @@ class Metrics:
             DELIVERY_TO_CONNECTED_SECONDS: Histogram(
                 DELIVERY_TO_CONNECTED_SECONDS,
                 "Seconds from the receiver taking a delivery to the Agents API reporting its executor connected.",
+                buckets=START_BUCKETS,
+                registry=self.registry,
+            ),
+            START_STAGE_SECONDS: Histogram(
+                START_STAGE_SECONDS,
+                "Seconds each stage of a sandbox start took, by stage, source (warm or cold) and template.",
+                ("stage", "source", "template"),
                 buckets=START_BUCKETS,
                 registry=self.registry,
             ),

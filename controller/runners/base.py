@@ -78,5 +78,21 @@ class DemandLog(Protocol):
 
 
 @runtime_checkable
+class Starts(Protocol):
+    """A runner that tells how it placed a session's sandbox, and when the sandbox's own start
+    stages happened (``controller.start_stages``)."""
+
+    def placement(self, session_id: str) -> tuple[str, str] | None:
+        """(template, source) of the sandbox this process's last ``ensure`` for the session
+        returned (source: ``warm`` or ``cold``); None when it placed none lately."""
+        ...
+
+    def start_stamps(self, handle: Handle) -> dict[str, float]:
+        """The sandbox's own stamps (``start_stages.STAMPS``: pod_created, scheduled,
+        container_started) that are known; empty when there are none."""
+        ...
+
+
+@runtime_checkable
 class Pools(Protocol):
     def tend_pools(self) -> Sequence[PoolState]: ...

@@ -41,7 +41,7 @@ it guards happen atomically. redis-py errors are translated here, once.
 from __future__ import annotations
 
 import secrets
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -228,6 +228,21 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
+# A start's timeline (``start_stages``): a new start replaces the last one; later stamps are added
+# only while the timeline is still that sandbox's (a newer start's is never overwritten).
+_BEGIN_START = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'sandbox', ARGV[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+_ADD_TO_START = """
+if redis.call('HGET', KEYS[1], 'sandbox') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
 # Pop due timers and want work on each, as ``_WANT`` does, in one step: a timer is never lost
 # between being taken and its work being recorded (the recovery pass enqueues what is wanted).
 _TAKE_DUE = (
@@ -315,6 +330,8 @@ class RedisSessionStore:
         self._take_due = client.register_script(_TAKE_DUE)
         self._reserve_prestart = client.register_script(_RESERVE_PRESTART)
         self._note_decision = client.register_script(_NOTE_DECISION)
+        self._begin_start = client.register_script(_BEGIN_START)
+        self._add_to_start = client.register_script(_ADD_TO_START)
 
     @property
     def lease_ttl_seconds(self) -> float:
@@ -499,6 +516,31 @@ class RedisSessionStore:
         return LastDecision(
             data.get("verdict", ""), data.get("reason", ""), float(data.get("at", "0")), data.get("held") == "1"
         )
+
+    def begin_start(self, session_id: str, sandbox: str, fields: Mapping[str, str]) -> None:
+        """Keep ``fields`` as the session's last start (of ``sandbox``), replacing the one
+        before; not fenced (it reports, it decides nothing), kept ``DECISION_TTL_SECONDS``."""
+        with _translated("note start"):
+            self._begin_start(keys=[f"sc:start:{session_id}"], args=[sandbox, DECISION_TTL_SECONDS, *_flat(fields)])
+
+    def add_to_start(self, session_id: str, sandbox: str, fields: Mapping[str, str]) -> bool:
+        """Add ``fields`` to the session's last start, only while it is still ``sandbox``'s."""
+        with _translated("note start"):
+            return bool(
+                self._add_to_start(
+                    keys=[f"sc:start:{session_id}"], args=[sandbox, DECISION_TTL_SECONDS, *_flat(fields)]
+                )
+            )
+
+    def last_start(self, session_id: str) -> dict[str, str]:
+        """The session's last start as noted (empty when none is kept)."""
+        with _translated("read start"):
+            data: dict[str, str] = self._r.hgetall(f"sc:start:{session_id}")  # type: ignore[assignment]
+        return data
+
+
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
 
 
 def _record_fields(record: Record) -> dict[str, str]:

@@ -22,6 +22,7 @@ the permission that is missing (or carrying admission's own message).
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from controller import logs
@@ -36,6 +37,8 @@ from controller.runners.kubernetes.placement import MAX_GENERATION_SKIPS, WarmPo
 from controller.runners.kubernetes.pool import peak, target
 
 log = logs.get(__name__)
+_PLACEMENTS_KEPT = 1000
+"""Sessions whose last placement ``placement`` remembers (per process; a worker asks at once)."""
 
 
 class KubernetesRunner:
@@ -62,6 +65,7 @@ class KubernetesRunner:
         self._demand = demand
         self._sized = tuple(t for t in pools if t.pooled and t.sized_by_demand)
         self._targets: dict[str, int] = {}
+        self._placed: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
         def placed_from_pool(template: str, source: str) -> None:
             on_placed(template, source, "pool_empty" if source == "cold" else "")
@@ -72,20 +76,44 @@ class KubernetesRunner:
 
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
         spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
-        live = live_pods(self._kube, self._ns, spec.session_id)
         template = self._templates(spec.template)
+        pod = self._ensure(spec, generation, template)
+        self._placed[spec.session_id] = (template.name, "warm" if pod.claimed else "cold")
+        while len(self._placed) > _PLACEMENTS_KEPT:
+            self._placed.popitem(last=False)
+        return _handle(spec.session_id, pod)
+
+    def _ensure(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
+        live = live_pods(self._kube, self._ns, spec.session_id)
         if live and not template.pooled:
-            return _handle(spec.session_id, self._warm.chosen(spec.session_id, live))
+            return self._warm.chosen(spec.session_id, live)
         if live:
             settled = self._warm.settled(spec.session_id, live)
             if settled is not None:
-                return _handle(spec.session_id, settled)
+                return settled
             generation = max(generation, newest(live)[0])  # that one is over
         if template.pooled and spec.workspace_directory == self._settings.workspace_directory:
             # warm pods mount the routing's directory
-            return _handle(spec.session_id, self._warm.place(spec, generation, template))
+            return self._warm.place(spec, generation, template)
         reason = "workspace_directory" if template.pooled else "no_pool"
-        return _handle(spec.session_id, self._create_cold(spec, generation, template, reason))
+        return self._create_cold(spec, generation, template, reason)
+
+    def placement(self, session_id: str) -> tuple[str, str] | None:
+        """The template and source (``warm``: a claimed pod, else ``cold``) of the pod this
+        runner's last ``ensure`` for the session returned; None when this process placed none
+        lately (``runners.base.Starts``)."""
+        return self._placed.get(session_id)
+
+    def start_stamps(self, handle: Handle) -> dict[str, float]:
+        """When the pod was created, scheduled and its container started (the API's and the
+        kubelet's stamps, to the second), for a pod created for its session; nothing for a
+        claimed warm pod (those happened before its session) or a pod that is gone."""
+        pod = self._kube.read_pod(self._ns, handle.name)
+        if pod is None or pod.uid != handle.uid or pod.claimed:
+            return {}
+        stamps = {"pod_created": pod.created_at, "scheduled": pod.scheduled_at}
+        stamps["container_started"] = pod.container_started_at
+        return {name: at for name, at in stamps.items() if at}
 
     def _create_cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate, reason: str) -> Pod:
         """The session's pod of ``generation`` (or the next free one): created, or the one a twin
