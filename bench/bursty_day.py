@@ -15,9 +15,11 @@ failed once registered (its pod deleted). A session is warm when its pod was a c
 pod. Pod-seconds: the unclaimed warm pods (ready or starting) counted every 0.5 s over the
 whole day, as the bench sees them on the API server.
 
-    sudo .venv/bin/python bench/bursty_day.py [--pools demand,fixed,none] [--fixed-size N]
+    sudo .venv/bin/python bench/bursty_day.py --pools demand   # then --pools fixed, --pools none
 
-Results: bench/results/bursty_day.json. Real-node runs are serialized with the other users of
+One pool per run (one node per process: Helm's library stays in the first node's network
+namespace); each run adds its pool to bench/results/bursty_day.json, and ``fixed`` takes its
+size from the ``demand`` run there (or ``--fixed-size N``). Real-node runs are serialized with the other users of
 the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python bench/bursty_day.py``.
 """
 
@@ -54,7 +56,7 @@ DEMAND_POOL = {"min": 0, "max": 20, "windowSeconds": 120, "intervalSeconds": 10,
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pools", default="demand,fixed,none", help="which pools, in order")
+    parser.add_argument("--pools", default="demand", help="which pool: demand, fixed or none")
     parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
     args = parser.parse_args()
     if os.geteuid() != 0:
@@ -63,9 +65,15 @@ def main() -> int:
     from tests.node.node import load_images
 
     images = load_images()
-    runs: dict[str, dict[str, Any]] = {}
+    # Earlier pools of the same day (one process per node: Helm's library keeps the first
+    # node's network namespace), so ``--pools fixed`` after ``--pools demand`` sizes from it.
+    runs: dict[str, dict[str, Any]] = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else {}
     fixed = args.fixed_size
-    for pool in args.pools.split(","):
+    pools = args.pools.split(",")
+    if len(pools) > 1:
+        print("one pool per run (Helm's library stays in the first node's network namespace)", file=sys.stderr)
+        return 2
+    for pool in pools:
         if pool == "fixed" and not fixed:
             demand = runs.get("demand")
             fixed = max(1, math.ceil(demand["mean_waiting_pods"])) if demand else 3
