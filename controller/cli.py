@@ -14,7 +14,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from controller import __version__, fleet, logs, queue, scheduler, server, webhook_cli, wiring, worker
+from controller import __version__, fleet, logs, queue, scheduler, server, start_stages, webhook_cli, wiring, worker
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import RECEIVER_REFUSED_TOTAL, serve_metrics
@@ -167,11 +167,20 @@ def cmd_explain(args: argparse.Namespace) -> int:
     settings = _settings("worker")  # the API, the store and the runner, as a worker reads them
     deps = wiring.worker_deps(settings)
     found = fleet.explain(args.session_id, deps)
-    last = wiring.store(settings).last_decision(args.session_id)
+    store = wiring.store(settings)
+    last = store.last_decision(args.session_id)
     last_json = None if last is None else {"verdict": last.verdict, "reason": last.reason, "at": last.at}
+    start = store.last_start(args.session_id)
+    stamps = {name: float(start[name]) for name in start_stages.STAMPS if start.get(name)}
+    source, template = start.get("source", ""), start.get("template", "")
     if args.json:
         decision = {"verdict": found.decision.verdict.value, "reason": found.decision.reason}
         body = {"session_id": found.session_id, "decision": decision, "observed": found.observed, "last": last_json}
+        body["last_start"] = (
+            {"source": source, "template": template, "stamps": stamps, "stages": dict(start_stages.stages(stamps))}
+            if stamps
+            else None
+        )
         print(json.dumps(body, indent=2))
         return 0
     print(f"session {found.session_id}: {found.decision.verdict.value} — {found.decision.reason}")
@@ -182,6 +191,8 @@ def cmd_explain(args: argparse.Namespace) -> int:
     else:
         when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(last.at))
         print(f"  last decision by a worker: {last.verdict} — {last.reason} ({when})")
+    for line in start_stages.render(stamps, source, template) or ["last start: none recorded"]:
+        print(f"  {line}")
     print("(read only: nothing was started, released or saved)")
     return 0
 

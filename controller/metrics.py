@@ -49,6 +49,14 @@ each worker or switch to prometheus_client's multiprocess mode.
         from the same delivery to the Agents API reporting the environment connected: after a
         start, a watch job asks after 0.5 s and then less often (√2 times later each time, at
         most every 5 s) for up to five minutes (L15's window); late by at most a third of itself
+    controller_start_stage_seconds{stage, source, template} (histogram)
+        each stage of every start a worker made (``start_stages``): ``queue_wait`` (delivery →
+        a worker took the job; jobs from a delivery only), ``placing`` (→ pod created or warm
+        pod claimed, and recorded), ``scheduled`` (pod created → PodScheduled) and
+        ``container_started`` (→ the container running; both cold pods on Kubernetes only,
+        stamped by the API to the second), ``connected`` (placed → the Agents API reports
+        the executor connected; with metrics served, as the watch job sees it). source:
+        ``warm`` | ``cold``; template: the sandbox template (``local`` for the local runner)
     controller_lease_busy_total
         jobs a worker put back because another worker held the session's lease
     controller_agents_api_requests_total{operation, status}
@@ -65,10 +73,17 @@ each worker or switch to prometheus_client's multiprocess mode.
         local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: starts of a session that had
         a checkpoint; outcome: ``restored`` (its processes and memory came back) |
         ``fresh_start`` (the restore was impossible: a new executor on the same workspace)
-    controller_warm_pods{template, state}, controller_warm_pool_size{template} (gauges, the
+    controller_cold_starts_total{template, reason}
+        the cold ones among them, by why: ``pool_empty`` (the template's pool had no pod to
+        claim) | ``no_pool`` (the template has none) | ``workspace_directory`` (the session
+        names another working directory than warm pods mount)
+    controller_warm_pods{template, state}, controller_warm_pool_target{template} (gauges, the
         scheduler's leader, as its last tending found each pool, every few seconds)
-        state: ``ready`` (running, waiting for a claim) | ``starting``; the size is the
-        template's ``warmPool.size``
+        state: ``ready`` (running, waiting for a claim) | ``starting``; the target is the
+        template's ``warmPool.size``, or for a pool sized by demand the size it aims at now
+    controller_warm_pod_seconds_total{template} (counter, the scheduler's leader)
+        seconds warm pods spent waiting unclaimed (ready or starting), summed over pods: each
+        tending adds the pods it found times the seconds since the previous one
 
 Who serves what: the receiver its own ``GET /metrics``; the scheduler and each worker
 ``GET /metrics`` on ``CONTROLLER_METRICS_PORT`` (``serve_metrics``). A worker's pool
@@ -82,6 +97,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -100,7 +116,7 @@ from prometheus_client import (
     start_http_server,
     values,
 )
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from controller.errors import ConfigError
@@ -115,6 +131,7 @@ SANDBOXES_STOPPED_TOTAL = "controller_sandboxes_stopped_total"
 SANDBOXES_RUNNING = "controller_sandboxes_running"
 DELIVERY_TO_START_SECONDS = "controller_delivery_to_sandbox_start_seconds"
 DELIVERY_TO_CONNECTED_SECONDS = "controller_delivery_to_executor_connected_seconds"
+START_STAGE_SECONDS = "controller_start_stage_seconds"
 LEASE_BUSY_TOTAL = "controller_lease_busy_total"
 DELETIONS_HELD_TOTAL = "controller_deletions_held_total"
 PRESTARTS_SKIPPED_TOTAL = "controller_prestarts_skipped_total"
@@ -125,7 +142,9 @@ TIMERS_PENDING = "controller_timers_pending"
 PLACEMENTS_TOTAL = "controller_sandbox_placements_total"
 RESUMES_TOTAL = "controller_sandbox_resumes_total"
 WARM_PODS = "controller_warm_pods"
-WARM_POOL_SIZE = "controller_warm_pool_size"
+WARM_POOL_TARGET = "controller_warm_pool_target"
+WARM_POD_SECONDS_TOTAL = "controller_warm_pod_seconds_total"
+COLD_STARTS_TOTAL = "controller_cold_starts_total"
 START_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 30.0, 60.0, 120.0, 300.0)
 
 
@@ -154,6 +173,13 @@ class Metrics:
             DELIVERY_TO_CONNECTED_SECONDS: Histogram(
                 DELIVERY_TO_CONNECTED_SECONDS,
                 "Seconds from the receiver taking a delivery to the Agents API reporting its executor connected.",
+                buckets=START_BUCKETS,
+                registry=self.registry,
+            ),
+            START_STAGE_SECONDS: Histogram(
+                START_STAGE_SECONDS,
+                "Seconds each stage of a sandbox start took, by stage, source (warm or cold) and template.",
+                ("stage", "source", "template"),
                 buckets=START_BUCKETS,
                 registry=self.registry,
             ),
@@ -216,6 +242,12 @@ class Metrics:
                 PLACEMENTS_TOTAL,
                 "Pods placed for sessions, by template and source (a claimed warm pod, or a cold one).",
                 ("template", "source"),
+                registry=self.registry,
+            ),
+            COLD_STARTS_TOTAL: Counter(
+                COLD_STARTS_TOTAL,
+                "Cold pods placed for sessions, by template and reason (pool_empty, no_pool, workspace_directory).",
+                ("template", "reason"),
                 registry=self.registry,
             ),
         }
@@ -296,31 +328,52 @@ class QueueCollector(Collector):
 
 
 class WarmPoolCollector(Collector):
-    """``controller_warm_pods{template, state}`` and ``controller_warm_pool_size{template}``:
+    """``controller_warm_pods{template, state}`` and ``controller_warm_pool_target{template}``:
     each pool as the scheduler's last tending found it (``update``); nothing before the first,
     and nothing from a scheduler that stands by (it tends no pool; one that loses the lead is
-    told of no pool, so its figures never go stale)."""
+    told of no pool, so its figures never go stale). ``controller_warm_pod_seconds_total``:
+    each tending adds the unclaimed pods it found times the seconds since the previous one
+    (none accrue while this scheduler stands by)."""
 
-    def __init__(self) -> None:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self._pools: tuple[PoolState, ...] = ()
+        self._clock = clock
+        self._last: float | None = None
+        self._pod_seconds: dict[str, float] = {}
 
     def update(self, pools: Sequence[PoolState]) -> None:
-        self._pools = tuple(pools)
+        now = self._clock()
+        if self._last is not None:
+            for pool in pools:
+                waited = (pool.ready + pool.starting) * (now - self._last)
+                self._pod_seconds[pool.template] = self._pod_seconds.get(pool.template, 0.0) + waited
+        self._pools, self._last = tuple(pools), (now if pools else None)
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         pools = self._pools
         if not pools:
             return
         pods = GaugeMetricFamily(
             WARM_PODS, "Unclaimed usable warm pods, by template and state.", labels=("template", "state")
         )
-        size = GaugeMetricFamily(WARM_POOL_SIZE, "Warm pods each template asks to keep waiting.", labels=("template",))
+        target = GaugeMetricFamily(
+            WARM_POOL_TARGET,
+            "Warm pods each pool aims to keep waiting (its size, or its target from demand).",
+            labels=("template",),
+        )
+        waited = CounterMetricFamily(
+            WARM_POD_SECONDS_TOTAL.removesuffix("_total"),
+            "Seconds warm pods spent waiting unclaimed, summed over pods.",
+            labels=("template",),
+        )
         for pool in pools:
             pods.add_metric((pool.template, "ready"), pool.ready)
             pods.add_metric((pool.template, "starting"), pool.starting)
-            size.add_metric((pool.template,), pool.size)
+            target.add_metric((pool.template,), pool.size)
+            waited.add_metric((pool.template,), self._pod_seconds.get(pool.template, 0.0))
         yield pods
-        yield size
+        yield target
+        yield waited
 
 
 def use_multiprocess(directory: Path) -> None:

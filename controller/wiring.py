@@ -32,6 +32,7 @@ from controller.errors import ConfigError, StoreUnavailable
 from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
+    COLD_STARTS_TOTAL,
     DECISIONS_TOTAL,
     DELETIONS_HELD_TOTAL,
     PLACEMENTS_TOTAL,
@@ -53,14 +54,14 @@ from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.redis_client import Endpoint
-from controller.runners.base import Runner
+from controller.runners.base import DemandLog, Runner
 from controller.runners.host_sandbox import codex_sandbox_problem
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs, UidRange, state_directory_problems
 from controller.sessions import HttpSessions
-from controller.store.redis import RedisClock, RedisInbox, RedisSessionStore
+from controller.store.redis import RedisClock, RedisDemandLog, RedisInbox, RedisSessionStore
 from controller.trust import Policy
 
 log = logs.get(__name__)
@@ -71,12 +72,19 @@ def secret_values(settings: Settings) -> list[str]:
     return settings.secret_values()
 
 
-def runner(settings: Settings, templates: Templates | None = None, counters: Counters | None = None) -> Runner:
+def runner(
+    settings: Settings,
+    templates: Templates | None = None,
+    counters: Counters | None = None,
+    demand: DemandLog | None = None,
+) -> Runner:
     """The configured runner; with ``counters``, the pods it places are counted by template and
-    source (``controller_sandbox_placements_total``: the workers', which place them)."""
+    source (``controller_sandbox_placements_total``: the workers', which place them); with
+    ``demand``, the placements of pools sized by demand are noted there (the workers) and read
+    from there to size them (the scheduler)."""
     if settings.runner.kind == "local":
         return local_runner(settings, counters)
-    return kubernetes_runner(settings, templates or sandbox_templates(settings), counters)
+    return kubernetes_runner(settings, templates or sandbox_templates(settings), counters, demand)
 
 
 def preflight(settings: Settings, role: str) -> None:
@@ -203,7 +211,9 @@ def executor_identity(settings: Settings) -> RunAs | UidRange | None:
     return RunAs(uid=entry.pw_uid, gid=entry.pw_gid, name=entry.pw_name)
 
 
-def kubernetes_runner(settings: Settings, templates: Templates, counters: Counters | None = None) -> Runner:
+def kubernetes_runner(
+    settings: Settings, templates: Templates, counters: Counters | None = None, demand: DemandLog | None = None
+) -> Runner:
     """Pods in the sandbox namespace; in-cluster credentials, else $KUBECONFIG."""
     # Imported here, not at the top: the Kubernetes client takes about half a second to import
     # and only this runner and the pod watch need it (receivers, and workers with the local
@@ -222,15 +232,32 @@ def kubernetes_runner(settings: Settings, templates: Templates, counters: Counte
         ),
         templates.get,
         templates.pooled(),
-        on_placed=count_placements(counters) if counters is not None else lambda template, source: None,
+        on_placed=placements(templates, counters, demand),
+        demand=demand,
     )
 
 
-def count_placements(counters: Counters) -> Callable[[str, str], None]:
-    """The Kubernetes runner's ``on_placed``: count each pod placed by template and source."""
+def placements(
+    templates: Templates, counters: Counters | None, demand: DemandLog | None
+) -> Callable[[str, str, str], None]:
+    """The Kubernetes runner's ``on_placed``: count each pod placed by template and source, each
+    cold one by its reason too (``pool_empty``: the pool had none to claim); note the placements
+    of a pool sized by demand in ``demand`` (a note that fails is logged: it sizes a pool, it
+    never fails the start)."""
 
-    def on_placed(template: str, source: str) -> None:
-        counters.inc(PLACEMENTS_TOTAL, template=template, source=source)
+    def on_placed(template: str, source: str, reason: str) -> None:
+        if counters is not None:
+            counters.inc(PLACEMENTS_TOTAL, template=template, source=source)
+            if source == "cold":
+                counters.inc(COLD_STARTS_TOTAL, template=template, reason=reason)
+        chosen = templates.get(template)
+        if demand is not None and chosen.pooled and chosen.sized_by_demand:
+            try:
+                demand.note(template, chosen.warm_window_seconds)
+            except StoreUnavailable as exc:
+                log.warning(
+                    "could not note the placement for the warm pool", extra={"template": template, "reason": str(exc)}
+                )
 
     return on_placed
 
@@ -308,7 +335,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
             on_response=count_api_requests(metrics),
         ),
         store=session_store,
-        runner=runner(settings, templates, metrics),
+        runner=runner(settings, templates, metrics, RedisDemandLog(client)),
         clock=RedisClock(client),  # one clock for every process: the one timers fall due on
         routing=settings.routing,
         grace_seconds=settings.runner.executor_grace_seconds,
@@ -439,7 +466,7 @@ def scheduler_parts(settings: Settings) -> SchedulerParts:
     metrics.registry.register(pools)
     return SchedulerParts(
         store(settings),
-        runner(settings),
+        runner(settings, demand=RedisDemandLog(redis_endpoint(settings).client())),
         client,
         # The leader's jobs, pushed only while its term holds the leader key (fenced).
         queue.fenced_publisher(client, queue.MAINTENANCE_QUEUE, scheduler.LEADER_KEY),

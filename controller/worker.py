@@ -1,6 +1,10 @@
 """The queue's two tasks, both thin: ``sync_session`` (ids in, ``lifecycle.work`` does the rest)
 and ``watch_connection`` (measures delivery → executor connected; it never decides).
 
+Each start's stages (``start_stages``) are observed where they are known: the queue wait and
+the placing by ``sync_session`` on its own clock, the pod's stages and the connection by the
+watch job once the executor is connected; the timeline is noted for ``explain``.
+
 Errors map to what the caller should do: ``Transient`` and ``Busy`` → retry later (with
 jittered backoff), ``Permanent`` → log and give up, ``Fenced`` → drop quietly.
 A retry is a new message: if the broker refuses it, or the retries run out, the job is gone
@@ -21,12 +25,19 @@ from typing import Any
 import click
 from celery import Celery, Task
 
-from controller import lifecycle, logs, queue
+from controller import lifecycle, logs, queue, start_stages
 from controller.decide import Verdict
-from controller.errors import Fenced, Permanent, Transient
-from controller.metrics import DELIVERY_TO_CONNECTED_SECONDS, DELIVERY_TO_START_SECONDS, LEASE_BUSY_TOTAL, Metrics
+from controller.errors import Fenced, Permanent, StoreUnavailable, Transient
+from controller.metrics import (
+    DELIVERY_TO_CONNECTED_SECONDS,
+    DELIVERY_TO_START_SECONDS,
+    LEASE_BUSY_TOTAL,
+    START_STAGE_SECONDS,
+    Metrics,
+)
 from controller.model import Link
-from controller.store.base import Busy
+from controller.runners.base import Starts
+from controller.store.base import Busy, StartLog
 
 log = logs.get(__name__)
 CONNECTION_WINDOW_SECONDS = 300.0
@@ -93,6 +104,7 @@ def register(
         event_type: str | None = None,
         received_at: float | None = None,
     ) -> None:
+        taken = time.time()
         with logs.bind(session_id=session_id, webhook_id=webhook_id, task_id=self.request.id):
             log.info(
                 "task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": self.request.retries}
@@ -126,8 +138,8 @@ def register(
             started = any(d.verdict in (Verdict.START, Verdict.REPLACE) for d in result)
             if started and received_at and metrics is not None:
                 metrics.observe(DELIVERY_TO_START_SECONDS, max(0.0, time.time() - received_at))
-                if watch_connections:
-                    _watch(session_id, received_at)
+            if started:
+                _started(session_id, received_at or 0.0, taken)
             log.info("task done", extra={"rounds": len(result)})
 
     kept: list[Any] = []  # this process's producer: acquired after the fork, never released
@@ -141,27 +153,80 @@ def register(
             kept.append(app.producer_pool.acquire(block=True))
         return kept[0]
 
-    def _ask_later(environment_id: str, received_at: float, deadline: float, asked: int) -> None:
+    def _ask_later(
+        environment_id: str, received_at: float, deadline: float, asked: int, start: dict[str, Any] | None
+    ) -> None:
         watch_connection.apply_async(
             args=[environment_id, received_at, deadline],
-            kwargs={"asked": asked},
+            kwargs={"asked": asked, **({"start": start} if start else {})},
             countdown=watch_delay(asked),
             queue=queue.QUEUE,
             producer=_producer(),
         )
 
-    def _watch(session_id: str, received_at: float) -> None:
-        """Start a watch job for the sandbox just started (only to measure; never decides)."""
-        record = deps().store.record(session_id)
+    def _started(session_id: str, received_at: float, taken: float) -> None:
+        """A sandbox was just started: observe and note its first stages (``start_stages``),
+        and with ``watch_connections`` start a watch job for the rest (only to measure; it
+        never decides). A store that cannot note it loses the note only."""
+        placed = time.time()
+        found = deps()
+        record = found.store.record(session_id)
         if record is None:
             return
-        _ask_later(record.environment_id, received_at, received_at + CONNECTION_WINDOW_SECONDS, 0)
+        if isinstance(found.runner, Starts):
+            template, source = found.runner.placement(session_id) or ("", "cold")
+        else:
+            template, source = "local", "cold"  # the local runner: no templates, no pool
+        stamps = {"taken": taken, "placed": placed, **({"delivered": received_at} if received_at else {})}
+        _observe(stamps, source, template)
+        sandbox = f"{record.handle.name}/{record.handle.uid}"
+        if isinstance(found.store, StartLog):
+            fields = {"source": source, "template": template, **{k: repr(v) for k, v in stamps.items()}}
+            try:
+                found.store.begin_start(session_id, sandbox, fields)
+            except StoreUnavailable:
+                log.warning("could not note the start's timeline", extra={"session_id": session_id})
+        if watch_connections:
+            start = {"session_id": session_id, "sandbox": sandbox, "placed": placed, "source": source}
+            start["template"] = template
+            _ask_later(record.environment_id, received_at, placed + CONNECTION_WINDOW_SECONDS, 0, start)
+
+    def _observe(stamps: dict[str, float], source: str, template: str) -> None:
+        if metrics is None:
+            return
+        for stage, seconds in start_stages.stages(stamps):
+            metrics.observe(START_STAGE_SECONDS, seconds, stage=stage, source=source, template=template or "none")
+
+    def _finish(start: dict[str, Any], connected: float) -> None:
+        """The watch job saw the executor connected: the sandbox's own stamps (from the runner)
+        and ``connected``, observed and added to the start's timeline."""
+        found = deps()
+        session_id, sandbox = str(start["session_id"]), str(start["sandbox"])
+        stamps: dict[str, float] = {"placed": float(start["placed"]), "connected": connected}
+        record = found.store.record(session_id)
+        same = record is not None and f"{record.handle.name}/{record.handle.uid}" == sandbox
+        if same and record is not None and isinstance(found.runner, Starts):
+            try:
+                stamps.update(found.runner.start_stamps(record.handle))
+            except Transient as exc:  # the API server away: this start's pod stages only are lost
+                log.warning("could not read the sandbox's start stamps", extra={"reason": str(exc)})
+        _observe(stamps, str(start.get("source", "cold")), str(start.get("template", "")))
+        if isinstance(found.store, StartLog):
+            try:
+                found.store.add_to_start(session_id, sandbox, {k: repr(v) for k, v in stamps.items() if k != "placed"})
+            except StoreUnavailable:
+                log.warning("could not note the start's timeline", extra={"session_id": session_id})
 
     @app.task(  # type: ignore[untyped-decorator]
         name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False, shared=False
     )
     def watch_connection(
-        self: Task, environment_id: str, received_at: float, deadline: float, asked: int | None = None
+        self: Task,
+        environment_id: str,
+        received_at: float,
+        deadline: float,
+        asked: int | None = None,
+        start: dict[str, Any] | None = None,
     ) -> None:
         """Observe delivery → executor connected once the API reports the environment connected;
         ask again (``watch_delay``) until ``deadline``. A lost watch job loses one observation only.
@@ -173,14 +238,17 @@ def register(
         connected = deps().sessions.environment_link(environment_id) is Link.UP
         now = time.time()
         if connected:
-            if metrics is not None:
+            if metrics is not None and received_at:
                 metrics.observe(DELIVERY_TO_CONNECTED_SECONDS, max(0.0, now - received_at))
+            if start:
+                _finish(start, now)
+            since = received_at or float(start["placed"] if start else now)
             log.info(
                 "executor connected",
-                extra={"environment_id": environment_id, "after_seconds": round(now - received_at, 2)},
+                extra={"environment_id": environment_id, "after_seconds": round(now - since, 2)},
             )
             return
         if now + watch_delay(count + 1) > deadline:
             log.warning("executor not connected within the window", extra={"environment_id": environment_id})
             return
-        _ask_later(environment_id, received_at, deadline, count + 1)
+        _ask_later(environment_id, received_at, deadline, count + 1, start)

@@ -20,7 +20,8 @@ makes it so, safely under repetition:
 
 A runner may also keep warm pools (``Pools``): sandboxes started ahead of any session, one of
 which ``ensure`` claims for a session instead of starting one; ``tend_pools`` keeps them at
-their size (the scheduler's leader calls it every few seconds) and tells how it found each.
+their size (the scheduler's leader calls it every few seconds) and tells how it found each. A
+pool sized by demand reads its size from a ``DemandLog`` the workers note placements in.
 
 ``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
 in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
@@ -61,6 +62,35 @@ class Runner(Protocol):
     def workspaces(self) -> list[str]: ...
 
     def keeps_workspace(self, session_id: str) -> bool: ...
+
+
+class DemandLog(Protocol):
+    """When sessions of a template were placed (claims and cold starts), shared by every
+    process: the workers note each placement, the scheduler's leader sizes the pool from them."""
+
+    def note(self, template: str, keep_seconds: float) -> None:
+        """Note one placement now; notes older than ``keep_seconds`` may be dropped."""
+        ...
+
+    def recent(self, template: str) -> tuple[float, list[float]]:
+        """The clock's time now and the stamps of the placements noted (on that clock)."""
+        ...
+
+
+@runtime_checkable
+class Starts(Protocol):
+    """A runner that tells how it placed a session's sandbox, and when the sandbox's own start
+    stages happened (``controller.start_stages``)."""
+
+    def placement(self, session_id: str) -> tuple[str, str] | None:
+        """(template, source) of the sandbox this process's last ``ensure`` for the session
+        returned (source: ``warm`` or ``cold``); None when it placed none lately."""
+        ...
+
+    def start_stamps(self, handle: Handle) -> dict[str, float]:
+        """The sandbox's own stamps (``start_stages.STAMPS``: pod_created, scheduled,
+        container_started) that are known; empty when there are none."""
+        ...
 
 
 @runtime_checkable

@@ -22,9 +22,9 @@ its reads began answering 404 (``missing_since``), until its deletion is confirm
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from controller.model import Record
 
@@ -113,3 +113,15 @@ class SessionStore(Protocol):
     def armed(self) -> set[str]:
         """Every session with a timer (one read: the sweep leaves these to their timers)."""
         ...
+
+
+@runtime_checkable
+class StartLog(Protocol):
+    """Where a session's last start is noted (``controller.start_stages``), for ``explain``: a
+    store that keeps it (the Redis one) also offers this; it reports and decides nothing."""
+
+    def begin_start(self, session_id: str, sandbox: str, fields: Mapping[str, str]) -> None: ...
+
+    def add_to_start(self, session_id: str, sandbox: str, fields: Mapping[str, str]) -> bool: ...
+
+    def last_start(self, session_id: str) -> dict[str, str]: ...

@@ -40,7 +40,8 @@ it guards happen atomically. redis-py errors are translated here, once.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import secrets
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -227,6 +228,21 @@ redis.call('EXPIRE', KEYS[1], ARGV[4])
 return 1
 """
 
+# A start's timeline (``start_stages``): a new start replaces the last one; later stamps are added
+# only while the timeline is still that sandbox's (a newer start's is never overwritten).
+_BEGIN_START = """
+redis.call('DEL', KEYS[1])
+redis.call('HSET', KEYS[1], 'sandbox', ARGV[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+_ADD_TO_START = """
+if redis.call('HGET', KEYS[1], 'sandbox') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], unpack(ARGV, 3))
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+return 1
+"""
+
 # Pop due timers and want work on each, as ``_WANT`` does, in one step: a timer is never lost
 # between being taken and its work being recorded (the recovery pass enqueues what is wanted).
 _TAKE_DUE = (
@@ -314,6 +330,8 @@ class RedisSessionStore:
         self._take_due = client.register_script(_TAKE_DUE)
         self._reserve_prestart = client.register_script(_RESERVE_PRESTART)
         self._note_decision = client.register_script(_NOTE_DECISION)
+        self._begin_start = client.register_script(_BEGIN_START)
+        self._add_to_start = client.register_script(_ADD_TO_START)
 
     @property
     def lease_ttl_seconds(self) -> float:
@@ -499,6 +517,31 @@ class RedisSessionStore:
             data.get("verdict", ""), data.get("reason", ""), float(data.get("at", "0")), data.get("held") == "1"
         )
 
+    def begin_start(self, session_id: str, sandbox: str, fields: Mapping[str, str]) -> None:
+        """Keep ``fields`` as the session's last start (of ``sandbox``), replacing the one
+        before; not fenced (it reports, it decides nothing), kept ``DECISION_TTL_SECONDS``."""
+        with _translated("note start"):
+            self._begin_start(keys=[f"sc:start:{session_id}"], args=[sandbox, DECISION_TTL_SECONDS, *_flat(fields)])
+
+    def add_to_start(self, session_id: str, sandbox: str, fields: Mapping[str, str]) -> bool:
+        """Add ``fields`` to the session's last start, only while it is still ``sandbox``'s."""
+        with _translated("note start"):
+            return bool(
+                self._add_to_start(
+                    keys=[f"sc:start:{session_id}"], args=[sandbox, DECISION_TTL_SECONDS, *_flat(fields)]
+                )
+            )
+
+    def last_start(self, session_id: str) -> dict[str, str]:
+        """The session's last start as noted (empty when none is kept)."""
+        with _translated("read start"):
+            data: dict[str, str] = self._r.hgetall(f"sc:start:{session_id}")  # type: ignore[assignment]
+        return data
+
+
+def _flat(fields: Mapping[str, str]) -> list[str]:
+    return [item for pair in fields.items() for item in pair]
+
 
 def _record_fields(record: Record) -> dict[str, str]:
     return {
@@ -611,3 +654,38 @@ class RedisInbox:
     async def close(self) -> None:
         """Close the client's connection (on the loop that used it)."""
         await self._r.aclose()
+
+
+DEMAND_KEY_PREFIX = "sc:pool:demand:"
+_NOTE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
+redis.call('ZADD', KEYS[1], string.format('%d.%06d', t[1], t[2]), t[1] .. '.' .. t[2] .. '-' .. ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', string.format('(%.6f', now - tonumber(ARGV[1])))
+redis.call('EXPIRE', KEYS[1], math.ceil(tonumber(ARGV[1])) + 60)
+return 1
+"""
+
+
+class RedisDemandLog:
+    """``runners.base.DemandLog`` on Redis: one sorted set per template of when its sessions
+    were placed. Each note is stamped with Redis's own clock (``TIME``, in the script), so every
+    worker's stamps and the scheduler's ``now`` are on one clock whatever the nodes' clocks say.
+    A note also drops the notes older than the window it keeps, and the key expires a minute
+    after the last note's window: a template nobody uses leaves nothing behind."""
+
+    def __init__(self, client: redis.Redis) -> None:
+        self._r = client
+        self._note = client.register_script(_NOTE)
+
+    def note(self, template: str, keep_seconds: float) -> None:
+        with _translated("note a placement"):
+            self._note(keys=[DEMAND_KEY_PREFIX + template], args=[keep_seconds, secrets.token_hex(4)])
+
+    def recent(self, template: str) -> tuple[float, list[float]]:
+        with _translated("read the placements"):
+            pipe = self._r.pipeline(transaction=True)
+            pipe.time()
+            pipe.zrange(DEMAND_KEY_PREFIX + template, 0, -1, withscores=True)
+            (seconds, microseconds), noted = pipe.execute()
+        return float(seconds) + microseconds / 1_000_000, [float(score) for _, score in noted]

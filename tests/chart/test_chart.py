@@ -501,6 +501,45 @@ def test_role_grants_exactly_what_the_runner_uses(chart: Any, case: str, values:
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": _full(objects), "namespace": NAMESPACE}]
 
 
+@pytest.mark.parametrize(
+    ("pool", "pooled"),
+    [({"size": 1}, True), ({"min": 0, "max": 3}, True), ({"size": 0}, False), ({"maxAgeSeconds": 600}, False)],
+    ids=["fixed", "sized by demand", "size 0", "no size"],
+)
+def test_a_warm_pool_of_either_kind_grants_the_claim_and_the_placement_record(
+    chart: Any, pool: dict[str, Any], pooled: bool
+) -> None:
+    """A template with a pool (a fixed size above 0, or a max) adds exactly ``patch`` on pods
+    (the claim) and ``create``/``get`` on leases (the placement record); without one, neither."""
+    objects = render(chart, merge(CREDENTIALS, {"sandbox": {"templates": {"fast": {"warmPool": pool}}}}))
+    [role] = of_kind(objects, "Role")
+    grants = {
+        (group, resource, verb)
+        for rule in role["rules"]
+        for group in rule["apiGroups"]
+        for resource in rule["resources"]
+        for verb in rule["verbs"]
+    }
+    warm = {
+        ("", "pods", "patch"),
+        ("coordination.k8s.io", "leases", "create"),
+        ("coordination.k8s.io", "leases", "get"),
+    }
+    assert (warm & grants) == (warm if pooled else set())
+
+
+@pytest.mark.parametrize(
+    "pool",
+    [{"size": 2, "max": 4}, {"min": 1}, {"max": 0}, {"max": 4, "headroomPercent": 5000}, {"max": 4, "window": 60}],
+    ids=["size and max", "min without max", "max 0", "headroom above 1000", "unknown key"],
+)
+def test_the_schema_refuses_a_broken_warm_pool(helm: Any, chart: Any, pool: dict[str, Any]) -> None:
+    """What the templates file would refuse at start, helm refuses at install."""
+    values = merge(CREDENTIALS, {"sandbox": {"templates": {"fast": {"warmPool": pool}}}})
+    with pytest.raises(helm.errors.HelmValuesError):
+        chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
 def test_sandbox_namespace_enforces_restricted(chart: Any) -> None:
     """The sandbox namespace enforces (and audits, warns) Pod Security "restricted"."""
     objects = render(chart, CREDENTIALS)

@@ -53,12 +53,27 @@ def test_decisions_are_noted_and_read_back(server: RedisServer) -> None:
     assert store.record("sess_noted") is None  # a note is not a mapping
 
 
+def test_a_start_timeline_is_replaced_by_a_new_start_and_never_completed_by_an_older_one(server: RedisServer) -> None:
+    """A new start's timeline replaces the last one; stamps a watch job of the older sandbox
+    adds later are refused (they would mix two starts), with a TTL as a decision's."""
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    store = RedisSessionStore(client, lease_ttl_seconds=5)
+    store.begin_start("sess_t", "pod-a/1", {"source": "warm", "placed": "10.0"})
+    store.begin_start("sess_t", "pod-b/2", {"source": "cold", "placed": "20.0"})
+    assert store.add_to_start("sess_t", "pod-a/1", {"connected": "30.0"}) is False
+    assert store.add_to_start("sess_t", "pod-b/2", {"connected": "25.0"}) is True
+    assert store.last_start("sess_t") == {"sandbox": "pod-b/2", "source": "cold", "placed": "20.0", "connected": "25.0"}
+    assert 0 < client.ttl("sc:start:sess_t") <= DECISION_TTL_SECONDS
+    assert store.last_start("sess_none") == {}
+
+
 def test_status_and_explain_read_and_never_act(
     server: RedisServer, start_simulator: StartSimulator, tmp_path: Path
 ) -> None:
     """L1: explain of a session asking for a connection says start, yet nothing is started,
     wanted or recorded; with a recorded sandbox that is gone, status shows it with the worker's
-    last decision and explain says replace — and still nothing changes."""
+    last decision and explain says replace, with the last start's timeline stage by stage —
+    and still nothing changes."""
     simulator = start_simulator()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
     env.update(
@@ -97,6 +112,11 @@ def test_status_and_explain_read_and_never_act(
     store.save(lease, Record(session.id, environment_id, handle, time.time() - 90))
     store.complete(lease)
     wiring.remember_decisions(store)(session.id, Decision(Verdict.START, "connection requested"))
+    t = time.time() - 60
+    sandbox = "sandbox-gone/999999999"
+    store.begin_start(session.id, sandbox, {"source": "cold", "template": "local", "delivered": repr(t)})
+    store.add_to_start(session.id, sandbox, {"taken": repr(t + 0.25), "placed": repr(t + 1.0)})
+    store.add_to_start(session.id, sandbox, {"connected": repr(t + 3.5)})
     keys_before = sorted(client.keys("sc:*"))
     record_before = client.hgetall(f"sc:rec:{session.id}")
 
@@ -116,6 +136,10 @@ def test_status_and_explain_read_and_never_act(
     explained = run(env, "explain", session.id)
     assert explained["decision"] == {"verdict": "replace", "reason": "sandbox is gone"}
     assert explained["last"]["verdict"] == "start"
+    last_start = explained["last_start"]
+    assert (last_start["source"], last_start["template"]) == ("cold", "local")
+    assert last_start["stamps"]["delivered"] == pytest.approx(t)
+    assert last_start["stages"] == pytest.approx({"queue_wait": 0.25, "placing": 0.75, "connected": 2.5})
     assert sorted(client.keys("sc:*")) == keys_before
     assert client.hgetall(f"sc:rec:{session.id}") == record_before
     sessions = tmp_path / "sandboxes" / "sessions"  # the local runner's per-session directories

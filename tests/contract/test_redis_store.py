@@ -25,9 +25,11 @@ from controller.inbox import Job, Outcome
 from controller.model import Handle, Link, Record, Session
 from controller.store.base import Busy, Lease
 from controller.store.redis import (
+    DEMAND_KEY_PREFIX,
     PENDING_KEY,
     PRESTARTED_KEY,
     RedisClock,
+    RedisDemandLog,
     RedisInbox,
     RedisSessionStore,
     connect,
@@ -737,3 +739,25 @@ def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.R
     seconds, micros = client.time()
     assert noted is not None and noted.held and noted.verdict == "keep"
     assert abs(noted.at - (seconds + micros / 1e6)) < 5
+
+
+def test_the_demand_log_stamps_placements_on_redis_clock_and_keeps_only_its_window(client: redis.Redis) -> None:
+    """Placements noted by any process are stamped with Redis's ``TIME`` (the clock ``recent``
+    reads too), each within the moment it was noted; a note drops those older than the window
+    it keeps, and the key expires a minute after that window (a template nobody uses leaves
+    nothing); another template's notes are its own."""
+    log = RedisDemandLog(client)
+    template = f"t{next(_ids)}"
+    before = RedisClock(client).now()
+    for _ in range(3):
+        log.note(template, keep_seconds=0.5)
+    log.note(template + "-other", keep_seconds=600)
+    now, stamps = log.recent(template)
+    assert len(stamps) == 3 and all(before <= s <= now for s in stamps)
+    assert 0 < client.ttl(DEMAND_KEY_PREFIX + template) <= 61
+    time.sleep(0.6)
+    log.note(template, keep_seconds=0.5)
+    now, stamps = log.recent(template)
+    assert len(stamps) == 1 and now - 0.5 <= stamps[0] <= now
+    assert len(log.recent(template + "-other")[1]) == 1
+    assert log.recent("never-used")[1] == []

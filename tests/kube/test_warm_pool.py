@@ -10,11 +10,14 @@ import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client
 
+from controller import wiring
+from controller.metrics import COLD_STARTS_TOTAL, PLACEMENTS_TOTAL, Metrics
 from controller.model import Handle, Health, PoolState, SandboxSpec
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.api import KubeApi, pod_of
@@ -22,10 +25,13 @@ from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.objects import PodRef
 from controller.runners.kubernetes.placement import WarmPools
 from controller.runners.kubernetes.runner import KubernetesRunner
+from controller.runners.kubernetes.templates import Templates
+from controller.store.redis import RedisDemandLog, connect
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, KubeWorld
 from tests.kube.test_kubernetes_runner import _session
 from tests.support.processes import wait_for
+from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
 
@@ -35,7 +41,7 @@ def _template(size: int) -> SandboxTemplate:
 
 
 def _runner(
-    world: KubeWorld, namespace: str, template: SandboxTemplate, placed: list[tuple[str, str]] | None = None
+    world: KubeWorld, namespace: str, template: SandboxTemplate, placed: list[tuple[str, str, str]] | None = None
 ) -> KubernetesRunner:
     """A runner of the test's pool; ``placed`` collects what it tells ``on_placed``."""
     on_placed = (lambda *what: placed.append(what)) if placed is not None else (lambda *what: None)
@@ -80,7 +86,7 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     The pool is refilled at once; the released pod is gone and no later session gets it. The
     tending reports the pool as it found it; the placement is told as warm."""
     template = _template(2)
-    placed: list[tuple[str, str]] = []
+    placed: list[tuple[str, str, str]] = []
     runner = _runner(kube_world, namespace, template, placed)
     assert runner.tend_pools() == [PoolState("fast", size=2, ready=0, starting=0)]
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
@@ -103,7 +109,7 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     wait_for(lambda: kube_world.simulator.environment_status(spec.environment_id) == "connected", 30, "connected")
     assert runner.find(spec.session_id) == handle
     assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, not another claim
-    assert placed == [("fast", "warm")]
+    assert placed == [("fast", "warm", "")]
 
     # Refilled as it was claimed: two unclaimed pods again, the claimed one not among them.
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the pool to be refilled")
@@ -125,7 +131,7 @@ def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeW
     added to refill the pool, whichever its claim found first; each session has exactly one pod,
     and each placement is told as what it was (warm for a claimed pod, cold for a created one)."""
     template = _template(1)
-    placed: list[tuple[str, str]] = []
+    placed: list[tuple[str, str, str]] = []
     runners = [_runner(kube_world, namespace, template, placed), _runner(kube_world, namespace, template, placed)]
     runners[0].tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
@@ -142,8 +148,10 @@ def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeW
         assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [handle.uid]
     assert sorted(h.name == warm.metadata.name for h in handles) == [False, True]
     assert handles[0].uid != handles[1].uid
-    told = sorted(("fast", "cold" if h.name.startswith("sbx-") else "warm") for h in handles)
-    assert sorted(placed) == told and ("fast", "warm") in told
+    told = sorted(
+        ("fast", "cold", "pool_empty") if h.name.startswith("sbx-") else ("fast", "warm", "") for h in handles
+    )
+    assert sorted(placed) == told and ("fast", "warm", "") in told
     for spec in specs:
         wait_for(lambda spec=spec: _registered(kube_world, spec), 60, "both executors to register")
 
@@ -316,14 +324,17 @@ def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(
 
 def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: KubeWorld, namespace: str) -> None:
     """L8: warm pods mount the configured workspace directory; a session naming another one
-    (which routing would not serve) is never bound to one: it gets a cold pod of its own shape."""
+    (which routing would not serve) is never bound to one: it gets a cold pod of its own shape,
+    told as cold for that reason."""
     template = _template(1)
-    runner = _runner(kube_world, namespace, template)
+    placed: list[tuple[str, str, str]] = []
+    runner = _runner(kube_world, namespace, template, placed)
     runner.tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
     spec = replace(_session(kube_world), workspace_directory="/elsewhere")
     handle = runner.ensure(spec, 1)
     assert handle.name.startswith("sbx-")
+    assert placed == [("fast", "cold", "workspace_directory")]
     assert [p.metadata.name for p in _ready(kube_world, namespace)] == [warm.metadata.name]
     pod = kube_world.core.read_namespaced_pod(handle.name, namespace)
     assert pod.spec.containers[0].working_dir == "/elsewhere"
@@ -358,3 +369,90 @@ def test_a_placement_whose_pod_is_gone_moves_on_to_the_next_generation(kube_worl
     second = runner.ensure(spec, 1)
     assert second.generation == 2 and second.uid != first.uid
     assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [second.uid]
+
+
+def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_to_zero(
+    kube_world: KubeWorld, namespace: str, tmp_path: Path
+) -> None:
+    """``warmPool: {min: 0, max: 3}``, placements noted in a real Redis (its clock): the pool
+    starts empty; a first burst of three sessions goes cold (``pool_empty``) and is noted; the
+    tendings raise the target to the burst's size and fill the pool; a second burst of three
+    is served warm, every one of it; once no session has come for a window, the tendings take
+    the pool down to zero pods. The runner tells each start's template and source, and a cold
+    pod's own start stamps (created, scheduled, container started: in that order)."""
+    template = SandboxTemplate(
+        name="fast",
+        image=RUNNER_IMAGE,
+        warm_pool_min=0,
+        warm_pool_max=3,
+        warm_window_seconds=40,
+        warm_interval_seconds=5,
+        warm_headroom_percent=0,
+    )
+    server = RedisServer(tmp_path / "redis").start()
+    redis_client = connect(server.url)
+    try:
+        metrics = Metrics()
+        placed = wiring.placements(
+            Templates({"default": SandboxTemplate(), "fast": template}, {}), metrics, RedisDemandLog(redis_client)
+        )
+        runner = KubernetesRunner(
+            KubeApi(kube_world.core),
+            PodSettings(namespace=namespace),
+            lambda name: template,
+            [template],
+            on_placed=placed,
+            demand=RedisDemandLog(redis_client),
+        )
+        assert runner.tend_pools() == [PoolState("fast", size=0, ready=0, starting=0)]
+        assert not kube_world.core.list_namespaced_pod(namespace).items
+
+        def burst() -> list[Handle]:
+            specs = [_session(kube_world) for _ in range(3)]
+            with ThreadPoolExecutor(max_workers=3) as threads:
+                return list(threads.map(lambda spec: runner.ensure(spec, 1), specs))
+
+        first = burst()
+        assert all(h.name.startswith("sbx-") for h in first), [h.name for h in first]
+        assert metrics.value(COLD_STARTS_TOTAL, template="fast", reason="pool_empty") == 3
+        # Each start's pod stages, as the API server and the kubelet stamped them (to the second).
+        assert {runner.placement(h.session_id) for h in first} == {("fast", "cold")}
+        stamps = wait_for(
+            lambda: (s := runner.start_stamps(first[0])) and "container_started" in s and s,
+            60,
+            "the container to start",
+        )
+        assert stamps["pod_created"] <= stamps["scheduled"] <= stamps["container_started"] <= time.time()
+
+        def filled() -> bool:
+            [pool] = runner.tend_pools()
+            return pool.size == 3 and len(_ready(kube_world, namespace)) == 3
+
+        wait_for(filled, 120, "the pool to rise to the burst and fill", interval=0.5)
+        for handle in first:
+            runner.release(handle)
+
+        second = burst()
+        last_placed = time.monotonic()
+        assert all(h.name.startswith("warm-fast-") for h in second), [h.name for h in second]
+        assert {runner.placement(h.session_id) for h in second} == {("fast", "warm")}
+        assert runner.start_stamps(second[0]) == {}  # its pod's stages came before its session
+        assert metrics.value(PLACEMENTS_TOTAL, template="fast", source="warm") == 3
+        assert metrics.value(COLD_STARTS_TOTAL, template="fast", reason="pool_empty") == 3
+        for handle in second:
+            runner.release(handle)
+        [pool] = runner.tend_pools()
+        assert pool.size == 3  # the burst is still in the window: the target holds (it scales down slowly)
+
+        def drained() -> bool:
+            [pool] = runner.tend_pools()
+            left = kube_world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items
+            return pool.size == 0 and not [p for p in left if p.metadata.deletion_timestamp is None]
+
+        # Down once the last placement has left the window (40 s), well before the notes' key
+        # would expire by itself (a minute later): the window, not the key's TTL, drains it.
+        deadline = last_placed + template.warm_window_seconds + 25
+        wait_for(drained, deadline - time.monotonic(), "the pool to drain to zero once demand stopped", interval=1.0)
+    finally:
+        redis_client.close()
+        server.stop()

@@ -52,7 +52,8 @@ def deliveries(loop: Loop) -> list[dict[str, Any]]:
 
 def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> None:
     """L1, L4, L5: after sessions start and duplicates arrive, the receiver's, the workers' and
-    the scheduler's /metrics agree with the deliveries sent, the log lines and the executors."""
+    the scheduler's /metrics agree with the deliveries sent, the log lines and the executors;
+    every start is observed stage by stage."""
     with loop.api() as client:
         sessions = [loop.create_session(client) for _ in range(SESSIONS)]
     environment_ids = {s["environment"]["id"] for s in sessions}
@@ -134,6 +135,11 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
     assert summed("controller_delivery_to_executor_connected_seconds_sum") >= summed(
         "controller_delivery_to_sandbox_start_seconds_sum"
     )  # an executor connects after its sandbox started
+    # Every start stage by stage (the local runner: the worker's stages only, one of each per start).
+    local = {"source": "cold", "template": "local"}
+    for stage in ("queue_wait", "placing", "connected"):
+        assert summed("controller_start_stage_seconds_count", stage=stage, **local) == SESSIONS, stage
+    assert summed("controller_start_stage_seconds_count", stage="scheduled") == 0
 
     reads = sum(1 for line in looked_up if line["status"] != "deleted")
     assert summed("controller_agents_api_requests_total", operation="retrieve_session", status="200") == reads

@@ -10,17 +10,19 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from controller import wiring
-from controller.errors import ApiUnavailable, ConfigError
+from controller.errors import ApiUnavailable, ConfigError, StoreUnavailable
 from controller.metrics import (
     API_REQUESTS_TOTAL,
+    COLD_STARTS_TOTAL,
     DELIVERY_TO_START_SECONDS,
     LEASE_BUSY_TOTAL,
     PLACEMENTS_TOTAL,
     QUEUE_DEPTH,
     SANDBOXES_RUNNING,
     TIMERS_PENDING,
+    WARM_POD_SECONDS_TOTAL,
     WARM_PODS,
-    WARM_POOL_SIZE,
+    WARM_POOL_TARGET,
     WORK_PENDING,
     Metrics,
     QueueCollector,
@@ -29,6 +31,8 @@ from controller.metrics import (
     use_multiprocess,
 )
 from controller.model import PoolState
+from controller.runners.kubernetes.manifests import SandboxTemplate
+from controller.runners.kubernetes.templates import parse
 from controller.sessions import HttpSessions
 
 
@@ -112,8 +116,9 @@ def test_the_running_gauge_exists_only_where_it_is_set() -> None:
 
 def test_warm_pool_gauges_follow_the_last_tending_and_placements_are_counted_by_source() -> None:
     """Before any tending (and on a standby scheduler) no warm-pool gauge is exposed; after one,
-    each pool's ready and starting pods and its size, by template; the next tending replaces
-    them. The workers' runner counts each placement by template and source."""
+    each pool's ready and starting pods and its target, by template; the next tending replaces
+    them. The workers' runner counts each placement by template and source, and each cold one
+    by its reason."""
     metrics, pools = Metrics(), WarmPoolCollector()
     metrics.registry.register(pools)
     assert not [name for name in samples(metrics) if name.startswith(WARM_PODS)]
@@ -122,18 +127,76 @@ def test_warm_pool_gauges_follow_the_last_tending_and_placements_are_counted_by_
     found = samples(metrics)
     assert found[WARM_PODS + "[('state', 'ready'), ('template', 'fast')]"] == 1
     assert found[WARM_PODS + "[('state', 'starting'), ('template', 'fast')]"] == 2
-    assert found[WARM_POOL_SIZE + "[('template', 'gpu')]"] == 1
+    assert found[WARM_POOL_TARGET + "[('template', 'gpu')]"] == 1
     parts.on_pools([PoolState("fast", size=3, ready=3, starting=0)])
     found = samples(metrics)
     assert found[WARM_PODS + "[('state', 'ready'), ('template', 'fast')]"] == 3
-    assert WARM_POOL_SIZE + "[('template', 'gpu')]" not in found  # a template no longer pooled goes
+    assert WARM_POOL_TARGET + "[('template', 'gpu')]" not in found  # a template no longer pooled goes
 
-    placed = wiring.count_placements(metrics)
-    placed("fast", "warm")
-    placed("fast", "warm")
-    placed("fast", "cold")
+    placed = wiring.placements(parse({"fast": {"warmPool": {"size": 2}}}, SandboxTemplate()), metrics, None)
+    placed("fast", "warm", "")
+    placed("fast", "warm", "")
+    placed("fast", "cold", "pool_empty")
+    placed("default", "cold", "no_pool")
     assert metrics.value(PLACEMENTS_TOTAL, template="fast", source="warm") == 2
     assert metrics.value(PLACEMENTS_TOTAL, template="fast", source="cold") == 1
+    assert metrics.value(COLD_STARTS_TOTAL, template="fast", reason="pool_empty") == 1
+    assert metrics.value(COLD_STARTS_TOTAL, template="default", reason="no_pool") == 1
+    assert metrics.value(COLD_STARTS_TOTAL, template="fast", reason="no_pool") == 0
+
+
+def test_warm_pod_seconds_add_the_pods_each_tending_found_times_the_time_since_the_last() -> None:
+    """Pod-seconds spent waiting: 3 pods found after 10 s, then 1 after 5 s: 35; none accrue
+    while the scheduler stands by (told of no pool), and the count carries on after."""
+    now = [100.0]
+    metrics, pools = Metrics(), WarmPoolCollector(clock=lambda: now[0])
+    metrics.registry.register(pools)
+    key = WARM_POD_SECONDS_TOTAL + "[('template', 'fast')]"
+    pools.update([PoolState("fast", size=3, ready=1, starting=2)])
+    assert samples(metrics)[key] == 0
+    now[0] = 110.0
+    pools.update([PoolState("fast", size=3, ready=2, starting=1)])  # starting pods wait too
+    now[0] = 115.0
+    pools.update([PoolState("fast", size=1, ready=1, starting=0)])
+    assert samples(metrics)[key] == 35
+    pools.update([])  # stood by
+    now[0] = 1000.0
+    pools.update([PoolState("fast", size=1, ready=1, starting=0)])  # leading again: counts from here
+    now[0] = 1002.0
+    pools.update([PoolState("fast", size=1, ready=2, starting=0)])
+    assert samples(metrics)[key] == 39
+
+
+def test_placements_of_a_pool_sized_by_demand_are_noted_and_a_failed_note_never_fails_the_start() -> None:
+    """Only the placements (warm and cold) of a pool sized by demand are noted, kept for its
+    window; a note Redis refuses is logged and the placement still counts."""
+
+    class Log:
+        def __init__(self) -> None:
+            self.noted: list[tuple[str, float]] = []
+            self.down = False
+
+        def note(self, template: str, keep_seconds: float) -> None:
+            if self.down:
+                raise StoreUnavailable("redis unavailable during note a placement")
+            self.noted.append((template, keep_seconds))
+
+        def recent(self, template: str) -> tuple[float, list[float]]:
+            return 0.0, []
+
+    demand, metrics = Log(), Metrics()
+    templates = parse(
+        {"burst": {"warmPool": {"max": 5, "windowSeconds": 90}}, "fixed": {"warmPool": {"size": 1}}}, SandboxTemplate()
+    )
+    placed = wiring.placements(templates, metrics, demand)
+    placed("burst", "cold", "pool_empty")
+    placed("burst", "warm", "")
+    placed("fixed", "warm", "")
+    placed("default", "cold", "no_pool")
+    assert demand.noted == [("burst", 90), ("burst", 90)]
+    demand.down = True
+    placed("burst", "warm", "")
+    assert metrics.value(PLACEMENTS_TOTAL, template="burst", source="warm") == 2
 
 
 def test_multiprocess_directory_is_emptied_at_start(tmp_path: Path) -> None:

@@ -19,7 +19,7 @@ from controller.runners.kubernetes.manifests import (
     make_warm_pod,
     shape,
 )
-from controller.runners.kubernetes.pool import WarmPod, census, claim_order, plan
+from controller.runners.kubernetes.pool import WarmPod, census, claim_order, peak, plan, target
 from controller.runners.kubernetes.templates import parse
 
 NOW = 10_000.0
@@ -102,6 +102,50 @@ def test_excess_pods_go_youngest_first() -> None:
 def test_size_zero_empties_the_pool() -> None:
     todo = plan([pod("a", 30)], 0, SHAPE, NOW, MAX_AGE)
     assert (todo.create, [p.name for p in todo.delete]) == (0, ["a"])
+
+
+# -- a pool sized by demand --------------------------------------------------------------------
+
+
+def test_the_peak_is_the_most_placements_within_any_interval_of_the_window() -> None:
+    """A burst counts whole wherever it falls (here across a 10 s boundary: 5 at 98-99 s and 5
+    at 101-102 s are one burst of 10 within 10 s); placements older than the window, or not yet
+    due on the clock read, count for nothing."""
+    burst = [98.0, 98.2, 98.4, 98.6, 99.0, 101.0, 101.5, 101.7, 101.8, 102.0]
+    assert peak(burst, now=110.0, interval=10.0, window=60.0) == 10
+    assert peak(burst, now=110.0, interval=2.0, window=60.0) == 5
+    trickle = [float(t) for t in range(0, 100, 20)]  # one every 20 s
+    assert peak(trickle, now=100.0, interval=10.0, window=100.0) == 1
+    assert peak([*burst, 30.0, 31.0], now=110.0, interval=10.0, window=20.0) == 10
+    assert peak(burst, now=170.0, interval=10.0, window=60.0) == 0  # the burst left the window
+    assert peak([200.0], now=110.0, interval=10.0, window=60.0) == 0
+    assert peak([], now=110.0, interval=10.0, window=60.0) == 0
+    assert peak([5.0, 5.0, 5.0], now=10.0, interval=1.0, window=10.0) == 3  # the same instant
+
+
+def test_the_target_is_the_peak_plus_headroom_within_min_and_max() -> None:
+    assert target(10, minimum=0, maximum=20, headroom_percent=25) == 13  # 10 + ceil(2.5)
+    assert target(1, minimum=0, maximum=20, headroom_percent=25) == 2  # any headroom keeps one more
+    assert target(10, minimum=0, maximum=20, headroom_percent=0) == 10
+    assert target(30, minimum=0, maximum=20, headroom_percent=25) == 20  # never above max
+    assert target(0, minimum=0, maximum=20, headroom_percent=25) == 0  # demand stopped: to min, 0 allowed
+    assert target(0, minimum=2, maximum=20, headroom_percent=25) == 2
+    assert target(1, minimum=5, maximum=5, headroom_percent=100) == 5
+
+
+def test_a_pool_sized_by_demand_follows_a_burst_up_at_once_and_down_once_it_left_the_window() -> None:
+    """The decision over a day: quiet, a burst of 10, quiet: the target rises at the first look
+    after the burst, holds for the whole window (a second burst within it is served warm), and
+    falls to min once the burst has left it."""
+    burst = [1000.0 + i * 0.1 for i in range(10)]
+
+    def aim(now: float) -> int:
+        return target(peak(burst, now, interval=10.0, window=300.0), minimum=0, maximum=12, headroom_percent=25)
+
+    assert aim(999.0) == 0
+    assert aim(1002.0) == 12  # 10 + 3, capped at max
+    assert aim(1200.0) == 12  # held within the window: scales down slowly
+    assert aim(1301.0) == 0  # gone from the window: down to min
 
 
 # -- the warm pod and its claim ----------------------------------------------------------------
@@ -200,6 +244,20 @@ def test_warm_pool_is_parsed() -> None:
     assert templates.pooled() == (fast,)
 
 
+def test_a_pool_sized_by_demand_is_parsed() -> None:
+    templates = parse({"burst": {"warmPool": {"min": 0, "max": 20}}, "tuned": {"warmPool": {
+        "min": 2, "max": 8, "windowSeconds": 120, "intervalSeconds": 5, "headroomPercent": 50, "maxAgeSeconds": 900,
+    }}}, BASE)  # fmt: skip
+    burst, tuned = templates.get("burst"), templates.get("tuned")
+    assert (burst.pooled, burst.sized_by_demand, burst.warm_pool_min, burst.warm_pool_max) == (True, True, 0, 20)
+    assert (burst.warm_window_seconds, burst.warm_interval_seconds, burst.warm_headroom_percent) == (600, 10, 25)
+    assert (tuned.warm_pool_min, tuned.warm_pool_max, tuned.warm_window_seconds) == (2, 8, 120)
+    assert (tuned.warm_interval_seconds, tuned.warm_headroom_percent, tuned.warm_max_age_seconds) == (5, 50, 900)
+    assert templates.pooled() == (burst, tuned)
+    assert not templates.get("default").sized_by_demand
+    assert not parse({"fixed": {"warmPool": {"size": 2}}}, BASE).get("fixed").sized_by_demand
+
+
 @pytest.mark.parametrize(
     ("pool", "problem"),
     [
@@ -207,6 +265,16 @@ def test_warm_pool_is_parsed() -> None:
         ({"size": -1}, "warmPool.size must be at least 0"),
         ({"size": 1, "maxAgeSeconds": 5}, "warmPool.maxAgeSeconds must be at least 60"),
         ({"size": 1, "extra": True}, "warmPool has unknown fields: extra"),
+        ({"min": 5, "max": 2}, "warmPool.min (5) must not exceed warmPool.max (2)"),
+        ({"min": 1}, "warmPool.max is required with min"),
+        ({"windowSeconds": 60}, "warmPool.max is required with windowSeconds"),
+        ({"min": 0, "max": 0}, "warmPool.max must be at least 1"),
+        ({"min": -1, "max": 2}, "warmPool.min must be at least 0"),
+        ({"max": "3"}, "warmPool.max must be an integer"),
+        ({"size": 2, "max": 4}, "size (a fixed pool) or min and max (sized by demand), not both"),
+        ({"max": 4, "windowSeconds": 5, "intervalSeconds": 10}, "windowSeconds (5) must be at least"),
+        ({"max": 4, "intervalSeconds": 0}, "warmPool.intervalSeconds must be at least 1"),
+        ({"max": 4, "headroomPercent": 5000}, "warmPool.headroomPercent must be at most 1000"),
     ],
 )
 def test_a_bad_warm_pool_is_refused(pool: dict[str, object], problem: str) -> None:
@@ -215,7 +283,8 @@ def test_a_bad_warm_pool_is_refused(pool: dict[str, object], problem: str) -> No
     assert any(problem in p for p in refused.value.problems), refused.value.problems
 
 
-def test_a_warm_pool_with_a_persistent_workspace_is_refused() -> None:
+@pytest.mark.parametrize("pool", [{"size": 1}, {"min": 0, "max": 3}])
+def test_a_warm_pool_with_a_persistent_workspace_is_refused(pool: dict[str, int]) -> None:
     with pytest.raises(ConfigError) as refused:
-        parse({"kept": {"warmPool": {"size": 1}, "workspacePersistence": {"enabled": True}}}, BASE)
+        parse({"kept": {"warmPool": pool, "workspacePersistence": {"enabled": True}}}, BASE)
     assert any("workspacePersistence" in p for p in refused.value.problems)

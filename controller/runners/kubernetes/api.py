@@ -439,7 +439,19 @@ def pod_of(pod: Any) -> Pod:
         terminated=any(c.state is not None and c.state.terminated is not None for c in containers),
         ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
         restarts=sum(c.restart_count or 0 for c in containers),
+        scheduled_at=next(
+            (_seconds(c.last_transition_time) for c in conditions if c.type == "PodScheduled" and c.status == "True"),
+            0.0,
+        ),
+        container_started_at=next(
+            (_seconds(c.state.running.started_at) for c in containers if c.state and c.state.running), 0.0
+        ),
     )
+
+
+def _seconds(stamp: Any) -> float:
+    """A client's datetime as Unix seconds (0 when missing)."""
+    return float(stamp.timestamp()) if stamp is not None else 0.0
 
 
 def _claim(claim: Any) -> Claim:

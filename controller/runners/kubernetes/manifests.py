@@ -72,6 +72,14 @@ class SandboxTemplate:
     "restricted"; docs/kubernetes.md); None: the pod's ``RuntimeDefault``."""
     warm_pool_size: int = 0
     """Keep this many warm pods of this template started and waiting for a session (0: none)."""
+    warm_pool_min: int = 0
+    warm_pool_max: int = 0
+    """With a max above 0 the pool sizes itself to demand within [min, max] instead of keeping a
+    fixed size (``pool.target``): the peak of the placements within any ``warm_interval_seconds``
+    of the last ``warm_window_seconds``, plus ``warm_headroom_percent``."""
+    warm_window_seconds: int = 600
+    warm_interval_seconds: int = 10
+    warm_headroom_percent: int = 25
     warm_max_age_seconds: int = 3600
     """A warm pod no session claimed within this is replaced (a fresh image pull policy, key)."""
     https_proxy: str | None = None
@@ -83,7 +91,12 @@ class SandboxTemplate:
     def pooled(self) -> bool:
         """Whether sessions of this template are served from a warm pool (a per-session
         workspace volume cannot be mounted before the session is known: never pooled)."""
-        return self.warm_pool_size > 0 and not self.persist_workspace
+        return (self.warm_pool_size > 0 or self.sized_by_demand) and not self.persist_workspace
+
+    @property
+    def sized_by_demand(self) -> bool:
+        """Whether the pool's size follows demand (``warmPool: {min, max}``) rather than being fixed."""
+        return self.warm_pool_max > 0
 
 
 @dataclass(frozen=True)

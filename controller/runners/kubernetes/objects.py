@@ -4,7 +4,8 @@
 protocol and the pod watch read only these, never the client's models. A ``Pod`` carries what
 they look at: its name and uid, its resource version, its labels and annotations (the session,
 generation and pool that ``names`` defines), whether it is being deleted, and its status (phase,
-a terminated container, the Ready condition, restarts). Its properties say what those mean:
+a terminated container, the Ready condition, restarts, when it was scheduled and its container
+started). Its properties say what those mean:
 its ``health`` as the runner reports it, its ``generation``, and when it began to serve its
 session (``started_at``: its claim for a warm pod, else its creation).
 """
@@ -45,6 +46,10 @@ class Pod:
     """Its Ready condition is True."""
     restarts: int = 0
     """Container restarts, summed over its containers."""
+    scheduled_at: float = 0.0
+    """When its ``PodScheduled`` condition turned True (the API's stamp, to the second; 0: not yet)."""
+    container_started_at: float = 0.0
+    """When its (first) container started running (the kubelet's stamp, to the second; 0: not yet)."""
 
     @property
     def ref(self) -> PodRef:

@@ -31,7 +31,7 @@ deleting only with the resource version it saw (a pod claimed since is left to i
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from controller import logs
 from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
@@ -211,13 +211,15 @@ class WarmPools:
 
     # -- tending ---------------------------------------------------------------------------
 
-    def tend(self) -> list[PoolState]:
-        """Keep every pool at its size: replace dead, misshapen and too old warm pods, add the
-        missing ones, remove the excess. Returns each pool as this tending found it."""
+    def tend(self, sizes: Mapping[str, int] | None = None) -> list[PoolState]:
+        """Keep every pool at its size (``sizes[template]`` when given, a pool sized by demand;
+        else the template's ``warmPool.size``): replace dead, misshapen and too old warm pods,
+        add the missing ones, remove the excess. Returns each pool as this tending found it."""
         found = []
         for template in self._pools:
             pods, wanted, now = self.warm_pods(template), self._shape(template), time.time()
-            size, max_age = template.warm_pool_size, template.warm_max_age_seconds
+            size = (sizes or {}).get(template.name, template.warm_pool_size)
+            max_age = template.warm_max_age_seconds
             found.append(census(template.name, pods, size, wanted, now, max_age))
             todo = plan(pods, size, wanted, now, max_age)
             for pod in todo.delete:

@@ -8,10 +8,19 @@ same stop/release/replace paths) and is deleted when the session is done with it
 serves one session and is never reused. The worker that claimed a pod adds one replacement at
 once; the scheduler's leader tends each pool every few seconds (``plan``): dead pods, pods of
 another shape and pods past their age go, and new ones fill the pool up to its size.
+
+A pool sized by demand (``warmPool: {min, max}``) has no fixed size: at each tending its size is
+``target`` of the placements (claims and cold starts) of the last window, which the workers
+note: the most of them within any one interval of that window (``peak``: a burst counts whole,
+wherever it falls), plus the headroom, within [min, max]. It follows a burst up at the next
+tending and comes down only once the burst has left the window (as the Horizontal Pod
+Autoscaler's scale-down stabilization window does), to ``min`` (0 allowed) when demand stops.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from controller.model import PoolState
@@ -65,3 +74,22 @@ def census(template: str, pods: list[WarmPod], size: int, shape: str, now: float
     usable = [p for p in pods if _usable(p, shape, now, max_age)]
     ready = sum(1 for p in usable if p.running)
     return PoolState(template=template, size=size, ready=ready, starting=len(usable) - ready)
+
+
+def peak(stamps: Sequence[float], now: float, interval: float, window: float) -> int:
+    """The most placements within any ``interval`` seconds of the last ``window`` seconds
+    (``stamps``: when each placement was noted, on the clock ``now`` reads; any order)."""
+    recent = sorted(s for s in stamps if now - window <= s <= now)
+    most, first = 0, 0
+    for last, stamp in enumerate(recent):
+        while stamp - recent[first] >= interval:
+            first += 1
+        most = max(most, last - first + 1)
+    return most
+
+
+def target(demand: int, minimum: int, maximum: int, headroom_percent: int) -> int:
+    """The size a pool sized by demand aims at: ``demand`` (the recent peak) plus its headroom
+    (rounded up: with any headroom, any demand keeps one more), within [minimum, maximum]."""
+    wanted = demand + math.ceil(demand * headroom_percent / 100)
+    return max(minimum, min(maximum, wanted))

@@ -22,8 +22,11 @@ that read ``HTTPS_PROXY``) through a proxy: ``HTTPS_PROXY``/``https_proxy`` in t
 credentials (the pod spec is readable by whoever reads pods).
 
 ``warmPool.size`` keeps that many pods of the template started and waiting for a session
-(``runners/kubernetes/pool.py``); a template with workspace persistence cannot have one (its
-volume belongs to a session that does not exist yet), so that combination is refused.
+(``runners/kubernetes/pool.py``). ``warmPool: {min, max}`` instead sizes the pool to demand
+within [min, max] (0 ≤ min ≤ max, max ≥ 1; ``windowSeconds``, ``intervalSeconds`` and
+``headroomPercent`` tune it, ``pool.target``); ``size`` and ``min``/``max`` together are
+refused. A template with workspace persistence cannot have a pool (its volume belongs to a
+session that does not exist yet), so that combination is refused.
 
 ``seccompProfile`` gives the sandbox container a ``Localhost`` seccomp profile, named by its
 path under the kubelet's seccomp directory; with the chart's Codex profile installed on the
@@ -58,7 +61,12 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,), "httpsProxy": (str,), "noProxy": (str,),
     "seccompProfile": (str, type(None)),
 }  # fmt: skip
-_POOL_TYPES: dict[str, tuple[type, ...]] = {"size": (int,), "maxAgeSeconds": (int,)}
+_POOL_TYPES: dict[str, tuple[type, ...]] = {
+    "size": (int,), "maxAgeSeconds": (int,), "min": (int,), "max": (int,), "windowSeconds": (int,),
+    "intervalSeconds": (int,), "headroomPercent": (int,),
+}  # fmt: skip
+_DEMAND_FIELDS = ("min", "max", "windowSeconds", "intervalSeconds", "headroomPercent")
+"""The fields of a pool that sizes itself to demand (``warmPool: {min, max}``)."""
 _PERSISTENCE_TYPES: dict[str, tuple[type, ...]] = {
     "enabled": (bool,), "size": (str,), "storageClassName": (str, type(None)),
 }  # fmt: skip
@@ -173,15 +181,15 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         workspace_size=str(persistence.get("size", base.workspace_size)),
         storage_class_name=persistence.get("storageClassName", base.storage_class_name),
         codex_sandbox=bool(fields.get("codexSandbox", base.codex_sandbox)),
-        warm_pool_size=_at_least(pool, "size", base.warm_pool_size, 0),
         warm_max_age_seconds=_at_least(pool, "maxAgeSeconds", base.warm_max_age_seconds, 60),
+        **_pool_size(pool, base),
         https_proxy=_proxy_url(fields.get("httpsProxy", base.https_proxy)),
         no_proxy=fields.get("noProxy", base.no_proxy) or None,
         seccomp_profile=_localhost_profile(fields.get("seccompProfile", base.seccomp_profile)),
     )
     if template.seccomp_profile and template.codex_sandbox:
         raise ValueError("seccompProfile cannot be used with codexSandbox (which sets seccomp Unconfined)")
-    if template.warm_pool_size > 0 and template.persist_workspace:
+    if (template.warm_pool_size > 0 or template.sized_by_demand) and template.persist_workspace:
         raise ValueError("warmPool cannot be used with workspacePersistence (the volume belongs to one session)")
     return template
 
@@ -205,6 +213,36 @@ def _proxy_url(url: str | None) -> str | None:
     if parsed.username or parsed.password:
         raise ValueError("httpsProxy must not carry credentials (the pod spec is readable by whoever reads pods)")
     return url
+
+
+def _pool_size(pool: dict[str, Any], base: SandboxTemplate) -> dict[str, int]:
+    """A fixed pool (``size``) or one sized by demand (``min``, ``max`` and its window,
+    interval and headroom): the template's fields for either, every bad value refused."""
+    demand = [key for key in _DEMAND_FIELDS if key in pool]
+    if not demand:
+        return {"warm_pool_size": _at_least(pool, "size", base.warm_pool_size, 0)}
+    if "size" in pool:
+        raise ValueError("warmPool takes size (a fixed pool) or min and max (sized by demand), not both")
+    if "max" not in pool:
+        raise ValueError(f"warmPool.max is required with {', '.join(demand)} (a pool sized by demand)")
+    minimum, maximum = _at_least(pool, "min", 0, 0), _at_least(pool, "max", 0, 1)
+    if minimum > maximum:
+        raise ValueError(f"warmPool.min ({minimum}) must not exceed warmPool.max ({maximum})")
+    interval = _at_least(pool, "intervalSeconds", base.warm_interval_seconds, 1)
+    window = _at_least(pool, "windowSeconds", base.warm_window_seconds, 1)
+    if window < interval:
+        raise ValueError(f"warmPool.windowSeconds ({window}) must be at least warmPool.intervalSeconds ({interval})")
+    headroom = _at_least(pool, "headroomPercent", base.warm_headroom_percent, 0)
+    if headroom > 1000:
+        raise ValueError(f"warmPool.headroomPercent must be at most 1000, got {headroom}")
+    return {
+        "warm_pool_size": 0,
+        "warm_pool_min": minimum,
+        "warm_pool_max": maximum,
+        "warm_interval_seconds": interval,
+        "warm_window_seconds": window,
+        "warm_headroom_percent": headroom,
+    }
 
 
 def _at_least(fields: dict[str, Any], key: str, default: int, minimum: int) -> int:

@@ -1,0 +1,299 @@
+"""A bursty day on a real node: a warm pool sized by demand, a fixed pool and no pool, each
+replaying the same day of sessions.
+
+Needs root (it starts the real-node tier's node: containerd + runc + the real kubelet v1.37 in a
+network namespace, NetworkPolicy enforced, codex dialling https://api.openai.com over TLS by
+name; tests/node). For each pool it starts a node, installs the chart with the tier's values and
+a template ``day`` of the tier's sandbox resources (a pool sized by demand: ``warmPool: {min: 0,
+max: 20}`` with a 120 s window, a compressed day's; a fixed pool: ``warmPool: {size: N}``, N the
+demand pool's average number of waiting pods over its day, rounded up; no pool), runs one
+uncounted session (the node's first sandbox reads the 300 MB codex binary from disk), then
+replays the day (``DAY``): quiet, a burst of 10 sessions at once, quiet, a burst of 20, quiet,
+a slow trickle, quiet. Each session is timed from its webhook accepted by the receiver to the
+real codex's registration arriving at the simulator (both stamped by the simulator); it is
+failed once registered (its pod deleted). A session is warm when its pod was a claimed warm
+pod. Pod-seconds: the unclaimed warm pods (ready or starting) counted every 0.5 s over the
+whole day, as the bench sees them on the API server.
+
+    sudo .venv/bin/python bench/bursty_day.py --pools demand   # then --pools fixed, --pools none
+
+One pool per run (one node per process: Helm's library stays in the first node's network
+namespace); each run adds its pool to bench/results/bursty_day.json, and ``fixed`` takes its
+size from the ``demand`` run there (or ``--fixed-size N``). Real-node runs are serialized with the other users of
+the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python bench/bursty_day.py``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.common import percentile
+
+RESULTS = Path(__file__).resolve().parent / "results" / "bursty_day.json"
+TEMPLATE = "day"
+DAY: list[tuple[str, int, float, float]] = [
+    # (phase, sessions, seconds between them (0: all at once), quiet seconds after it)
+    ("quiet", 0, 0.0, 30.0),
+    ("burst of 10", 10, 0.0, 60.0),
+    ("burst of 20", 20, 0.0, 60.0),
+    ("trickle", 6, 10.0, 150.0),  # one every 10 s
+]
+DEMAND_POOL = {"min": 0, "max": 20, "windowSeconds": 120, "intervalSeconds": 10, "headroomPercent": 25}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--pools", default="demand", help="which pool: demand, fixed or none")
+    parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
+    args = parser.parse_args()
+    if os.geteuid() != 0:
+        print("bench/bursty_day.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
+        return 2
+    from tests.node.node import load_images
+
+    images = load_images()
+    # Earlier pools of the same day (one process per node: Helm's library keeps the first
+    # node's network namespace), so ``--pools fixed`` after ``--pools demand`` sizes from it.
+    runs: dict[str, dict[str, Any]] = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else {}
+    fixed = args.fixed_size
+    pools = args.pools.split(",")
+    if len(pools) > 1:
+        print("one pool per run (Helm's library stays in the first node's network namespace)", file=sys.stderr)
+        return 2
+    for pool in pools:
+        if pool == "fixed" and not fixed:
+            demand = runs.get("demand")
+            fixed = max(1, math.ceil(demand["mean_waiting_pods"])) if demand else 3
+        warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
+        runs[pool] = day(images, warm_pool)
+        runs[pool]["pool"] = pool
+        print_run(runs[pool])
+        RESULTS.parent.mkdir(parents=True, exist_ok=True)  # after each pool: a run cut short keeps what it has
+        RESULTS.write_text(json.dumps({"day": DAY, "load_average": os.getloadavg(), "runs": runs}, indent=2) + "\n")
+        print_table(list(runs.values()))
+    return 0
+
+
+def day(images: Any, warm_pool: dict[str, Any] | None) -> dict[str, Any]:
+    from tests.node.conftest import NODE_DNS_NAMES, SANDBOX_RESOURCES, WARM_TEMPLATE, install
+    from tests.node.node import real_node, say
+
+    template: dict[str, Any] = {"resources": SANDBOX_RESOURCES}
+    if warm_pool is not None:
+        template["warmPool"] = warm_pool
+    overrides = {"sandbox": {"templates": {WARM_TEMPLATE: None, TEMPLATE: template}}}
+    with real_node(images, dns_names=NODE_DNS_NAMES) as node, install(node, images, overrides) as world:
+        sim = httpx.Client(
+            base_url=world.simulator_url,
+            timeout=10,
+            headers={"authorization": f"Bearer {world.api_key}", "openai-beta": "agents=v1"},
+        )
+        try:
+            say(f"pool {warm_pool}: the node's first sandbox (not counted; the default template, so no demand)")
+            sessions(world, sim, 1, template="default")
+            if warm_pool is not None and "size" in warm_pool:
+                settle(world, warm_pool["size"])
+            waiting = Waiting(world)
+            phases = []
+            start = time.monotonic()
+            for name, count, spacing, quiet in DAY:
+                rows = arrivals(world, sim, count, spacing) if count else []
+                phases.append({"phase": name, "sessions": rows})
+                if rows:
+                    say(f"{name}: {summary(rows)}")
+                time.sleep(quiet)
+            seconds = time.monotonic() - start
+            pod_seconds = waiting.stop()
+        finally:
+            sim.close()
+    return {
+        "warm_pool": warm_pool,
+        "phases": phases,
+        "day_seconds": round(seconds, 1),
+        "warm_pod_seconds": round(pod_seconds, 1),
+        "mean_waiting_pods": pod_seconds / seconds,
+    }
+
+
+def settle(world: Any, size: int) -> None:
+    """A fixed pool is at its size before the day starts (its steady state)."""
+    from tests.support.processes import wait_for
+
+    wait_for(lambda: len(unclaimed(world, running=True)) >= size, 300, "the fixed pool to be ready", interval=0.5)
+
+
+def unclaimed(world: Any, running: bool = False) -> list[Any]:
+    from controller.runners.kubernetes import names
+    from tests.node.conftest import SANDBOX_NAMESPACE
+
+    pods = world.core.list_namespaced_pod(SANDBOX_NAMESPACE, label_selector=names.pool_selector(TEMPLATE)).items
+    alive = [p for p in pods if not p.metadata.deletion_timestamp and p.status.phase in ("Pending", "Running")]
+    return [p for p in alive if p.status.phase == "Running"] if running else alive
+
+
+class Waiting:
+    """Unclaimed warm pods counted every 0.5 s on a thread: their pod-seconds."""
+
+    def __init__(self, world: Any) -> None:
+        self._world = world
+        self._done = threading.Event()
+        self.pod_seconds = 0.0
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        last = time.monotonic()
+        while not self._done.wait(0.5):
+            try:
+                count = len(unclaimed(self._world))
+            except Exception:
+                continue
+            now = time.monotonic()
+            self.pod_seconds += count * (now - last)
+            last = now
+
+    def stop(self) -> float:
+        self._done.set()
+        self._thread.join(timeout=10)
+        return self.pod_seconds
+
+
+def arrivals(world: Any, sim: httpx.Client, count: int, spacing: float) -> list[dict[str, Any]]:
+    """``count`` sessions at once (``spacing`` 0), or one every ``spacing`` seconds (each one's
+    wait for its registration within the spacing; a slower one delays the next)."""
+    if not spacing:
+        return sessions(world, sim, count)
+    rows: list[dict[str, Any]] = []
+    for _ in range(count):
+        began = time.monotonic()
+        rows += sessions(world, sim, 1)
+        time.sleep(max(0.0, spacing - (time.monotonic() - began)))
+    return rows
+
+
+def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE) -> list[dict[str, Any]]:
+    """``count`` sessions of ``template`` at once, each timed from its delivery to its
+    executor's registration, then failed and its pod gone."""
+    from tests.node.test_real_node import _pods
+    from tests.support.processes import wait_for
+
+    body = {
+        "agent": {"model": "node-test"},
+        "environment": {"type": "self_hosted"},
+        "input": "hi",
+        "metadata": {"sandbox_template": template},
+    }
+    created: list[dict[str, Any]] = []
+
+    def create() -> None:
+        response = sim.post("/v1/agents/sessions", json=body)
+        response.raise_for_status()
+        created.append(response.json())
+
+    threads = [threading.Thread(target=create) for _ in range(count)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert len(created) == count, f"{len(created)} of {count} sessions created"
+    environments = {s["environment"]["id"]: s["id"] for s in created}
+
+    pod_of: dict[str, str] = {}
+
+    def registered() -> dict[str, float] | None:
+        """Every executor registered; each session's pod noted as soon as it registered (an
+        idle session's sandbox stops after the tier's 30 s, before a slow burst is over)."""
+        found: dict[str, float] = {}
+        for r in sim.get("/admin/registrations").json()["data"]:
+            sid = environments.get(r["environment_id"])
+            if sid and r["status_code"] == 200:
+                found[sid] = min(found.get(sid, r["received_at"]), r["received_at"])
+        for sid in found.keys() - pod_of.keys():
+            live = [p for p in _pods(world, sid) if not p.metadata.deletion_timestamp]
+            if live:
+                pod_of[sid] = live[0].metadata.name
+        return found if len(found) == count and len(pod_of) == count else None
+
+    registered_at: dict[str, float] = wait_for(registered, 600, "every executor to register", interval=0.5)
+    delivered = delivered_at(sim)
+    rows = []
+    for session in created:
+        sid = session["id"]
+        name = pod_of[sid]
+        rows.append(
+            {
+                "session_id": sid,
+                "pod": name,
+                "warm": name.startswith("warm-"),
+                "delivered_to_registered_s": registered_at[sid] - delivered[sid],
+            }
+        )
+    for session in created:
+        sim.post(f"/admin/sessions/{session['id']}/fail", json={"error": "bench"})
+    for session in created:
+        wait_for(lambda s=session["id"]: not _pods(world, s), 300, "the session's pod to be deleted", interval=0.5)
+    return rows
+
+
+def delivered_at(sim: httpx.Client) -> dict[str, float]:
+    """Each session's first action_required delivery the receiver answered 2xx (its end), as
+    bench/cold_burst.py reads it."""
+    from bench.cold_burst import delivered_at as first_accepted
+
+    return first_accepted(sim)
+
+
+def summary(rows: list[dict[str, Any]]) -> str:
+    values = [r["delivered_to_registered_s"] for r in rows]
+    return (
+        f"{sum(r['warm'] for r in rows)}/{len(rows)} warm, delivery → registered p50 "
+        f"{statistics.median(values):.2f} s, p99 {percentile(values, 0.99):.2f} s"
+    )
+
+
+def print_run(run: dict[str, Any]) -> None:
+    pod_seconds, seconds = run["warm_pod_seconds"], run["day_seconds"]
+    print(f"\n{run['pool']} ({run['warm_pool']}): {pod_seconds:.0f} warm pod-seconds in {seconds:.0f} s")
+    for phase in run["phases"]:
+        if phase["sessions"]:
+            print(f"  {phase['phase']}: {summary(phase['sessions'])}")
+
+
+def print_table(runs: list[dict[str, Any]]) -> None:
+    print("\n| pool | phase | sessions | warm | delivery → registered p50 | p99 |")
+    print("| --- | --- | --- | --- | --- | --- |")
+    for run in runs:
+        for phase in run["phases"]:
+            rows = phase["sessions"]
+            if not rows:
+                continue
+            values = [r["delivered_to_registered_s"] for r in rows]
+            print(
+                f"| {run['pool']} | {phase['phase']} | {len(rows)} | {sum(r['warm'] for r in rows)} | "
+                f"{statistics.median(values):.2f} s | {percentile(values, 0.99):.2f} s |"
+            )
+    print("\n| pool | sessions warm | warm pod-seconds | day |")
+    print("| --- | --- | --- | --- |")
+    for run in runs:
+        rows = [r for phase in run["phases"] for r in phase["sessions"]]
+        print(
+            f"| {run['pool']} | {sum(r['warm'] for r in rows)}/{len(rows)} | {run['warm_pod_seconds']:.0f} | "
+            f"{run['day_seconds']:.0f} s |"
+        )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
