@@ -26,9 +26,11 @@ The executor's grace period (L14) counts only while its link is down: it starts 
 look that sees the executor not connected (for a new sandbox: at its start, until a look first
 sees it connected or finds its link dropped, and such a sandbox is looked at again soon after
 its start) and is cleared by any look that sees it connected, whatever the session is doing.
-A session whose read answers 404 counts as deleted only once its reads have answered 404 for
-the deletion confirmation period, and only when most of the sessions read to confirm it
-answer; until then its sandbox and workspace stay (``Missing``).
+A session whose read answers 404 counts as deleted only once every read of it over the deletion
+confirmation period answered 404 (reads spread over it, ``decide.SPREAD_READS``), and only
+when most of the sessions read to confirm it answer; until then, and while there is no other
+session to compare with, its sandbox and workspace stay (``Missing``) until an operator
+releases it (``sandbox-controller release``).
 
 One clock: each round reads the time once from ``Deps.clock`` (the workers use Redis's ``TIME``,
 the clock timers fall due on), and every time it decides or stores comes from that reading, so
@@ -44,7 +46,7 @@ from typing import Protocol
 from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
-from controller.decide import Decision, Missing, Verdict, decide, refusal
+from controller.decide import Decision, Missing, Verdict, confirmable, decide, refusal
 from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent
 from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
@@ -220,11 +222,15 @@ def observe(sid: str, deps: Deps) -> Observation:
 
 
 def _missing(sid: str, deps: Deps, now: float) -> Missing:
-    """What is known of a session that answered 404: since when, and, once its deletion would be
-    confirmed, how other mapped sessions answer now (reads only; none is changed)."""
-    since = deps.store.missing_since(sid)
-    if now - (now if since is None else since) < deps.deletion_confirm_seconds:
-        return Missing(since)
+    """What is known of a session that answered 404: since when, the 404 reads counted so far,
+    whether an operator asked for its release, and, once this read would confirm its deletion,
+    how other mapped sessions answer now (reads only; none is changed)."""
+    known = deps.store.not_found(sid)
+    if known is None:
+        return Missing()
+    mark = Missing(known.since, reads=known.reads, last_read=known.last_read, release_asked=known.release_asked)
+    if not confirmable(mark, now, deps.deletion_confirm_seconds) or mark.release_asked is not None:
+        return mark
     others = deps.store.others_to_compare(sid, deps.compare_sessions)
     found = not_found = 0
     for other in others:
@@ -236,7 +242,7 @@ def _missing(sid: str, deps: Deps, now: float) -> Missing:
             not_found += 1
         else:
             found += 1
-    return Missing(since, compared=len(others), found=found, not_found=not_found)
+    return replace(mark, compared=len(others), found=found, not_found=not_found)
 
 
 def decide_observed(seen: Observation, deps: Deps) -> Decision:
@@ -297,7 +303,7 @@ def act(lease: Lease, deps: Deps) -> Decision:
             )
             deps.on_held()
         _carry_out(lease, decision, seen, deps)
-        deps.store.arm(lease, decision.recheck_at, decision.missing_since)  # fenced: follows the latest decision
+        deps.store.arm(lease, decision.recheck_at, decision.missing_since, decision.missing_reads)  # fenced
     return decision
 
 

@@ -268,6 +268,18 @@ def each(*calls: Callable[[str, Decision], None]) -> Callable[[str, Decision], N
     return on_decision
 
 
+def api_sessions(settings: Settings, metrics: Counters | None = None) -> HttpSessions:
+    """The Agents API client, with the configured key and base URL (the workers', ``check-config``'s)."""
+    assert settings.api.api_key is not None
+    return HttpSessions(
+        settings.api.base_url,
+        settings.api.api_key.reveal(),
+        timeout_seconds=settings.api.timeout_seconds,
+        max_attempts=settings.api.max_attempts,
+        on_response=count_api_requests(metrics if metrics is not None else Metrics()),
+    )
+
+
 def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     assert settings.api.api_key is not None
     metrics = counters if counters is not None else Metrics()
@@ -276,13 +288,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     session_store = store(settings, client)
     lifecycle = settings.lifecycle
     return Deps(
-        sessions=HttpSessions(
-            settings.api.base_url,
-            settings.api.api_key.reveal(),
-            timeout_seconds=settings.api.timeout_seconds,
-            max_attempts=settings.api.max_attempts,
-            on_response=count_api_requests(metrics),
-        ),
+        sessions=api_sessions(settings, metrics),
         store=session_store,
         runner=runner(settings, templates, metrics),
         clock=RedisClock(client),  # one clock for every process: the one timers fall due on

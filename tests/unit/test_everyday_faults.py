@@ -13,6 +13,7 @@ worker clocks (tests/system); here the fake clock stands for it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 
@@ -172,14 +173,33 @@ def gone_world(confirm: float = CONFIRM, others: tuple[str, ...] = ("sess_2",)) 
     return world
 
 
+def fire_until(world: World, until: float, readable: Callable[[float], bool] | None = None) -> dict[str, list[Verdict]]:
+    """Fire every timer as it falls due up to ``until`` (seconds after T0); sess_1 answers (its
+    read finds it) at a time ``t`` after T0 only when ``readable(t)``, 404 otherwise."""
+    seen: dict[str, list[Verdict]] = {}
+    again = make_session("sess_1", env_id="env_sess_1")
+    while world.store.timers and (due := min(world.store.timers.values())) <= T0 + until:
+        world.clock.advance(max(0.0, due - world.clock.now()))
+        if readable is not None:
+            if readable(world.clock.now() - T0):
+                world.sessions.put(again)
+            else:
+                world.sessions.sessions.pop("sess_1", None)
+        for sid, fired in world.fire_timers().items():
+            seen.setdefault(sid, []).extend(fired)
+    world.clock.advance(max(0.0, T0 + until - world.clock.now()))
+    return seen
+
+
 def test_a_single_404_destroys_nothing_and_a_later_read_forgets_it() -> None:
-    """L7/L17: the first 404 only arms a timer; the sandbox and its workspace stay. A session
-    found again (a transient fault, a wrong URL fixed) is as if nothing happened."""
+    """L7/L17: the first 404 only arms a timer (the next of the reads spread over the
+    confirmation period); the sandbox and its workspace stay. A session found again (a
+    transient fault, a wrong URL fixed) is as if nothing happened."""
     world = gone_world()
     assert verdicts(world.deliver()) == [Verdict.KEEP]
     assert "sess_1" in world.runner.live and world.runner.keeps_workspace("sess_1")
     assert world.store.missing == {"sess_1": T0}
-    assert world.store.timer("sess_1") == T0 + CONFIRM + 1
+    assert world.store.timer("sess_1") == T0 + CONFIRM / 2
     world.clock.advance(30)
     world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
     world.deliver()
@@ -187,18 +207,50 @@ def test_a_single_404_destroys_nothing_and_a_later_read_forgets_it() -> None:
 
 
 def test_a_deletion_counts_once_its_reads_answer_404_for_the_confirmation_period() -> None:
-    """L17/L16: reads that answer 404 for the whole period, while another session answers, mean
-    the session was deleted: its sandbox and workspace go then, not before."""
+    """L17/L16: reads that answer 404 for the whole period (three, spread over it, the last
+    after its end), while another session answers, mean the session was deleted: its sandbox
+    and workspace go then, not before."""
     world = gone_world()
     world.deliver()
-    world.clock.advance(CONFIRM - 1)
-    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert fire_until(world, CONFIRM - 1)["sess_1"] == [Verdict.KEEP]  # the read half-way
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # a delivery just before the end
     assert world.count("release") == 0
-    world.clock.advance(2)
-    assert world.fire_timers()["sess_1"] == [Verdict.RELEASE]
+    assert fire_until(world, CONFIRM + 1)["sess_1"] == [Verdict.RELEASE]
     assert world.count("release") == 1 and world.count("discard") == 1
     assert world.store.record("sess_1") is None and world.store.missing == {}
     assert world.stopped == ["deleted"] and world.held == 0
+
+
+def test_a_session_readable_between_two_404s_is_not_deleted() -> None:
+    """L7/L17: 404, then the session reads fine, then 404 again at the end of the confirmation
+    period (a flapping API, a partial incident): not 404s for the whole period, so nothing is
+    destroyed. The read half-way through the period finds the session and starts over."""
+    world = gone_world()
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # the first one-shot 404
+    readable = lambda t: 1.0 <= t < CONFIRM - 1  # noqa: E731
+    seen = fire_until(world, 2 * CONFIRM - 1.5, readable)
+    assert Verdict.RELEASE not in seen.get("sess_1", []), seen
+    assert world.count("release") == 0 and world.count("discard") == 0 and "sess_1" in world.runner.live
+    fire_until(world, 4 * CONFIRM, readable)  # 404s for a whole period since it was last found
+    assert world.count("release") == 1
+
+
+def test_two_404s_a_period_apart_are_not_enough() -> None:
+    """L7/L17: 404 reads at the start and past the end of the period alone (nothing read
+    between them) do not confirm a deletion: the reads must be spread over the period."""
+    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
+    two = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                 missing=Missing(T0, compared=3, found=3, reads=1, last_read=T0),
+                 deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert two.verdict is Verdict.KEEP and two.missing_reads == (2, T0 + CONFIRM + 1)
+    three = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                   missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM / 2),
+                   deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert three.verdict is Verdict.RELEASE
+    crowded = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                     missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM),
+                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert crowded.verdict is Verdict.KEEP  # a read a second after the last one does not count
 
 
 def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
@@ -215,7 +267,7 @@ def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
         world.clock.advance(min(world.store.timers.values()) - world.clock.now())
         fired = world.fire_timers()
         assert all(v == [Verdict.KEEP] for v in fired.values()), fired
-        if "sess_1" in fired:
+        if "sess_1" in fired and world.decisions[-1][1].held:
             held_at.append(world.clock.now() - T0)
     assert world.count("release", "sess_1") == 0 and len(world.runner.live) == 4 and world.stopped == []
     held = [d for sid, d in world.decisions if d.held]
@@ -238,33 +290,52 @@ def test_many_real_deletions_are_confirmed_when_the_sessions_compared_answer() -
         del world.sessions.sessions[sid]
     for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):
         world.deliver(sid)
-    world.clock.advance(CONFIRM + 1)
-    fired = world.fire_timers()
-    assert {sid: fired[sid] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")} == {
-        sid: [Verdict.RELEASE] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")
+    fired = fire_until(world, CONFIRM + 1)
+    assert {sid: fired[sid][-1] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")} == {
+        sid: Verdict.RELEASE for sid in ("sess_1", "sess_2", "sess_3", "sess_4")
     }
     assert list(world.runner.live) == ["sess_5"] and world.held == 0
 
 
-def test_a_lone_session_is_released_on_time_alone() -> None:
-    """L17: with no other session to compare with, the confirmation period decides."""
+def test_a_lone_session_answering_404_is_held_until_an_operator_releases_it() -> None:
+    """L7/L17: with no other session to compare with, 404s alone are no evidence of a deletion
+    (a wrong key or base URL looks the same): the deletion is held, however long it lasts,
+    and said so. The operator's release (``sandbox-controller release``) ends the hold at the
+    next look; a session that answers again meanwhile forgets the release asked."""
     world = gone_world(others=())
     world.deliver()
-    world.clock.advance(CONFIRM + 1)
-    assert world.fire_timers() == {"sess_1": [Verdict.RELEASE]}
-    assert world.held == 0
+    fire_until(world, 3 * 3600)
+    assert world.count("release") == 0 and "sess_1" in world.runner.live and world.held > 0
+    held = [d for _, d in world.decisions if d.held]
+    assert "no other session to compare with" in held[-1].reason and "release SESSION_ID" in held[-1].reason
+    assert world.store.ask_release("sess_2", world.clock.now()) is False  # not known to answer 404
+    assert world.store.ask_release("sess_1", world.clock.now()) is True
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
+    assert world.count("release") == 1 and world.count("discard") == 1 and world.store.missing == {}
+    assert world.stopped == ["deleted"]
+
+
+def test_a_release_asked_is_forgotten_when_the_session_answers_again() -> None:
+    """L7/L17: the operator's release applies only to a session that still answers 404."""
+    world = gone_world(others=())
+    world.deliver()
+    assert world.store.ask_release("sess_1", world.clock.now())
+    world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
+    world.deliver()
+    del world.sessions.sessions["sess_1"]
+    world.deliver()
+    assert world.count("release") == 0 and world.store.releases == {}
 
 
 def test_a_kept_workspace_without_a_sandbox_waits_for_the_confirmation_too() -> None:
     """L16/L17: a workspace kept after its sandbox went is discarded only once the deletion of its
     session is confirmed, never at the first 404."""
-    world = World(deletion_confirm=CONFIRM)
-    world.runner.kept_workspaces.add("sess_1")
-    world.deliver()
-    assert world.count("discard") == 0 and world.store.missing == {"sess_1": T0}
-    world.clock.advance(CONFIRM + 1)
-    world.fire_timers()
-    assert world.count("discard") == 1
+    world = gone_world(others=("sess_2",))
+    world.runner.kept_workspaces.add("sess_3")
+    world.deliver("sess_3")
+    assert world.count("discard", "sess_3") == 0 and world.store.missing["sess_3"] == T0
+    fire_until(world, CONFIRM + 1)
+    assert world.count("discard", "sess_3") == 1
 
 
 def test_the_confirmation_table() -> None:
@@ -276,20 +347,24 @@ def test_the_confirmation_table() -> None:
                           deletion_confirm_seconds=CONFIRM)  # fmt: skip
         return decision.verdict, decision.held
 
+    def spread(compared: int = 0, found: int = 0, not_found: int = 0) -> Missing:
+        return Missing(T0, compared, found, not_found, reads=2, last_read=T0 + CONFIRM / 2)
+
     assert deleted(Missing(), T0) == (Verdict.KEEP, False)  # the first 404
     assert deleted(Missing(T0), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
-    assert deleted(Missing(T0), T0 + CONFIRM) == (Verdict.RELEASE, False)  # nothing to compare with
-    assert deleted(Missing(T0, compared=3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
-    assert deleted(Missing(T0, compared=3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
-    assert deleted(Missing(T0, compared=3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
-    assert deleted(Missing(T0, compared=2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
-    assert deleted(Missing(T0, compared=3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
-    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=Missing(T0),
+    assert deleted(spread(), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
+    assert deleted(spread(), T0 + CONFIRM) == (Verdict.KEEP, True)  # nothing to compare with: held
+    assert deleted(spread(3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
+    assert deleted(spread(3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(spread(3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(spread(2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
+    assert deleted(spread(3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
+    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=spread(3, found=3),
                        deletion_confirm_seconds=CONFIRM)  # fmt: skip
     assert confirmed.gone and confirmed.missing_since is None
     waiting = decide(None, None, None, None, T0, GRACE, Routing(), missing=Missing(),
                      deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert not waiting.gone and waiting.missing_since == T0
+    assert not waiting.gone and waiting.missing_since == T0 and waiting.missing_reads == (1, T0)
 
 
 # --- pre-start has a budget (L9) ------------------------------------------------------------------
