@@ -47,7 +47,7 @@ from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
 from controller.decide import Decision, Missing, Verdict, confirmable, decide, refusal
-from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent
+from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent, RunnerRejected, SpecRefused, StartFailed
 from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
 from controller.runners.base import Runner
@@ -120,6 +120,9 @@ class Deps:
     """Other mapped sessions read to confirm a deletion (``Missing``)."""
     on_held: Callable[[], None] = lambda: None
     """Called for each deletion held because most sessions read answer 404 (a metric)."""
+    on_start_failed: Callable[[str, str, bool], None] = lambda session_id, reason, permanent: None
+    """Called with (session id, reason, permanent) for each sandbox start that failed (a metric,
+    and the session's latest decision for ``status``/``explain``)."""
 
 
 def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
@@ -128,7 +131,12 @@ def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
     The lease is renewed while the work runs (``renew_every_seconds``). On any failure the
     lease is released and the work stays wanted, for the task's retry or the scheduler's
     recovery pass; only a ``Permanent`` failure marks the round done (given up, logged by
-    the caller), so a session that can never succeed is not retried forever.
+    the caller), so a session that can never succeed is not retried forever. A sandbox start
+    that fails for a reason that may pass (``RunnerRejected``: the executor binary missing,
+    an exec error, the uid range full, the API server's 403 or quota) is ``StartFailed``, a
+    ``Transient``: retried with backoff, then enqueued again by the recovery pass, each round
+    re-reading the session, until it starts or the session no longer asks. Only an unsafe
+    spec (``SpecRefused``) is dropped.
     """
     taken = deps.store.acquire(session_id)
     if taken is None or isinstance(taken, Busy):
@@ -358,6 +366,15 @@ def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) 
             log.info("sandbox adopted", extra={"sandbox": record.handle.name})
 
 
+def _start_failed(session_id: str, reason: str, permanent: bool, deps: Deps) -> None:
+    """One line per failed start (each attempt), counted and noted as the latest decision."""
+    log.error(
+        "sandbox start failed",
+        extra={"reason": reason, "kind": "permanent" if permanent else "transient", "retried": not permanent},
+    )
+    deps.on_start_failed(session_id, reason, permanent)
+
+
 def _stopped_log(decision: Decision, session: Session | None, record: Record, deps: Deps) -> None:
     """One line per sandbox stopped, with what the decision saw, and the count by cause."""
     cause = decision.cause.value if decision.cause is not None else "unknown"
@@ -387,7 +404,14 @@ def _start(lease: Lease, session: Session, record: Record | None, now: float, pr
     if record is not None:
         deps.runner.release(record.handle)  # never two live sandboxes: the old one goes first
     spec = spec_for(session, deps.choose_template(session))
-    handle = deps.runner.ensure(spec, generation)
+    try:
+        handle = deps.runner.ensure(spec, generation)
+    except SpecRefused as exc:  # the spec itself is unsafe: no retry can help (L2)
+        _start_failed(session.id, str(exc), True, deps)
+        raise
+    except RunnerRejected as exc:  # may pass: the binary back, a uid freed, a quota raised
+        _start_failed(session.id, str(exc), False, deps)
+        raise StartFailed(f"sandbox start failed; retried while the session asks: {exc}") from exc
     deps.store.save(
         lease,
         Record(

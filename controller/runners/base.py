@@ -22,7 +22,7 @@ A runner may also keep warm pools (``Pools``): sandboxes started ahead of any se
 which ``ensure`` claims for a session instead of starting one; ``tend_pools`` keeps them at
 their size (the scheduler's leader calls it every few seconds) and tells how it found each.
 
-``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
+``ensure`` refuses (``SpecRefused``, a ``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
 in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
 a session; this is the last line of defence.
 """
@@ -33,15 +33,15 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from controller import trust
-from controller.errors import RunnerRejected
+from controller.errors import SpecRefused
 from controller.model import Handle, Health, PoolState, SandboxSpec
 
 
 def checked(spec: SandboxSpec) -> SandboxSpec:
-    """The spec itself, or ``RunnerRejected`` when an id or the URL's shape is unsafe (L2)."""
+    """The spec itself, or ``SpecRefused`` when an id or the URL's shape is unsafe (L2)."""
     problem = trust.spec_problem(spec)
     if problem is not None:
-        raise RunnerRejected(f"refused to start a sandbox: {problem}")
+        raise SpecRefused(f"refused to start a sandbox: {problem}")
     return spec
 
 
