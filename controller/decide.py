@@ -19,7 +19,9 @@ The rules it follows (L1–L18, ``docs/lifecycle.md``):
   only while the link is down: from the first look that sees it down (a new sandbox: from
   its start, until a look first sees it connected or the API reports that its executor held
   the link and lost it; it is looked at ``FIRST_LOOK_SECONDS`` after its start, then each time
-  as long again as its age) to any look that sees it up.
+  as long again as its age) to any look that sees it up. While it runs, the link is looked at
+  every quarter of the grace (``OUTAGE_LOOKS``), so two short drops with the link up between
+  them are two outages, not one that started with the first.
 - A sandbox whose session wants no connection is stopped once the session has been idle for
   the idle timeout (L11–L13), its workspace kept (L16) and discarded after its retention.
 - A failed session's compute is released (L7); a session whose read answers 404 counts as
@@ -184,6 +186,9 @@ PRESTART_WINDOW_SECONDS = 300
 the sender's retries) is too late to be worth a sandbox nobody asked for yet."""
 HELD_RECHECK_MAX_SECONDS = 3600.0
 """A held deletion is looked at again after as long as its session has answered 404, at most this."""
+OUTAGE_LOOKS = 4
+"""While the grace clock of an executor that had connected runs, its link is looked at this many
+times per grace period (``_outage_look``): a reconnection between two drops is seen."""
 FIRST_LOOK_SECONDS = 1.0
 """A new sandbox is looked at again this long after its start, then each time as long again as
 its age, until a look sees its executor connected or its grace period is over."""
@@ -256,7 +261,11 @@ def decide(
                 return replace(
                     decision,
                     update=looked,
-                    recheck_at=earliest(decision.recheck_at, _first_look(current, now, grace_seconds)),
+                    recheck_at=earliest(
+                        decision.recheck_at,
+                        _first_look(current, now, grace_seconds),
+                        _outage_look(current, now, grace_seconds),
+                    ),
                 )
         if retention_seconds > 0:  # a STOP's next look: the end of retention
             decision = replace(decision, recheck_at=now + retention_seconds)
@@ -288,7 +297,7 @@ def decide(
     if record.prestarted:  # asked for: it no longer counts against the pre-start budget
         looked = replace(looked or record, prestarted=False)
     current = looked or record
-    early = _first_look(current, now, grace_seconds)
+    early = earliest(_first_look(current, now, grace_seconds), _outage_look(current, now, grace_seconds))
     if connected:
         soon = earliest(lifetime_check, now + grace_seconds + MARGIN_SECONDS)
         return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
@@ -344,6 +353,18 @@ def _first_look(record: Record, now: float, grace_seconds: float) -> float | Non
     if now >= end:
         return None
     return min(now + max(FIRST_LOOK_SECONDS, now - record.started_at), end)
+
+
+def _outage_look(record: Record, now: float, grace_seconds: float) -> float | None:
+    """While the link of an executor that had connected is down (its grace clock runs, and is
+    within the grace), when to look again: every ``grace / OUTAGE_LOOKS`` (at least
+    ``FIRST_LOOK_SECONDS``), so a look sees the link come back between two drops and the grace
+    measures one continuous outage, not the time since the first of several short ones. None
+    otherwise."""
+    since = record.disconnected_at
+    if not record.seen_connected or since is None or now - since > grace_seconds:
+        return None
+    return now + max(FIRST_LOOK_SECONDS, grace_seconds / OUTAGE_LOOKS)
 
 
 def _used(session: Session) -> bool:

@@ -25,7 +25,8 @@ session's durable timer, fenced (``controller.timers``).
 The executor's grace period (L14) counts only while its link is down: it starts at the first
 look that sees the executor not connected (for a new sandbox: at its start, until a look first
 sees it connected or finds its link dropped, and such a sandbox is looked at again soon after
-its start) and is cleared by any look that sees it connected, whatever the session is doing.
+its start) and is cleared by any look that sees it connected, whatever the session is doing;
+while it runs, the link is looked at every quarter of the grace (``decide.OUTAGE_LOOKS``).
 A session whose read answers 404 counts as deleted only once every read of it over the deletion
 confirmation period answered 404 (reads spread over it, ``decide.SPREAD_READS``), and only
 when most of the sessions read to confirm it answer; until then, and while there is no other

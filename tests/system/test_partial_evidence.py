@@ -5,6 +5,7 @@ real codex.
 1. Two one-shot 404s with the session readable between them do not delete it (L7, L17).
 2. A start that fails because the executor binary is missing for a while is retried until it
    starts; the acknowledged request is not dropped (L7, L15).
+3. Two link drops in one turn, each shorter than the grace, keep the live executor (L14).
 """
 
 from __future__ import annotations
@@ -115,4 +116,55 @@ def test_a_start_that_fails_while_the_executor_binary_is_missing_is_retried(tmp_
         wait_for(lambda: loop.session(sid)["status"] == "idle", 180, "the turn to run once the binary is back")
         assert loop.environment_status(environment_id) == "connected"
         assert loop.worker_metric("controller_sandbox_start_failures_total") >= 2
+        assert loop.live_executors()[sid] == 1
+
+
+GRACE = 10
+
+
+def test_two_short_drops_in_one_turn_keep_the_live_executor(tmp_path: Path) -> None:
+    """L14 (issue 25, item 4): grace 10 s, a long turn; the link drops for 2 s and comes back;
+    8 s after the first drop it drops again for 5 s. No outage reaches the grace (the API asks
+    for a connection at each drop; nothing reports the link coming back, and the sweep runs at
+    its default interval, so no sweep looks in between): the executor is kept, one
+    registration and one process for the whole turn."""
+    settings = {"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "300"}
+    with world(tmp_path, receivers=1, extra_env=settings) as loop:
+        with loop.api() as client:
+            session = loop.create_session(client, input_text=None)
+        sid, environment_id = session["id"], session["environment"]["id"]
+        turn = httpx.post(
+            f"{loop.simulator_url}/admin/sessions/{sid}/turns",
+            json={
+                "commands": [
+                    ["sh", "-c", "sleep 45; echo first"],
+                    ["sh", "-c", "sleep 45; echo second"],
+                    ["sh", "-c", "sleep 45; echo third"],
+                ]
+            },
+            timeout=10,
+        )
+        turn.raise_for_status()
+        wait_for(lambda: loop.environment_status(environment_id) == "connected", 60, "the executor to connect")
+        connected_at = time.monotonic()
+        wait_for(lambda: loop.session(sid)["status"] == "in_progress", 30, "the turn to run")
+        time.sleep(max(0.0, connected_at + GRACE + 2 - time.monotonic()))
+
+        def drop(seconds: float) -> None:
+            httpx.post(
+                f"{loop.simulator_url}/admin/environments/{environment_id}/drop", json={"seconds": seconds}, timeout=10
+            ).raise_for_status()
+
+        first = time.monotonic()
+        drop(2.0)
+        time.sleep(max(0.0, first + 8.0 - time.monotonic()))
+        drop(5.0)
+        time.sleep(GRACE + 5)
+        assert all(line["verdict"] != "replace" for line in looked_up(loop, sid)), looked_up(loop, sid)
+        assert (
+            len([r for r in loop.registrations() if r["environment_id"] == environment_id and r["status_code"] == 200])
+            == 1
+        )
+        assert len(loop.worker_lines("executor process started", sid)) == 1
+        assert loop.worker_lines("sandbox stopped", sid) == []
         assert loop.live_executors()[sid] == 1

@@ -144,6 +144,38 @@ def test_a_drop_between_a_new_sandboxs_first_looks_is_timed_from_the_look_that_f
     assert world.count("ensure") == (2 if replaced else 1)
 
 
+@pytest.mark.parametrize(("first", "up", "second"), [(2.0, 6.0, 5.0), (2.4, 5.5, 3.1), (5.5, 3.0, 3.0)])
+def test_two_drops_each_shorter_than_the_grace_never_replace_a_live_executor(
+    first: float, up: float, second: float
+) -> None:
+    """L14 (issue 25, item 4): grace 10 s, a long turn; the link drops for ``first`` s and comes
+    back with no delivery to cause a look; ``up`` s later it drops again for ``second`` s (the
+    API asks for a connection again at each drop). No outage reaches the grace, though the two
+    together span more than it: the looks made while the clock runs see the link come back, and
+    the live executor is kept."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.0 + first)
+    world.sessions.connected["env_1"] = True  # back: no webhook says so
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 20.0 + first + up)
+    world.sessions.connected["env_1"] = False  # the second drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.0 + first + up + second)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 20.0 + first + up + second + 30.0)
+    assert Verdict.REPLACE not in seen
+    assert world.count("ensure") == 1 and world.count("release") == 0
+
+
 def test_a_link_down_past_the_grace_is_still_replaced_once() -> None:
     """L14: a link that stays down past the grace while a connection is wanted is replaced by
     exactly one new sandbox, timed from the first look that saw it down."""
