@@ -12,6 +12,8 @@ Faults (``FAULTS``; ``--faults`` picks among them, see ``select``):
 api-404             session reads answer 404 for 1–4 s: one session, or every session at once
                     for 2–5 s; at least 8 s apart, so that no session's reads answer 404 for
                     as long as the deletion confirmation (6 s in these runs)
+api-404-flap        one session's next read answers 404, and the next read 2–4 s later too, the
+                    session readable between them (a flapping API): never a deletion
 api-429             session or environment reads answer 429 (Retry-After 1 s) for 2–8 s
 api-5xx             session or environment reads answer 500/502/503 for 2–8 s
 api-timeout         session or environment reads hang past the controller's API timeout, 2–8 s
@@ -36,6 +38,8 @@ webhook-late        deliveries starting in the next 1–8 s held until then, the
 webhook-reorder     the same, then sent newest first or shuffled
 prestart-burst      5 sessions of the pre-started agent created at once, none given input;
                     deleted 20–40 s later
+executor-missing    the executor binary is missing for 3–12 s (a node image update, an unmounted
+                    volume): every start fails meanwhile, and must be retried once it is back
 ==================  =============================================================================
 
 Session actions: ``create`` (then ``input``), ``input`` (a turn whose command reads and extends
@@ -240,6 +244,20 @@ def _api(status: str) -> Draw:
     return draw
 
 
+def _flap(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """Two one-shot 404s of one session, the session readable between them."""
+    one = _session(rng, story, at)
+    gap = _seconds(rng, 2.0, 4.0)
+    if one is None or at < story.no_404_before:
+        return []
+    story.no_404_before = at + gap + NO_404_SECONDS
+    return [Step(at, "api-flap", one, gap, "retrieve_session:404")]
+
+
+def _executor_missing(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    return [Step(at, "executor-missing", "", _seconds(rng, 3.0, 12.0))]
+
+
 def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     name = _session(rng, story, at)
     if name is None:
@@ -325,6 +343,8 @@ FAULTS: dict[str, Fault] = {
         Fault("webhook-late", 0.7, _hold(("fifo",))),
         Fault("webhook-reorder", 0.7, _hold(("reverse", "shuffle"))),
         Fault("prestart-burst", 0.3, _burst),
+        Fault("api-404-flap", 0.7, _flap),
+        Fault("executor-missing", 0.4, _executor_missing),
     )
 }
 DEFAULT_FAULTS = frozenset(FAULTS)

@@ -94,6 +94,14 @@ def clock_offsets(env: dict[str, str]) -> tuple[float, float]:
 class ChaosWorld(Loop):
     def __init__(self, directory: Path, executor: str, role_flip: bool = False) -> None:
         known, self.unknown_settings = settings()
+        self.executor_link: Path | None = None
+        """A link to the executor binary the controller runs (the executor-missing fault moves
+        it away for a while); None when the executor is not one file (the stand-in)."""
+        if Path(executor).is_file():
+            self.executor_link = directory / "bin" / Path(executor).name
+            self.executor_link.parent.mkdir(parents=True, exist_ok=True)
+            self.executor_link.symlink_to(executor)
+            executor = str(self.executor_link)
         super().__init__(directory, executor, extra_env=known)
         self.standby: Managed | None = None
         self.replica = RedisServer(directory / "replica", replica_of=self.redis) if role_flip else None

@@ -8,10 +8,13 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.checker import Checker, Violation
 from tests.chaos.eventlog import EventLog, Window
+from tests.chaos.run import require_codex, teardown
 
 T0 = 1_000_000.0
 GRACE = 10.0
@@ -372,3 +375,26 @@ def test_the_judge_imports_no_controller_code() -> None:
         ]
         assert not [m for m in imported if m == "controller" or m.startswith("controller.")], name
         assert not [m for m in imported if m.startswith("tests.chaos.") and m.split(".")[-1] + ".py" not in JUDGE], name
+
+
+class _LeavesAProcess:
+    def stop(self) -> None:
+        raise AssertionError("a process of the state directory was left running: 4242 sleep 600")
+
+
+def test_a_process_the_teardown_found_left_breaks_6(tmp_path: Path) -> None:
+    """6: what the teardown had to kill (a process left in the state directory) fails the run;
+    it is not only noted."""
+    world = World()
+    teardown(_LeavesAProcess(), world.checker, tmp_path)
+    [violation] = world.violations(6)
+    assert "4242 sleep 600" in violation.text
+
+
+def test_a_run_under_ci_without_codex_fails() -> None:
+    """4 cannot be judged with the stand-in (it runs no commands): under CI=true the run fails
+    at once instead of skipping it in silence; elsewhere it runs, labelled."""
+    with pytest.raises(pytest.fail.Exception, match="CI=true but codex is not installed"):
+        require_codex(False, {"CI": "true"})
+    require_codex(False, {})
+    require_codex(True, {"CI": "true"})
