@@ -19,10 +19,9 @@ from tests.chaos.book import Book
 from tests.chaos.checker import ASK_SECONDS, INVARIANTS, Checker, Violation
 from tests.chaos.eventlog import EventLog
 from tests.chaos.inject import Injector
-from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, Schedule, draw
+from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, GRACE_SECONDS, Schedule, draw
 from tests.chaos.world import (
     FULL_SWEEP_INTERVAL_SECONDS,
-    GRACE_SECONDS,
     IDLE_TIMEOUT_SECONDS,
     PRESTART_BUDGET,
     ChaosWorld,

@@ -18,9 +18,12 @@ api-429             session or environment reads answer 429 (Retry-After 1 s) fo
 api-5xx             session or environment reads answer 500/502/503 for 2–8 s
 api-timeout         session or environment reads hang past the controller's API timeout, 2–8 s
 link-drop           one executor's link is down 0.5–10 s (WebSockets closed, upgrades answered
-                    503): at any time, just after the session's input (during its turn), or
+                    503): at any time, just after the session's input (during its turn),
                     2–5 s after a session made for it was created (before the controller's
-                    first look; that session is deleted 30–45 s later)
+                    first look; that session is deleted 30–45 s later), or twice (1–4 s, up
+                    3–5 s, then long enough to cover the moment the grace would end if timed
+                    from the first drop, each with input just before: each shorter than the
+                    grace, together longer)
 kill-executor       SIGKILL of one executor: its whole process group, or its leader only (the
                     npm launcher; the native codex lives on)
 kill-worker         SIGKILL of one Celery worker (main process and pool), restarted 0.5–3 s later
@@ -59,6 +62,8 @@ MAX_LIVE_SESSIONS = 5
 FIRST_SESSIONS = 3
 BURST_SESSIONS = 5
 SKEW_SECONDS = 30
+GRACE_SECONDS = 10.0
+"""``CONTROLLER_EXECUTOR_GRACE_SECONDS`` of the runs (``world.py`` sets it from here)."""
 DELETION_CONFIRM_SECONDS = 6.0
 """``CONTROLLER_DELETION_CONFIRM_SECONDS`` of the runs (``world.py`` sets it from here)."""
 NO_404_SECONDS = DELETION_CONFIRM_SECONDS + 2.0
@@ -263,7 +268,21 @@ def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     if name is None:
         return []
     seconds = _seconds(rng, 0.5, 10.0)
-    phase = rng.choice(("any", "turn", "fresh"))
+    phase = rng.choice(("any", "turn", "fresh", "twice"))
+    if phase == "twice":  # two short drops in one turn, the link up between them (issue 25, item 4)
+        first, up = _seconds(rng, 1.0, 4.0), _seconds(rng, 3.0, 5.0)
+        # The second drop covers the moment a clock run from the first drop would pass the grace.
+        second = round(max(2.0, GRACE_SECONDS + 1.5 - first - up) + rng.uniform(0.0, 1.5), 1)
+        drop_at = round(at + rng.uniform(0.5, 1.5), 2)
+        again = round(drop_at + first + up, 2)
+        if story.gone.get(name, float("inf")) > again + second:
+            return [
+                Step(at, "input", name),
+                Step(drop_at, "link-drop", name, first, "1 of 2"),
+                Step(round(again - 0.3, 2), "input", name),  # busy again: the API asks at the drop
+                Step(again, "link-drop", name, second, "2 of 2"),
+            ]
+        phase = "turn"
     if phase == "turn":  # input first, so the drop comes while its turn runs
         return [Step(at, "input", name), Step(round(at + rng.uniform(0.5, 2.5), 2), "link-drop", name, seconds)]
     if phase == "fresh" and not story.fresh & set(story.alive(at)):  # before the controller's first look

@@ -25,12 +25,11 @@ import httpx
 
 from agents_simulator.dev import find_codex
 from controller.config import KEYS
-from tests.chaos.schedule import DELETION_CONFIRM_SECONDS
+from tests.chaos.schedule import DELETION_CONFIRM_SECONDS, GRACE_SECONDS
 from tests.support.processes import Managed, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer
 from tests.system.loop import Loop
 
-GRACE_SECONDS = 10.0
 IDLE_TIMEOUT_SECONDS = 20.0
 API_TIMEOUT_SECONDS = 2.0
 API_HOLD_SECONDS = 5.0

@@ -13,6 +13,7 @@ from tests.chaos.schedule import (
     DEFAULT_FAULTS,
     DELETION_CONFIRM_SECONDS,
     FAULTS,
+    GRACE_SECONDS,
     MAX_LIVE_SESSIONS,
     NO_404_SECONDS,
     draw,
@@ -103,3 +104,25 @@ def test_the_default_set_is_the_whole_catalogue_and_faults_are_switched_by_name(
 def test_a_bad_fault_selection_is_refused(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         select(spec)
+
+
+def test_some_link_drops_come_twice_in_one_turn_each_shorter_than_the_grace() -> None:
+    """Issue 25, item 4: two drops of one session's link with input just before the second,
+    the link up 3–5 s between them; each shorter than the grace (10 s), the two together
+    longer, the second covering the moment a clock run from the first would pass the grace."""
+    pairs = []
+    for seed in range(10):
+        steps = draw(seed, 10, {"link-drop"}).steps
+        inputs = {(s.subject, s.at) for s in steps if s.kind == "input"}
+        firsts = [s for s in steps if s.kind == "link-drop" and s.value == "1 of 2"]
+        seconds = [s for s in steps if s.kind == "link-drop" and s.value == "2 of 2"]
+        assert len(firsts) == len(seconds)
+        for first, second in zip(firsts, seconds, strict=True):
+            assert first.subject == second.subject
+            assert (second.subject, round(second.at - 0.3, 2)) in inputs
+            assert 3.0 <= round(second.at - (first.at + first.seconds), 2) <= 5.0
+            pairs.append((first, second))
+    assert len(pairs) >= 5
+    for first, second in pairs:
+        assert first.seconds < GRACE_SECONDS and second.seconds < GRACE_SECONDS
+        assert first.at + GRACE_SECONDS + 1 < second.at + second.seconds
