@@ -107,7 +107,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
     except pytest.skip.Exception:
         can_skew = False
     directory.mkdir(parents=True, exist_ok=True)
-    world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults)
+    world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults, run_seconds=schedule.seconds)
     log = EventLog(directory / "events.log")
     result = Result(schedule, log)
     book = Book()

@@ -37,6 +37,8 @@ API_HOLD_SECONDS = 5.0
 PRESTART_BUDGET = 3
 PRESTART_AGENT = "agent_chaos_prestart"
 TURN_SECONDS = 2.0
+CONNECT_MARGIN_SECONDS = 900.0
+"""The simulator's connect deadline is the run's schedule plus this (its quiet end and teardown)."""
 RECONCILE_INTERVAL_SECONDS = 3.0
 FULL_SWEEP_INTERVAL_SECONDS = 10.0
 MARKER = "chaos-marker"
@@ -91,8 +93,11 @@ def clock_offsets(env: dict[str, str]) -> tuple[float, float]:
 
 
 class ChaosWorld(Loop):
-    def __init__(self, directory: Path, executor: str, role_flip: bool = False) -> None:
+    def __init__(self, directory: Path, executor: str, role_flip: bool = False, run_seconds: float = 0.0) -> None:
         known, self.unknown_settings = settings()
+        self.connect_timeout_seconds = run_seconds + CONNECT_MARGIN_SECONDS
+        """The simulator's connect deadline: past the whole run, so a request the controller
+        lost stays pending (invariants 2 and 5) instead of turning the session "failed"."""
         self.executor_link: Path | None = None
         """A link to the executor binary the controller runs (the executor-missing fault moves
         it away for a while); None when the executor is not one file (the stand-in)."""
@@ -119,6 +124,8 @@ class ChaosWorld(Loop):
             "0.5",
             "--webhook-retry-max-seconds",
             "2",
+            "--connect-timeout-seconds",
+            f"{self.connect_timeout_seconds:g}",
         ]
 
     def start(self) -> ChaosWorld:

@@ -352,6 +352,39 @@ def test_an_acknowledged_request_that_never_got_its_executor_breaks_5() -> None:
     assert found.invariant == 5 and found.subject.startswith("s0")
 
 
+def test_an_acknowledged_request_of_a_session_deleted_or_failed_later_is_judged_too() -> None:
+    """5: a session that asked, was acknowledged, never got its executor and was deleted (or
+    failed) 40 s later breaks 5; one deleted 10 s after asking, or served before its deletion,
+    does not."""
+    world = World()
+    lost = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
+    lost.deleted_at = T0 + 41
+    failed = world.sim.session(
+        world.book, "s1", [(0, "idle", False), (1, "requires_action", True), (41, "failed", False)]
+    )
+    soon = world.sim.session(world.book, "s2", [(0, "idle", False), (1, "requires_action", True)])
+    soon.deleted_at = T0 + 11
+    served = world.sim.session(
+        world.book, "s3", [(0, "idle", False), (1, "requires_action", True), (2, "in_progress", False)]
+    )
+    served.deleted_at = T0 + 60
+    for session in (lost, failed, soon, served):
+        event = f"evt_{session.name}"
+        world.sim.event_log[event] = {
+            "id": event,
+            "data": {"id": session.id, "required_action": {"type": "environment_connection"}},
+        }
+        world.sim.delivery_log.append(
+            {
+                "id": f"dlv_{session.name}",
+                "event_id": event,
+                "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
+            }
+        )
+    assert world.checker.check_deliveries() == 4
+    assert sorted(v.subject[:2] for v in world.violations(5)) == ["s0", "s1"]
+
+
 def test_eventlog_quiet_since_and_disturbances() -> None:
     log = EventLog(t0=T0)
     log.windows += [Window("a", T0 + 1, T0 + 4), Window("b", T0 + 3, None)]
