@@ -45,6 +45,9 @@ executor-missing    the executor binary is missing for 3–12 s (a node image up
                     volume): every start fails meanwhile, and must be retried once it is back
 ==================  =============================================================================
 
+Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
+every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
+
 Session actions: ``create`` (then ``input``), ``input`` (a turn whose command reads and extends
 the workspace's marker file), ``delete`` (the API's DELETE), ``fail`` (the simulator's admin
 fail). Sessions go idle by themselves between inputs, and their sandboxes stop after the idle
@@ -68,6 +71,14 @@ DELETION_CONFIRM_SECONDS = 6.0
 """``CONTROLLER_DELETION_CONFIRM_SECONDS`` of the runs (``world.py`` sets it from here)."""
 NO_404_SECONDS = DELETION_CONFIRM_SECONDS + 2.0
 """Between two 404 windows: back to back they would add up to a deletion by the rules."""
+QUIET_SECONDS = 50.0
+"""A fault-free stretch this long (after the last fault's own duration) comes every
+``QUIET_EVERY_SECONDS`` in runs of ``QUIET_FROM_MINUTES`` or more: long enough for the checker
+to judge, during the run, a request unanswered 30 s after the faults ended (2) and an idle
+sandbox still running 15 s past its 20 s timeout (7). CI's 45-s runs have none (they are judged
+at their quiet end)."""
+QUIET_EVERY_SECONDS = 150.0
+QUIET_FROM_MINUTES = 3.0
 PROCESSES = {
     "kill-worker": ("worker0", "worker1"),
     "kill-scheduler": ("scheduler0", "scheduler1"),
@@ -176,10 +187,16 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
     weights = [FAULTS[n].weight for n in names]
     steps: list[Step] = []
     at = rng.uniform(3.0, 6.0)
+    quiet_after = QUIET_EVERY_SECONDS if minutes >= QUIET_FROM_MINUTES else float("inf")
     while names and at < duration:
         name = rng.choices(names, weights)[0]
-        steps += FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
+        drawn = FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
+        steps += drawn
         at += rng.uniform(2.0, 7.0)
+        if at >= quiet_after:  # a fault-free stretch: invariants 2 and 7 are judged during the run
+            busy_until = max([at, *(s.at + s.seconds for s in steps)])
+            at = busy_until + QUIET_SECONDS
+            quiet_after = at + QUIET_EVERY_SECONDS
     return Schedule(seed, minutes, chosen, tuple(sorted(steps + story.steps)))
 
 
