@@ -235,9 +235,11 @@ def _missing(sid: str, deps: Deps, now: float) -> Missing:
     whether an operator asked for its release, and, once this read would confirm its deletion,
     how other mapped sessions answer now (reads only; none is changed)."""
     known = deps.store.not_found(sid)
-    if known is None:
-        return Missing()
-    mark = Missing(known.since, reads=known.reads, last_read=known.last_read, release_asked=known.release_asked)
+    mark = (
+        Missing()
+        if known is None
+        else Missing(known.since, reads=known.reads, last_read=known.last_read, release_asked=known.release_asked)
+    )
     if not confirmable(mark, now, deps.deletion_confirm_seconds) or mark.release_asked is not None:
         return mark
     others = deps.store.others_to_compare(sid, deps.compare_sessions)

@@ -314,6 +314,15 @@ def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
     assert world.store.missing == {} and len(world.runner.live) == 4
 
 
+def test_with_the_confirmation_off_a_wrong_key_still_holds_every_deletion() -> None:
+    """L7/L17: CONTROLLER_DELETION_CONFIRM_SECONDS=0 makes the first 404 count, but it is still
+    compared with other sessions: when they answer 404 too (a wrong key), nothing is released."""
+    world = gone_world(confirm=0.0, others=("sess_2", "sess_3"))
+    world.sessions.sessions.clear()
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert world.count("release") == 0 and world.held == 1
+
+
 def test_many_real_deletions_are_confirmed_when_the_sessions_compared_answer() -> None:
     """L17: deleting most sessions at once is not mistaken for a wrong key: the sessions read to
     confirm a deletion are those not known to answer 404 first, and they answer."""
