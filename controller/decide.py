@@ -331,15 +331,20 @@ def _looked(record: Record, connected: bool | None, now: float, dropped: bool = 
     connected with no clock running: the clock starts now. A new sandbox's clock runs from its
     start until a look sees it connected; when a look finds the link dropped instead (the
     executor connected and lost it between two looks), the clock starts again at that look,
-    as for any drop. Not looked at, or unknown: as it was."""
+    as for any drop. Not looked at: as it was. A look that could not read the link while the
+    clock of an executor that had connected runs is noted (``link_unknown``): the link may have
+    come back unseen, so the next look that sees it down starts the clock again, and the grace
+    measures an outage seen from its start, never one pieced together across a blind spot."""
     if connected is True:
-        if record.disconnected_at is None and record.seen_connected:
+        if record.disconnected_at is None and record.seen_connected and not record.link_unknown:
             return None
-        return replace(record, disconnected_at=None, seen_connected=True)
+        return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False)
     if connected is False and dropped and not record.seen_connected:
         return replace(record, disconnected_at=now, seen_connected=True)
-    if connected is False and record.disconnected_at is None:
-        return replace(record, disconnected_at=now)
+    if connected is False and (record.disconnected_at is None or record.link_unknown):
+        return replace(record, disconnected_at=now, link_unknown=False)
+    if connected is None and record.seen_connected and record.disconnected_at is not None and not record.link_unknown:
+        return replace(record, link_unknown=True)
     return None
 
 

@@ -164,6 +164,9 @@ class Record:
     prestarted: bool = False
     """Started at the session's creation, before anything asked for it (L9's pre-start), and not
     used since; these count against ``CONTROLLER_PRESTART_MAX_SANDBOXES``."""
+    link_unknown: bool = False
+    """A look could not read the link (the API failed) while the grace clock ran: the next look
+    that sees it down starts the clock again (``decide._looked``)."""
 
     @property
     def stopped(self) -> bool:

@@ -552,6 +552,7 @@ def _record_fields(record: Record) -> dict[str, str]:
         "disconnected_at": "" if record.disconnected_at is None else repr(record.disconnected_at),
         "seen_connected": "1" if record.seen_connected else "0",
         "prestarted": "1" if record.prestarted else "0",
+        "link_unknown": "1" if record.link_unknown else "0",
     }
 
 
@@ -575,6 +576,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         disconnected_at=_optional_time(data.get("disconnected_at")),
         seen_connected=data.get("seen_connected") == "1",
         prestarted=data.get("prestarted") == "1",
+        link_unknown=data.get("link_unknown") == "1",
     )
 
 

@@ -746,6 +746,9 @@ def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
     saved = replace(a_record(sid), disconnected_at=None, seen_connected=True, prestarted=True)
     store.save(lease, saved)
     assert store.record(sid) == saved
+    blind = replace(saved, disconnected_at=1_700_000_000.5, link_unknown=True)  # L14: a look could not read the link
+    store.save(lease, blind)
+    assert store.record(sid) == blind
 
 
 def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:

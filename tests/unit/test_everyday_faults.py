@@ -176,6 +176,55 @@ def test_two_drops_each_shorter_than_the_grace_never_replace_a_live_executor(
     assert world.count("ensure") == 1 and world.count("release") == 0
 
 
+def test_a_drop_after_a_stretch_the_link_could_not_be_read_is_timed_from_the_look_that_sees_it() -> None:
+    """L14 (found by the 30-minute seeded run, seed 32): grace 10 s; the link drops at 20 s for
+    2.8 s while the environment's reads hang (20.5–26.5 s), so no look sees it come back; it
+    drops again at 27 s for 5 s. The looks that could not read the link leave a blind spot: the
+    look that next sees it down starts the clock again, and the live executor is kept."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.5)
+    del world.sessions.connected["env_1"]  # environment reads hang: the link cannot be read
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 26.5)
+    world.sessions.connected["env_1"] = True  # readable again: up (since 22.8 s, unseen)
+    seen += run_timers_until(world, 27.0)
+    world.sessions.connected["env_1"] = False  # the second drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 32.0)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 60.0)
+    assert Verdict.REPLACE not in seen
+    assert world.count("ensure") == 1
+
+
+def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
+    """L14: the blind spot delays a replacement, never prevents it: a link down for good whose
+    reads fail for a while is replaced a grace after the first look that reads it again."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(WANTS)
+    world.deliver()
+    run_timers_until(world, 21.0)
+    del world.sessions.connected["env_1"]
+    run_timers_until(world, 24.0)
+    world.sessions.connected["env_1"] = False
+    assert Verdict.REPLACE not in run_timers_until(world, 33.0)  # not timed across the blind spot
+    assert run_timers_until(world, 38.0).count(Verdict.REPLACE) == 1 and world.count("ensure") == 2
+
+
 def test_a_link_down_past_the_grace_is_still_replaced_once() -> None:
     """L14: a link that stays down past the grace while a connection is wanted is replaced by
     exactly one new sandbox, timed from the first look that saw it down."""
