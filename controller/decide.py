@@ -224,7 +224,11 @@ def decide(
     ``deletion_confirm_seconds``: how long its reads must answer 404 before it counts as deleted.
     """
     if session is None:
-        return _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
+        gone = _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
+        if gone.verdict in (Verdict.KEEP, Verdict.IGNORE) and record is not None and _clock_runs(record):
+            # A look that read no link (the session answered 404): a blind spot for the grace.
+            gone = replace(gone, update=replace(record, link_unknown=True))
+        return gone
     reason = not_ours(session, routing)
     if reason is not None:
         return Decision(Verdict.IGNORE, f"not ours: {reason}")
@@ -343,9 +347,17 @@ def _looked(record: Record, connected: bool | None, now: float, dropped: bool = 
         return replace(record, disconnected_at=now, seen_connected=True)
     if connected is False and (record.disconnected_at is None or record.link_unknown):
         return replace(record, disconnected_at=now, link_unknown=False)
-    if connected is None and record.seen_connected and record.disconnected_at is not None and not record.link_unknown:
+    if connected is None and _clock_runs(record):
         return replace(record, link_unknown=True)
     return None
+
+
+def _clock_runs(record: Record) -> bool:
+    """Whether the grace clock of an active sandbox whose executor had connected runs, with no
+    blind spot noted yet (``Record.link_unknown``)."""
+    return (
+        not record.stopped and record.seen_connected and record.disconnected_at is not None and not record.link_unknown
+    )
 
 
 def _first_look(record: Record, now: float, grace_seconds: float) -> float | None:

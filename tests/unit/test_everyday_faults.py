@@ -206,6 +206,35 @@ def test_a_drop_after_a_stretch_the_link_could_not_be_read_is_timed_from_the_loo
     assert world.count("ensure") == 1
 
 
+def test_a_drop_after_the_sessions_reads_answered_404_is_timed_from_the_look_that_sees_it() -> None:
+    """L14 (the run's second case): between two short drops the session's reads answer 404 for
+    2.8 s (a partial incident): those looks read no link, a blind spot; the look that next sees
+    the link down starts the clock again, and the live executor is kept."""
+    world = World(deletion_confirm=6.0)
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 21.0)
+    del world.sessions.sessions["sess_1"]  # its reads answer 404
+    seen += run_timers_until(world, 26.5)
+    world.sessions.connected["env_1"] = True  # up since 22.5 s, unseen
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 27.0)
+    world.sessions.connected["env_1"] = False  # the second drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 32.0)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 60.0)
+    assert Verdict.REPLACE not in seen and Verdict.RELEASE not in seen
+    assert world.count("ensure") == 1
+
+
 def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
     """L14: the blind spot delays a replacement, never prevents it: a link down for good whose
     reads fail for a while is replaced a grace after the first look that reads it again."""
