@@ -1,4 +1,5 @@
-"""``sandbox-controller``: serve | worker | scheduler | webhook | status | explain | dev | simulator | check-config.
+"""``sandbox-controller``: serve | worker | scheduler | webhook | status | explain | release | dev | simulator |
+check-config.
 
 Settings come from ``CONTROLLER_*`` variables (see ``config.py``), parsed once here; a bad
 configuration prints every problem and exits with status 2.
@@ -14,7 +15,7 @@ import sys
 import time
 from collections.abc import Sequence
 
-from controller import __version__, fleet, logs, queue, scheduler, server, start_stages, webhook_cli, wiring, worker
+from controller import __version__, fleet, holds, logs, queue, scheduler, server, start_stages, webhook_cli, wiring, worker
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import RECEIVER_REFUSED_TOTAL, serve_metrics
@@ -63,7 +64,31 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         mode = settings.runner.local_idle_suspend
         verdict = "can" if can else "cannot"
         print(f"checkpoint (idle suspend: {mode}): {verdict} checkpoint here: {reason}", file=sys.stderr)
+    if args.session is not None:
+        refused += _check_session(settings, args.session)
     return 1 if refused else 0
+
+
+def _check_session(settings: Settings, session_id: str) -> int:
+    """Read one session with the configured API key and base URL: whether they see it (1: not)."""
+    if settings.api.api_key is None:
+        print(f"session {session_id}: not read: CONTROLLER_API_KEY is not set", file=sys.stderr)
+        return 1
+    sessions = wiring.api_sessions(settings)
+    try:
+        found = sessions.get(session_id)
+    finally:
+        sessions.close()
+    if found is None:
+        print(
+            f"session {session_id}: 404 with this CONTROLLER_API_KEY and CONTROLLER_API_BASE_URL; if the "
+            "session exists (the application that created it can read it), the key is another project's "
+            "or the base URL is wrong",
+            file=sys.stderr,
+        )
+        return 1
+    print(f"session {session_id}: found ({found.status.value}): the API key and base URL see it", file=sys.stderr)
+    return 0
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
@@ -135,8 +160,15 @@ def cmd_status(args: argparse.Namespace) -> int:
     rows = fleet.status(parts.store, parts.store, parts.runner, settings.runner.kind, parts.clock.now())
     totals = fleet.totals(rows)
     missing = parts.store.missing()
+    confirm_seconds = settings.lifecycle.deletion_confirm_seconds
+    held = holds.held(parts.store, parts.clock.now(), confirm_seconds)
     if args.json:
-        body = {"sessions": [r.to_json() for r in rows], "totals": totals, "not_found_since": missing}
+        body = {
+            "sessions": [r.to_json() for r in rows],
+            "totals": totals,
+            "not_found_since": missing,
+            "held": [h.to_json() for h in held],
+        }
         print(json.dumps(body, indent=2))
         return 0
     header = f"{'SESSION':<34} {'RUNNER':<10} {'SANDBOX':<40} {'GEN':>3} {'AGE':>8} {'HEALTH':<11} {'NEXT TIMER':>10}"
@@ -158,8 +190,29 @@ def cmd_status(args: argparse.Namespace) -> int:
     if missing:
         confirm = _duration(settings.lifecycle.deletion_confirm_seconds)
         print(f"{len(missing)} session(s) answer 404; each counts as deleted only after {confirm} of 404s")
-    if totals["deletions_held"]:
-        print(f"{fleet.HELD_NOTICE} ({totals['deletions_held']} session(s))")
+    if totals["deletions_held"] or held:
+        print(f"{fleet.HELD_NOTICE} ({max(totals['deletions_held'], len(held))} session(s))")
+    for h in held:
+        print(
+            f"  held: {h.session_id}: answers 404 for {_duration(parts.clock.now() - h.not_found_since)}, "
+            f"deletion held for {_duration(h.held_seconds)}; `sandbox-controller check-config --session "
+            f"{h.session_id}` reads it with this key; if it was deleted: `sandbox-controller release {h.session_id}`"
+        )
+    return 0
+
+
+def cmd_release(args: argparse.Namespace) -> int:
+    """End a held deletion: say in one line what releasing the session destroys; with ``--yes``,
+    ask the workers to do it (``holds``)."""
+    settings = _settings("scheduler")
+    parts = wiring.fleet_parts(settings)
+    line = holds.describe(args.session_id, parts.store, parts.runner, parts.clock.now())
+    if not args.yes:
+        print(f"would {line} (nothing done: add --yes to release)")
+        return 0
+    client = wiring.redis_endpoint(settings).client()
+    holds.release(args.session_id, parts.store, parts.clock.now(), queue.batch_publisher(client, queue.QUEUE))
+    print(f"asked to {line}; a worker does it if the session still answers 404")
     return 0
 
 
@@ -263,6 +316,15 @@ def build_parser() -> argparse.ArgumentParser:
     explain.add_argument("session_id", metavar="SESSION_ID")
     explain.add_argument("--json", action="store_true", help="print JSON")
     explain.set_defaults(func=cmd_explain)
+    release = sub.add_parser(
+        "release",
+        help="end a held deletion: release a session that answers 404 (its sandbox and workspace)",
+        description="Prints, in one line, what releasing the session destroys; with --yes a worker releases "
+        "it, under the session's lease, if it still answers 404.",
+    )
+    release.add_argument("session_id", metavar="SESSION_ID")
+    release.add_argument("--yes", action="store_true", help="do it (without: only say what it would destroy)")
+    release.set_defaults(func=cmd_release)
     _add_development_commands(sub)
 
     check = sub.add_parser(
@@ -274,6 +336,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     check.add_argument(
         "--role", choices=(*ROLES, "all"), default="all", help="the process to check for (default: all three)"
+    )
+    check.add_argument(
+        "--session",
+        metavar="SESSION_ID",
+        help="also read this session with the configured API key and base URL (is a 404 a wrong key?)",
     )
     check.set_defaults(func=cmd_check_config)
     return parser

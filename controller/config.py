@@ -264,9 +264,11 @@ class LifecycleSettings(Printable):
     nothing (a log line and ``controller_prestarts_skipped_total``). A session that asks for a
     connection is never held back by it."""
     deletion_confirm_seconds: float = 60.0
-    """A session counts as deleted only once its reads have answered 404 for this long (the first
-    404 arms a timer); until then its sandbox and workspace are kept. When most sessions read
-    to confirm it answer 404 too (a wrong key, project or base URL), nothing is released."""
+    """A session counts as deleted only once every read of it over this long answered 404 (at
+    least three reads spread over the period, ``decide.SPREAD_READS``); until then its sandbox
+    and workspace are kept. When most sessions read to confirm it answer 404 too, or there is
+    none to compare with (a wrong key, project or base URL), nothing is released until an
+    operator releases it (``sandbox-controller release``). 0: a 404 counts at once."""
 
     @property
     def prestarts(self) -> bool:

@@ -19,13 +19,17 @@ The rules it follows (L1–L18, ``docs/lifecycle.md``):
   only while the link is down: from the first look that sees it down (a new sandbox: from
   its start, until a look first sees it connected or the API reports that its executor held
   the link and lost it; it is looked at ``FIRST_LOOK_SECONDS`` after its start, then each time
-  as long again as its age) to any look that sees it up.
+  as long again as its age) to any look that sees it up. While it runs, the link is looked at
+  every quarter of the grace (``OUTAGE_LOOKS``), so two short drops with the link up between
+  them are two outages, not one that started with the first.
 - A sandbox whose session wants no connection is stopped once the session has been idle for
   the idle timeout (L11–L13), its workspace kept (L16) and discarded after its retention.
 - A failed session's compute is released (L7); a session whose read answers 404 counts as
-  deleted only once its reads have answered 404 for the confirmation period, and only when
-  most of the other sessions read to confirm it answer (``Missing``); until then nothing of it
-  is destroyed (L7, L17).
+  deleted only once every read of it over the confirmation period answered 404 (at least
+  ``SPREAD_READS`` reads spread over it, the last at or after its end), and only when most
+  of the other sessions read to confirm it answer (``Missing``); with none to compare with,
+  or most of them answering 404 too, the deletion is held until an operator releases it.
+  Until then nothing of it is destroyed (L7, L17).
 """
 
 from __future__ import annotations
@@ -74,11 +78,15 @@ class Decision:
     missing_since: float | None = None
     """When the session's reads began answering 404, kept until its deletion is confirmed (or
     it is found again: None clears it)."""
+    missing_reads: tuple[int, float] | None = None
+    """With ``missing_since``: the 404 reads counted toward the confirmation, and when the last
+    was made (``counted``)."""
     gone: bool = False
     """The session is deleted (confirmed) or failed: its workspace is of no use any more (L16)."""
     held: bool = False
-    """A deletion that would be confirmed was held because most sessions read answer 404 (a
-    wrong API key, project or base URL): nothing is released while that lasts."""
+    """A deletion that would be confirmed was held because most sessions read answer 404, or
+    there was no other session to compare with (a wrong API key, project or base URL): nothing
+    is released while that lasts, until an operator releases it."""
     prestart: bool = False
     """A START before anything asked for the sandbox (L9's pre-start): it needs room in the
     pre-start budget (``CONTROLLER_PRESTART_MAX_SANDBOXES``), taken when it is carried out."""
@@ -96,6 +104,43 @@ class Missing:
     """Of those, how many were found (their read answered)."""
     not_found: int = 0
     """Of those, how many answered 404 too."""
+    reads: int = 0
+    """404 reads counted so far toward the confirmation (``counted``): reads spread over the
+    period, each at least a ``SPREAD_READS``-th of it after the one counted before. 0 with a
+    ``since``: a mark from before reads were counted (the first read only)."""
+    last_read: float | None = None
+    """When the last counted 404 read was made."""
+    release_asked: float | None = None
+    """When an operator asked for the session's release (``sandbox-controller release``): the
+    deletion is acted on then, held or not, as long as the session still answers 404."""
+
+
+SPREAD_READS = 3
+"""A deletion is confirmed by at least this many 404 reads spread over the confirmation period
+(each at least a third of the period after the one counted before, the last at or after its
+end): two reads that happen to land on two short outages are not a deletion."""
+
+
+def counted(missing: Missing, now: float, confirm_seconds: float) -> tuple[float, int, float]:
+    """(since, reads, last read) once this round's 404 read is counted: it counts when it comes at
+    least ``confirm_seconds / SPREAD_READS`` after the last counted one (a read sooner than that,
+    a second delivery say, leaves the count as it was)."""
+    if missing.since is None:
+        return now, 1, now
+    reads = max(missing.reads, 1)
+    last = missing.since if missing.last_read is None else missing.last_read
+    if now - last >= confirm_seconds / SPREAD_READS:
+        return missing.since, reads + 1, now
+    return missing.since, reads, last
+
+
+def confirmable(missing: Missing, now: float, confirm_seconds: float) -> bool:
+    """Whether this round's 404 read would confirm the deletion (then other sessions are read to
+    compare, ``Missing.compared``): 404s for the whole period, by enough reads spread over it."""
+    if confirm_seconds <= 0:
+        return True
+    since, reads, _ = counted(missing, now, confirm_seconds)
+    return now - since >= confirm_seconds and reads >= SPREAD_READS
 
 
 def refusal(found: trust.Refusal) -> Decision:
@@ -141,6 +186,9 @@ PRESTART_WINDOW_SECONDS = 300
 the sender's retries) is too late to be worth a sandbox nobody asked for yet."""
 HELD_RECHECK_MAX_SECONDS = 3600.0
 """A held deletion is looked at again after as long as its session has answered 404, at most this."""
+OUTAGE_LOOKS = 4
+"""While the grace clock of an executor that had connected runs, its link is looked at this many
+times per grace period (``_outage_look``): a reconnection between two drops is seen."""
 FIRST_LOOK_SECONDS = 1.0
 """A new sandbox is looked at again this long after its start, then each time as long again as
 its age, until a look sees its executor connected or its grace period is over."""
@@ -176,7 +224,11 @@ def decide(
     ``deletion_confirm_seconds``: how long its reads must answer 404 before it counts as deleted.
     """
     if session is None:
-        return _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
+        gone = _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
+        if gone.verdict in (Verdict.KEEP, Verdict.IGNORE) and record is not None and _clock_runs(record):
+            # A look that read no link (the session answered 404): a blind spot for the grace.
+            gone = replace(gone, update=replace(record, link_unknown=True))
+        return gone
     reason = not_ours(session, routing)
     if reason is not None:
         return Decision(Verdict.IGNORE, f"not ours: {reason}")
@@ -213,7 +265,11 @@ def decide(
                 return replace(
                     decision,
                     update=looked,
-                    recheck_at=earliest(decision.recheck_at, _first_look(current, now, grace_seconds)),
+                    recheck_at=earliest(
+                        decision.recheck_at,
+                        _first_look(current, now, grace_seconds),
+                        _outage_look(current, now, grace_seconds),
+                    ),
                 )
         if retention_seconds > 0:  # a STOP's next look: the end of retention
             decision = replace(decision, recheck_at=now + retention_seconds)
@@ -245,7 +301,7 @@ def decide(
     if record.prestarted:  # asked for: it no longer counts against the pre-start budget
         looked = replace(looked or record, prestarted=False)
     current = looked or record
-    early = _first_look(current, now, grace_seconds)
+    early = earliest(_first_look(current, now, grace_seconds), _outage_look(current, now, grace_seconds))
     if connected:
         soon = earliest(lifetime_check, now + grace_seconds + MARGIN_SECONDS)
         return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
@@ -279,16 +335,29 @@ def _looked(record: Record, connected: bool | None, now: float, dropped: bool = 
     connected with no clock running: the clock starts now. A new sandbox's clock runs from its
     start until a look sees it connected; when a look finds the link dropped instead (the
     executor connected and lost it between two looks), the clock starts again at that look,
-    as for any drop. Not looked at, or unknown: as it was."""
+    as for any drop. Not looked at: as it was. A look that could not read the link while the
+    clock of an executor that had connected runs is noted (``link_unknown``): the link may have
+    come back unseen, so the next look that sees it down starts the clock again, and the grace
+    measures an outage seen from its start, never one pieced together across a blind spot."""
     if connected is True:
-        if record.disconnected_at is None and record.seen_connected:
+        if record.disconnected_at is None and record.seen_connected and not record.link_unknown:
             return None
-        return replace(record, disconnected_at=None, seen_connected=True)
+        return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False)
     if connected is False and dropped and not record.seen_connected:
         return replace(record, disconnected_at=now, seen_connected=True)
-    if connected is False and record.disconnected_at is None:
-        return replace(record, disconnected_at=now)
+    if connected is False and (record.disconnected_at is None or record.link_unknown):
+        return replace(record, disconnected_at=now, link_unknown=False)
+    if connected is None and _clock_runs(record):
+        return replace(record, link_unknown=True)
     return None
+
+
+def _clock_runs(record: Record) -> bool:
+    """Whether the grace clock of an active sandbox whose executor had connected runs, with no
+    blind spot noted yet (``Record.link_unknown``)."""
+    return (
+        not record.stopped and record.seen_connected and record.disconnected_at is not None and not record.link_unknown
+    )
 
 
 def _first_look(record: Record, now: float, grace_seconds: float) -> float | None:
@@ -303,6 +372,18 @@ def _first_look(record: Record, now: float, grace_seconds: float) -> float | Non
     return min(now + max(FIRST_LOOK_SECONDS, now - record.started_at), end)
 
 
+def _outage_look(record: Record, now: float, grace_seconds: float) -> float | None:
+    """While the link of an executor that had connected is down (its grace clock runs, and is
+    within the grace), when to look again: every ``grace / OUTAGE_LOOKS`` (at least
+    ``FIRST_LOOK_SECONDS``), so a look sees the link come back between two drops and the grace
+    measures one continuous outage, not the time since the first of several short ones. None
+    otherwise."""
+    since = record.disconnected_at
+    if not record.seen_connected or since is None or now - since > grace_seconds:
+        return None
+    return now + max(FIRST_LOOK_SECONDS, grace_seconds / OUTAGE_LOOKS)
+
+
 def _used(session: Session) -> bool:
     """Whether a pre-started session has been used (input came: a turn ran or was asked for)."""
     if session.status in (SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION) or session.wants_connection:
@@ -311,32 +392,58 @@ def _used(session: Session) -> bool:
 
 
 def _deleted(record: Record | None, missing: Missing, now: float, confirm_seconds: float) -> Decision:
-    """A session whose read answered 404 (L7, L17): deleted only once its reads have answered 404
-    for ``confirm_seconds`` and most of the other sessions read to confirm it answer; until
-    then its sandbox and workspace stay. A single 404, or a wrong key, project or base URL
-    (every read answers 404), destroys nothing."""
-    since = missing.since if missing.since is not None else now
+    """A session whose read answered 404 (L7, L17): deleted only once every read of it over
+    ``confirm_seconds`` answered 404 (at least ``SPREAD_READS`` reads spread over the period, the
+    last at or after its end; a read that finds it starts over) and some of the other sessions
+    read to confirm it answer; until then its sandbox and workspace stay. A single 404, two
+    404s with a readable session between them, or a wrong key, project or base URL (every read
+    answers 404, however few sessions are mapped) destroys nothing. An operator's release
+    (``Missing.release_asked``) ends a hold."""
+    since, reads, last = counted(missing, now, confirm_seconds)
     kept = Verdict.KEEP if record is not None and not record.stopped else Verdict.IGNORE
     waited = now - since
-    if waited < confirm_seconds:
+    if missing.release_asked is not None and missing.since is not None:
+        reason = "released by an operator (sandbox-controller release); the session answers 404"
+        if record is not None:
+            return Decision(Verdict.RELEASE, reason, cause=Cause.DELETED, gone=True)
+        return Decision(Verdict.IGNORE, reason, gone=True)
+    if not confirmable(missing, now, confirm_seconds):
+        # The next read: spread (half the period after the last counted one), and the last one
+        # past the period's end.
+        end = since + confirm_seconds + MARGIN_SECONDS
+        next_read = last + confirm_seconds / 2 if reads < SPREAD_READS else end
+        if reads == SPREAD_READS - 1:
+            next_read = max(next_read, end)
         return Decision(
             kept,
-            f"session not found (404) for {waited:.0f}s; deleted only after {confirm_seconds:g}s of 404s",
-            recheck_at=since + confirm_seconds + MARGIN_SECONDS,
+            f"session not found (404) for {waited:.0f}s ({reads} of {SPREAD_READS} spread reads); "
+            f"deleted only after {confirm_seconds:g}s of 404s",
+            recheck_at=next_read,
             missing_since=since,
+            missing_reads=(reads, last),
         )
-    if missing.compared and _most_missing(missing):
+    # 0 turns the confirmation off (an operator's choice, and the tests' default): the first
+    # 404 counts, and only sessions compared that answer 404 too hold it.
+    if _most_missing(missing) if confirm_seconds > 0 else (missing.compared and _most_missing(missing)):
         read = missing.compared + 1
+        if missing.compared == 0:
+            evidence = "no other session to compare with (every session read answers 404)"
+        else:
+            evidence = (
+                f"{missing.not_found + 1} of {read} sessions read answer 404 "
+                f"({missing.compared - missing.found - missing.not_found} unknown)"
+            )
         return Decision(
             kept,
-            f"deletion held: {missing.not_found + 1} of {read} sessions read answer 404 "
-            f"({missing.compared - missing.found - missing.not_found} unknown); "
-            "a wrong CONTROLLER_API_KEY (another project) or CONTROLLER_API_BASE_URL?",
+            f"deletion held: {evidence}; a wrong CONTROLLER_API_KEY (another project) or "
+            "CONTROLLER_API_BASE_URL? Check with `sandbox-controller check-config --session SESSION_ID`; "
+            "if it was deleted, `sandbox-controller release SESSION_ID`",
             # Looked at again after as long as it has answered 404 (at most HELD_RECHECK_MAX_SECONDS):
             # a wrong key must not turn every mapped session into reads every minute.
             recheck_at=now + min(max(confirm_seconds, waited, MARGIN_SECONDS), HELD_RECHECK_MAX_SECONDS),
-            missing_since=since,
             held=True,
+            missing_since=since,
+            missing_reads=(reads, last),
         )
     if record is not None:
         return Decision(Verdict.RELEASE, "session was deleted", cause=Cause.DELETED, gone=True)
@@ -345,7 +452,8 @@ def _deleted(record: Record | None, missing: Missing, now: float, confirm_second
 
 def _most_missing(missing: Missing) -> bool:
     """Whether the sessions read to confirm a deletion (this one included) mostly answered 404,
-    or none of the others could be read at all: no evidence that the API sees our sessions."""
+    or none of the others could be read, or there was none to read: no evidence that the API
+    sees our sessions (one mapped session alone is no evidence either)."""
     if missing.found == 0:
         return True
     return 2 * (missing.not_found + 1) > missing.found + missing.not_found + 1

@@ -14,10 +14,15 @@
     │   ├── StoreUnavailable Redis cannot be reached
     │   ├── QueueUnavailable the broker refused the job
     │   ├── ApiUnavailable   the Agents API timed out, throttled or failed (5xx)
-    │   └── KubernetesUnavailable  the API server cannot be reached, or answered 429/5xx
+    │   ├── KubernetesUnavailable  the API server cannot be reached, or answered 429/5xx
+    │   └── StartFailed      a sandbox could not be started for a reason that may pass (the
+    │                        executor binary missing, an exec error, the uid range full, the
+    │                        API server's 403 or quota): retried while the session asks
     ├── Permanent            give up on this job, log it; retrying will not help
     │   ├── ApiRejected      the Agents API said 4xx (other than 404/429)
-    │   └── RunnerRejected   the runner backend refused the spec (bad config)
+    │   └── RunnerRejected   the runner backend refused the spec (bad config); raised while
+    │       │                starting a sandbox it becomes ``StartFailed``, unless it is a
+    │       └── SpecRefused  the spec itself is unsafe (an id, the remote URL): never started
     ├── KubernetesError      the API server refused a request with an answer the caller did
     │                        not expect (no idempotency signal, not 401/403/429/5xx): a bug,
     │                        or input to check; said loudly, neither retried as Transient nor
@@ -99,6 +104,12 @@ class KubernetesUnavailable(Transient):
     pass
 
 
+class StartFailed(Transient):
+    """A sandbox could not be started for a reason that may pass: the work stays wanted, the
+    task retries with backoff, and the recovery pass enqueues it again until the session no
+    longer asks (``lifecycle``)."""
+
+
 class Permanent(ControllerError):
     pass
 
@@ -109,6 +120,10 @@ class ApiRejected(Permanent):
 
 class RunnerRejected(Permanent):
     pass
+
+
+class SpecRefused(RunnerRejected):
+    """The spec is unsafe to start (an id or the remote URL, L2): retrying cannot help."""
 
 
 class KubernetesError(ControllerError):

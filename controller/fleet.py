@@ -113,8 +113,9 @@ def totals(rows: list[Row]) -> dict[str, Any]:
 
 
 HELD_NOTICE = (
-    "deletions held: most sessions read to confirm a deletion answer 404 — a wrong CONTROLLER_API_KEY "
-    "(another project's key) or CONTROLLER_API_BASE_URL? Nothing is released while this lasts."
+    "deletions held: the sessions read to confirm a deletion answer 404 too, or there was none to compare "
+    "with — a wrong CONTROLLER_API_KEY (another project's key) or CONTROLLER_API_BASE_URL? Nothing is "
+    "released while this lasts."
 )
 """What ``status`` says when a worker held deletions (``decide.Decision.held``)."""
 

@@ -25,10 +25,13 @@ session's durable timer, fenced (``controller.timers``).
 The executor's grace period (L14) counts only while its link is down: it starts at the first
 look that sees the executor not connected (for a new sandbox: at its start, until a look first
 sees it connected or finds its link dropped, and such a sandbox is looked at again soon after
-its start) and is cleared by any look that sees it connected, whatever the session is doing.
-A session whose read answers 404 counts as deleted only once its reads have answered 404 for
-the deletion confirmation period, and only when most of the sessions read to confirm it
-answer; until then its sandbox and workspace stay (``Missing``).
+its start) and is cleared by any look that sees it connected, whatever the session is doing;
+while it runs, the link is looked at every quarter of the grace (``decide.OUTAGE_LOOKS``).
+A session whose read answers 404 counts as deleted only once every read of it over the deletion
+confirmation period answered 404 (reads spread over it, ``decide.SPREAD_READS``), and only
+when most of the sessions read to confirm it answer; until then, and while there is no other
+session to compare with, its sandbox and workspace stay (``Missing``) until an operator
+releases it (``sandbox-controller release``).
 
 One clock: each round reads the time once from ``Deps.clock`` (the workers use Redis's ``TIME``,
 the clock timers fall due on), and every time it decides or stores comes from that reading, so
@@ -44,8 +47,8 @@ from typing import Protocol
 from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
-from controller.decide import Cause, Decision, Missing, Verdict, decide, refusal
-from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent
+from controller.decide import Cause, Decision, Missing, Verdict, confirmable, decide, refusal
+from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent, RunnerRejected, SpecRefused, StartFailed
 from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
 from controller.runners.base import Runner, Suspends
@@ -118,6 +121,9 @@ class Deps:
     """Other mapped sessions read to confirm a deletion (``Missing``)."""
     on_held: Callable[[], None] = lambda: None
     """Called for each deletion held because most sessions read answer 404 (a metric)."""
+    on_start_failed: Callable[[str, str, bool], None] = lambda session_id, reason, permanent: None
+    """Called with (session id, reason, permanent) for each sandbox start that failed (a metric,
+    and the session's latest decision for ``status``/``explain``)."""
 
 
 def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
@@ -126,7 +132,12 @@ def work(session_id: str, deps: Deps) -> list[Decision] | Busy:
     The lease is renewed while the work runs (``renew_every_seconds``). On any failure the
     lease is released and the work stays wanted, for the task's retry or the scheduler's
     recovery pass; only a ``Permanent`` failure marks the round done (given up, logged by
-    the caller), so a session that can never succeed is not retried forever.
+    the caller), so a session that can never succeed is not retried forever. A sandbox start
+    that fails for a reason that may pass (``RunnerRejected``: the executor binary missing,
+    an exec error, the uid range full, the API server's 403 or quota) is ``StartFailed``, a
+    ``Transient``: retried with backoff, then enqueued again by the recovery pass, each round
+    re-reading the session, until it starts or the session no longer asks. Only an unsafe
+    spec (``SpecRefused``) is dropped.
     """
     taken = deps.store.acquire(session_id)
     if taken is None or isinstance(taken, Busy):
@@ -220,11 +231,17 @@ def observe(sid: str, deps: Deps) -> Observation:
 
 
 def _missing(sid: str, deps: Deps, now: float) -> Missing:
-    """What is known of a session that answered 404: since when, and, once its deletion would be
-    confirmed, how other mapped sessions answer now (reads only; none is changed)."""
-    since = deps.store.missing_since(sid)
-    if now - (now if since is None else since) < deps.deletion_confirm_seconds:
-        return Missing(since)
+    """What is known of a session that answered 404: since when, the 404 reads counted so far,
+    whether an operator asked for its release, and, once this read would confirm its deletion,
+    how other mapped sessions answer now (reads only; none is changed)."""
+    known = deps.store.not_found(sid)
+    mark = (
+        Missing()
+        if known is None
+        else Missing(known.since, reads=known.reads, last_read=known.last_read, release_asked=known.release_asked)
+    )
+    if not confirmable(mark, now, deps.deletion_confirm_seconds) or mark.release_asked is not None:
+        return mark
     others = deps.store.others_to_compare(sid, deps.compare_sessions)
     found = not_found = 0
     for other in others:
@@ -236,7 +253,7 @@ def _missing(sid: str, deps: Deps, now: float) -> Missing:
             not_found += 1
         else:
             found += 1
-    return Missing(since, compared=len(others), found=found, not_found=not_found)
+    return replace(mark, compared=len(others), found=found, not_found=not_found)
 
 
 def decide_observed(seen: Observation, deps: Deps) -> Decision:
@@ -297,7 +314,7 @@ def act(lease: Lease, deps: Deps) -> Decision:
             )
             deps.on_held()
         _carry_out(lease, decision, seen, deps)
-        deps.store.arm(lease, decision.recheck_at, decision.missing_since)  # fenced: follows the latest decision
+        deps.store.arm(lease, decision.recheck_at, decision.missing_since, decision.missing_reads)  # fenced
     return decision
 
 
@@ -355,6 +372,15 @@ def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) 
             log.info("sandbox adopted", extra={"sandbox": record.handle.name})
 
 
+def _start_failed(session_id: str, reason: str, permanent: bool, deps: Deps) -> None:
+    """One line per failed start (each attempt), counted and noted as the latest decision."""
+    log.error(
+        "sandbox start failed",
+        extra={"reason": reason, "kind": "permanent" if permanent else "transient", "retried": not permanent},
+    )
+    deps.on_start_failed(session_id, reason, permanent)
+
+
 def _stopped_log(decision: Decision, session: Session | None, record: Record, deps: Deps) -> None:
     """One line per sandbox stopped, with what the decision saw, and the count by cause."""
     cause = decision.cause.value if decision.cause is not None else "unknown"
@@ -384,7 +410,14 @@ def _start(lease: Lease, session: Session, record: Record | None, now: float, pr
     if record is not None:
         deps.runner.release(record.handle)  # never two live sandboxes: the old one goes first
     spec = spec_for(session, deps.choose_template(session))
-    handle = deps.runner.ensure(spec, generation)
+    try:
+        handle = deps.runner.ensure(spec, generation)
+    except SpecRefused as exc:  # the spec itself is unsafe: no retry can help (L2)
+        _start_failed(session.id, str(exc), True, deps)
+        raise
+    except RunnerRejected as exc:  # may pass: the binary back, a uid freed, a quota raised
+        _start_failed(session.id, str(exc), False, deps)
+        raise StartFailed(f"sandbox start failed; retried while the session asks: {exc}") from exc
     deps.store.save(
         lease,
         Record(

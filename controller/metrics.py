@@ -135,6 +135,7 @@ START_STAGE_SECONDS = "controller_start_stage_seconds"
 LEASE_BUSY_TOTAL = "controller_lease_busy_total"
 DELETIONS_HELD_TOTAL = "controller_deletions_held_total"
 PRESTARTS_SKIPPED_TOTAL = "controller_prestarts_skipped_total"
+START_FAILURES_TOTAL = "controller_sandbox_start_failures_total"
 API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
 QUEUE_DEPTH = "controller_queue_depth"
 WORK_PENDING = "controller_work_pending"
@@ -224,7 +225,7 @@ class Metrics:
             ),
             DELETIONS_HELD_TOTAL: Counter(
                 DELETIONS_HELD_TOTAL,
-                "Deletions held because most sessions read to confirm them answered 404.",
+                "Deletions held because the sessions read to confirm them answered 404 too (or none could be).",
                 registry=self.registry,
             ),
             PRESTARTS_SKIPPED_TOTAL: Counter(
@@ -236,6 +237,13 @@ class Metrics:
                 RESUMES_TOTAL,
                 "Starts of a session that had a checkpoint, by outcome (restored, or fresh_start if it could not be).",
                 ("outcome",),
+                registry=self.registry,
+            ),
+            START_FAILURES_TOTAL: Counter(
+                START_FAILURES_TOTAL,
+                "Sandbox starts that failed, by kind: transient (retried while the session asks) or "
+                "permanent (the spec is unsafe: dropped).",
+                ("kind",),
                 registry=self.registry,
             ),
             PLACEMENTS_TOTAL: Counter(

@@ -98,6 +98,21 @@ class Link(StrEnum):
 
 
 @dataclass(frozen=True)
+class NotFound:
+    """What the store keeps of a session whose reads answer 404, until its deletion is confirmed
+    or it is found again (``decide.Missing``)."""
+
+    since: float
+    """When its reads began answering 404 (Unix seconds, Redis's clock)."""
+    reads: int = 1
+    """404 reads counted toward the confirmation (``decide.counted``)."""
+    last_read: float | None = None
+    """When the last counted one was made (None: at ``since``)."""
+    release_asked: float | None = None
+    """When an operator asked for its release (``sandbox-controller release``), or None."""
+
+
+@dataclass(frozen=True)
 class Handle:
     """A runner's name for one sandbox: stable, storable, enough to find it again."""
 
@@ -149,6 +164,9 @@ class Record:
     prestarted: bool = False
     """Started at the session's creation, before anything asked for it (L9's pre-start), and not
     used since; these count against ``CONTROLLER_PRESTART_MAX_SANDBOXES``."""
+    link_unknown: bool = False
+    """A look could not read the link (the API failed) while the grace clock ran: the next look
+    that sees it down starts the clock again (``decide._looked``)."""
 
     @property
     def stopped(self) -> bool:

@@ -41,6 +41,7 @@ from controller.metrics import (
     SANDBOXES_RUNNING,
     SANDBOXES_STOPPED_TOTAL,
     SESSIONS_REFUSED_TOTAL,
+    START_FAILURES_TOTAL,
     Counters,
     Metrics,
     QueueCollector,
@@ -311,12 +312,39 @@ def remember_decisions(decisions: RedisSessionStore) -> Callable[[str, Decision]
     return on_decision
 
 
+def note_start_failures(decisions: RedisSessionStore, metrics: Counters) -> Callable[[str, str, bool], None]:
+    """``Deps.on_start_failed``: count each failed start by kind, and note it as the session's
+    latest decision ("start failed" / "start refused", with the reason) for ``status`` and
+    ``explain``. A failed note is logged and does not fail the work."""
+
+    def on_start_failed(session_id: str, reason: str, permanent: bool) -> None:
+        metrics.inc(START_FAILURES_TOTAL, kind="permanent" if permanent else "transient")
+        try:
+            decisions.note_decision(session_id, "start refused" if permanent else "start failed", reason)
+        except StoreUnavailable:
+            log.warning("could not note the failed start", extra={"session_id": session_id})
+
+    return on_start_failed
+
+
 def each(*calls: Callable[[str, Decision], None]) -> Callable[[str, Decision], None]:
     def on_decision(session_id: str, decision: Decision) -> None:
         for call in calls:
             call(session_id, decision)
 
     return on_decision
+
+
+def api_sessions(settings: Settings, metrics: Counters | None = None) -> HttpSessions:
+    """The Agents API client, with the configured key and base URL (the workers', ``check-config``'s)."""
+    assert settings.api.api_key is not None
+    return HttpSessions(
+        settings.api.base_url,
+        settings.api.api_key.reveal(),
+        timeout_seconds=settings.api.timeout_seconds,
+        max_attempts=settings.api.max_attempts,
+        on_response=count_api_requests(metrics if metrics is not None else Metrics()),
+    )
 
 
 def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
@@ -327,13 +355,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
     session_store = store(settings, client)
     lifecycle = settings.lifecycle
     return Deps(
-        sessions=HttpSessions(
-            settings.api.base_url,
-            settings.api.api_key.reveal(),
-            timeout_seconds=settings.api.timeout_seconds,
-            max_attempts=settings.api.max_attempts,
-            on_response=count_api_requests(metrics),
-        ),
+        sessions=api_sessions(settings, metrics),
         store=session_store,
         runner=runner(settings, templates, metrics, RedisDemandLog(client)),
         clock=RedisClock(client),  # one clock for every process: the one timers fall due on
@@ -353,6 +375,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         on_prestart_skipped=lambda: metrics.inc(PRESTARTS_SKIPPED_TOTAL),
         deletion_confirm_seconds=lifecycle.deletion_confirm_seconds,
         on_held=lambda: metrics.inc(DELETIONS_HELD_TOTAL),
+        on_start_failed=note_start_failures(session_store, metrics),
     )
 
 

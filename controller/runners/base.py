@@ -23,7 +23,7 @@ which ``ensure`` claims for a session instead of starting one; ``tend_pools`` ke
 their size (the scheduler's leader calls it every few seconds) and tells how it found each. A
 pool sized by demand reads its size from a ``DemandLog`` the workers note placements in.
 
-``ensure`` refuses (``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
+``ensure`` refuses (``SpecRefused``, a ``RunnerRejected``) a spec whose ids or ``remote_url`` are unsafe to put
 in an argument list, a path or a manifest (``checked``, L2): the decision already refused such
 a session; this is the last line of defence.
 """
@@ -34,15 +34,15 @@ from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 from controller import trust
-from controller.errors import RunnerRejected
+from controller.errors import SpecRefused
 from controller.model import Handle, Health, PoolState, SandboxSpec
 
 
 def checked(spec: SandboxSpec) -> SandboxSpec:
-    """The spec itself, or ``RunnerRejected`` when an id or the URL's shape is unsafe (L2)."""
+    """The spec itself, or ``SpecRefused`` when an id or the URL's shape is unsafe (L2)."""
     problem = trust.spec_problem(spec)
     if problem is not None:
-        raise RunnerRejected(f"refused to start a sandbox: {problem}")
+        raise SpecRefused(f"refused to start a sandbox: {problem}")
     return spec
 
 

@@ -26,7 +26,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
-from controller.model import Record
+from controller.model import NotFound, Record
 
 
 @dataclass(frozen=True)
@@ -83,15 +83,32 @@ class SessionStore(Protocol):
         """Every session with a mapping (for reconciliation)."""
         ...
 
-    def arm(self, lease: Lease, due_at: float | None, missing_since: float | None = None) -> None:
+    def arm(
+        self,
+        lease: Lease,
+        due_at: float | None,
+        missing_since: float | None = None,
+        missing_reads: tuple[int, float] | None = None,
+    ) -> None:
         """Fenced: set the session's one timer to ``due_at`` (Unix seconds), replacing any
         earlier one; None removes it (``controller.timers``). ``missing_since``: when the
-        session's reads began answering 404 (kept until its deletion is confirmed); None forgets
-        it (the session was found, or is gone)."""
+        session's reads began answering 404 (kept until its deletion is confirmed), with
+        ``missing_reads``, the 404 reads counted and when the last was made; None forgets all
+        of it, an operator's release asked included (the session was found, or is gone)."""
         ...
 
     def missing_since(self, session_id: str) -> float | None:
         """When the session's reads began answering 404 (``arm``), or None."""
+        ...
+
+    def not_found(self, session_id: str) -> NotFound | None:
+        """What is kept of a session whose reads answer 404 (``arm``, ``ask_release``), or None."""
+        ...
+
+    def ask_release(self, session_id: str, at: float) -> bool:
+        """An operator asks for the release of a session whose reads answer 404 (a held
+        deletion): noted for the worker's next round, which releases it if it still answers
+        404. False (nothing noted) when the session is not known to answer 404."""
         ...
 
     def others_to_compare(self, session_id: str, count: int) -> list[str]:

@@ -18,6 +18,10 @@ Keys (all under ``sc:``; ``{sid}`` is the session id):
                      see ``controller.timers``): ``take_due`` pops due ones and wants work
     sc:missing       per session whose reads answer 404, when they began to (hash; Unix
                      seconds), until its deletion is confirmed (``decide.Missing``)
+    sc:missing:reads per such session, the 404 reads counted toward the confirmation and
+                     when the last was made (hash; "reads last", ``decide.counted``)
+    sc:release       per such session, when an operator asked for its release (hash; Unix
+                     seconds; ``sandbox-controller release``), cleared with ``sc:missing``
     sc:prestarted    pre-started sandboxes not yet used, and reservations for them (sorted set;
                      score: when reserved, Unix ms): the pre-start budget
     sc:decision:{sid} the latest decision about a session (hash; for ``status``/``explain``)
@@ -50,7 +54,7 @@ import redis
 from controller import logs, task_message
 from controller.errors import Fenced, StoreUnavailable
 from controller.inbox import Job, Outcome
-from controller.model import Handle, LastDecision, Record
+from controller.model import Handle, LastDecision, NotFound, Record
 from controller.redis_client import Endpoint
 from controller.store.base import Busy, Lease
 from controller.store.pipelined import PipelinedRedis
@@ -191,9 +195,19 @@ else
 end
 if ARGV[4] == '' then
   redis.call('HDEL', KEYS[3], ARGV[2])
+  redis.call('HDEL', KEYS[4], ARGV[2])
+  redis.call('HDEL', KEYS[5], ARGV[2])
 else
   redis.call('HSETNX', KEYS[3], ARGV[2], ARGV[4])
+  if ARGV[5] ~= '' then redis.call('HSET', KEYS[4], ARGV[2], ARGV[5]) end
 end
+return 1
+"""
+
+# An operator's release of a session known to answer 404 (``ask_release``).
+_ASK_RELEASE = """
+if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[2])
 return 1
 """
 
@@ -262,6 +276,8 @@ return due
 SESSIONS_KEY = "sc:sessions"
 TIMERS_KEY = "sc:timers"
 MISSING_KEY = "sc:missing"
+MISSING_READS_KEY = "sc:missing:reads"
+RELEASE_KEY = "sc:release"
 PRESTARTED_KEY = "sc:prestarted"
 PRESTART_RESERVATION_MS = 60_000
 """A pre-start's reservation counts this long even before its start is recorded."""
@@ -327,6 +343,7 @@ class RedisSessionStore:
         self._forget = client.register_script(_FORGET)
         self._take_overdue = client.register_script(_TAKE_OVERDUE)
         self._arm = client.register_script(_ARM)
+        self._ask_release = client.register_script(_ASK_RELEASE)
         self._take_due = client.register_script(_TAKE_DUE)
         self._reserve_prestart = client.register_script(_RESERVE_PRESTART)
         self._note_decision = client.register_script(_NOTE_DECISION)
@@ -430,12 +447,20 @@ class RedisSessionStore:
             members: set[str] = self._r.smembers(SESSIONS_KEY)  # type: ignore[assignment]
             return sorted(members)
 
-    def arm(self, lease: Lease, due_at: float | None, missing_since: float | None = None) -> None:
+    def arm(
+        self,
+        lease: Lease,
+        due_at: float | None,
+        missing_since: float | None = None,
+        missing_reads: tuple[int, float] | None = None,
+    ) -> None:
         sid = lease.session_id
         due = "" if due_at is None else str(int(due_at * 1000))
         missing = "" if missing_since is None else repr(missing_since)
+        reads = "" if missing_reads is None else f"{missing_reads[0]} {missing_reads[1]!r}"
+        keys = [f"sc:lease:{sid}", TIMERS_KEY, MISSING_KEY, MISSING_READS_KEY, RELEASE_KEY]
         with _translated("arm timer"):
-            ok = self._arm(keys=[f"sc:lease:{sid}", TIMERS_KEY, MISSING_KEY], args=[lease.token, sid, due, missing])
+            ok = self._arm(keys=keys, args=[lease.token, sid, due, missing, reads])
         if not ok:
             raise Fenced(f"lease of session {sid} lost; timer not armed")
 
@@ -443,6 +468,21 @@ class RedisSessionStore:
         with _translated("read missing"):
             since = self._r.hget(MISSING_KEY, session_id)
         return None if since is None else float(since)
+
+    def not_found(self, session_id: str) -> NotFound | None:
+        with _translated("read missing"), self._r.pipeline(transaction=False) as pipe:
+            pipe.hget(MISSING_KEY, session_id)
+            pipe.hget(MISSING_READS_KEY, session_id)
+            pipe.hget(RELEASE_KEY, session_id)
+            since, reads, asked = pipe.execute()
+        if since is None:
+            return None
+        count, last = (1, None) if not reads else (int(reads.split()[0]), float(reads.split()[1]))
+        return NotFound(float(since), count, last, None if asked is None else float(asked))
+
+    def ask_release(self, session_id: str, at: float) -> bool:
+        with _translated("ask for a release"):
+            return bool(self._ask_release(keys=[MISSING_KEY, RELEASE_KEY], args=[session_id, repr(at)]))
 
     def missing(self) -> dict[str, float]:
         """Every session whose reads answer 404 and since when (``status``)."""
@@ -555,6 +595,7 @@ def _record_fields(record: Record) -> dict[str, str]:
         "disconnected_at": "" if record.disconnected_at is None else repr(record.disconnected_at),
         "seen_connected": "1" if record.seen_connected else "0",
         "prestarted": "1" if record.prestarted else "0",
+        "link_unknown": "1" if record.link_unknown else "0",
     }
 
 
@@ -578,6 +619,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         disconnected_at=_optional_time(data.get("disconnected_at")),
         seen_connected=data.get("seen_connected") == "1",
         prestarted=data.get("prestarted") == "1",
+        link_unknown=data.get("link_unknown") == "1",
     )
 
 

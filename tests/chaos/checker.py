@@ -20,9 +20,10 @@ How each is seen from outside:
    until the session is deleted or fails — the final turn of each session that still exists
    included (a session's turns are read just before the harness deletes it).
 5. Every ``environment_connection`` delivery that a receiver answered 2xx: the request it
-   carried must have been resolved (the simulator clears it only when an executor connects)
-   unless the session was deleted or failed; and a deleted or failed session's executor must
-   be gone by the end.
+   carried must have been resolved (the simulator clears it only when an executor connects),
+   for a session deleted or failed later too, unless it ended within 30 s of asking (the
+   simulator's own connect deadline is set past the run, so a lost request cannot turn into
+   "failed" and escape); and a deleted or failed session's executor must be gone by the end.
 6. After the teardown, no executor and no process of the run is left.
 7. An executor ending while its session was idle: not before the idle timeout (L11); and an
    idle session's executor still running 15 s past the timeout, with nothing disturbing the
@@ -430,18 +431,23 @@ class Checker:
             if (data.get("required_action") or {}).get("type") != "environment_connection":
                 continue
             session = self.book.by_id(str(data.get("id")))
-            if session is None or session.ended_at is not None:
+            if session is None:
                 continue
             history = histories.setdefault(session.id, self.sim.history(session.id))
-            if any(h["status"] == "failed" for h in history):
-                continue
+            failed = [h["at"] for h in history if h["status"] == "failed"]
+            ends = [t for t in (session.ended_at, failed[0] if failed else None) if t is not None]
             checked += 1
             attempt = acknowledged[0]
             acked_at = float(attempt["started_at"]) + float(attempt["duration_seconds"] or 0)
             asks = [h for h in history if h["wants_connection"] and h["at"] <= acked_at]
             if not asks:
                 continue
-            if not any(h["at"] > asks[-1]["at"] and not h["wants_connection"] for h in history):
+            if ends and min(ends) - asks[-1]["at"] < ASK_SECONDS:
+                continue  # deleted or failed before its connection was owed
+            served = (
+                h["at"] > asks[-1]["at"] and not h["wants_connection"] and h["status"] != "failed" for h in history
+            )
+            if not any(served):
                 self.violate(
                     ("5", session.id),
                     5,

@@ -153,6 +153,8 @@ class Injector:
     def _fault(self, step: Step) -> None:
         handlers = {
             "api-fault": self._api_fault,
+            "api-flap": self._api_flap,
+            "executor-missing": self._executor_missing,
             "link-drop": self._link_drop,
             "kill-executor": self._kill_executor,
             "kill": self._kill,
@@ -190,6 +192,44 @@ class Injector:
         time.sleep(step.seconds + hold)  # a held answer outlasts its fault by the hold
         self.log.ended(window)
         self.log.add("restore", f"{target} answers again ({scope})")
+
+    def _api_flap(self, step: Step) -> None:
+        """Two one-shot 404s of one session's reads, ``step.seconds`` apart: each is taken by the
+        next read of that session, whichever process makes it."""
+        session = self.book.get(step.subject)
+        if session is None or session.ended_at is not None:
+            self.log.add("note", f"skipped {step.describe()}: no such session now")
+            return
+        window = self.log.disturbed(step.describe())
+        body = {"target": "retrieve_session", "status": 404, "count": 1, "object_id": session.id}
+        for index in range(2):
+            if index:
+                time.sleep(step.seconds)
+            self.world.admin("POST", "/admin/faults", body).raise_for_status()
+            self.log.add("fault", f"the next read of {session.name} ({session.id}) answers 404 (one-shot {index + 1})")
+        time.sleep(2.0)
+        self.log.ended(window)
+        self.log.add("restore", f"{session.name} reads again")
+
+    def _executor_missing(self, step: Step) -> None:
+        """The executor binary is away for ``step.seconds`` (renamed), then back."""
+        link = self.world.executor_link
+        if link is None:
+            self.log.add("note", f"skipped {step.describe()}: the executor is not a file the run can move")
+            return
+        if not self._claim("executor", step):
+            return
+        away = link.with_name(link.name + ".away")
+        window = self.log.disturbed(step.describe())
+        try:
+            link.rename(away)
+            self.log.add("fault", f"executor binary missing for {step.seconds:.1f}s ({link})")
+            time.sleep(step.seconds)
+        finally:
+            away.rename(link)
+            self._release("executor")
+        self.log.ended(window)
+        self.log.add("restore", "executor binary back")
 
     def _link_drop(self, step: Step) -> None:
         session = self.book.get(step.subject)

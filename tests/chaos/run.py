@@ -5,9 +5,12 @@ deleted or failed sessions' executors must go), the end checks, the teardown, an
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -16,10 +19,9 @@ from tests.chaos.book import Book
 from tests.chaos.checker import ASK_SECONDS, INVARIANTS, Checker, Violation
 from tests.chaos.eventlog import EventLog
 from tests.chaos.inject import Injector
-from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, Schedule, draw
+from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, GRACE_SECONDS, Schedule, draw
 from tests.chaos.world import (
     FULL_SWEEP_INTERVAL_SECONDS,
-    GRACE_SECONDS,
     IDLE_TIMEOUT_SECONDS,
     PRESTART_BUDGET,
     ChaosWorld,
@@ -71,16 +73,41 @@ class Result:
         return f"{self.report()}\n  event log:\n{self.log.text()}"
 
 
+def require_codex(real_codex: bool, environ: Mapping[str, str]) -> None:
+    """Under ``CI=true`` a run without the real codex fails at once: the stand-in runs no
+    commands, so invariant 4 (workspaces) would go unjudged in silence."""
+    if not real_codex and environ.get("CI") == "true":
+        pytest.fail(
+            "CI=true but codex is not installed: the stand-in runs no commands, so invariant 4 "
+            "(no workspace of a live session discarded) cannot be judged; install it (scripts/test does)"
+        )
+
+
+class Stoppable(Protocol):
+    def stop(self) -> None: ...
+
+
+def teardown(world: Stoppable, checker: Checker, directory: Path) -> None:
+    """6: stop the world; a process its teardown found left in the state directory (it kills
+    it, then says so) is a violation, and so is anything left after it (``check_nothing_left``)."""
+    try:
+        world.stop()
+    except AssertionError as exc:
+        checker.violate(("6", "teardown"), 6, "the run", f"left running after the teardown: {exc}")
+    checker.check_nothing_left(directory)
+
+
 def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> Result:
     schedule = draw(seed, minutes, faults)
     executor, real_codex = executor_command()
+    require_codex(real_codex, os.environ)
     try:
         faketime.library()  # built once with the system's C compiler (fails the run under CI=true)
         can_skew = True
     except pytest.skip.Exception:
         can_skew = False
     directory.mkdir(parents=True, exist_ok=True)
-    world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults)
+    world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults, run_seconds=schedule.seconds)
     log = EventLog(directory / "events.log")
     result = Result(schedule, log)
     book = Book()
@@ -118,11 +145,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         checker.check_ended_sessions_released()
     finally:
         checker.stop()
-        try:
-            world.stop()
-        except AssertionError as exc:  # processes left in the state directory
-            log.add("note", f"teardown: {exc}")
-        checker.check_nothing_left(directory)
+        teardown(world, checker, directory)
         simulator.close()
     result.violations = list(checker.violations)
     result.errors = injector.errors + checker.errors

@@ -12,13 +12,18 @@ Faults (``FAULTS``; ``--faults`` picks among them, see ``select``):
 api-404             session reads answer 404 for 1–4 s: one session, or every session at once
                     for 2–5 s; at least 8 s apart, so that no session's reads answer 404 for
                     as long as the deletion confirmation (6 s in these runs)
+api-404-flap        one session's next read answers 404, and the next read 2–4 s later too, the
+                    session readable between them (a flapping API): never a deletion
 api-429             session or environment reads answer 429 (Retry-After 1 s) for 2–8 s
 api-5xx             session or environment reads answer 500/502/503 for 2–8 s
 api-timeout         session or environment reads hang past the controller's API timeout, 2–8 s
 link-drop           one executor's link is down 0.5–10 s (WebSockets closed, upgrades answered
-                    503): at any time, just after the session's input (during its turn), or
+                    503): at any time, just after the session's input (during its turn),
                     2–5 s after a session made for it was created (before the controller's
-                    first look; that session is deleted 30–45 s later)
+                    first look; that session is deleted 30–45 s later), or twice (1–4 s, up
+                    3–5 s, then long enough to cover the moment the grace would end if timed
+                    from the first drop, each with input just before: each shorter than the
+                    grace, together longer)
 kill-executor       SIGKILL of one executor: its whole process group, or its leader only (the
                     npm launcher; the native codex lives on)
 kill-worker         SIGKILL of one Celery worker (main process and pool), restarted 0.5–3 s later
@@ -36,7 +41,12 @@ webhook-late        deliveries starting in the next 1–8 s held until then, the
 webhook-reorder     the same, then sent newest first or shuffled
 prestart-burst      5 sessions of the pre-started agent created at once, none given input;
                     deleted 20–40 s later
+executor-missing    the executor binary is missing for 3–12 s (a node image update, an unmounted
+                    volume): every start fails meanwhile, and must be retried once it is back
 ==================  =============================================================================
+
+Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
+every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
 
 Session actions: ``create`` (then ``input``), ``input`` (a turn whose command reads and extends
 the workspace's marker file), ``delete`` (the API's DELETE), ``fail`` (the simulator's admin
@@ -55,10 +65,20 @@ MAX_LIVE_SESSIONS = 5
 FIRST_SESSIONS = 3
 BURST_SESSIONS = 5
 SKEW_SECONDS = 30
+GRACE_SECONDS = 10.0
+"""``CONTROLLER_EXECUTOR_GRACE_SECONDS`` of the runs (``world.py`` sets it from here)."""
 DELETION_CONFIRM_SECONDS = 6.0
 """``CONTROLLER_DELETION_CONFIRM_SECONDS`` of the runs (``world.py`` sets it from here)."""
 NO_404_SECONDS = DELETION_CONFIRM_SECONDS + 2.0
 """Between two 404 windows: back to back they would add up to a deletion by the rules."""
+QUIET_SECONDS = 50.0
+"""A fault-free stretch this long (after the last fault's own duration) comes every
+``QUIET_EVERY_SECONDS`` in runs of ``QUIET_FROM_MINUTES`` or more: long enough for the checker
+to judge, during the run, a request unanswered 30 s after the faults ended (2) and an idle
+sandbox still running 15 s past its 20 s timeout (7). CI's 45-s runs have none (they are judged
+at their quiet end)."""
+QUIET_EVERY_SECONDS = 150.0
+QUIET_FROM_MINUTES = 3.0
 PROCESSES = {
     "kill-worker": ("worker0", "worker1"),
     "kill-scheduler": ("scheduler0", "scheduler1"),
@@ -167,10 +187,16 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
     weights = [FAULTS[n].weight for n in names]
     steps: list[Step] = []
     at = rng.uniform(3.0, 6.0)
+    quiet_after = QUIET_EVERY_SECONDS if minutes >= QUIET_FROM_MINUTES else float("inf")
     while names and at < duration:
         name = rng.choices(names, weights)[0]
-        steps += FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
+        drawn = FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
+        steps += drawn
         at += rng.uniform(2.0, 7.0)
+        if at >= quiet_after:  # a fault-free stretch: invariants 2 and 7 are judged during the run
+            busy_until = max([at, *(s.at + s.seconds for s in steps)])
+            at = busy_until + QUIET_SECONDS
+            quiet_after = at + QUIET_EVERY_SECONDS
     return Schedule(seed, minutes, chosen, tuple(sorted(steps + story.steps)))
 
 
@@ -240,12 +266,40 @@ def _api(status: str) -> Draw:
     return draw
 
 
+def _flap(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """Two one-shot 404s of one session, the session readable between them."""
+    one = _session(rng, story, at)
+    gap = _seconds(rng, 2.0, 4.0)
+    if one is None or at < story.no_404_before:
+        return []
+    story.no_404_before = at + gap + NO_404_SECONDS
+    return [Step(at, "api-flap", one, gap, "retrieve_session:404")]
+
+
+def _executor_missing(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    return [Step(at, "executor-missing", "", _seconds(rng, 3.0, 12.0))]
+
+
 def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     name = _session(rng, story, at)
     if name is None:
         return []
     seconds = _seconds(rng, 0.5, 10.0)
-    phase = rng.choice(("any", "turn", "fresh"))
+    phase = rng.choice(("any", "turn", "fresh", "twice"))
+    if phase == "twice":  # two short drops in one turn, the link up between them (issue 25, item 4)
+        first, up = _seconds(rng, 1.0, 4.0), _seconds(rng, 3.0, 5.0)
+        # The second drop covers the moment a clock run from the first drop would pass the grace.
+        second = round(max(2.0, GRACE_SECONDS + 1.5 - first - up) + rng.uniform(0.0, 1.5), 1)
+        drop_at = round(at + rng.uniform(0.5, 1.5), 2)
+        again = round(drop_at + first + up, 2)
+        if story.gone.get(name, float("inf")) > again + second:
+            return [
+                Step(at, "input", name),
+                Step(drop_at, "link-drop", name, first, "1 of 2"),
+                Step(round(again - 0.3, 2), "input", name),  # busy again: the API asks at the drop
+                Step(again, "link-drop", name, second, "2 of 2"),
+            ]
+        phase = "turn"
     if phase == "turn":  # input first, so the drop comes while its turn runs
         return [Step(at, "input", name), Step(round(at + rng.uniform(0.5, 2.5), 2), "link-drop", name, seconds)]
     if phase == "fresh" and not story.fresh & set(story.alive(at)):  # before the controller's first look
@@ -325,6 +379,8 @@ FAULTS: dict[str, Fault] = {
         Fault("webhook-late", 0.7, _hold(("fifo",))),
         Fault("webhook-reorder", 0.7, _hold(("reverse", "shuffle"))),
         Fault("prestart-burst", 0.3, _burst),
+        Fault("api-404-flap", 0.7, _flap),
+        Fault("executor-missing", 0.4, _executor_missing),
     )
 }
 DEFAULT_FAULTS = frozenset(FAULTS)

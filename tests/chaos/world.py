@@ -25,12 +25,11 @@ import httpx
 
 from agents_simulator.dev import find_codex
 from controller.config import KEYS
-from tests.chaos.schedule import DELETION_CONFIRM_SECONDS
+from tests.chaos.schedule import DELETION_CONFIRM_SECONDS, GRACE_SECONDS
 from tests.support.processes import Managed, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer
 from tests.system.loop import Loop
 
-GRACE_SECONDS = 10.0
 IDLE_TIMEOUT_SECONDS = 20.0
 API_TIMEOUT_SECONDS = 2.0
 API_HOLD_SECONDS = 5.0
@@ -38,6 +37,8 @@ API_HOLD_SECONDS = 5.0
 PRESTART_BUDGET = 3
 PRESTART_AGENT = "agent_chaos_prestart"
 TURN_SECONDS = 2.0
+CONNECT_MARGIN_SECONDS = 900.0
+"""The simulator's connect deadline is the run's schedule plus this (its quiet end and teardown)."""
 RECONCILE_INTERVAL_SECONDS = 3.0
 FULL_SWEEP_INTERVAL_SECONDS = 10.0
 MARKER = "chaos-marker"
@@ -92,8 +93,19 @@ def clock_offsets(env: dict[str, str]) -> tuple[float, float]:
 
 
 class ChaosWorld(Loop):
-    def __init__(self, directory: Path, executor: str, role_flip: bool = False) -> None:
+    def __init__(self, directory: Path, executor: str, role_flip: bool = False, run_seconds: float = 0.0) -> None:
         known, self.unknown_settings = settings()
+        self.connect_timeout_seconds = run_seconds + CONNECT_MARGIN_SECONDS
+        """The simulator's connect deadline: past the whole run, so a request the controller
+        lost stays pending (invariants 2 and 5) instead of turning the session "failed"."""
+        self.executor_link: Path | None = None
+        """A link to the executor binary the controller runs (the executor-missing fault moves
+        it away for a while); None when the executor is not one file (the stand-in)."""
+        if Path(executor).is_file():
+            self.executor_link = directory / "bin" / Path(executor).name
+            self.executor_link.parent.mkdir(parents=True, exist_ok=True)
+            self.executor_link.symlink_to(executor)
+            executor = str(self.executor_link)
         super().__init__(directory, executor, extra_env=known)
         self.standby: Managed | None = None
         self.replica = RedisServer(directory / "replica", replica_of=self.redis) if role_flip else None
@@ -112,6 +124,8 @@ class ChaosWorld(Loop):
             "0.5",
             "--webhook-retry-max-seconds",
             "2",
+            "--connect-timeout-seconds",
+            f"{self.connect_timeout_seconds:g}",
         ]
 
     def start(self) -> ChaosWorld:

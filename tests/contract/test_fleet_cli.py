@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import redis
 
-from controller import wiring
+from controller import queue, wiring
 from controller.decide import Decision, Verdict
 from controller.model import Handle, Record
 from controller.store.base import Lease
@@ -100,6 +100,7 @@ def test_status_and_explain_read_and_never_act(
         "sessions": [],
         "totals": {"sessions": 0, "by_health": {}, "by_last_verdict": {}, "deletions_held": 0},
         "not_found_since": {},
+        "held": [],
     }
 
     # A worker recorded a sandbox (its process has since gone) and noted its decision.
@@ -145,3 +146,76 @@ def test_status_and_explain_read_and_never_act(
     sessions = tmp_path / "sandboxes" / "sessions"  # the local runner's per-session directories
     assert not sessions.exists() or not any(sessions.iterdir())
     assert_no_process_left(tmp_path)
+
+
+def test_a_held_deletion_shows_in_status_and_only_the_operator_ends_it(
+    server: RedisServer, start_simulator: StartSimulator, tmp_path: Path
+) -> None:
+    """L7/L17: a session whose deletion a worker held is listed by ``status`` with how long it
+    has been held and how to check; ``check-config --session`` reads a session with the
+    configured key (found, or a 404 that names a wrong key or base URL); ``release`` says in
+    one line what it would destroy and changes nothing; with ``--yes`` it notes the release
+    and queues a round for the workers; a session not known to answer 404 is refused."""
+    simulator = start_simulator()
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+    env.update(
+        CONTROLLER_REDIS_URL=server.url,
+        CONTROLLER_API_KEY=simulator.api_key,
+        CONTROLLER_API_BASE_URL=simulator.base_url,
+        CONTROLLER_EXECUTOR_KEY=simulator.environment_key,
+        CONTROLLER_RUNNER="local",
+        CONTROLLER_LOCAL_STATE_DIRECTORY=str(tmp_path / "sandboxes"),
+        CONTROLLER_LOCAL_EXECUTOR_SAME_USER="true",
+        CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
+        CONTROLLER_DELETION_CONFIRM_SECONDS="60",
+    )
+    live = simulator.openai().beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
+    client = redis.Redis.from_url(server.url, decode_responses=True)
+    store = RedisSessionStore(client, lease_ttl_seconds=5)
+    gone = "sess_held_gone"
+    store.want(gone)
+    lease = store.acquire(gone)
+    assert isinstance(lease, Lease)
+    since = time.time() - 600
+    handle = Handle(gone, "sandbox-held", 2, uid="999999999", environment_id="env_held")
+    store.save(lease, Record(gone, "env_held", handle, since - 60))
+    store.arm(lease, time.time() + 600, missing_since=since, missing_reads=(3, since + 61))
+    store.complete(lease)
+    wiring.remember_decisions(store)(gone, Decision(Verdict.KEEP, "deletion held: …", held=True))
+
+    status = run(env, "status")
+    [held] = status["held"]
+    assert held["session_id"] == gone and held["not_found_since"] == since
+    assert 600 - 60 - 5 < held["held_seconds"] < 600 - 60 + 60
+    shown = cli(env, "status")
+    assert shown.returncode == 0 and f"held: {gone}: answers 404 for" in shown.stdout
+    assert f"sandbox-controller release {gone}" in shown.stdout
+
+    checked = cli(env, "check-config", "--role", "worker", "--session", gone)
+    assert checked.returncode == 1 and "404 with this CONTROLLER_API_KEY" in checked.stderr
+    checked = cli(env, "check-config", "--role", "worker", "--session", live.id)
+    assert checked.returncode == 0, checked.stderr
+    assert f"session {live.id}: found" in checked.stderr
+
+    keys_before = sorted(client.keys("*"))
+    asked = cli(env, "release", gone)
+    assert asked.returncode == 0, asked.stderr
+    [line] = asked.stdout.splitlines()
+    assert line.startswith(f"would release {gone}") and "stop sandbox sandbox-held (generation 2)" in line
+    assert "discard its workspace" in line and "--yes" in line
+    assert sorted(client.keys("*")) == keys_before  # nothing done
+
+    refused = cli(env, "release", live.id, "--yes")
+    assert refused.returncode == 2 and "not known to answer 404" in refused.stderr
+    done = cli(env, "release", gone, "--yes")
+    assert done.returncode == 0, done.stderr
+    assert client.hget("sc:release", gone) is not None
+    assert client.llen(queue.QUEUE) == 1 and gone in str(client.lindex(queue.QUEUE, 0))
+    assert int(client.get(f"sc:want:{gone}") or 0) > int(client.get(f"sc:done:{gone}") or 0)
+    assert_no_process_left(tmp_path)
+
+
+def cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller", *args], env=env, capture_output=True, text=True, timeout=60
+    )

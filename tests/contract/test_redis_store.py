@@ -22,7 +22,7 @@ from controller.clock import FakeClock
 from controller.errors import Fenced, StoreUnavailable
 from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
-from controller.model import Handle, Link, Record, Session
+from controller.model import Handle, Link, NotFound, Record, Session
 from controller.store.base import Busy, Lease
 from controller.store.redis import (
     DEMAND_KEY_PREFIX,
@@ -663,6 +663,26 @@ def test_the_404_mark_is_kept_until_forgotten_and_only_under_the_lease(client: r
     assert store.missing_since(sid) is None
 
 
+def test_the_404_reads_and_an_operators_release_are_kept_with_the_mark(client: redis.Redis, sid: str) -> None:
+    """L7/L17: the 404 reads counted toward a deletion are written with the mark (each round
+    replaces them); an operator's release is noted only for a session known to answer 404; a
+    round that finds the session forgets all three."""
+    store = store_of(client, ttl=30)
+    assert store.not_found(sid) is None
+    assert store.ask_release(sid, 1_700_000_100.0) is False  # not known to answer 404: nothing noted
+    store.want(sid)
+    lease = take(store, sid)
+    store.arm(lease, 1_700_000_030.0, missing_since=1_700_000_000.5)  # a mark without reads: the first
+    assert store.not_found(sid) == NotFound(1_700_000_000.5, 1, None, None)
+    store.arm(lease, 1_700_000_061.0, missing_since=1_700_000_030.0, missing_reads=(2, 1_700_000_030.25))
+    assert store.not_found(sid) == NotFound(1_700_000_000.5, 2, 1_700_000_030.25, None)
+    assert store.ask_release(sid, 1_700_000_100.0) is True
+    assert store.not_found(sid) == NotFound(1_700_000_000.5, 2, 1_700_000_030.25, 1_700_000_100.0)
+    store.arm(lease, None)  # found again
+    assert store.not_found(sid) is None
+    assert client.hget("sc:missing:reads", sid) is None and client.hget("sc:release", sid) is None
+
+
 def test_sessions_to_compare_are_those_that_answer_first(client: redis.Redis, sid: str) -> None:
     """L17: the sessions read to confirm a deletion are mapped ones other than it, those not known
     to answer 404 only, unless every other one is known to."""
@@ -728,6 +748,9 @@ def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
     saved = replace(a_record(sid), disconnected_at=None, seen_connected=True, prestarted=True)
     store.save(lease, saved)
     assert store.record(sid) == saved
+    blind = replace(saved, disconnected_at=1_700_000_000.5, link_unknown=True)  # L14: a look could not read the link
+    store.save(lease, blind)
+    assert store.record(sid) == blind
 
 
 def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:

@@ -28,6 +28,7 @@ from controller.model import (
     Handle,
     Health,
     Link,
+    NotFound,
     Record,
     RequiredAction,
     SandboxSpec,
@@ -123,6 +124,8 @@ class FakeStore:
         self.abandoned: list[Lease] = []
         self.timers: dict[str, float] = {}
         self.missing: dict[str, float] = {}
+        self.missing_reads: dict[str, tuple[int, float]] = {}
+        self.releases: dict[str, float] = {}
         self.prestarted: set[str] = set()
         """Pre-start reservations (the Redis store also drops stale ones; here ``save`` and
         ``forget`` keep the set exact)."""
@@ -212,7 +215,13 @@ class FakeStore:
         with self._lock:
             return sorted(self.records)
 
-    def arm(self, lease: Lease, due_at: float | None, missing_since: float | None = None) -> None:
+    def arm(
+        self,
+        lease: Lease,
+        due_at: float | None,
+        missing_since: float | None = None,
+        missing_reads: tuple[int, float] | None = None,
+    ) -> None:
         with self._lock:
             self._held(lease)
             if due_at is None:
@@ -221,12 +230,30 @@ class FakeStore:
                 self.timers[lease.session_id] = due_at
             if missing_since is None:
                 self.missing.pop(lease.session_id, None)
+                self.missing_reads.pop(lease.session_id, None)
+                self.releases.pop(lease.session_id, None)
             else:
                 self.missing.setdefault(lease.session_id, missing_since)
+                if missing_reads is not None:
+                    self.missing_reads[lease.session_id] = missing_reads
 
     def missing_since(self, session_id: str) -> float | None:
         with self._lock:
             return self.missing.get(session_id)
+
+    def not_found(self, session_id: str) -> NotFound | None:
+        with self._lock:
+            if session_id not in self.missing:
+                return None
+            reads, last = self.missing_reads.get(session_id, (1, None))
+            return NotFound(self.missing[session_id], reads, last, self.releases.get(session_id))
+
+    def ask_release(self, session_id: str, at: float) -> bool:
+        with self._lock:
+            if session_id not in self.missing:
+                return False
+            self.releases[session_id] = at
+            return True
 
     def others_to_compare(self, session_id: str, count: int) -> list[str]:
         """The Redis store picks at random; here in order (the same preference)."""

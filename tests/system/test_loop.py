@@ -185,9 +185,12 @@ def test_deleting_a_session_releases_its_executor_on_the_next_sweep(loop: Loop) 
     """L17: deleting a session stops nothing by itself (the simulator sends no webhook for
     it); the scheduler's sweep finds the mapping, the worker sees 404 and, once the session's
     reads have answered 404 for the confirmation period (3 s in this world), releases the
-    executor and the mapping — not at the first 404."""
+    executor and the mapping — not at the first 404. Another session still answers (with none
+    to compare with, a deletion is held: tests/unit/test_everyday_faults.py)."""
     with loop.api() as client:
+        other = loop.create_session(client)
         session = loop.create_session(client)
+        wait_for(lambda: loop.live_executors()[other["id"]] == 1, 60, "the other executor to start")
         wait_for(lambda: loop.live_executors()[session["id"]] == 1, 60, "the executor to start")
         client.delete(f"/v1/agents/sessions/{session['id']}").raise_for_status()
     wait_for(lambda: loop.live_executors()[session["id"]] == 0, 60, "the sweep to release the executor")

@@ -8,10 +8,13 @@ import ast
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.checker import Checker, Violation
 from tests.chaos.eventlog import EventLog, Window
+from tests.chaos.run import require_codex, teardown
 
 T0 = 1_000_000.0
 GRACE = 10.0
@@ -349,6 +352,39 @@ def test_an_acknowledged_request_that_never_got_its_executor_breaks_5() -> None:
     assert found.invariant == 5 and found.subject.startswith("s0")
 
 
+def test_an_acknowledged_request_of_a_session_deleted_or_failed_later_is_judged_too() -> None:
+    """5: a session that asked, was acknowledged, never got its executor and was deleted (or
+    failed) 40 s later breaks 5; one deleted 10 s after asking, or served before its deletion,
+    does not."""
+    world = World()
+    lost = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
+    lost.deleted_at = T0 + 41
+    failed = world.sim.session(
+        world.book, "s1", [(0, "idle", False), (1, "requires_action", True), (41, "failed", False)]
+    )
+    soon = world.sim.session(world.book, "s2", [(0, "idle", False), (1, "requires_action", True)])
+    soon.deleted_at = T0 + 11
+    served = world.sim.session(
+        world.book, "s3", [(0, "idle", False), (1, "requires_action", True), (2, "in_progress", False)]
+    )
+    served.deleted_at = T0 + 60
+    for session in (lost, failed, soon, served):
+        event = f"evt_{session.name}"
+        world.sim.event_log[event] = {
+            "id": event,
+            "data": {"id": session.id, "required_action": {"type": "environment_connection"}},
+        }
+        world.sim.delivery_log.append(
+            {
+                "id": f"dlv_{session.name}",
+                "event_id": event,
+                "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
+            }
+        )
+    assert world.checker.check_deliveries() == 4
+    assert sorted(v.subject[:2] for v in world.violations(5)) == ["s0", "s1"]
+
+
 def test_eventlog_quiet_since_and_disturbances() -> None:
     log = EventLog(t0=T0)
     log.windows += [Window("a", T0 + 1, T0 + 4), Window("b", T0 + 3, None)]
@@ -372,3 +408,26 @@ def test_the_judge_imports_no_controller_code() -> None:
         ]
         assert not [m for m in imported if m == "controller" or m.startswith("controller.")], name
         assert not [m for m in imported if m.startswith("tests.chaos.") and m.split(".")[-1] + ".py" not in JUDGE], name
+
+
+class _LeavesAProcess:
+    def stop(self) -> None:
+        raise AssertionError("a process of the state directory was left running: 4242 sleep 600")
+
+
+def test_a_process_the_teardown_found_left_breaks_6(tmp_path: Path) -> None:
+    """6: what the teardown had to kill (a process left in the state directory) fails the run;
+    it is not only noted."""
+    world = World()
+    teardown(_LeavesAProcess(), world.checker, tmp_path)
+    [violation] = world.violations(6)
+    assert "4242 sleep 600" in violation.text
+
+
+def test_a_run_under_ci_without_codex_fails() -> None:
+    """4 cannot be judged with the stand-in (it runs no commands): under CI=true the run fails
+    at once instead of skipping it in silence; elsewhere it runs, labelled."""
+    with pytest.raises(pytest.fail.Exception, match="CI=true but codex is not installed"):
+        require_codex(False, {"CI": "true"})
+    require_codex(False, {})
+    require_codex(True, {"CI": "true"})

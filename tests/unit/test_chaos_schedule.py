@@ -13,8 +13,11 @@ from tests.chaos.schedule import (
     DEFAULT_FAULTS,
     DELETION_CONFIRM_SECONDS,
     FAULTS,
+    GRACE_SECONDS,
     MAX_LIVE_SESSIONS,
     NO_404_SECONDS,
+    QUIET_EVERY_SECONDS,
+    QUIET_SECONDS,
     draw,
     select,
 )
@@ -103,3 +106,46 @@ def test_the_default_set_is_the_whole_catalogue_and_faults_are_switched_by_name(
 def test_a_bad_fault_selection_is_refused(spec: str, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         select(spec)
+
+
+def test_some_link_drops_come_twice_in_one_turn_each_shorter_than_the_grace() -> None:
+    """Issue 25, item 4: two drops of one session's link with input just before the second,
+    the link up 3–5 s between them; each shorter than the grace (10 s), the two together
+    longer, the second covering the moment a clock run from the first would pass the grace."""
+    pairs = []
+    for seed in range(10):
+        steps = draw(seed, 10, {"link-drop"}).steps
+        inputs = {(s.subject, s.at) for s in steps if s.kind == "input"}
+        firsts = [s for s in steps if s.kind == "link-drop" and s.value == "1 of 2"]
+        seconds = [s for s in steps if s.kind == "link-drop" and s.value == "2 of 2"]
+        assert len(firsts) == len(seconds)
+        for first, second in zip(firsts, seconds, strict=True):
+            assert first.subject == second.subject
+            assert (second.subject, round(second.at - 0.3, 2)) in inputs
+            assert 3.0 <= round(second.at - (first.at + first.seconds), 2) <= 5.0
+            pairs.append((first, second))
+    assert len(pairs) >= 5
+    for first, second in pairs:
+        assert first.seconds < GRACE_SECONDS and second.seconds < GRACE_SECONDS
+        assert first.at + GRACE_SECONDS + 1 < second.at + second.seconds
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_long_runs_leave_fault_free_stretches_and_ci_runs_do_not_change(seed: int) -> None:
+    """Issue 25, item 6: a long run has a fault-free stretch of ``QUIET_SECONDS`` (past every
+    fault's own duration) at least every ``QUIET_EVERY_SECONDS`` + the stretch, so invariants 2
+    (30 s) and 7 (15 s past the idle timeout) can be judged during the run; a CI run (45 s) is
+    drawn as before (no stretch)."""
+    schedule = draw(seed, 10, DEFAULT_FAULTS)
+    faults = sorted(schedule.fault_steps())
+    quiet = []
+    busy_until = 0.0
+    for step in faults:
+        if step.at - busy_until >= QUIET_SECONDS - 0.1:  # times are drawn to 0.01 s
+            quiet.append((busy_until, step.at))
+        busy_until = max(busy_until, step.at + step.seconds)
+    assert len(quiet) >= 2, quiet  # at about 150 s and 350 s of a 600-s run
+    starts = [0.0] + [end for _, end in quiet]
+    assert max(b - a for a, b in itertools.pairwise(starts)) <= QUIET_EVERY_SECONDS + 60
+    short = draw(seed, 0.75, DEFAULT_FAULTS)
+    assert not any(b.at - (a.at + a.seconds) >= QUIET_SECONDS for a, b in itertools.pairwise(short.fault_steps()))

@@ -13,6 +13,7 @@ worker clocks (tests/system); here the fake clock stands for it.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 
 import pytest
 
@@ -143,6 +144,116 @@ def test_a_drop_between_a_new_sandboxs_first_looks_is_timed_from_the_look_that_f
     assert world.count("ensure") == (2 if replaced else 1)
 
 
+@pytest.mark.parametrize(("first", "up", "second"), [(2.0, 6.0, 5.0), (2.4, 5.5, 3.1), (5.5, 3.0, 3.0)])
+def test_two_drops_each_shorter_than_the_grace_never_replace_a_live_executor(
+    first: float, up: float, second: float
+) -> None:
+    """L14 (issue 25, item 4): grace 10 s, a long turn; the link drops for ``first`` s and comes
+    back with no delivery to cause a look; ``up`` s later it drops again for ``second`` s (the
+    API asks for a connection again at each drop). No outage reaches the grace, though the two
+    together span more than it: the looks made while the clock runs see the link come back, and
+    the live executor is kept."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.0 + first)
+    world.sessions.connected["env_1"] = True  # back: no webhook says so
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 20.0 + first + up)
+    world.sessions.connected["env_1"] = False  # the second drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.0 + first + up + second)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 20.0 + first + up + second + 30.0)
+    assert Verdict.REPLACE not in seen
+    assert world.count("ensure") == 1 and world.count("release") == 0
+
+
+def test_a_drop_after_a_stretch_the_link_could_not_be_read_is_timed_from_the_look_that_sees_it() -> None:
+    """L14 (found by the 30-minute seeded run, seed 32): grace 10 s; the link drops at 20 s for
+    2.8 s while the environment's reads hang (20.5–26.5 s), so no look sees it come back; it
+    drops again at 27 s for 5 s. The looks that could not read the link leave a blind spot: the
+    look that next sees it down starts the clock again, and the live executor is kept."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.5)
+    del world.sessions.connected["env_1"]  # environment reads hang: the link cannot be read
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 26.5)
+    world.sessions.connected["env_1"] = True  # readable again: up (since 22.8 s, unseen)
+    seen += run_timers_until(world, 27.0)
+    world.sessions.connected["env_1"] = False  # the second drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 32.0)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 60.0)
+    assert Verdict.REPLACE not in seen
+    assert world.count("ensure") == 1
+
+
+def test_a_drop_after_the_sessions_reads_answered_404_is_timed_from_the_look_that_sees_it() -> None:
+    """L14 (the run's second case): between two short drops the session's reads answer 404 for
+    2.8 s (a partial incident): those looks read no link, a blind spot; the look that next sees
+    the link down starts the clock again, and the live executor is kept."""
+    world = World(deletion_confirm=6.0)
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 21.0)
+    del world.sessions.sessions["sess_1"]  # its reads answer 404
+    seen += run_timers_until(world, 26.5)
+    world.sessions.connected["env_1"] = True  # up since 22.5 s, unseen
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 27.0)
+    world.sessions.connected["env_1"] = False  # the second drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 32.0)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 60.0)
+    assert Verdict.REPLACE not in seen and Verdict.RELEASE not in seen
+    assert world.count("ensure") == 1
+
+
+def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
+    """L14: the blind spot delays a replacement, never prevents it: a link down for good whose
+    reads fail for a while is replaced a grace after the first look that reads it again."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(WANTS)
+    world.deliver()
+    run_timers_until(world, 21.0)
+    del world.sessions.connected["env_1"]
+    run_timers_until(world, 24.0)
+    world.sessions.connected["env_1"] = False
+    assert Verdict.REPLACE not in run_timers_until(world, 33.0)  # not timed across the blind spot
+    assert run_timers_until(world, 38.0).count(Verdict.REPLACE) == 1 and world.count("ensure") == 2
+
+
 def test_a_link_down_past_the_grace_is_still_replaced_once() -> None:
     """L14: a link that stays down past the grace while a connection is wanted is replaced by
     exactly one new sandbox, timed from the first look that saw it down."""
@@ -172,14 +283,33 @@ def gone_world(confirm: float = CONFIRM, others: tuple[str, ...] = ("sess_2",)) 
     return world
 
 
+def fire_until(world: World, until: float, readable: Callable[[float], bool] | None = None) -> dict[str, list[Verdict]]:
+    """Fire every timer as it falls due up to ``until`` (seconds after T0); sess_1 answers (its
+    read finds it) at a time ``t`` after T0 only when ``readable(t)``, 404 otherwise."""
+    seen: dict[str, list[Verdict]] = {}
+    again = make_session("sess_1", env_id="env_sess_1")
+    while world.store.timers and (due := min(world.store.timers.values())) <= T0 + until:
+        world.clock.advance(max(0.0, due - world.clock.now()))
+        if readable is not None:
+            if readable(world.clock.now() - T0):
+                world.sessions.put(again)
+            else:
+                world.sessions.sessions.pop("sess_1", None)
+        for sid, fired in world.fire_timers().items():
+            seen.setdefault(sid, []).extend(fired)
+    world.clock.advance(max(0.0, T0 + until - world.clock.now()))
+    return seen
+
+
 def test_a_single_404_destroys_nothing_and_a_later_read_forgets_it() -> None:
-    """L7/L17: the first 404 only arms a timer; the sandbox and its workspace stay. A session
-    found again (a transient fault, a wrong URL fixed) is as if nothing happened."""
+    """L7/L17: the first 404 only arms a timer (the next of the reads spread over the
+    confirmation period); the sandbox and its workspace stay. A session found again (a
+    transient fault, a wrong URL fixed) is as if nothing happened."""
     world = gone_world()
     assert verdicts(world.deliver()) == [Verdict.KEEP]
     assert "sess_1" in world.runner.live and world.runner.keeps_workspace("sess_1")
     assert world.store.missing == {"sess_1": T0}
-    assert world.store.timer("sess_1") == T0 + CONFIRM + 1
+    assert world.store.timer("sess_1") == T0 + CONFIRM / 2
     world.clock.advance(30)
     world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
     world.deliver()
@@ -187,18 +317,50 @@ def test_a_single_404_destroys_nothing_and_a_later_read_forgets_it() -> None:
 
 
 def test_a_deletion_counts_once_its_reads_answer_404_for_the_confirmation_period() -> None:
-    """L17/L16: reads that answer 404 for the whole period, while another session answers, mean
-    the session was deleted: its sandbox and workspace go then, not before."""
+    """L17/L16: reads that answer 404 for the whole period (three, spread over it, the last
+    after its end), while another session answers, mean the session was deleted: its sandbox
+    and workspace go then, not before."""
     world = gone_world()
     world.deliver()
-    world.clock.advance(CONFIRM - 1)
-    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert fire_until(world, CONFIRM - 1)["sess_1"] == [Verdict.KEEP]  # the read half-way
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # a delivery just before the end
     assert world.count("release") == 0
-    world.clock.advance(2)
-    assert world.fire_timers()["sess_1"] == [Verdict.RELEASE]
+    assert fire_until(world, CONFIRM + 1)["sess_1"] == [Verdict.RELEASE]
     assert world.count("release") == 1 and world.count("discard") == 1
     assert world.store.record("sess_1") is None and world.store.missing == {}
     assert world.stopped == ["deleted"] and world.held == 0
+
+
+def test_a_session_readable_between_two_404s_is_not_deleted() -> None:
+    """L7/L17: 404, then the session reads fine, then 404 again at the end of the confirmation
+    period (a flapping API, a partial incident): not 404s for the whole period, so nothing is
+    destroyed. The read half-way through the period finds the session and starts over."""
+    world = gone_world()
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # the first one-shot 404
+    readable = lambda t: 1.0 <= t < CONFIRM - 1  # noqa: E731
+    seen = fire_until(world, 2 * CONFIRM - 1.5, readable)
+    assert Verdict.RELEASE not in seen.get("sess_1", []), seen
+    assert world.count("release") == 0 and world.count("discard") == 0 and "sess_1" in world.runner.live
+    fire_until(world, 4 * CONFIRM, readable)  # 404s for a whole period since it was last found
+    assert world.count("release") == 1
+
+
+def test_two_404s_a_period_apart_are_not_enough() -> None:
+    """L7/L17: 404 reads at the start and past the end of the period alone (nothing read
+    between them) do not confirm a deletion: the reads must be spread over the period."""
+    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
+    two = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                 missing=Missing(T0, compared=3, found=3, reads=1, last_read=T0),
+                 deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert two.verdict is Verdict.KEEP and two.missing_reads == (2, T0 + CONFIRM + 1)
+    three = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                   missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM / 2),
+                   deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert three.verdict is Verdict.RELEASE
+    crowded = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                     missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM),
+                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert crowded.verdict is Verdict.KEEP  # a read a second after the last one does not count
 
 
 def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
@@ -215,7 +377,7 @@ def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
         world.clock.advance(min(world.store.timers.values()) - world.clock.now())
         fired = world.fire_timers()
         assert all(v == [Verdict.KEEP] for v in fired.values()), fired
-        if "sess_1" in fired:
+        if "sess_1" in fired and world.decisions[-1][1].held:
             held_at.append(world.clock.now() - T0)
     assert world.count("release", "sess_1") == 0 and len(world.runner.live) == 4 and world.stopped == []
     held = [d for sid, d in world.decisions if d.held]
@@ -230,6 +392,15 @@ def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
     assert world.store.missing == {} and len(world.runner.live) == 4
 
 
+def test_with_the_confirmation_off_a_wrong_key_still_holds_every_deletion() -> None:
+    """L7/L17: CONTROLLER_DELETION_CONFIRM_SECONDS=0 makes the first 404 count, but it is still
+    compared with other sessions: when they answer 404 too (a wrong key), nothing is released."""
+    world = gone_world(confirm=0.0, others=("sess_2", "sess_3"))
+    world.sessions.sessions.clear()
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert world.count("release") == 0 and world.held == 1
+
+
 def test_many_real_deletions_are_confirmed_when_the_sessions_compared_answer() -> None:
     """L17: deleting most sessions at once is not mistaken for a wrong key: the sessions read to
     confirm a deletion are those not known to answer 404 first, and they answer."""
@@ -238,33 +409,52 @@ def test_many_real_deletions_are_confirmed_when_the_sessions_compared_answer() -
         del world.sessions.sessions[sid]
     for sid in ("sess_1", "sess_2", "sess_3", "sess_4"):
         world.deliver(sid)
-    world.clock.advance(CONFIRM + 1)
-    fired = world.fire_timers()
-    assert {sid: fired[sid] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")} == {
-        sid: [Verdict.RELEASE] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")
+    fired = fire_until(world, CONFIRM + 1)
+    assert {sid: fired[sid][-1] for sid in ("sess_1", "sess_2", "sess_3", "sess_4")} == {
+        sid: Verdict.RELEASE for sid in ("sess_1", "sess_2", "sess_3", "sess_4")
     }
     assert list(world.runner.live) == ["sess_5"] and world.held == 0
 
 
-def test_a_lone_session_is_released_on_time_alone() -> None:
-    """L17: with no other session to compare with, the confirmation period decides."""
+def test_a_lone_session_answering_404_is_held_until_an_operator_releases_it() -> None:
+    """L7/L17: with no other session to compare with, 404s alone are no evidence of a deletion
+    (a wrong key or base URL looks the same): the deletion is held, however long it lasts,
+    and said so. The operator's release (``sandbox-controller release``) ends the hold at the
+    next look; a session that answers again meanwhile forgets the release asked."""
     world = gone_world(others=())
     world.deliver()
-    world.clock.advance(CONFIRM + 1)
-    assert world.fire_timers() == {"sess_1": [Verdict.RELEASE]}
-    assert world.held == 0
+    fire_until(world, 3 * 3600)
+    assert world.count("release") == 0 and "sess_1" in world.runner.live and world.held > 0
+    held = [d for _, d in world.decisions if d.held]
+    assert "no other session to compare with" in held[-1].reason and "release SESSION_ID" in held[-1].reason
+    assert world.store.ask_release("sess_2", world.clock.now()) is False  # not known to answer 404
+    assert world.store.ask_release("sess_1", world.clock.now()) is True
+    assert verdicts(world.deliver()) == [Verdict.RELEASE]
+    assert world.count("release") == 1 and world.count("discard") == 1 and world.store.missing == {}
+    assert world.stopped == ["deleted"]
+
+
+def test_a_release_asked_is_forgotten_when_the_session_answers_again() -> None:
+    """L7/L17: the operator's release applies only to a session that still answers 404."""
+    world = gone_world(others=())
+    world.deliver()
+    assert world.store.ask_release("sess_1", world.clock.now())
+    world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
+    world.deliver()
+    del world.sessions.sessions["sess_1"]
+    world.deliver()
+    assert world.count("release") == 0 and world.store.releases == {}
 
 
 def test_a_kept_workspace_without_a_sandbox_waits_for_the_confirmation_too() -> None:
     """L16/L17: a workspace kept after its sandbox went is discarded only once the deletion of its
     session is confirmed, never at the first 404."""
-    world = World(deletion_confirm=CONFIRM)
-    world.runner.kept_workspaces.add("sess_1")
-    world.deliver()
-    assert world.count("discard") == 0 and world.store.missing == {"sess_1": T0}
-    world.clock.advance(CONFIRM + 1)
-    world.fire_timers()
-    assert world.count("discard") == 1
+    world = gone_world(others=("sess_2",))
+    world.runner.kept_workspaces.add("sess_3")
+    world.deliver("sess_3")
+    assert world.count("discard", "sess_3") == 0 and world.store.missing["sess_3"] == T0
+    fire_until(world, CONFIRM + 1)
+    assert world.count("discard", "sess_3") == 1
 
 
 def test_the_confirmation_table() -> None:
@@ -276,20 +466,24 @@ def test_the_confirmation_table() -> None:
                           deletion_confirm_seconds=CONFIRM)  # fmt: skip
         return decision.verdict, decision.held
 
+    def spread(compared: int = 0, found: int = 0, not_found: int = 0) -> Missing:
+        return Missing(T0, compared, found, not_found, reads=2, last_read=T0 + CONFIRM / 2)
+
     assert deleted(Missing(), T0) == (Verdict.KEEP, False)  # the first 404
     assert deleted(Missing(T0), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
-    assert deleted(Missing(T0), T0 + CONFIRM) == (Verdict.RELEASE, False)  # nothing to compare with
-    assert deleted(Missing(T0, compared=3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
-    assert deleted(Missing(T0, compared=3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
-    assert deleted(Missing(T0, compared=3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
-    assert deleted(Missing(T0, compared=2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
-    assert deleted(Missing(T0, compared=3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
-    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=Missing(T0),
+    assert deleted(spread(), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
+    assert deleted(spread(), T0 + CONFIRM) == (Verdict.KEEP, True)  # nothing to compare with: held
+    assert deleted(spread(3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
+    assert deleted(spread(3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(spread(3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(spread(2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
+    assert deleted(spread(3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
+    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=spread(3, found=3),
                        deletion_confirm_seconds=CONFIRM)  # fmt: skip
     assert confirmed.gone and confirmed.missing_since is None
     waiting = decide(None, None, None, None, T0, GRACE, Routing(), missing=Missing(),
                      deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert not waiting.gone and waiting.missing_since == T0
+    assert not waiting.gone and waiting.missing_since == T0 and waiting.missing_reads == (1, T0)
 
 
 # --- pre-start has a budget (L9) ------------------------------------------------------------------
