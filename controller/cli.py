@@ -15,7 +15,19 @@ import sys
 import time
 from collections.abc import Sequence
 
-from controller import __version__, fleet, holds, logs, queue, scheduler, server, start_stages, webhook_cli, wiring, worker
+from controller import (
+    __version__,
+    fleet,
+    holds,
+    logs,
+    queue,
+    scheduler,
+    server,
+    start_stages,
+    webhook_cli,
+    wiring,
+    worker,
+)
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import RECEIVER_REFUSED_TOTAL, serve_metrics
@@ -178,8 +190,8 @@ def cmd_status(args: argparse.Namespace) -> int:
         age = _duration(r.age_seconds)
         timer = "-" if r.next_timer_in_seconds is None else _duration(r.next_timer_in_seconds)
         if r.suspended is not None:
-            size, held = r.suspended["size_bytes"] / 1e6, _duration(r.suspended["age_seconds"])
-            last += f" (checkpoint {size:.1f} MB, {held} old)"
+            size, age_of = r.suspended["size_bytes"] / 1e6, _duration(r.suspended["age_seconds"])
+            last += f" (checkpoint {size:.1f} MB, {age_of} old)"
         print(
             f"{r.session_id:<34} {r.runner:<10} {r.sandbox:<40} {r.generation:>3} {age:>8} {r.health:<11} "
             f"{timer:>10} {last}"
