@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import shlex
 import shutil
-import socket
 import subprocess
-import threading
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,6 +17,7 @@ import httpx
 import pytest
 
 from tests.support.codex import codex_binary, start_exec_server
+from tests.support.listener import Listener, listener  # noqa: F401  (a fixture)
 from tests.support.processes import end_group, wait_for
 from tests.support.simulator import SimulatorProcess, StartSimulator, run_turn
 
@@ -72,38 +71,10 @@ def _exec(sim: SimulatorProcess, env_id: str, argv: list[str], sandbox: Any = No
     return result
 
 
-class Listener:
-    """A TCP listener on loopback that counts the connections it accepted."""
-
-    def __init__(self) -> None:
-        self.socket = socket.create_server(("127.0.0.1", 0))
-        self.port = self.socket.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self.socket.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            connection.close()
-
-    def connect_argv(self) -> list[str]:
-        code = f"import socket; socket.create_connection(('127.0.0.1', {self.port}), 5).close(); print('connected')"
-        return ["python3", "-c", code]
-
-
-@pytest.fixture
-def listener() -> Iterator[Listener]:
-    found = Listener()
-    yield found
-    found.socket.close()
-
-
 def test_workspace_write_writes_the_workspace_and_nothing_else_and_has_no_network(
-    executor: Start, tmp_path: Path, listener: Listener
+    executor: Start,
+    tmp_path: Path,
+    listener: Listener,  # noqa: F811  (the fixture)
 ) -> None:
     """workspace-write, network off: the command runs inside Codex's sandbox (sandboxType
     linuxSeccomp), writes its workspace, is refused a write to /etc (sandboxDenied) and cannot
@@ -135,7 +106,9 @@ def test_workspace_write_writes_the_workspace_and_nothing_else_and_has_no_networ
 
 
 def test_network_on_reaches_loopback_and_read_only_writes_nothing(
-    executor: Start, tmp_path: Path, listener: Listener
+    executor: Start,
+    tmp_path: Path,
+    listener: Listener,  # noqa: F811  (the fixture)
 ) -> None:
     """network on: the sandboxed command connects; read-only: not even the workspace is
     writable (sandboxDenied), though it reads it."""

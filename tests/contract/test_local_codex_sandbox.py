@@ -9,11 +9,9 @@ from __future__ import annotations
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,6 +23,7 @@ import pytest
 from controller.model import SandboxSpec
 from controller.runners.local import LocalRunner, UidRange, session_key
 from tests.support.codex import codex_binary
+from tests.support.listener import Listener
 from tests.support.processes import Managed, assert_no_process_left, free_port, wait_for
 from tests.support.redis_server import redis_server_binary
 from tests.support.simulator import StartSimulator
@@ -77,29 +76,6 @@ def _link_or_copy(source: str, destination: str) -> None:
         os.link(source, destination)
     except OSError:
         shutil.copy2(source, destination)
-
-
-class Listener:
-    """A TCP listener on loopback that counts the connections it accepted."""
-
-    def __init__(self) -> None:
-        self.socket = socket.create_server(("127.0.0.1", 0))
-        self.port = self.socket.getsockname()[1]
-        self.accepted = 0
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                connection, _ = self.socket.accept()
-            except OSError:
-                return
-            self.accepted += 1
-            connection.close()
-
-    def connect_argv(self) -> list[str]:
-        code = f"import socket; socket.create_connection(('127.0.0.1', {self.port}), 5).close(); print('connected')"
-        return ["python3", "-c", code]
 
 
 def _exec(base_url: str, env_id: str, argv: list[str], sandbox: Any = None) -> dict[str, Any]:
