@@ -18,7 +18,6 @@ import pytest
 import redis
 
 from controller import lifecycle
-from controller.clock import FakeClock
 from controller.errors import Fenced, StoreUnavailable
 from controller.heartbeat import Heartbeat
 from controller.inbox import Job, Outcome
@@ -35,6 +34,7 @@ from controller.store.redis import (
     connect,
     connect_async,
 )
+from tests.support.clock import FakeClock
 from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
 from tests.support.redis_server import RedisServer

@@ -226,12 +226,12 @@ def test_an_idle_stop_deletes_the_pod_keeps_the_pvc_and_the_next_start_mounts_it
     deletes the pod and keeps the session's PVC; the next environment_connection starts a new
     pod of the next generation that mounts that same claim; nothing is discarded."""
     from controller import lifecycle
-    from controller.clock import FakeClock
     from controller.decide import Verdict
     from controller.lifecycle import Deps
     from controller.model import Environment, RequiredAction, Session, SessionStatus
     from controller.runners.kubernetes import names
     from controller.trust import Policy
+    from tests.support.clock import FakeClock
     from tests.support.fakes import FakeSessions, FakeStore
 
     runner = _runner(kube_world, template=replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"))

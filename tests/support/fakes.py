@@ -16,7 +16,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from controller import reconcile
-from controller.clock import FakeClock
 from controller.config import LifecycleSettings
 from controller.decide import Decision, Verdict
 from controller.errors import ApiUnavailable, Fenced, QueueUnavailable
@@ -37,6 +36,7 @@ from controller.model import (
 )
 from controller.store.base import Busy, Lease
 from controller.trust import DEFAULT_POLICY, Policy
+from tests.support.clock import FakeClock
 
 
 def make_session(

@@ -6,12 +6,12 @@ from dataclasses import replace
 
 import pytest
 
-from controller.clock import FakeClock
 from controller.decide import FIRST_LOOK_SECONDS, PRESTART_WINDOW_SECONDS, Decision, Verdict, decide, not_ours
 from controller.errors import ApiUnavailable, Fenced
 from controller.lifecycle import Routing, work
 from controller.model import Handle, Health, Record, SandboxSpec, Session, SessionStatus
 from controller.store.base import Busy
+from tests.support.clock import FakeClock
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
 ROUTING = Routing()

@@ -12,11 +12,11 @@ from dataclasses import replace
 import pytest
 
 from controller import reconcile
-from controller.clock import FakeClock
 from controller.decide import FIRST_LOOK_SECONDS, Cause, Decision, Verdict, decide
 from controller.lifecycle import Routing, work
 from controller.model import Handle, Health, Record, SandboxSpec, SessionStatus
 from controller.store.base import Busy
+from tests.support.clock import FakeClock
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
 LIFETIME = 3600.0

@@ -15,12 +15,12 @@ from starlette.testclient import TestClient
 
 from controller import logs
 from controller import receiver as receiver_module
-from controller.clock import FakeClock
 from controller.config import Secret, WebhookSettings
 from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
 from controller.receiver import MAX_SESSION_ID_CHARS, ReceiverServices, create_app, retry_after_seconds
 from controller.signing import Verifier
+from tests.support.clock import FakeClock
 from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET, action_required, session_event, signed
 from tests.support.fakes import FakeInbox
 

@@ -11,13 +11,13 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
-from controller.clock import FakeClock
 from controller.errors import BadPayload, SignatureError
 from controller.events import HANDLED_TYPES, MALFORMED_SESSION_ID, classify, parse
 from controller.inbox import Job
 from controller.receiver import ReceiverServices, Unqueueable, check_queueable, create_app
 from controller.signing import Verifier, secret_key, sign
 from controller.trust import valid_id
+from tests.support.clock import FakeClock
 from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET
 from tests.support.fakes import FakeInbox
 

@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from controller import signing
-from controller.clock import FakeClock
 from controller.errors import SignatureError
 from controller.signing import Verifier, secret_key, sign, sign_headers
+from tests.support.clock import FakeClock
 
 # Standard Webhooks specification test vector.
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from agents_simulator.faults import Faults
-from controller.clock import FakeClock
+from tests.support.clock import FakeClock
 
 
 def test_a_counted_fault_is_used_up_and_a_timed_one_expires() -> None:

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 
 from controller import lifecycle
-from controller.clock import FakeClock
 from controller.decide import Verdict
 from controller.errors import ApiRejected, ApiUnavailable, Fenced, RunnerRejected, SpecRefused, StartFailed
 from controller.model import SessionStatus
 from controller.store.base import Lease
+from tests.support.clock import FakeClock
 from tests.support.fakes import FakeRunner, FakeSessions, FakeStore, make_session
 
 
