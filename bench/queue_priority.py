@@ -40,8 +40,9 @@ from bench.start_latency import percentile
 from controller import logs, queue, reconcile
 from controller.inbox import Job
 from controller.model import Handle, Health
-from controller.store.redis import RedisSessionStore, connect
+from controller.store.redis import RedisSessionStore
 from tests.support.processes import wait_for
+from tests.support.redis_clients import connect
 from tests.system.loop import Loop
 
 

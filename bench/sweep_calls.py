@@ -39,7 +39,8 @@ from controller import logs, queue, reconcile
 from controller.inbox import Job
 from controller.model import Handle, Record
 from controller.store.base import Lease
-from controller.store.redis import RedisSessionStore, connect
+from controller.store.redis import RedisSessionStore
+from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
 
 

@@ -41,7 +41,8 @@ from controller.inbox import Job
 from controller.model import Handle, Record
 from controller.scheduler import LEADER_KEY
 from controller.store.base import Lease
-from controller.store.redis import RedisSessionStore, connect
+from controller.store.redis import RedisSessionStore
+from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
 
 RUNS = 3

@@ -55,7 +55,6 @@ from controller import logs, task_message
 from controller.errors import Fenced, StoreUnavailable
 from controller.inbox import Job, Outcome
 from controller.model import Handle, LastDecision, NotFound, Record
-from controller.redis_client import Endpoint
 from controller.store.base import Busy, Lease
 from controller.store.pipelined import PipelinedRedis
 
@@ -285,13 +284,6 @@ PENDING_KEY = "sc:pending"
 REQUEUES_KEY = "sc:requeues"
 FENCE_TTL_MS = 24 * 3600 * 1000
 DECISION_TTL_SECONDS = 7 * 24 * 3600
-
-
-def connect(url: str, timeout_seconds: float = 3.0) -> redis.Redis:
-    """A client of the Redis at ``url`` with short timeouts, so an unreachable Redis becomes a
-    quick 503, not a hang (``redis_client.Endpoint.client``; the processes build theirs from the
-    settings, Sentinel included)."""
-    return Endpoint(url).client(timeout_seconds)
 
 
 @contextmanager
@@ -636,13 +628,6 @@ return 1
 )
 """De-duplicate, want, queue, remember, in one atomic step: 1 queued, 0 a duplicate. The want
 is ``_WANT``'s (same keys, same pending-index score)."""
-
-
-def connect_async(url: str, timeout_seconds: float = 3.0) -> PipelinedRedis:
-    """The receiver's client for the Redis at ``url``: one pipelined connection
-    (``store.pipelined``), connected lazily on the event loop that first uses it, with a short
-    timeout so an unreachable Redis becomes a quick 503 (``redis_client.Endpoint.pipelined``)."""
-    return Endpoint(url).pipelined(timeout_seconds)
 
 
 class RedisInbox:

@@ -31,12 +31,11 @@ from controller.store.redis import (
     RedisDemandLog,
     RedisInbox,
     RedisSessionStore,
-    connect,
-    connect_async,
 )
 from tests.support.clock import FakeClock
 from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
+from tests.support.redis_clients import connect, connect_async
 from tests.support.redis_server import RedisServer
 
 _ids = itertools.count(1)

@@ -23,9 +23,10 @@ from controller.inbox import Job
 from controller.model import Handle, PoolState, Record, SandboxSpec
 from controller.scheduler import LEADER_KEY, Leadership
 from controller.store.base import Lease
-from controller.store.redis import RedisSessionStore, connect
+from controller.store.redis import RedisSessionStore
 from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
+from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
 
 INTERVAL = 1.0

@@ -21,9 +21,10 @@ from typing import Any
 from controller import queue, task_message
 from controller.config import PREFIX, Settings
 from controller.inbox import Job, Outcome
-from controller.store.redis import RedisInbox, connect_async
+from controller.store.redis import RedisInbox
 from tests.support.order_worker import CALLS
 from tests.support.processes import Managed, assert_no_process_left, python_module, wait_for
+from tests.support.redis_clients import connect_async
 from tests.support.redis_server import RedisServer
 
 UNIQUE_PER_MESSAGE = {

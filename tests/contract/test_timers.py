@@ -19,9 +19,10 @@ from controller.config import Settings
 from controller.errors import Fenced
 from controller.inbox import Job
 from controller.store.base import Lease
-from controller.store.redis import PENDING_KEY, TIMERS_KEY, RedisSessionStore, connect
+from controller.store.redis import PENDING_KEY, TIMERS_KEY, RedisSessionStore
 from tests.support.fakes import FakeRunner
 from tests.support.processes import wait_for
+from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
 
 _ids = itertools.count(1)

@@ -29,7 +29,7 @@ from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.watch import PodWatch
-from controller.store.redis import RedisSessionStore, connect
+from controller.store.redis import RedisSessionStore
 from controller.trust import Policy
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import ensure_binaries
@@ -38,6 +38,7 @@ from tests.kube.conftest import RESTRICTED, KubeWorld
 from tests.kube.test_kubernetes_runner import _session
 from tests.support.fakes import FakeSessions
 from tests.support.processes import assert_no_process_left, wait_for
+from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]

@@ -26,11 +26,12 @@ from controller.runners.kubernetes.objects import PodRef
 from controller.runners.kubernetes.placement import WarmPools
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.templates import Templates
-from controller.store.redis import RedisDemandLog, connect
+from controller.store.redis import RedisDemandLog
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, KubeWorld
 from tests.kube.test_kubernetes_runner import _session
 from tests.support.processes import wait_for
+from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
