@@ -505,10 +505,6 @@ class RedisSessionStore:
             raise Fenced(f"lease of session {sid} lost; pre-start not reserved")
         return result == 1
 
-    def prestarted_count(self) -> int:
-        with _translated("count pre-starts"):
-            return int(self._r.zcard(PRESTARTED_KEY))
-
     def timer(self, session_id: str) -> float | None:
         with _translated("read timer"):
             score = self._r.zscore(TIMERS_KEY, session_id)
