@@ -12,7 +12,7 @@ every secret's signature (constant-time, no early exit), so timing does not reve
 
 ``Verifier.precheck`` runs the checks that need no body (headers present and well formed,
 timestamp in the window), so a receiver can refuse a delivery before reading its body;
-``Verifier.verify`` runs them again and then checks the HMAC over the raw body.
+``Verifier.verify_signed`` then checks the window again and the HMAC over the raw body.
 
 ``FileVerifier`` takes its secrets from a file (a mounted Kubernetes Secret) and reads it again
 once it has changed (looking at most once a second, when a delivery comes): a rotation that
@@ -168,13 +168,10 @@ class Verifier:
         if timestamp > now + self._tolerance:
             raise SignatureError("webhook-timestamp is too far in the future")
 
-    def verify(self, headers: Mapping[str, str], body: bytes, now: float) -> Verified:
-        """Return the delivery's id and timestamp, or raise SignatureError (never echoing secrets)."""
-        return self.verify_signed(self.precheck(headers, now), body, now)
-
     def verify_signed(self, signed: SignedHeaders, body: bytes, now: float) -> Verified:
-        """``verify`` for headers ``precheck`` already passed: the timestamp is checked against
-        the window again (the body may have taken a while), then the HMAC over the raw body."""
+        """The delivery's id and timestamp, or SignatureError (never echoing secrets), for headers
+        ``precheck`` already passed: the timestamp is checked against the window again (the body
+        may have taken a while), then the HMAC over the raw body."""
         self._check_window(signed.timestamp, now)
         self._refresh()
         if self._matches(signed, body):

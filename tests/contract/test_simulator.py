@@ -21,6 +21,7 @@ from openai.types.beta.agent_session import AgentSession
 from controller.signing import Verifier
 from tests.support.codex import codex_binary, start_exec_server
 from tests.support.processes import free_port, port_open, wait_for
+from tests.support.signing import verify
 from tests.support.simulator import InProcessSimulator, StartSimulator, WebhookReceiver
 from tests.support.tls import TestCA
 
@@ -119,7 +120,7 @@ def test_webhooks_are_signed_standard_webhooks(start_simulator: StartSimulator, 
     action = receiver.wait_for_type("agent.session.action_required", session.id)
     verifier = Verifier([sim.webhook_secret])
     for delivery in (created, action):
-        verified = verifier.verify(delivery.headers, delivery.body, time.time())
+        verified = verify(verifier, delivery.headers, delivery.body, time.time())
         assert verified.webhook_id == delivery.event["id"]
         assert delivery.event["id"].startswith("evt_")
         assert delivery.event["object"] == "event"
@@ -132,7 +133,7 @@ def test_webhooks_are_signed_standard_webhooks(start_simulator: StartSimulator, 
     }
     assert action.event["data"] == {"id": session.id, "required_action": {"type": "environment_connection"}}
     with pytest.raises(Exception, match="no webhook-signature entry matches"):
-        Verifier(["whsec_" + "A" * 32]).verify(created.headers, created.body, time.time())
+        verify(Verifier(["whsec_" + "A" * 32]), created.headers, created.body, time.time())
 
 
 def test_failed_deliveries_are_retried_with_the_same_webhook_id(start_simulator: StartSimulator) -> None:
@@ -145,7 +146,7 @@ def test_failed_deliveries_are_retried_with_the_same_webhook_id(start_simulator:
         assert [a.answered for a in attempts] == [500, 500, 200]
         assert len({a.headers["webhook-id"] for a in attempts}) == 1
         for attempt in attempts:
-            Verifier([sim.webhook_secret]).verify(attempt.headers, attempt.body, time.time())
+            verify(Verifier([sim.webhook_secret]), attempt.headers, attempt.body, time.time())
 
         [delivery] = sim.admin("GET", "/admin/deliveries?type=agent.session.created")["data"]
         assert delivery["state"] == "delivered"

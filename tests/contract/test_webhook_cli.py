@@ -21,6 +21,7 @@ from controller.signing import Verifier
 from tests.support.processes import assert_no_process_left, wait_for
 from tests.support.receiver import Receiver
 from tests.support.redis_server import RedisServer
+from tests.support.signing import verify
 from tests.support.simulator import SimulatorProcess, StartSimulator, WebhookReceiver, new_webhook_secret
 
 pytestmark = pytest.mark.timeout(120)
@@ -221,7 +222,7 @@ def test_official_client_reads_every_webhook_answer(start_simulator: StartSimula
         last = listener.snapshot()[-1]
         assert last.event["type"] == "agent.session.failed"
         for secret in (created.signing_secret, rotated.signing_secret):
-            Verifier([secret]).verify(last.headers, last.body, time.time())
+            verify(Verifier([secret]), last.headers, last.body, time.time())
 
         client.webhooks.rotate_secret(created.id)  # no overlap: the previous secret is dropped at once
         client.webhooks.test(created.id, event_type="agent.session.failed")

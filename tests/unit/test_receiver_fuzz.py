@@ -20,6 +20,7 @@ from controller.trust import valid_id
 from tests.support.clock import FakeClock
 from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET
 from tests.support.fakes import FakeInbox
+from tests.support.signing import verify
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -131,7 +132,7 @@ def expected(headers: list[tuple[str, str | bytes]], body: bytes) -> tuple[int, 
     if len(body) > LIMIT:
         return 413, None
     try:
-        verified = ORACLE.verify(plain, body, NOW)
+        verified = verify(ORACLE, plain, body, NOW)
     except SignatureError:
         return 401, None
     try:

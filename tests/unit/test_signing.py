@@ -16,6 +16,7 @@ from controller import signing
 from controller.errors import SignatureError
 from controller.signing import Verifier, secret_key, sign, sign_headers
 from tests.support.clock import FakeClock
+from tests.support.signing import verify
 
 # Standard Webhooks specification test vector.
 SPEC_SECRET = "whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
@@ -48,7 +49,7 @@ def spec_headers(**overrides: str) -> dict[str, str]:
 
 def test_standard_webhooks_vector() -> None:
     """L3: the Standard Webhooks specification's vector verifies."""
-    verified = Verifier([SPEC_SECRET]).verify(spec_headers(), SPEC_BODY, now=SPEC_TIMESTAMP)
+    verified = verify(Verifier([SPEC_SECRET]), spec_headers(), SPEC_BODY, now=SPEC_TIMESTAMP)
     assert (verified.webhook_id, verified.timestamp) == (SPEC_ID, SPEC_TIMESTAMP)
     assert sign(secret_key(SPEC_SECRET), SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY) == SPEC_SIGNATURE
 
@@ -56,7 +57,7 @@ def test_standard_webhooks_vector() -> None:
 def test_openai_sdk_vector() -> None:
     """L3: the official openai SDK's vector verifies."""
     delivery = headers(OPENAI_ID, OPENAI_TIMESTAMP, OPENAI_SIGNATURE)
-    verified = Verifier([OPENAI_SECRET]).verify(delivery, OPENAI_BODY, now=OPENAI_TIMESTAMP)
+    verified = verify(Verifier([OPENAI_SECRET]), delivery, OPENAI_BODY, now=OPENAI_TIMESTAMP)
     assert (verified.webhook_id, verified.timestamp) == (OPENAI_ID, OPENAI_TIMESTAMP)
     assert sign_headers(OPENAI_SECRET, OPENAI_ID, OPENAI_TIMESTAMP, OPENAI_BODY) == delivery
 
@@ -65,7 +66,7 @@ def test_openai_sdk_vector() -> None:
 def test_rotation_accepts_old_and_new_secret(signer: str) -> None:
     """L3: during rotation a delivery signed with either configured secret verifies."""
     delivery = sign_headers(signer, "msg_rot", 1_700_000_000, b"{}")
-    Verifier([OLD_SECRET, NEW_SECRET]).verify(delivery, b"{}", now=1_700_000_000)
+    verify(Verifier([OLD_SECRET, NEW_SECRET]), delivery, b"{}", now=1_700_000_000)
 
 
 @pytest.mark.parametrize(
@@ -86,7 +87,7 @@ def test_rotation_header_with_several_entries(entries: list[str]) -> None:
         "bogus": "v1," + base64.b64encode(b"x" * 32).decode(),
     }
     header = " ".join(known.get(entry, entry) for entry in entries)
-    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=TS)
+    verify(Verifier([OLD_SECRET, NEW_SECRET]), headers("msg_multi", ts, header), body, now=TS)
 
 
 @pytest.mark.parametrize("first", ["old", "new"])
@@ -105,7 +106,7 @@ def test_every_entry_is_compared_with_every_secret_even_after_a_match(
         return compared[-1]
 
     monkeypatch.setattr(signing.hmac, "compare_digest", compare_digest)
-    Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=TS)
+    verify(Verifier([OLD_SECRET, NEW_SECRET]), headers("msg_multi", ts, header), body, now=TS)
     assert len(compared) == 4  # two secrets × two entries
     assert compared.count(True) == 2
 
@@ -115,14 +116,14 @@ def test_header_of_only_wrong_entries_rejected() -> None:
     body, ts = b'{"a": 1}', 1_700_000_000
     header = " ".join(sign(key, "msg_multi", ts, body) for key in (b"k1", b"k2", b"k3"))
     with pytest.raises(SignatureError):
-        Verifier([OLD_SECRET, NEW_SECRET]).verify(headers("msg_multi", ts, header), body, now=TS)
+        verify(Verifier([OLD_SECRET, NEW_SECRET]), headers("msg_multi", ts, header), body, now=TS)
 
 
 def test_retired_secret_is_rejected() -> None:
     """L3: once the old secret is removed, its signatures no longer verify."""
     delivery = sign_headers(OLD_SECRET, "msg_old", 1_700_000_000, b"{}")
     with pytest.raises(SignatureError):
-        Verifier([NEW_SECRET]).verify(delivery, b"{}", now=1_700_000_000)
+        verify(Verifier([NEW_SECRET]), delivery, b"{}", now=1_700_000_000)
 
 
 @pytest.mark.parametrize("age", [-300, -1, 0, 1, 300])
@@ -130,7 +131,7 @@ def test_window_edges_accepted(age: int) -> None:
     """L3: timestamps up to exactly 300 s old or 300 s ahead are accepted."""
     clock = FakeClock(SPEC_TIMESTAMP)
     clock.advance(age)
-    Verifier([SPEC_SECRET], tolerance_seconds=300).verify(spec_headers(), SPEC_BODY, now=clock.now())
+    verify(Verifier([SPEC_SECRET], tolerance_seconds=300), spec_headers(), SPEC_BODY, now=clock.now())
 
 
 @pytest.mark.parametrize("age", [-301, 301, -86_400, 86_400])
@@ -139,7 +140,7 @@ def test_window_edges_rejected(age: int) -> None:
     clock = FakeClock(SPEC_TIMESTAMP)
     clock.advance(age)
     with pytest.raises(SignatureError, match=r"too old|future"):
-        Verifier([SPEC_SECRET], tolerance_seconds=300).verify(spec_headers(), SPEC_BODY, now=clock.now())
+        verify(Verifier([SPEC_SECRET], tolerance_seconds=300), spec_headers(), SPEC_BODY, now=clock.now())
 
 
 @pytest.mark.parametrize(
@@ -149,16 +150,16 @@ def test_window_edges_rejected(age: int) -> None:
 def test_tampered_body_rejected(body: bytes) -> None:
     """L3: the raw bytes are verified; any change (even whitespace) fails."""
     with pytest.raises(SignatureError):
-        Verifier([SPEC_SECRET]).verify(spec_headers(), body, now=SPEC_TIMESTAMP)
+        verify(Verifier([SPEC_SECRET]), spec_headers(), body, now=SPEC_TIMESTAMP)
 
 
 def test_tampered_id_or_timestamp_rejected() -> None:
     """L3: id and timestamp are part of the signed content."""
     verifier = Verifier([SPEC_SECRET])
     with pytest.raises(SignatureError):
-        verifier.verify(spec_headers(**{"webhook-id": SPEC_ID + "x"}), SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(verifier, spec_headers(**{"webhook-id": SPEC_ID + "x"}), SPEC_BODY, now=SPEC_TIMESTAMP)
     with pytest.raises(SignatureError):
-        verifier.verify(spec_headers(**{"webhook-timestamp": str(SPEC_TIMESTAMP + 1)}), SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(verifier, spec_headers(**{"webhook-timestamp": str(SPEC_TIMESTAMP + 1)}), SPEC_BODY, now=SPEC_TIMESTAMP)
 
 
 def test_plain_secret_used_as_utf8_bytes() -> None:
@@ -167,23 +168,23 @@ def test_plain_secret_used_as_utf8_bytes() -> None:
     assert secret_key(secret) == secret.encode("utf-8")
     delivery = sign_headers(secret, "msg_plain", 1_700_000_000, b"{}")
     assert delivery["webhook-signature"] == sign(secret.encode("utf-8"), "msg_plain", 1_700_000_000, b"{}")
-    Verifier([secret]).verify(delivery, b"{}", now=1_700_000_000)
+    verify(Verifier([secret]), delivery, b"{}", now=1_700_000_000)
     # The same key bytes written as a whsec_ secret verify the same delivery.
-    Verifier(["whsec_" + base64.b64encode(secret.encode()).decode()]).verify(delivery, b"{}", now=1_700_000_000)
+    verify(Verifier(["whsec_" + base64.b64encode(secret.encode()).decode()]), delivery, b"{}", now=1_700_000_000)
 
 
 def test_plain_secret_is_not_base64_decoded() -> None:
     """L3: without the whsec_ prefix, even base64-looking text is used verbatim."""
     plain = SPEC_SECRET.removeprefix("whsec_")
     with pytest.raises(SignatureError):
-        Verifier([plain]).verify(spec_headers(), SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(Verifier([plain]), spec_headers(), SPEC_BODY, now=SPEC_TIMESTAMP)
 
 
 def test_whsec_secret_is_base64_decoded_not_used_verbatim() -> None:
     """L3: a whsec_ secret is never used as its literal text."""
     delivery = headers(SPEC_ID, SPEC_TIMESTAMP, sign(SPEC_SECRET.encode(), SPEC_ID, SPEC_TIMESTAMP, SPEC_BODY))
     with pytest.raises(SignatureError):
-        Verifier([SPEC_SECRET]).verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(Verifier([SPEC_SECRET]), delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
 
 
 @pytest.mark.parametrize(
@@ -219,7 +220,7 @@ def test_garbled_headers_rejected(broken: dict[str, str | None]) -> None:
     """L3: missing, empty, non-numeric, non-ASCII, oversized or malformed headers are rejected (401)."""
     delivery: dict[str, str] = {k: v for k, v in {**spec_headers(), **broken}.items() if v is not None}
     with pytest.raises(SignatureError) as caught:
-        Verifier([SPEC_SECRET]).verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(Verifier([SPEC_SECRET]), delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
     assert caught.value.status_code == 401
     assert SPEC_SECRET not in str(caught.value)
     assert SPEC_SIGNATURE.partition(",")[2] not in str(caught.value)
@@ -259,7 +260,7 @@ def test_precheck_refuses_without_a_body(broken: dict[str, str | None]) -> None:
     with pytest.raises(SignatureError) as early:
         verifier.precheck(delivery, now=SPEC_TIMESTAMP)
     with pytest.raises(SignatureError) as late:
-        verifier.verify(delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(verifier, delivery, SPEC_BODY, now=SPEC_TIMESTAMP)
     assert str(early.value) == str(late.value)
 
 
@@ -274,7 +275,7 @@ def test_precheck_passes_well_formed_headers_it_cannot_verify() -> None:
     forged = spec_headers(**{"webhook-signature": "v1,AAAA"})
     verifier.precheck(forged, now=SPEC_TIMESTAMP)
     with pytest.raises(SignatureError, match="no webhook-signature entry matches"):
-        verifier.verify(forged, SPEC_BODY, now=SPEC_TIMESTAMP)
+        verify(verifier, forged, SPEC_BODY, now=SPEC_TIMESTAMP)
 
 
 # -- secrets from a file that a rotation rewrites ------------------------------------------------
@@ -323,20 +324,20 @@ def test_a_rotated_secrets_file_is_read_again_when_a_delivery_matches_none(
     verifier, ticks = _on_old_secret(tmp_path)
     ticks.now += 5
     with pytest.raises(SignatureError):
-        verifier.verify(SIGNED_NEW, b"{}", now=TS)  # the file has not changed: still refused
+        verify(verifier, SIGNED_NEW, b"{}", now=TS)  # the file has not changed: still refused
 
     _swap(tmp_path, "secrets", f"{NEW_SECRET},{OLD_SECRET}")
     ticks.now += 1
-    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
-    assert verifier.verify(sign_headers(OLD_SECRET, "msg_old", TS, b"{}"), b"{}", now=TS).webhook_id == "msg_old"
+    assert verify(verifier, SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
+    assert verify(verifier, sign_headers(OLD_SECRET, "msg_old", TS, b"{}"), b"{}", now=TS).webhook_id == "msg_old"
     assert any(r.getMessage() == "webhook secrets read again" and r.secrets == 2 for r in caplog.records)
     assert NEW_SECRET not in caplog.text and OLD_SECRET not in caplog.text
 
     _swap(tmp_path, "secrets", NEW_SECRET)  # the rotation finished: the old secret is retired
     ticks.now += 1
     with pytest.raises(SignatureError):
-        verifier.verify(sign_headers(OLD_SECRET, "msg_old2", TS, b"{}"), b"{}", now=TS)
-    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
+        verify(verifier, sign_headers(OLD_SECRET, "msg_old2", TS, b"{}"), b"{}", now=TS)
+    assert verify(verifier, SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
 
 
 def test_a_secrets_file_is_looked_at_most_once_a_second_and_a_bad_one_changes_nothing(
@@ -348,25 +349,25 @@ def test_a_secrets_file_is_looked_at_most_once_a_second_and_a_bad_one_changes_no
     verifier, ticks = _on_old_secret(tmp_path)
     ticks.now += 1
     with pytest.raises(SignatureError):
-        verifier.verify(SIGNED_NEW, b"{}", now=TS)  # looked: unchanged
+        verify(verifier, SIGNED_NEW, b"{}", now=TS)  # looked: unchanged
     _swap(tmp_path, "secrets", NEW_SECRET)
     with pytest.raises(SignatureError):
-        verifier.verify(SIGNED_NEW, b"{}", now=TS)  # changed, but looked less than a second ago
+        verify(verifier, SIGNED_NEW, b"{}", now=TS)  # changed, but looked less than a second ago
     ticks.now += 1
-    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
+    assert verify(verifier, SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
 
     signed_third = sign_headers(OLD_SECRET, "msg_third", TS, b"{}")
     for bad in ("whsec_not base64!", "  ,\n"):
         _swap(tmp_path, "secrets", bad)
         ticks.now += 1
         with pytest.raises(SignatureError):
-            verifier.verify(signed_third, b"{}", now=TS)
-        assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"  # kept
+            verify(verifier, signed_third, b"{}", now=TS)
+        assert verify(verifier, SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"  # kept
     (tmp_path / "secrets").unlink()
     ticks.now += 1
     with pytest.raises(SignatureError):
-        verifier.verify(signed_third, b"{}", now=TS)
-    assert verifier.verify(SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
+        verify(verifier, signed_third, b"{}", now=TS)
+    assert verify(verifier, SIGNED_NEW, b"{}", now=TS).webhook_id == "msg_new"
     warnings = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert len(warnings) == 3 and all("the secrets in use stay" in w for w in warnings)
     assert "not base64!" not in caplog.text
@@ -423,8 +424,8 @@ def test_a_secrets_file_truncated_to_a_short_key_keeps_the_last_good_secret(
     forged_key = secret_key(short)
     forged = headers("msg_forged", TS, sign(forged_key, "msg_forged", TS, b"{}"))
     with pytest.raises(SignatureError):
-        verifier.verify(forged, b"{}", now=TS)
-    assert verifier.verify(sign_headers(OLD_SECRET, "msg_ok", TS, b"{}"), b"{}", now=TS).webhook_id == "msg_ok"
+        verify(verifier, forged, b"{}", now=TS)
+    assert verify(verifier, sign_headers(OLD_SECRET, "msg_ok", TS, b"{}"), b"{}", now=TS).webhook_id == "msg_ok"
     assert refused == ["invalid"]
     [warning] = [r for r in caplog.records if r.levelname == "WARNING"]
     assert "the secrets in use stay" in warning.getMessage()
@@ -450,7 +451,7 @@ def test_a_secrets_path_that_is_not_a_regular_file_is_refused_without_blocking(
     os.mkfifo(target) if make == "fifo" else target.mkdir()
     ticks.now += 1
     ok = sign_headers(OLD_SECRET, "msg_ok", TS, b"{}")
-    _bounded(lambda: verifier.verify(ok, b"{}", now=TS))
+    _bounded(lambda: verify(verifier, ok, b"{}", now=TS))
     assert refused == ["not_a_file"]
     assert any("not a regular file" in str(getattr(r, "reason", "")) for r in caplog.records)
-    assert verifier.verify(ok, b"{}", now=TS).webhook_id == "msg_ok"
+    assert verify(verifier, ok, b"{}", now=TS).webhook_id == "msg_ok"
