@@ -218,14 +218,13 @@ def register(
                 log.warning("could not note the start's timeline", extra={"session_id": session_id})
 
     @app.task(  # type: ignore[untyped-decorator]
-        name=queue.TASK_WATCH_CONNECTION, bind=True, max_retries=None, acks_late=False, shared=False
+        name=queue.TASK_WATCH_CONNECTION, max_retries=None, acks_late=False, shared=False
     )
     def watch_connection(
-        self: Task,
         environment_id: str,
         received_at: float,
         deadline: float,
-        asked: int | None = None,
+        asked: int = 0,
         start: dict[str, Any] | None = None,
     ) -> None:
         """Observe delivery → executor connected once the API reports the environment connected;
@@ -234,7 +233,6 @@ def register(
         "Not yet" queues the next ask itself (``asked`` counts them) and returns: no Celery
         retry, whose exception makes Celery capture and format a traceback each time; with ten
         sandboxes starting at once that was as much of the workers' CPU as starting them."""
-        count = self.request.retries if asked is None else asked  # a job queued before ``asked`` existed
         connected = deps().sessions.environment_link(environment_id) is Link.UP
         now = time.time()
         if connected:
@@ -248,7 +246,7 @@ def register(
                 extra={"environment_id": environment_id, "after_seconds": round(now - since, 2)},
             )
             return
-        if now + watch_delay(count + 1) > deadline:
+        if now + watch_delay(asked + 1) > deadline:
             log.warning("executor not connected within the window", extra={"environment_id": environment_id})
             return
-        _ask_later(environment_id, received_at, deadline, count + 1, start)
+        _ask_later(environment_id, received_at, deadline, asked + 1, start)

@@ -85,10 +85,10 @@ def test_not_yet_queues_the_next_ask_with_its_count_and_delay(world: World) -> N
     assert world.asked_api == ["env_1"]
 
 
-def test_a_job_queued_before_asked_existed_counts_from_its_retries(world: World) -> None:
+def test_a_job_without_asked_is_the_first_ask(world: World) -> None:
     world.answers[:] = [False]
     received = time.time()
-    world.task.run("env_1", received, received + 300)  # no ``asked``: a job from before; retries 0
+    world.task.run("env_1", received, received + 300)  # no ``asked``: counts from 0
     [(_, _, kwargs)] = world.queued()
     assert kwargs == {"asked": 1}
 
