@@ -8,28 +8,22 @@ session, its record, the sandbox's health and link, one reading of Redis's clock
 (``.importlinter``) keeps every I/O library, the store, the runners, the sessions adapter and
 logging out of this module.
 
-The rules it follows (L1–L18, ``docs/lifecycle.md``):
+The rules are stated once, in docs/lifecycle.md (L1–L18); here, which rule gives which verdict:
 
-- Only an ``environment_connection`` action starts compute (L7, L9, L10), for a session that
-  is ours (L6) and whose ``remote_url`` may get the executor key (L2, ``trust``); a session of
-  a pre-started agent may get one at its creation, within the pre-start window (L9).
-- A healthy sandbox is kept; one gone, failed, terminating, serving another environment, past
-  its maximum lifetime, or whose executor's link has been down past the grace period while a
-  connection is wanted, is replaced by exactly one new one (L1, L14). The grace period counts
-  only while the link is down: from the first look that sees it down (a new sandbox: from
-  its start, until a look first sees it connected or the API reports that its executor held
-  the link and lost it; it is looked at ``FIRST_LOOK_SECONDS`` after its start, then each time
-  as long again as its age) to any look that sees it up. While it runs, the link is looked at
-  every quarter of the grace (``OUTAGE_LOOKS``), so two short drops with the link up between
-  them are two outages, not one that started with the first.
-- A sandbox whose session wants no connection is stopped once the session has been idle for
-  the idle timeout (L11–L13), its workspace kept (L16) and discarded after its retention.
-- A failed session's compute is released (L7); a session whose read answers 404 counts as
-  deleted only once every read of it over the confirmation period answered 404 (at least
-  ``SPREAD_READS`` reads spread over it, the last at or after its end), and only when most
-  of the other sessions read to confirm it answer (``Missing``); with none to compare with,
-  or most of them answering 404 too, the deletion is held until an operator releases it.
-  Until then nothing of it is destroyed (L7, L17).
+- START: only an ``environment_connection`` action starts compute (L7, L9, L10), for a session
+  that is ours (L6) and whose ``remote_url`` may get the executor key (L2, ``trust``); or a
+  pre-start at a session's creation, within ``PRESTART_WINDOW_SECONDS`` (L9).
+- KEEP or REPLACE: a healthy sandbox is kept; one gone, failed, terminating, serving another
+  environment, past its maximum lifetime, or whose executor's link has been down past the
+  grace period while a connection is wanted, is replaced by exactly one (L1, L14). How the
+  grace period is counted is L14; the looks that time it are ``FIRST_LOOK_SECONDS`` and
+  ``OUTAGE_LOOKS``.
+- STOP: idle for the idle timeout with no connection wanted (L11–L13), the workspace kept
+  (L16); DISCARD once its retention is over.
+- RELEASE: a failed session (L7); a session answering 404 only once its deletion is confirmed
+  (L7, L17: ``Missing``, ``confirmable``, ``SPREAD_READS``); while the other sessions compared
+  cannot confirm it, it is held, until they do or an operator releases it. Until then nothing
+  of it is destroyed.
 """
 
 from __future__ import annotations

@@ -1,37 +1,25 @@
-"""Decisions about one session's sandbox, and the loop that carries them out.
+"""The loop that carries out the decisions about one session's sandbox: observe, decide, act.
 
-``decide`` is a plain function of what was observed (session, stored record, sandbox
-health, executor link) and the time; it returns a ``Decision``. ``work`` runs the
-coalesced loop for one session under its lease: observe → decide → act, fenced, until no
-more work is wanted. Everything with side effects sits behind the protocols passed in
-``Deps`` (sessions API, store, runner, clock), so tests use fakes and a fake clock.
+``work`` runs the coalesced loop for one session under its lease, fenced, until no more work
+is wanted; each round (``act``):
 
-Rules: L1 (one sandbox per session), L6 (routing), L7 (look before acting), L8 (the
-executor dials out with the session's environment id), L9/L10 (only an
-environment_connection action starts compute), L14 (reconnect, don't duplicate), L2 (the
-executor key goes only to an allowed ``remote_url``; ids are checked before they reach an
-argument list, a path or a label: ``trust.py``). A refused session is logged, counted through
-``Deps.on_refusal`` and left alone.
+- observes (``observe``): one reading of ``Deps.clock``, a fresh read of the session, its
+  stored record (or a live sandbox nobody recorded: adopted, not duplicated), the sandbox's
+  health and, when it matters, its executor's link; for a session that answers 404, what is
+  known of it and, when its deletion would be confirmed, how a few other sessions answer
+  (``Missing``). A decision is made only from this fresh read, never from an event (L7, L13);
+- asks ``decide.decide`` (``decide_observed``, with the policy ``Deps`` carries);
+- acts: starts, replaces, stops, releases or discards through the runner, records the result,
+  and arms the decision's ``recheck_at`` as the session's durable timer (``controller.timers``),
+  all fenced by the lease.
 
-Stopping (L11–L13, L16): a running sandbox whose session is ``idle``, lists no
-environment_connection action and has not been active for the idle timeout is STOPped: the
-sandbox goes, its workspace and a stopped mapping stay, and the next connection request
-STARTs a new sandbox on that workspace; DISCARD removes the workspace once its retention is
-over. The decision is made only from a fresh read under the lease, never from an event.
-Every decision says when to look again (``Decision.recheck_at``: idle deadline, end of the
-executor's grace period, maximum lifetime, end of retention), and ``act`` arms that as the
-session's durable timer, fenced (``controller.timers``).
-
-The executor's grace period (L14) counts only while its link is down: it starts at the first
-look that sees the executor not connected (for a new sandbox: at its start, until a look first
-sees it connected or finds its link dropped, and such a sandbox is looked at again soon after
-its start) and is cleared by any look that sees it connected, whatever the session is doing;
-while it runs, the link is looked at every quarter of the grace (``decide.OUTAGE_LOOKS``).
-A session whose read answers 404 counts as deleted only once every read of it over the deletion
-confirmation period answered 404 (reads spread over it, ``decide.SPREAD_READS``), and only
-when most of the sessions read to confirm it answer; until then, and while there is no other
-session to compare with, its sandbox and workspace stay (``Missing``) until an operator
-releases it (``sandbox-controller release``).
+Which verdict when (starting, keeping, the executor's grace period, idle stops, retention,
+deletion confirmation) is ``decide.py``'s, and docs/lifecycle.md states the rules (L1–L18);
+they are not restated here. What this module adds: ids are checked before they reach a URL,
+a path, a label or an argument list (L2, ``trust.py``), and a refused session is logged,
+counted through ``Deps.on_refusal`` and left alone; a pre-start takes room in the budget under
+the lease (L9). Everything with side effects sits behind the protocols passed in ``Deps``
+(sessions API, store, runner, clock), so tests use fakes and a fake clock.
 
 One clock: each round reads the time once from ``Deps.clock`` (the workers use Redis's ``TIME``,
 the clock timers fall due on), and every time it decides or stores comes from that reading, so
