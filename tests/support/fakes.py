@@ -525,3 +525,9 @@ class World:
     def count(self, call: str, session_id: str = "sess_1") -> int:
         """How often the runner saw ``call`` for a session."""
         return sum(1 for c in self.runner.calls if c[0] == call and c[1] == session_id)
+
+
+def new_session(agent_id: str = "agent_1", age: float = 2.0, **more: object) -> Session:
+    """A self-hosted session created ``age`` seconds before ``T0``, asking for nothing yet."""
+    fields: dict[str, object] = {"status": SessionStatus.IDLE, "actions": (), "agent_id": agent_id, **more}
+    return make_session(created_at=int(T0 - age), **fields)  # type: ignore[arg-type]
