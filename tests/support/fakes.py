@@ -13,7 +13,7 @@ import itertools
 import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from controller import reconcile
 from controller.config import LifecycleSettings
@@ -531,3 +531,7 @@ def new_session(agent_id: str = "agent_1", age: float = 2.0, **more: object) -> 
     """A self-hosted session created ``age`` seconds before ``T0``, asking for nothing yet."""
     fields: dict[str, object] = {"status": SessionStatus.IDLE, "actions": (), "agent_id": agent_id, **more}
     return make_session(created_at=int(T0 - age), **fields)  # type: ignore[arg-type]
+
+
+def idle_since(at: float, status: SessionStatus = SessionStatus.IDLE, actions: tuple[str, ...] = ()) -> Session:
+    return replace(make_session(status=status, actions=actions), last_active_at=int(at))

@@ -8,18 +8,22 @@ from dataclasses import replace
 
 import pytest
 
-from controller.decide import FIRST_LOOK_SECONDS, PRESTART_WINDOW_SECONDS, Decision, Verdict, decide, not_ours
+from controller.decide import FIRST_LOOK_SECONDS, PRESTART_WINDOW_SECONDS, Cause, Decision, Verdict, decide, not_ours
 from controller.lifecycle import Routing
 from controller.model import Handle, Health, Record, Session, SessionStatus
 from tests.support.clock import FakeClock
-from tests.support.fakes import GRACE, T0, make_session, new_session
+from tests.support.fakes import GRACE, T0, idle_since, make_session, new_session
 
 ROUTING = Routing()
 
 
-def record(env_id: str = "env_1", started_at: float = T0, generation: int = 1) -> Record:
+def record(
+    env_id: str = "env_1", started_at: float = T0, generation: int = 1, stopped_at: float | None = None
+) -> Record:
     handle = Handle(session_id="sess_1", name=f"sandbox-g{generation}", generation=generation, uid=f"u{generation}")
-    return Record(session_id="sess_1", environment_id=env_id, handle=handle, started_at=started_at)
+    return Record(
+        session_id="sess_1", environment_id=env_id, handle=handle, started_at=started_at, stopped_at=stopped_at
+    )
 
 
 def verdict(
@@ -199,3 +203,102 @@ def test_prestart_never_starts_an_old_a_refused_a_foreign_or_a_failed_session() 
     assert prestarted(new_session(status=SessionStatus.FAILED)) is Verdict.IGNORE
     stopped = replace(record(), stopped_at=T0 - 1)
     assert prestarted(new_session(), stopped) is Verdict.IGNORE
+
+
+# --- idle: stop after the timeout (L11–L13) --------------------------------------------------
+
+TIMEOUT = 1800.0
+RETENTION = 7 * 24 * 3600.0
+IDLE = make_session(status=SessionStatus.IDLE, actions=())
+
+
+def decided(
+    session: Session, rec: Record | None, now: float, timeout: float = TIMEOUT, retention: float = 0.0
+) -> Decision:
+    return decide(
+        session,
+        rec,
+        Health.RUNNING,
+        True,
+        now,
+        GRACE,
+        Routing(),
+        idle_timeout_seconds=timeout,
+        retention_seconds=retention,
+    )
+
+
+def test_idle_past_the_timeout_stops_at_it_not_before() -> None:
+    """L11/L12: an idle session with no pending action is stopped once it has been inactive for
+    the whole timeout; before that the decision re-arms for ``last_active_at + timeout``."""
+    session = idle_since(T0 + 100)
+    before = decided(session, record(), T0 + 100 + TIMEOUT - 1)
+    assert before.verdict is Verdict.IGNORE and before.recheck_at == T0 + 100 + TIMEOUT
+    at = decided(session, record(), T0 + 100 + TIMEOUT)
+    assert (at.verdict, at.cause, at.recheck_at) == (Verdict.STOP, Cause.IDLE, None)
+
+
+@pytest.mark.parametrize("status", [SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION, SessionStatus.UNKNOWN])
+def test_a_working_session_is_never_stopped(status: SessionStatus) -> None:
+    """L11/L12: in_progress and requires_action (e.g. a function call) never stop, however long
+    ago the last activity was; the check is re-armed a timeout later."""
+    actions = ("function_call",) if status is SessionStatus.REQUIRES_ACTION else ()
+    now = T0 + 10 * TIMEOUT
+    decision = decided(idle_since(T0, status, actions), record(), now)
+    assert decision.verdict is Verdict.IGNORE
+    assert decision.recheck_at == now + TIMEOUT
+
+
+def test_a_pending_connection_request_is_never_stopped() -> None:
+    """L12: an idle-looking session that lists an environment_connection action keeps its sandbox."""
+    session = idle_since(T0, SessionStatus.REQUIRES_ACTION, ("environment_connection",))
+    decision = decided(session, record(), T0 + 10 * TIMEOUT)
+    assert decision.verdict is Verdict.KEEP
+
+
+def test_timeout_zero_keeps_warm_forever() -> None:
+    """L11: an idle timeout of 0 keeps the sandbox warm; nothing is armed without a lifetime."""
+    decision = decided(idle_since(T0), record(), T0 + 100 * TIMEOUT, timeout=0)
+    assert (decision.verdict, decision.recheck_at) == (Verdict.IGNORE, None)
+
+
+def test_the_timeout_counts_from_the_later_of_last_activity_and_the_start() -> None:
+    """L11: a sandbox started for an old session (or with no last_active_at) gets its full timeout."""
+    started = T0 + 5000
+    for session in (idle_since(T0), IDLE):
+        decision = decided(session, record(started_at=started), started + TIMEOUT - 1)
+        assert decision.verdict is Verdict.IGNORE and decision.recheck_at == started + TIMEOUT
+
+
+def test_idle_never_starts_compute() -> None:
+    """L9/L13: an idle session without a sandbox gets nothing started."""
+    assert decided(idle_since(T0), None, T0 + TIMEOUT).verdict is Verdict.IGNORE
+
+
+# --- stopped sessions and their workspace (L16) ----------------------------------------------
+
+
+def test_a_connection_request_starts_a_stopped_session_on_its_workspace() -> None:
+    """L16: the next environment_connection after a stop starts a new sandbox (same workspace)."""
+    decision = decided(make_session(), record(stopped_at=T0 + 10), T0 + 20)
+    assert decision.verdict is Verdict.START and "kept workspace" in decision.reason
+    assert decision.recheck_at == T0 + 20 + FIRST_LOOK_SECONDS
+
+
+def test_retention_discards_a_stopped_workspace_after_it_not_before() -> None:
+    """L16: a stopped session's workspace is kept for the retention period, then discarded;
+    0 keeps it until the session is deleted or fails."""
+    stopped = record(stopped_at=T0)
+    kept = decided(IDLE, stopped, T0 + RETENTION - 1, retention=RETENTION)
+    assert (kept.verdict, kept.recheck_at) == (Verdict.IGNORE, T0 + RETENTION)
+    assert decided(IDLE, stopped, T0 + RETENTION, retention=RETENTION).verdict is Verdict.DISCARD
+    forever = decided(IDLE, stopped, T0 + 100 * RETENTION, retention=0)
+    assert (forever.verdict, forever.recheck_at) == (Verdict.IGNORE, None)
+
+
+@pytest.mark.parametrize("ending", ["deleted", "failed"])
+def test_a_stopped_session_that_ends_releases_its_workspace(ending: str) -> None:
+    """L16: deleted or failed, a stopped session's workspace goes with it."""
+    session = None if ending == "deleted" else make_session(status=SessionStatus.FAILED, actions=())
+    decision = decided(session, record(stopped_at=T0), T0 + 1)  # type: ignore[arg-type]
+    assert decision.verdict is Verdict.RELEASE

@@ -1,127 +1,21 @@
-"""Idle shutdown, durable rechecks and kept workspaces: ``decide`` on a fake clock, and ``work``
-with the timers it arms (the ``World`` fakes; the Redis timers are in tests/contract).
+"""Idle shutdown, durable rechecks and kept workspaces: ``work`` with the timers it arms (the
+``World`` fakes; the Redis timers are in tests/contract). The idle decision itself (``decide``)
+is tests/unit/test_decide.py.
 """
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from controller import timers
-from controller.decide import FIRST_LOOK_SECONDS, Cause, Decision, Verdict, decide
+from controller.decide import FIRST_LOOK_SECONDS, Cause, Verdict
 from controller.errors import Fenced
-from controller.lifecycle import Routing
-from controller.model import Handle, Health, Record, Session, SessionStatus
-from tests.support.fakes import GRACE, T0, World, make_session, verdicts
+from controller.model import Health, SessionStatus
+from tests.support.fakes import GRACE, T0, World, idle_since, make_session, verdicts
 
 TIMEOUT = 1800.0
 RETENTION = 7 * 24 * 3600.0
 IDLE = make_session(status=SessionStatus.IDLE, actions=())
-
-
-def idle_since(at: float, status: SessionStatus = SessionStatus.IDLE, actions: tuple[str, ...] = ()) -> Session:
-    return replace(make_session(status=status, actions=actions), last_active_at=int(at))
-
-
-def record(started_at: float = T0, stopped_at: float | None = None) -> Record:
-    handle = Handle(session_id="sess_1", name="sandbox-g1", generation=1, uid="u1")
-    return Record("sess_1", "env_1", handle, started_at, stopped_at=stopped_at)
-
-
-def decided(
-    session: Session, rec: Record | None, now: float, timeout: float = TIMEOUT, retention: float = 0.0
-) -> Decision:
-    return decide(
-        session,
-        rec,
-        Health.RUNNING,
-        True,
-        now,
-        GRACE,
-        Routing(),
-        idle_timeout_seconds=timeout,
-        retention_seconds=retention,
-    )
-
-
-# --- decide: the idle decision ------------------------------------------------------------------
-
-
-def test_idle_past_the_timeout_stops_at_it_not_before() -> None:
-    """L11/L12: an idle session with no pending action is stopped once it has been inactive for
-    the whole timeout; before that the decision re-arms for ``last_active_at + timeout``."""
-    session = idle_since(T0 + 100)
-    before = decided(session, record(), T0 + 100 + TIMEOUT - 1)
-    assert before.verdict is Verdict.IGNORE and before.recheck_at == T0 + 100 + TIMEOUT
-    at = decided(session, record(), T0 + 100 + TIMEOUT)
-    assert (at.verdict, at.cause, at.recheck_at) == (Verdict.STOP, Cause.IDLE, None)
-
-
-@pytest.mark.parametrize("status", [SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION, SessionStatus.UNKNOWN])
-def test_a_working_session_is_never_stopped(status: SessionStatus) -> None:
-    """L11/L12: in_progress and requires_action (e.g. a function call) never stop, however long
-    ago the last activity was; the check is re-armed a timeout later."""
-    actions = ("function_call",) if status is SessionStatus.REQUIRES_ACTION else ()
-    now = T0 + 10 * TIMEOUT
-    decision = decided(idle_since(T0, status, actions), record(), now)
-    assert decision.verdict is Verdict.IGNORE
-    assert decision.recheck_at == now + TIMEOUT
-
-
-def test_a_pending_connection_request_is_never_stopped() -> None:
-    """L12: an idle-looking session that lists an environment_connection action keeps its sandbox."""
-    session = idle_since(T0, SessionStatus.REQUIRES_ACTION, ("environment_connection",))
-    decision = decided(session, record(), T0 + 10 * TIMEOUT)
-    assert decision.verdict is Verdict.KEEP
-
-
-def test_timeout_zero_keeps_warm_forever() -> None:
-    """L11: an idle timeout of 0 keeps the sandbox warm; nothing is armed without a lifetime."""
-    decision = decided(idle_since(T0), record(), T0 + 100 * TIMEOUT, timeout=0)
-    assert (decision.verdict, decision.recheck_at) == (Verdict.IGNORE, None)
-
-
-def test_the_timeout_counts_from_the_later_of_last_activity_and_the_start() -> None:
-    """L11: a sandbox started for an old session (or with no last_active_at) gets its full timeout."""
-    started = T0 + 5000
-    for session in (idle_since(T0), IDLE):
-        decision = decided(session, record(started_at=started), started + TIMEOUT - 1)
-        assert decision.verdict is Verdict.IGNORE and decision.recheck_at == started + TIMEOUT
-
-
-def test_idle_never_starts_compute() -> None:
-    """L9/L13: an idle session without a sandbox gets nothing started."""
-    assert decided(idle_since(T0), None, T0 + TIMEOUT).verdict is Verdict.IGNORE
-
-
-# --- decide: stopped sessions and their workspace ------------------------------------------------
-
-
-def test_a_connection_request_starts_a_stopped_session_on_its_workspace() -> None:
-    """L16: the next environment_connection after a stop starts a new sandbox (same workspace)."""
-    decision = decided(make_session(), record(stopped_at=T0 + 10), T0 + 20)
-    assert decision.verdict is Verdict.START and "kept workspace" in decision.reason
-    assert decision.recheck_at == T0 + 20 + FIRST_LOOK_SECONDS
-
-
-def test_retention_discards_a_stopped_workspace_after_it_not_before() -> None:
-    """L16: a stopped session's workspace is kept for the retention period, then discarded;
-    0 keeps it until the session is deleted or fails."""
-    stopped = record(stopped_at=T0)
-    kept = decided(IDLE, stopped, T0 + RETENTION - 1, retention=RETENTION)
-    assert (kept.verdict, kept.recheck_at) == (Verdict.IGNORE, T0 + RETENTION)
-    assert decided(IDLE, stopped, T0 + RETENTION, retention=RETENTION).verdict is Verdict.DISCARD
-    forever = decided(IDLE, stopped, T0 + 100 * RETENTION, retention=0)
-    assert (forever.verdict, forever.recheck_at) == (Verdict.IGNORE, None)
-
-
-@pytest.mark.parametrize("ending", ["deleted", "failed"])
-def test_a_stopped_session_that_ends_releases_its_workspace(ending: str) -> None:
-    """L16: deleted or failed, a stopped session's workspace goes with it."""
-    session = None if ending == "deleted" else make_session(status=SessionStatus.FAILED, actions=())
-    decision = decided(session, record(stopped_at=T0), T0 + 1)  # type: ignore[arg-type]
-    assert decision.verdict is Verdict.RELEASE
 
 
 # --- work: stop, keep the workspace, start again; timers armed ----------------------------------
