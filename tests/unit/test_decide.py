@@ -8,7 +8,16 @@ from dataclasses import replace
 
 import pytest
 
-from controller.decide import FIRST_LOOK_SECONDS, PRESTART_WINDOW_SECONDS, Cause, Decision, Verdict, decide, not_ours
+from controller.decide import (
+    FIRST_LOOK_SECONDS,
+    PRESTART_WINDOW_SECONDS,
+    Cause,
+    Decision,
+    Missing,
+    Verdict,
+    decide,
+    not_ours,
+)
 from controller.lifecycle import Routing
 from controller.model import Handle, Health, Record, Session, SessionStatus
 from tests.support.clock import FakeClock
@@ -302,3 +311,69 @@ def test_a_stopped_session_that_ends_releases_its_workspace(ending: str) -> None
     session = None if ending == "deleted" else make_session(status=SessionStatus.FAILED, actions=())
     decision = decided(session, record(stopped_at=T0), T0 + 1)  # type: ignore[arg-type]
     assert decision.verdict is Verdict.RELEASE
+
+
+# --- the grace clock (L14) ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("status", [SessionStatus.IDLE, SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION])
+def test_any_look_that_sees_the_executor_connected_stops_the_grace_clock(status: SessionStatus) -> None:
+    """L14: the clock stops at a look that sees the link up, whatever the session's state."""
+    session = make_session(status=status, actions=())
+    down = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0, disconnected_at=T0 + 5)
+    decision = decide(session, down, Health.RUNNING, True, T0 + 10, GRACE, Routing())
+    assert decision.update is not None and decision.update.disconnected_at is None
+    assert decision.update.seen_connected
+    assert decision.verdict is not Verdict.REPLACE
+
+
+# --- a 404 is not a deletion until it is confirmed (L7, L17) --------------------------------------
+
+CONFIRM = 60.0
+
+
+def test_two_404s_a_period_apart_are_not_enough() -> None:
+    """L7/L17: 404 reads at the start and past the end of the period alone (nothing read
+    between them) do not confirm a deletion: the reads must be spread over the period."""
+    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
+    two = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                 missing=Missing(T0, compared=3, found=3, reads=1, last_read=T0),
+                 deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert two.verdict is Verdict.KEEP and two.missing_reads == (2, T0 + CONFIRM + 1)
+    three = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                   missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM / 2),
+                   deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert three.verdict is Verdict.RELEASE
+    crowded = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
+                     missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM),
+                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert crowded.verdict is Verdict.KEEP  # a read a second after the last one does not count
+
+
+def test_the_confirmation_table() -> None:
+    """L17: ``decide`` for a session that answered 404, with what the round saw."""
+    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
+
+    def deleted(missing: Missing, now: float, record: Record | None = rec) -> tuple[Verdict, bool]:
+        decision = decide(None, record, Health.RUNNING, None, now, GRACE, Routing(), missing=missing,
+                          deletion_confirm_seconds=CONFIRM)  # fmt: skip
+        return decision.verdict, decision.held
+
+    def spread(compared: int = 0, found: int = 0, not_found: int = 0) -> Missing:
+        return Missing(T0, compared, found, not_found, reads=2, last_read=T0 + CONFIRM / 2)
+
+    assert deleted(Missing(), T0) == (Verdict.KEEP, False)  # the first 404
+    assert deleted(Missing(T0), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
+    assert deleted(spread(), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
+    assert deleted(spread(), T0 + CONFIRM) == (Verdict.KEEP, True)  # nothing to compare with: held
+    assert deleted(spread(3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
+    assert deleted(spread(3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(spread(3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
+    assert deleted(spread(2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
+    assert deleted(spread(3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
+    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=spread(3, found=3),
+                       deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert confirmed.gone and confirmed.missing_since is None
+    waiting = decide(None, None, None, None, T0, GRACE, Routing(), missing=Missing(),
+                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
+    assert not waiting.gone and waiting.missing_since == T0 and waiting.missing_reads == (1, T0)

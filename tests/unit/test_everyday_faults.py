@@ -7,7 +7,8 @@
 - Pre-start has a budget of sandboxes not yet used (L9).
 
 The one clock (Redis's ``TIME``) is proven against Redis (tests/contract) and with skewed
-worker clocks (tests/system); here the fake clock stands for it.
+worker clocks (tests/system); here the fake clock stands for it. ``decide`` alone, for these
+rules too, is tests/unit/test_decide.py.
 """
 
 from __future__ import annotations
@@ -17,9 +18,8 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.decide import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Missing, Verdict, decide
-from controller.lifecycle import Routing
-from controller.model import Handle, Health, Record, Session, SessionStatus
+from controller.decide import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Verdict
+from controller.model import Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
 WANTS = make_session()
@@ -107,17 +107,6 @@ def test_the_first_look_after_a_start_finding_a_turn_clears_the_grace_clock() ->
     world.sessions.connected["env_1"] = True
     assert Verdict.REPLACE not in run_timers_until(world, 40.0)
     assert world.count("ensure") == 1
-
-
-@pytest.mark.parametrize("status", [SessionStatus.IDLE, SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION])
-def test_any_look_that_sees_the_executor_connected_stops_the_grace_clock(status: SessionStatus) -> None:
-    """L14: the clock stops at a look that sees the link up, whatever the session's state."""
-    session = make_session(status=status, actions=())
-    down = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0, disconnected_at=T0 + 5)
-    decision = decide(session, down, Health.RUNNING, True, T0 + 10, GRACE, Routing())
-    assert decision.update is not None and decision.update.disconnected_at is None
-    assert decision.update.seen_connected
-    assert decision.verdict is not Verdict.REPLACE
 
 
 @pytest.mark.parametrize(("api_says", "replaced"), [("disconnected", False), ("pending", True)])
@@ -345,24 +334,6 @@ def test_a_session_readable_between_two_404s_is_not_deleted() -> None:
     assert world.count("release") == 1
 
 
-def test_two_404s_a_period_apart_are_not_enough() -> None:
-    """L7/L17: 404 reads at the start and past the end of the period alone (nothing read
-    between them) do not confirm a deletion: the reads must be spread over the period."""
-    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
-    two = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
-                 missing=Missing(T0, compared=3, found=3, reads=1, last_read=T0),
-                 deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert two.verdict is Verdict.KEEP and two.missing_reads == (2, T0 + CONFIRM + 1)
-    three = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
-                   missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM / 2),
-                   deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert three.verdict is Verdict.RELEASE
-    crowded = decide(None, rec, Health.RUNNING, None, T0 + CONFIRM + 1, GRACE, Routing(),
-                     missing=Missing(T0, compared=3, found=3, reads=2, last_read=T0 + CONFIRM),
-                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert crowded.verdict is Verdict.KEEP  # a read a second after the last one does not count
-
-
 def test_when_most_sessions_read_answer_404_no_deletion_is_acted_on() -> None:
     """L17: a wrong API key (another project's) or base URL makes every read answer 404: each
     deletion that would be confirmed compares with other sessions, finds most of them missing
@@ -455,35 +426,6 @@ def test_a_kept_workspace_without_a_sandbox_waits_for_the_confirmation_too() -> 
     assert world.count("discard", "sess_3") == 0 and world.store.missing["sess_3"] == T0
     fire_until(world, CONFIRM + 1)
     assert world.count("discard", "sess_3") == 1
-
-
-def test_the_confirmation_table() -> None:
-    """L17: ``decide`` for a session that answered 404, with what the round saw."""
-    rec = Record("sess_1", "env_1", Handle("sess_1", "sandbox-g1", 1, "u1"), T0)
-
-    def deleted(missing: Missing, now: float, record: Record | None = rec) -> tuple[Verdict, bool]:
-        decision = decide(None, record, Health.RUNNING, None, now, GRACE, Routing(), missing=missing,
-                          deletion_confirm_seconds=CONFIRM)  # fmt: skip
-        return decision.verdict, decision.held
-
-    def spread(compared: int = 0, found: int = 0, not_found: int = 0) -> Missing:
-        return Missing(T0, compared, found, not_found, reads=2, last_read=T0 + CONFIRM / 2)
-
-    assert deleted(Missing(), T0) == (Verdict.KEEP, False)  # the first 404
-    assert deleted(Missing(T0), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
-    assert deleted(spread(), T0 + CONFIRM - 0.5) == (Verdict.KEEP, False)
-    assert deleted(spread(), T0 + CONFIRM) == (Verdict.KEEP, True)  # nothing to compare with: held
-    assert deleted(spread(3, found=2, not_found=1), T0 + CONFIRM) == (Verdict.RELEASE, False)
-    assert deleted(spread(3, found=1, not_found=2), T0 + CONFIRM) == (Verdict.KEEP, True)
-    assert deleted(spread(3, found=1, not_found=1), T0 + CONFIRM) == (Verdict.KEEP, True)
-    assert deleted(spread(2, found=0, not_found=0), T0 + CONFIRM) == (Verdict.KEEP, True)  # unknown
-    assert deleted(spread(3, found=3), T0 + CONFIRM, None) == (Verdict.IGNORE, False)
-    confirmed = decide(None, None, None, None, T0 + CONFIRM, GRACE, Routing(), missing=spread(3, found=3),
-                       deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert confirmed.gone and confirmed.missing_since is None
-    waiting = decide(None, None, None, None, T0, GRACE, Routing(), missing=Missing(),
-                     deletion_confirm_seconds=CONFIRM)  # fmt: skip
-    assert not waiting.gone and waiting.missing_since == T0 and waiting.missing_reads == (1, T0)
 
 
 # --- pre-start has a budget (L9) ------------------------------------------------------------------
