@@ -377,3 +377,92 @@ def test_the_confirmation_table() -> None:
     waiting = decide(None, None, None, None, T0, GRACE, Routing(), missing=Missing(),
                      deletion_confirm_seconds=CONFIRM)  # fmt: skip
     assert not waiting.gone and waiting.missing_since == T0 and waiting.missing_reads == (1, T0)
+
+
+# --- maximum lifetime, and mappings without compute (L17) ----------------------------------------
+
+LIFETIME = 3600.0
+WANTS = make_session()
+
+
+def verdict_seen(
+    session=WANTS,
+    rec: Record | None = None,
+    health: Health | None = None,
+    connected: bool | None = True,
+    now: float = T0,
+    max_lifetime: float | None = None,
+) -> Verdict:
+    """``decide``'s verdict, the link seen up unless told (``connected``), with a maximum lifetime."""
+    return decide(session, rec, health, connected, now, GRACE, Routing(), max_lifetime).verdict
+
+
+@pytest.mark.parametrize(
+    ("session", "before"), [(WANTS, Verdict.KEEP), (IDLE, Verdict.IGNORE)], ids=["connection-pending", "idle"]
+)
+def test_max_lifetime_exactly_at_the_limit_keeps_past_it_stops_or_replaces(session, before: Verdict) -> None:
+    """L17/L15: a sandbox is stopped once it is past its maximum lifetime, not at it; while a
+    connection is requested it is replaced, never released with nothing started."""
+    clock = FakeClock(T0)
+    rec = record(started_at=clock.now())
+    clock.advance(LIFETIME)
+    at_limit = decide(session, rec, Health.RUNNING, True, clock.now(), GRACE, Routing(), LIFETIME)
+    assert at_limit.verdict is before
+    assert at_limit.recheck_at is not None and T0 + LIFETIME < at_limit.recheck_at <= T0 + LIFETIME + 1
+    clock.advance(0.001)
+    decision = decide(session, rec, Health.RUNNING, True, clock.now(), GRACE, Routing(), LIFETIME)
+    if session is WANTS:
+        assert decision == Decision(
+            Verdict.REPLACE,
+            "sandbox is past its maximum lifetime; connection requested",
+            cause=Cause.LIFETIME,
+            recheck_at=clock.now() + FIRST_LOOK_SECONDS,
+        )
+    else:
+        assert decision == Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
+
+
+@pytest.mark.parametrize("no_limit", [0, 0.0, None])
+def test_max_lifetime_zero_or_none_is_no_limit(no_limit: float | None) -> None:
+    """L17: 0 (the setting's default) and None mean sandboxes live as long as they are wanted."""
+    ancient = T0 + 10 * 365 * 86400
+    assert verdict_seen(WANTS, record(), Health.RUNNING, now=ancient, max_lifetime=no_limit) is Verdict.KEEP
+    assert verdict_seen(IDLE, record(), Health.RUNNING, now=ancient, max_lifetime=no_limit) is Verdict.IGNORE
+
+
+def test_max_lifetime_needs_compute_to_release() -> None:
+    """L17: without a mapping there is nothing to release; a connection request still starts one."""
+    assert verdict_seen(WANTS, None, None, now=T0 + 10 * LIFETIME, max_lifetime=LIFETIME) is Verdict.START
+    assert verdict_seen(IDLE, None, None, now=T0 + 10 * LIFETIME, max_lifetime=LIFETIME) is Verdict.IGNORE
+
+
+def test_max_lifetime_does_not_override_routing() -> None:
+    """L6: a session of another handler is left alone, whatever its age."""
+    other = make_session(workspace="/elsewhere")
+    assert (
+        verdict_seen(other, record(), Health.RUNNING, now=T0 + 10 * LIFETIME, max_lifetime=LIFETIME) is Verdict.IGNORE
+    )
+
+
+@pytest.mark.parametrize("health", [Health.GONE, Health.FAILED])
+@pytest.mark.parametrize(
+    "status", [SessionStatus.IDLE, SessionStatus.IN_PROGRESS, SessionStatus.REQUIRES_ACTION, SessionStatus.UNKNOWN]
+)
+def test_mapping_of_a_gone_or_failed_sandbox_is_stopped(health: Health, status: SessionStatus) -> None:
+    """L16/L17: with no connection pending, a mapping whose sandbox is gone or failed becomes a
+    stopped one (the workspace is kept; its retention removes it)."""
+    session = make_session(status=status, actions=("function_call",) if status is SessionStatus.REQUIRES_ACTION else ())
+    decision = decide(session, record(), health, None, T0, GRACE, Routing())
+    assert decision == Decision(Verdict.STOP, f"sandbox is {health.value}; workspace kept", cause=Cause.FAILED)
+
+
+@pytest.mark.parametrize("health", [Health.GONE, Health.FAILED])
+def test_gone_sandbox_with_a_connection_pending_is_replaced_not_released(health: Health) -> None:
+    """L14 vs L17: if the session asks for a connection, the dead sandbox is replaced by one new one."""
+    assert verdict_seen(WANTS, record(), health) is Verdict.REPLACE
+
+
+@pytest.mark.parametrize("health", [Health.TERMINATING, Health.RUNNING, Health.STARTING])
+def test_terminating_or_live_sandbox_without_a_connection_pending_is_left_alone(health: Health) -> None:
+    """L13/L17: TERMINATING is on its way out by itself; a live one is kept (idle alone stops nothing)."""
+    assert verdict_seen(IDLE, record(), health, connected=False, now=T0 + 10 * GRACE) is Verdict.IGNORE
