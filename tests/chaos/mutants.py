@@ -3,14 +3,16 @@
 Each mutant is a small text replacement in one product file that brings back a defect class
 issue 25 names. ``main`` applies them one at a time, runs CI's fixed seeds (``test_chaos.CI_SEEDS``,
 ``CI_MINUTES`` each; the next seed only while none caught it) against the mutated product, and
-reports for each whether it was caught and by which invariants (``checker.INVARIANTS``); it
-exits 1 when any mutant survived. The product file is restored after each mutant whatever
-happens (``applied``: a ``finally``, SIGTERM turned into an exception, and a backup beside the
-file that the next run restores first if a run was killed outright).
+reports for each whether it was caught and by which invariants (``checker.INVARIANTS``),
+keeping each run's event log in a directory it names; it exits 1 when any mutant survived.
+The product file is restored after each mutant whatever happens (``applied``: a ``finally``,
+SIGTERM turned into an exception, and a backup beside the file that the next run restores
+first if a run was killed outright).
 """
 
 from __future__ import annotations
 
+import shutil
 import signal
 import sys
 import tempfile
@@ -135,6 +137,8 @@ def main() -> int:
     from tests.chaos.test_chaos import CI_MINUTES, CI_SEEDS
 
     signal.signal(signal.SIGTERM, _terminated)
+    kept = Path(tempfile.mkdtemp(prefix="chaos-mutants-"))  # each run's event log, for a survivor's story
+    print(f"event logs: {kept}")
     for path in restore_leftovers():
         print(f"restored {path} (left mutated by a killed run)")
     names = set(sys.argv[1:])
@@ -152,6 +156,9 @@ def main() -> int:
                 seeds_run.append(seed)
                 result = run(Path(scratch) / f"seed-{seed}", seed, CI_MINUTES, DEFAULT_FAULTS)
                 print(result.report(), flush=True)
+                events = Path(scratch) / f"seed-{seed}" / "events.log"
+                if events.exists():
+                    shutil.copyfile(events, kept / f"{mutant.name}-seed-{seed}.events.log")
                 errors += result.errors
                 for violation in result.violations:
                     caught[violation.invariant] = caught.get(violation.invariant, 0) + 1
