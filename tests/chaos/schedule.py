@@ -43,7 +43,18 @@ prestart-burst      5 sessions of the pre-started agent created at once, none gi
                     deleted 20–40 s later
 executor-missing    the executor binary is missing for 3–12 s (a node image update, an unmounted
                     volume): every start fails meanwhile, and must be retried once it is back
+api-404-partial     (opt-in: ``+api-404-partial``) a partial 404 storm: the reads of some of the
+                    sessions, at least two and never all of those alive, answer 404 for 2–5 s at
+                    once (shorter than the deletion confirmation); nothing of theirs may be
+                    stopped, replaced or discarded (3, 4, 7)
+delete-several      (opt-in: ``+delete-several``) 2–3 sessions deleted at the same moment, never
+                    more than half of those alive (so the others, still readable, outvote them):
+                    each must be released by the end (5), the others' work kept (4)
 ==================  =============================================================================
+
+The opt-in faults are not in ``DEFAULT_FAULTS``: adding them to the default set would change
+what CI's fixed seeds draw (a seed's faults are drawn from the weights of the whole set), so
+they are named with ``--faults +api-404-partial,+delete-several`` until CI's seeds are moved.
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -164,6 +175,16 @@ class _Story:
         self.gone[name] = at
         self.steps.append(Step(at, how, name))
 
+    def end_now(self, at: float, name: str) -> None:
+        """Delete ``name`` at ``at``, before the end its story had for it (then dropped: a
+        session ends once; its later inputs are refused by the API and logged as not taken)."""
+        later = self.gone.get(name)
+        if later is not None:
+            self.steps = [
+                s for s in self.steps if not (s.subject == name and s.at == later and s.kind in ("delete", "fail"))
+            ]
+        self.end(at, name, "delete")
+
     def alive(self, at: float, bursts: bool = False) -> list[str]:
         """Sessions created before ``at`` and not yet deleted or failed (not the burst's ones
         unless asked: nobody gives those input)."""
@@ -276,6 +297,32 @@ def _flap(rng: random.Random, at: float, story: _Story) -> list[Step]:
     return [Step(at, "api-flap", one, gap, "retrieve_session:404")]
 
 
+def _partial_404(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """Some sessions' reads answer 404 at once (at least two, never all alive), for less than
+    the deletion confirmation: a partial incident at the API, never a deletion."""
+    alive = story.alive(at)
+    seconds = _seconds(rng, 2.0, 5.0)
+    if len(alive) < 3:
+        return []
+    chosen = sorted(rng.sample(alive, rng.randint(2, len(alive) - 1)))
+    if at < story.no_404_before:
+        return []  # drawn all the same, so that the steps after it do not change
+    story.no_404_before = at + seconds + NO_404_SECONDS
+    return [Step(at, "api-fault", name, seconds, "retrieve_session:404") for name in chosen]
+
+
+def _delete_several(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """2–3 sessions deleted at the same moment, at most half of those alive: the sessions
+    still readable outvote them, so each deletion is confirmed and released (not held)."""
+    alive = story.alive(at)
+    most = min(3, len(alive) // 2)
+    if most < 2:
+        return []
+    for name in sorted(rng.sample(alive, rng.randint(2, most))):
+        story.end_now(at, name)
+    return []  # the story holds the steps
+
+
 def _executor_missing(rng: random.Random, at: float, story: _Story) -> list[Step]:
     return [Step(at, "executor-missing", "", _seconds(rng, 3.0, 12.0))]
 
@@ -383,8 +430,19 @@ FAULTS: dict[str, Fault] = {
         Fault("executor-missing", 0.4, _executor_missing),
     )
 }
-DEFAULT_FAULTS = frozenset(FAULTS)
-"""What a run injects unless ``--faults`` says otherwise: the whole catalogue."""
+OPT_IN_FAULTS = frozenset({"api-404-partial", "delete-several"})
+"""Faults a run injects only when ``--faults`` names them (see the table above)."""
+FAULTS.update(
+    {
+        f.name: f
+        for f in (
+            Fault("api-404-partial", 0.7, _partial_404),
+            Fault("delete-several", 0.5, _delete_several),
+        )
+    }
+)
+DEFAULT_FAULTS = frozenset(FAULTS) - OPT_IN_FAULTS
+"""What a run injects unless ``--faults`` says otherwise: the whole catalogue but the opt-in faults."""
 
 
 def select(spec: str | None) -> frozenset[str]:

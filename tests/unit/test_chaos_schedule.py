@@ -16,8 +16,10 @@ from tests.chaos.schedule import (
     GRACE_SECONDS,
     MAX_LIVE_SESSIONS,
     NO_404_SECONDS,
+    OPT_IN_FAULTS,
     QUIET_EVERY_SECONDS,
     QUIET_SECONDS,
+    Step,
     draw,
     select,
 )
@@ -91,8 +93,10 @@ def test_no_session_reads_404_for_as_long_as_the_deletion_confirmation(seed: int
         assert start - end >= NO_404_SECONDS > DELETION_CONFIRM_SECONDS
 
 
-def test_the_default_set_is_the_whole_catalogue_and_faults_are_switched_by_name() -> None:
-    assert set(FAULTS) == DEFAULT_FAULTS and "role-flip" in DEFAULT_FAULTS
+def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_switched_by_name() -> None:
+    assert set(FAULTS) - OPT_IN_FAULTS == DEFAULT_FAULTS and "role-flip" in DEFAULT_FAULTS
+    assert {"api-404-partial", "delete-several"} == OPT_IN_FAULTS and not OPT_IN_FAULTS & DEFAULT_FAULTS
+    assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | OPT_IN_FAULTS
     assert select(None) == select("") == select("default") == DEFAULT_FAULTS
     assert select("-role-flip") == DEFAULT_FAULTS - {"role-flip"}
     assert select("-role-flip,-skew,+skew") == DEFAULT_FAULTS - {"role-flip"}
@@ -149,3 +153,78 @@ def test_long_runs_leave_fault_free_stretches_and_ci_runs_do_not_change(seed: in
     assert max(b - a for a, b in itertools.pairwise(starts)) <= QUIET_EVERY_SECONDS + 60
     short = draw(seed, 0.75, DEFAULT_FAULTS)
     assert not any(b.at - (a.at + a.seconds) >= QUIET_SECONDS for a, b in itertools.pairwise(short.fault_steps()))
+
+
+def test_the_opt_in_faults_leave_what_cis_seeds_draw_as_it_was() -> None:
+    """CI's seeds (1 and 2, 0.75 min) draw from the default set: the opt-in faults, being out
+    of it, change none of their steps (the mutants' results hold for those very schedules)."""
+    for seed in (1, 2):
+        kinds = {s.kind for s in draw(seed, 0.75, DEFAULT_FAULTS).steps}
+        assert draw(seed, 0.75, DEFAULT_FAULTS) == draw(seed, 0.75, select(None))
+        assert len(kinds) > 5
+
+
+def _partial_storms(seed: int) -> list[list[Step]]:
+    steps = [s for s in draw(seed, 10, {"api-404-partial"}).steps if s.kind == "api-fault"]
+    storms: dict[float, list[Step]] = {}
+    for step in steps:
+        storms.setdefault(step.at, []).append(step)
+    return list(storms.values())
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_partial_404_storm_takes_some_sessions_never_all_and_is_shorter_than_the_confirmation(seed: int) -> None:
+    """Issue 25: a partial 404 storm answers 404 for at least two sessions at once, never for
+    every session alive, each for 2–5 s: shorter than the deletion confirmation."""
+    schedule = draw(seed, 10, {"api-404-partial"})
+    born = {s.subject: s.at for s in schedule.steps if s.kind == "create"}
+    gone = {s.subject: s.at for s in schedule.steps if s.kind in ("delete", "fail")}
+    bursts = {s.subject for s in schedule.steps if s.kind == "create" and s.value}
+    storms = _partial_storms(seed)
+    assert storms
+    for storm in storms:
+        at = storm[0].at
+        alive = {n for n, b in born.items() if b <= at and gone.get(n, float("inf")) > at and n not in bursts}
+        names = {s.subject for s in storm}
+        assert len(names) == len(storm) >= 2
+        assert names < alive  # some, never all
+        assert {s.seconds for s in storm} == {storm[0].seconds}
+        assert 2.0 <= storm[0].seconds <= 5.0 < DELETION_CONFIRM_SECONDS
+        assert {s.value for s in storm} == {"retrieve_session:404"}
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_404_windows_of_every_kind_never_touch(seed: int) -> None:
+    """With one-session, every-session and partial 404 windows and flaps together, no two
+    storms touch: back to back they would add up to a deletion by the controller's rule."""
+    steps = draw(seed, 10, {"api-404", "api-404-partial", "api-404-flap"}).steps
+    windows = sorted({(s.at, s.at + s.seconds) for s in steps if s.value.endswith(":404")})
+    assert len(windows) > 10
+    for (_, end), (start, _) in itertools.pairwise(windows):
+        assert start - end >= NO_404_SECONDS
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_several_sessions_are_deleted_at_once_never_more_than_half_of_those_alive(seed: int) -> None:
+    """Issue 25: 2–3 sessions deleted at the same moment, at most half of those alive, so the
+    sessions still readable outvote them and each deletion is released, not held."""
+    schedule = draw(seed, 10, {"delete-several"})
+    plain = draw(seed, 10, set())
+    born = {s.subject: s.at for s in schedule.steps if s.kind == "create"}
+    ends = [s for s in schedule.steps if s.kind in ("delete", "fail")]
+    own = {(s.at, s.subject) for s in plain.steps if s.kind in ("delete", "fail")}
+    assert {(s.at, s.subject) for s in schedule.steps if s.kind == "input"} == {
+        (s.at, s.subject) for s in plain.steps if s.kind == "input"
+    }  # the story's own steps are kept (but the ends it moves earlier)
+    together: dict[float, set[str]] = {}
+    for step in ends:
+        if step.kind == "delete" and (step.at, step.subject) not in own:
+            together.setdefault(step.at, set()).add(step.subject)
+    assert together
+    gone = {s.subject: s.at for s in ends}
+    assert len(gone) == len(ends)  # no session ends twice
+    bursts = {s.subject for s in schedule.steps if s.kind == "create" and s.value}
+    for at, names in together.items():
+        assert 2 <= len(names) <= 3
+        alive = {n for n, b in born.items() if b <= at and gone.get(n, float("inf")) >= at and n not in bursts}
+        assert names <= alive and 2 * len(names) <= len(alive)

@@ -1,0 +1,185 @@
+"""Mutants of the product that the chaos judge must catch (``scripts/test chaos --mutants``).
+
+Each mutant is a small text replacement in one product file that brings back a defect class
+issue 25 names. ``main`` applies them one at a time, runs CI's fixed seeds (``test_chaos.CI_SEEDS``,
+``CI_MINUTES`` each; the next seed only while none caught it) against the mutated product, and
+reports for each whether it was caught and by which invariants (``checker.INVARIANTS``),
+keeping each run's event log in a directory it names; it exits 1 when any mutant survived.
+The product file is restored after each mutant whatever happens (``applied``: a ``finally``,
+SIGTERM turned into an exception, and a backup beside the file that the next run restores
+first if a run was killed outright).
+"""
+
+from __future__ import annotations
+
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import FrameType
+
+ROOT = Path(__file__).resolve().parents[2]
+BACKUP_SUFFIX = ".mutant-backup"
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    defect: str
+    path: str
+    """The product file, relative to the repository's root."""
+    old: str
+    """Text that occurs exactly once in the file."""
+    new: str
+
+
+MUTANTS = (
+    Mutant(
+        "grace-from-start",
+        "the grace clock runs from the sandbox's start: a look that sees the executor connected does not stop it",
+        "controller/decide.py",
+        "return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False)",
+        "return replace(record, seen_connected=True, link_unknown=False)",
+    ),
+    Mutant(
+        "delete-at-first-404",
+        "a session counts as deleted at its first 404 read (no confirmation period)",
+        "controller/decide.py",
+        "    if confirm_seconds <= 0:\n        return True\n    since, reads, _ = counted(",
+        "    if True:\n        return True\n    since, reads, _ = counted(",
+    ),
+    Mutant(
+        "start-failure-dropped",
+        "a start that fails for a passing reason (RunnerRejected) is marked done, never retried",
+        "controller/lifecycle.py",
+        'raise StartFailed(f"sandbox start failed; retried while the session asks: {exc}") from exc',
+        "raise",
+    ),
+    Mutant(
+        "idle-stop-early",
+        "an idle sandbox is stopped at a third of its idle timeout",
+        "controller/decide.py",
+        "        if now - since >= timeout:\n",
+        "        if now - since >= timeout / 3:\n",
+    ),
+    Mutant(
+        "prestart-budget-ignored",
+        "pre-starts ignore CONTROLLER_PRESTART_MAX_SANDBOXES",
+        "controller/lifecycle.py",
+        "if decision.prestart and not deps.store.reserve_prestart(lease, deps.prestart_max_sandboxes):",
+        "if False:",
+    ),
+    Mutant(
+        "release-leaves-executor",
+        "the local runner's release forgets the sandbox but leaves its executor running",
+        "controller/runners/local.py",
+        '            self._stop(current)\n            (directory / "sandbox.json").unlink(missing_ok=True)\n'
+        '        log.info("executor stopped"',
+        '            (directory / "sandbox.json").unlink(missing_ok=True)\n        log.info("executor stopped"',
+    ),
+    Mutant(
+        "lease-not-checked",
+        "a start does not check the lease first (a worker that lost it may still start a sandbox)",
+        "controller/lifecycle.py",
+        "    deps.store.check(lease)  # fenced: a worker that lost its lease must not act\n",
+        "",
+    ),
+)
+
+
+def restore_leftovers(root: Path = ROOT) -> list[Path]:
+    """Put back any product file a killed earlier run left mutated (its backup is beside it)."""
+    restored = []
+    for backup in sorted((root / "controller").rglob(f"*{BACKUP_SUFFIX}")):
+        target = backup.with_name(backup.name[: -len(BACKUP_SUFFIX)])
+        target.write_bytes(backup.read_bytes())
+        backup.unlink()
+        restored.append(target)
+    return restored
+
+
+def mutated(mutant: Mutant, text: str) -> str:
+    """The file's text with the mutant applied; ValueError unless ``old`` occurs exactly once."""
+    found = text.count(mutant.old)
+    if found != 1:
+        raise ValueError(f"mutant {mutant.name}: its text occurs {found} times in {mutant.path} (not once)")
+    return text.replace(mutant.old, mutant.new)
+
+
+@contextmanager
+def applied(mutant: Mutant, root: Path = ROOT) -> Iterator[None]:
+    """The product file mutated for the block, and restored byte for byte after it."""
+    target = root / mutant.path
+    original = target.read_bytes()
+    changed = mutated(mutant, original.decode())
+    backup = target.with_name(target.name + BACKUP_SUFFIX)
+    backup.write_bytes(original)
+    try:
+        target.write_text(changed)
+        yield
+    finally:
+        target.write_bytes(original)
+        backup.unlink(missing_ok=True)
+
+
+def _terminated(signum: int, frame: FrameType | None) -> None:
+    raise SystemExit(128 + signum)
+
+
+def main() -> int:
+    from tests.chaos.run import run
+    from tests.chaos.schedule import DEFAULT_FAULTS
+    from tests.chaos.test_chaos import CI_MINUTES, CI_SEEDS
+
+    signal.signal(signal.SIGTERM, _terminated)
+    kept = Path(tempfile.mkdtemp(prefix="chaos-mutants-"))  # each run's event log, for a survivor's story
+    print(f"event logs: {kept}")
+    for path in restore_leftovers():
+        print(f"restored {path} (left mutated by a killed run)")
+    names = set(sys.argv[1:])
+    chosen = [m for m in MUTANTS if not names or m.name in names]
+    survived = []
+    rows = []
+    for mutant in chosen:
+        caught: dict[int, int] = {}
+        seeds_run = []
+        errors: list[str] = []
+        started = time.time()
+        with applied(mutant), tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
+            print(f"\n==> mutant {mutant.name}: {mutant.defect}", flush=True)
+            for seed in CI_SEEDS:
+                seeds_run.append(seed)
+                result = run(Path(scratch) / f"seed-{seed}", seed, CI_MINUTES, DEFAULT_FAULTS)
+                print(result.report(), flush=True)
+                events = Path(scratch) / f"seed-{seed}" / "events.log"
+                if events.exists():
+                    shutil.copyfile(events, kept / f"{mutant.name}-seed-{seed}.events.log")
+                errors += result.errors
+                for violation in result.violations:
+                    caught[violation.invariant] = caught.get(violation.invariant, 0) + 1
+                if caught:
+                    break
+        by = ", ".join(f"invariant {i} ({n})" for i, n in sorted(caught.items()))
+        seeds = ",".join(map(str, seeds_run))
+        if caught:
+            rows.append(f"  {mutant.name}: CAUGHT on seed {seeds.split(',')[-1]} by {by}")
+        else:
+            survived.append(mutant.name)
+            rows.append(f"  {mutant.name}: SURVIVED seeds {seeds}" + (f" (harness errors: {errors})" if errors else ""))
+        rows[-1] += f" [{time.time() - started:.0f}s]"
+        print(rows[-1], flush=True)
+    print("\nmutants of the product against CI's chaos seeds:")
+    print("\n".join(rows))
+    if survived:
+        print(f"{len(survived)} mutant(s) survived: {', '.join(survived)}")
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

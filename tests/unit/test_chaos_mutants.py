@@ -1,0 +1,69 @@
+"""The mutants that prove the chaos judge (``tests/chaos/mutants.py``, ``scripts/test chaos
+--mutants``): each still applies to today's product (its text occurs once: a mutant that no
+longer applies proves nothing), each changes what it names, and the product file comes back
+byte for byte after a mutant, whatever happens during the run."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+from tests.chaos import mutants
+from tests.chaos.mutants import MUTANTS, Mutant, applied, mutated, restore_leftovers
+
+
+@pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
+def test_each_mutant_applies_once_to_todays_product_and_its_result_still_parses(mutant: Mutant) -> None:
+    text = (mutants.ROOT / mutant.path).read_text()
+    changed = mutated(mutant, text)
+    assert changed != text
+    ast.parse(changed)
+
+
+def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
+    assert [m.name for m in MUTANTS] == [
+        "grace-from-start",
+        "delete-at-first-404",
+        "start-failure-dropped",
+        "idle-stop-early",
+        "prestart-budget-ignored",
+        "release-leaves-executor",
+        "lease-not-checked",
+    ]
+    assert len({m.name for m in MUTANTS}) == len(MUTANTS)
+
+
+def test_a_mutant_whose_text_is_not_there_once_is_refused() -> None:
+    mutant = Mutant("m", "", "f.py", "x = 1\n", "x = 2\n")
+    with pytest.raises(ValueError, match="2 times"):
+        mutated(mutant, "x = 1\nx = 1\n")
+    with pytest.raises(ValueError, match="0 times"):
+        mutated(mutant, "y = 1\n")
+
+
+def _product(tmp_path: Path) -> tuple[Path, Mutant]:
+    target = tmp_path / "controller" / "decide.py"
+    target.parent.mkdir()
+    target.write_bytes(b"a = 1\nb = 2\n")
+    return target, Mutant("m", "", "controller/decide.py", "b = 2", "b = 3")
+
+
+def test_the_product_file_is_mutated_during_the_block_and_restored_after_a_failure(tmp_path: Path) -> None:
+    target, mutant = _product(tmp_path)
+    with pytest.raises(RuntimeError), applied(mutant, tmp_path):
+        assert target.read_text() == "a = 1\nb = 3\n"
+        raise RuntimeError("the run failed")
+    assert target.read_bytes() == b"a = 1\nb = 2\n"
+    assert not list(tmp_path.rglob(f"*{mutants.BACKUP_SUFFIX}"))
+
+
+def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup(tmp_path: Path) -> None:
+    target, mutant = _product(tmp_path)
+    context = applied(mutant, tmp_path)
+    context.__enter__()  # then the run is killed: no __exit__
+    assert target.read_text() == "a = 1\nb = 3\n"
+    assert restore_leftovers(tmp_path) == [target]
+    assert target.read_bytes() == b"a = 1\nb = 2\n"
+    assert restore_leftovers(tmp_path) == []
