@@ -64,17 +64,19 @@ CONFIRM = 3.0
 
 
 def test_a_session_readable_between_two_one_shot_404s_keeps_its_sandbox(tmp_path: Path) -> None:
-    """L7/L17 (issue 25, item 1): sessions S and T connected; S's reads answer 404 for 1.2 s
-    (the look a delivery causes, and any other in that moment); S reads fine after that; a
-    second one-shot 404 is armed 2.5 s after the first, to land on the read that used to be the
-    single re-check (confirmation 3 s). Not 404s for the whole period: S's executor, workspace
-    and files stay, and S is not released. (With the two-sample confirmation back, this run
-    released S in 2 of 3 tries; the deterministic guard is tests/unit/test_everyday_faults.py.)"""
+    """L7/L17 (issue 25, item 1): sessions S and T connected; S's read answers 404 once (the look
+    a delivery causes); S reads fine after that; a second one-shot 404 is armed 2.5 s after the
+    first, to land on the read that used to be the single re-check (confirmation 3 s). (A 404
+    window of 1.2 s instead of one read raced the half-way re-check, which came 1.17 s after
+    the first 404 on a loaded machine: three reads answered 404 and S was rightly released.)
+    Not 404s for the whole period: S's executor, workspace and files stay, and S is not
+    released. (The deterministic guard of the two-sample confirmation is the unit test in
+    tests/unit/test_everyday_faults.py.)"""
     with world(tmp_path, receivers=1) as loop:
         s, _ = connected_session(loop)
         t, _ = connected_session(loop)
         workspace = loop.state_directory / "sessions" / session_key(s) / "workspace"
-        one_404(loop, s, seconds=1.2)
+        one_404(loop, s)
         headers, body = loop.delivery(s, event_type="agent.session.idle")
         assert loop.post(loop.receiver_ports[0], headers, body).status_code == 200
         found = wait_for(lambda: [x for x in looked_up(loop, s) if x["status"] == "not found"], 30, "the 404")
