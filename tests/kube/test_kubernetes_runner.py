@@ -5,14 +5,17 @@ registers with the simulator."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from controller.errors import RunnerRejected
-from controller.model import Health, SandboxSpec
+from controller.model import Handle, Health, SandboxSpec
+from controller.runners.kubernetes import names
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
@@ -88,6 +91,59 @@ def test_concurrent_ensures_create_one_pod(kube_world: KubeWorld) -> None:
     assert {h.uid for h in handles} == {handles[0].uid}
     assert len(_pods(kube_world, kube_world.namespace, spec)) == 1
     runners[0].release(handles[0])
+
+
+class _TwinAfterListing:
+    """The runner's API, with ``twin`` run once just after the runner lists the session's pods:
+    another runner placing the same session in the instant between that look and the create."""
+
+    def __init__(self, api: client.CoreV1Api, twin: Callable[[], object]) -> None:
+        self._api = api
+        self._twin: Callable[[], object] | None = twin
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        pods = self._api.list_namespaced_pod(namespace, **kwargs)
+        if self._twin is not None and names.SESSION_HASH_LABEL in kwargs.get("label_selector", ""):
+            twin, self._twin = self._twin, None
+            twin()
+        return pods
+
+
+def _told(world: KubeWorld, pod: str) -> list[str]:
+    """The reasons of the controller's Events on ``pod`` (what ``kubectl describe`` shows), in
+    alphabetical order (their stamps are to the second: two of one second have no order)."""
+    found = world.core.list_namespaced_event(world.namespace, field_selector=f"involvedObject.name={pod}").items
+    return sorted(e.reason for e in found if e.reason.startswith("Sandbox"))
+
+
+def test_a_cold_start_is_told_once_by_the_placement_that_created_it(kube_world: KubeWorld) -> None:
+    """L1: a template without a pool; a twin runner creates the session's pod in the instant
+    between this runner's look and its create, so this runner's create meets the name taken.
+    Both return that one pod; it is told once, by its creator: to ``on_placed`` as cold for
+    ``no_pool``, and to ``kubectl describe`` (``SandboxStarted``); each runner says it placed
+    it cold. Its release is told once too (``SandboxReleased``)."""
+    placed: list[tuple[str, str, str]] = []
+    settings = PodSettings(namespace=kube_world.namespace)
+
+    def runner(core: Any) -> KubernetesRunner:
+        return KubernetesRunner(
+            KubeApi(core), settings, lambda name: TEMPLATE, on_placed=lambda *what: placed.append(what)
+        )
+
+    spec = _session(kube_world)
+    twin = runner(kube_world.core)
+    raced: dict[str, Handle] = {}
+    late = runner(_TwinAfterListing(kube_world.core, lambda: raced.setdefault("twin", twin.ensure(spec, 1))))
+    handle = late.ensure(spec, 1)
+    assert raced["twin"] == handle and handle.generation == 1
+    assert placed == [("default", "cold", "no_pool")]
+    assert late.placement(spec.session_id) == twin.placement(spec.session_id) == ("default", "cold")
+    assert _told(kube_world, handle.name) == ["SandboxStarted"]
+    late.release(handle)
+    assert _told(kube_world, handle.name) == ["SandboxReleased", "SandboxStarted"]
 
 
 def test_a_terminating_pod_is_never_reused_and_stale_deletes_miss(kube_world: KubeWorld) -> None:

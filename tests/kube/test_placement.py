@@ -21,7 +21,7 @@ from controller.runners.kubernetes import names
 from controller.runners.kubernetes.api import KubeApi, pod_of
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_warm_pod
 from controller.runners.kubernetes.objects import Pod, PodRef
-from controller.runners.kubernetes.placement import WarmPools
+from controller.runners.kubernetes.placement import Placement
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import ensure_binaries, kube_api  # noqa: F401  (the fixture)
 from tests.support.processes import wait_for
@@ -39,8 +39,8 @@ class _World:
         self.namespace = f"ns-{uuid.uuid4().hex[:8]}"
         server.create_namespace(self.namespace)
         self.settings = PodSettings(namespace=self.namespace)
-        self.placed: list[tuple[str, str]] = []
-        self.pools = WarmPools(KubeApi(self.core), self.settings, [TEMPLATE], lambda *what: self.placed.append(what))
+        self.placed: list[tuple[str, str, str]] = []
+        self.pools = Placement(KubeApi(self.core), self.settings, [TEMPLATE], lambda *what: self.placed.append(what))
 
     def claimed(self, spec: SandboxSpec, generation: int, claimed_at: float | None = None) -> Pod:
         """A warm pod of the pool, claimed for ``spec`` (as a placement's claim does), at

@@ -23,7 +23,7 @@ from controller.runners.kubernetes import names
 from controller.runners.kubernetes.api import KubeApi, pod_of
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod
 from controller.runners.kubernetes.objects import PodRef
-from controller.runners.kubernetes.placement import WarmPools
+from controller.runners.kubernetes.placement import Placement
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.templates import Templates
 from controller.store.redis import RedisDemandLog
@@ -51,9 +51,9 @@ def _runner(
     )
 
 
-def _pools(world: KubeWorld, namespace: str, template: SandboxTemplate) -> WarmPools:
+def _pools(world: KubeWorld, namespace: str, template: SandboxTemplate) -> Placement:
     """The placement protocol and pool of another runner (a rival placement, or the pool's tending)."""
-    return WarmPools(KubeApi(world.core), PodSettings(namespace=namespace), [template], lambda *placed: None)
+    return Placement(KubeApi(world.core), PodSettings(namespace=namespace), [template], lambda *placed: None)
 
 
 @pytest.fixture

@@ -15,7 +15,7 @@ from controller.model import SandboxSpec
 from controller.runners.kubernetes import names
 from controller.runners.kubernetes.api import KubeApi, pod_of
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
-from controller.runners.kubernetes.placement import WarmPools
+from controller.runners.kubernetes.placement import Placement
 from tests.node.conftest import Installed
 from tests.support.processes import wait_for
 
@@ -44,7 +44,7 @@ def test_the_placement_record_lives_exactly_as_long_as_its_pod(installed: Instal
     namespace = f"placement-{uuid.uuid4().hex[:6]}"
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace)))
     leases = client.CoordinationV1Api(core.api_client)
-    pools = WarmPools(KubeApi(core), PodSettings(namespace=namespace), [SandboxTemplate()], lambda *what: None)
+    pools = Placement(KubeApi(core), PodSettings(namespace=namespace), [SandboxTemplate()], lambda *what: None)
     try:
         kept, gone = (SandboxSpec(f"sess_{uuid.uuid4().hex}", "env_1", "http://127.0.0.1:1") for _ in range(2))
         pods = {spec.session_id: pod_of(_unschedulable_pod(core, namespace)) for spec in (kept, gone)}

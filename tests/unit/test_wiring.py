@@ -127,6 +127,6 @@ def test_the_ca_bundle_setting_reaches_the_pods_the_kubernetes_runner_builds(mon
     runner = wiring.kubernetes_runner(s, templates.load(None, SandboxTemplate()))
     assert isinstance(runner, KubernetesRunner)
     spec = SandboxSpec("sess_ca", "env_ca", "https://api.openai.com", "/workspace")
-    pod = make_pod(spec, 1, SandboxTemplate(), runner._settings)
+    pod = make_pod(spec, 1, SandboxTemplate(), runner._placement._settings)  # placement builds the pods
     [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "ca-bundle"]
     assert volume["configMap"]["name"] == "proxy-ca"

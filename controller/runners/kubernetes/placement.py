@@ -1,17 +1,30 @@
-"""Warm pools on the API server: placing a session's pod of a pooled template (one per session
-and generation, L1), and keeping each pool at its size.
+"""Placing a session's pod, the whole choice (one pod per session and generation, L1), its one
+release, and keeping each warm pool at its size. ``runner`` (the runner protocol's adapter) asks
+``Placement.ensure`` for the session's pod and ``Placement.release`` to delete it; nothing else
+decides where a session's pod comes from.
 
-A pooled template's pod is placed by claiming a warm pod (a JSON patch that succeeds only while
-the pod is unclaimed, ``manifests.claim_patch``), else by creating a cold one. A claimed pod has
-no name derived from the session, so the name that makes a cold start idempotent is carried by
-a **placement record** instead: a Lease named after the session and generation
-(``names.placement_name``), owned by the placed pod. Whoever creates it first decides that
-generation: a placement that finds it taken deletes its own pod and returns the recorded one.
-The record lives exactly as long as its pod: the garbage collector deletes it once the pod is
-gone (its ownerReference), and nothing deletes it while the pod lives. (An Event, the record
-before, lapsed with the API server's event TTL, an hour by default, while its pod served.) Each
-record written is also told to ``kubectl describe`` of the pod, by an Event (``SandboxClaimed``,
-or ``SandboxStarted`` for a cold pod).
+The choice, in order: a live pod of the session is its pod (for a pooled template, only once
+its placement record names it, ``settled``; of several, the newest generation's, ``chosen``).
+Else a pod is placed for the requested generation, or for the next one above a generation that
+is over: a claimed warm pod of the template's pool, else a cold pod created for it. A cold pod is
+named after its session and generation, so creating it twice creates it once: a taken name
+counts as "already done" only when its pod is of this generation and alive; a terminating or
+finished pod's name is never reused: the next generation is placed instead (L14), at most
+``MAX_GENERATION_SKIPS`` of them before the caller is asked to retry.
+
+A template without a pool (or a session naming another working directory than warm pods mount)
+gets a cold pod and nothing more. A pooled template's pod is placed by claiming a warm pod (a
+JSON patch that succeeds only while the pod is unclaimed, ``manifests.claim_patch``), else by
+creating a cold one. A claimed pod has no name derived from the session, so the name that makes
+a cold start idempotent is carried by a **placement record** instead: a Lease named after the
+session and generation (``names.placement_name``), owned by the placed pod. Whoever creates it
+first decides that generation: a placement that finds it taken deletes its own pod and returns
+the recorded one. The record lives exactly as long as its pod: the garbage collector deletes it
+once the pod is gone (its ownerReference), and nothing deletes it while the pod lives. (An
+Event, the record before, lapsed with the API server's event TTL, an hour by default, while its
+pod served.) Each pod placed is also told to ``kubectl describe`` of the pod, by an Event
+(``SandboxClaimed``, or ``SandboxStarted`` for a cold pod), and to ``on_placed`` (the metrics
+of warm and cold starts).
 
 A pod is claimed before its record exists, so a look that finds the session's live pods trusts
 none of them, not even a lone one, until the record names it (``settled``); it writes the record
@@ -20,8 +33,8 @@ claim and its record). A record whose pod is no longer live moves the placement 
 generation, as a cold pod's terminating name does (once the collector has deleted the record
 with its pod, that generation is free again, as a cold pod's name is). So does a cold name taken
 by a pod that is dying, unless the record, read again, names a live pod (a rival's claim won
-while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only once its
-lease lapsed) all return the same pod.
+while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only
+once its lease lapsed) all return the same pod.
 
 A claim adds one warm pod in its place at once; ``tend`` (the scheduler's leader, every few
 seconds) replaces dead, misshapen and too old warm pods and fills each pool up to its size,
@@ -31,6 +44,7 @@ deleting only with the resource version it saw (a pod claimed since is left to i
 from __future__ import annotations
 
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 
 from controller import logs
@@ -54,38 +68,96 @@ log = logs.get(__name__)
 MAX_GENERATION_SKIPS = 5
 """Generations a placement moves on by (their pods terminating) before it asks to be retried."""
 _MAX_CLAIM_TRIES = 3
+_PLACEMENTS_KEPT = 1000
+"""Sessions whose last placement ``Placement.last`` remembers (per process; a worker asks at once)."""
 
 
-class WarmPools:
-    """The warm pools of ``pools`` (templates with a pool) in the sandbox namespace.
-    ``on_placed(template, source)`` is told of each pod placed for a session (``warm`` or ``cold``)."""
+class Placement:
+    """The placement of sessions' pods in the sandbox namespace, with the warm pools of
+    ``pools`` (the templates with a pool). ``on_placed(template, source, reason)`` is told of
+    each pod placed for a session (``source``: ``warm``, a claimed warm pod, or ``cold``, a pod
+    created for it; a cold pod's ``reason``: ``pool_empty``, its template's pool had no pod to
+    claim, ``no_pool``, its template has none, or ``workspace_directory``, the session names
+    another working directory than warm pods mount)."""
 
     def __init__(
         self,
         kube: KubeApi,
         settings: PodSettings,
         pools: Sequence[SandboxTemplate],
-        on_placed: Callable[[str, str], None],
+        on_placed: Callable[[str, str, str], None],
     ) -> None:
         self._kube = kube
         self._settings = settings
         self._ns = settings.namespace
         self._pools = tuple(t for t in pools if t.pooled)
         self._on_placed = on_placed
+        self._last: OrderedDict[str, tuple[str, str]] = OrderedDict()
 
-    # -- placing ---------------------------------------------------------------------------
+    # -- the choice ------------------------------------------------------------------------
 
-    def place(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
-        """The session's pod of ``generation`` (or of the next free one): the one its placement
-        record names, placed by this call (a claimed warm pod, else a cold one) or by a rival."""
+    def ensure(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
+        """The session's pod: its live one, else one placed now for ``generation`` (or the next
+        free generation), by this call or by a rival."""
+        pod = self._choose(spec, generation, template)
+        self._last[spec.session_id] = (template.name, "warm" if pod.claimed else "cold")
+        while len(self._last) > _PLACEMENTS_KEPT:
+            self._last.popitem(last=False)
+        return pod
+
+    def last(self, session_id: str) -> tuple[str, str] | None:
+        """The template and source (``warm``: a claimed pod, else ``cold``) of the pod the last
+        ``ensure`` for the session returned; None when this process placed none lately."""
+        return self._last.get(session_id)
+
+    def find(self, session_id: str) -> Pod | None:
+        """The session's pod, only looked at (``chosen``); None when it has no live one."""
+        live = live_pods(self._kube, self._ns, session_id)
+        return self.chosen(session_id, live) if live else None
+
+    def _choose(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
+        live = live_pods(self._kube, self._ns, spec.session_id)
+        if live and not template.pooled:
+            return self.chosen(spec.session_id, live)
+        if live:
+            settled = self.settled(spec.session_id, live)
+            if settled is not None:
+                return settled
+            generation = max(generation, newest(live)[0])  # that one is over
+        # warm pods mount the routing's directory: a session naming another one gets a cold pod
+        warm = template.pooled and spec.workspace_directory == self._settings.workspace_directory
+        reason = "workspace_directory" if template.pooled else "no_pool"
+        if template.persist_workspace:  # never pooled: the templates file refuses both
+            self._kube.create_claim(self._ns, make_pvc(spec, template, self._settings))
         for gen in range(generation, generation + MAX_GENERATION_SKIPS):
-            holder = self.holder(spec.session_id, gen) or self._contend(spec, gen, template)
-            if holder is not None:
-                pod = self._kube.read_pod(self._ns, holder.name)
-                if pod is not None and pod.uid == holder.uid and pod.alive:
-                    return pod
-            # that generation's placement is gone (or its name is taken by a dying pod): the next one
-        raise Transient(f"sandboxes of session {spec.session_id} are still terminating", retry_after=5)
+            pod = self._recorded(spec, gen, template) if warm else self._started(spec, gen, template, reason)
+            if pod is not None:
+                return pod
+            # that generation is over (its name taken by a dying pod, or its record's pod gone): the next one
+        raise Transient(f"pods of session {spec.session_id} are still terminating", retry_after=5)
+
+    def _started(self, spec: SandboxSpec, generation: int, template: SandboxTemplate, reason: str) -> Pod | None:
+        """The session's cold pod of exactly ``generation``, for a template placed without a
+        record: created, or the one a twin created under that name; None when that name
+        belongs to a terminating or finished pod."""
+        cold = self._cold(spec, generation, template)
+        if cold is None:
+            return None
+        pod, created = cold
+        if created:  # a twin's pod was told by the twin
+            self._tell(spec.session_id, pod)
+            self._on_placed(template.name, "cold", reason)
+        return pod
+
+    def _recorded(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod | None:
+        """The session's pod of a pooled template for ``generation``: the one its placement
+        record names, placed by this call (a claimed warm pod, else a cold one) or by a rival;
+        None when that generation's placement is gone (or its name is taken by a dying pod)."""
+        holder = self.holder(spec.session_id, generation) or self._contend(spec, generation, template)
+        if holder is None:
+            return None
+        pod = self._kube.read_pod(self._ns, holder.name)
+        return pod if pod is not None and pod.uid == holder.uid and pod.alive else None
 
     def _contend(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> PodRef | None:
         """Place a pod for ``generation`` and try to record it: the pod the record names then
@@ -93,14 +165,15 @@ class WarmPools:
         pod = self._claim(spec, generation, template)
         warm = pod is not None
         if pod is None:
-            pod = self._cold(spec, generation, template)
-        if pod is None:  # the cold name is taken by a dying pod: a rival's, deleted as it lost the record?
-            return self.holder(spec.session_id, generation)
+            cold = self._cold(spec, generation, template)
+            if cold is None:  # the cold name is taken by a dying pod: a rival's, deleted as it lost the record?
+                return self.holder(spec.session_id, generation)
+            pod = cold[0]
         holder = self.placed(spec.session_id, generation, pod)
         if holder is None or holder.uid != pod.uid:
             self._yield(spec.session_id, pod)
             return holder
-        self._on_placed(template.name, "warm" if warm else "cold")
+        self._on_placed(template.name, "warm" if warm else "cold", "" if warm else "pool_empty")
         if warm:
             self._add(template)  # refilled as it is claimed
         return holder
@@ -162,15 +235,28 @@ class WarmPools:
         annotations = {names.SESSION_ID_ANNOTATION: session_id, names.ENVIRONMENT_ID_ANNOTATION: environment_id}
         if not self._kube.create_lease(self._ns, record, pod.ref, labels, annotations):
             return False
-        reason, what = ("SandboxClaimed", "warm sandbox claimed") if pod.claimed else ("SandboxStarted", "executor")
-        self._kube.note(self._ns, pod.ref, reason, f"{what} for session {session_id}, environment {environment_id}")
+        self._tell(session_id, pod)
         return True
 
+    def _tell(self, session_id: str, pod: Pod) -> None:
+        """Tell ``kubectl describe`` of the pod whose session it now serves, by an Event."""
+        environment_id = pod.annotations.get(names.ENVIRONMENT_ID_ANNOTATION, "")
+        reason, what = ("SandboxClaimed", "warm sandbox claimed") if pod.claimed else ("SandboxStarted", "executor")
+        self._kube.note(self._ns, pod.ref, reason, f"{what} for session {session_id}, environment {environment_id}")
+
+    # -- the release -----------------------------------------------------------------------
+
+    def release(self, session_id: str, pod: PodRef) -> None:
+        """Delete the session's pod, exactly this one (a UID precondition: a newer pod of the
+        same name is never deleted by a stale handle); nothing when it is gone already."""
+        if not self._kube.delete_pod(self._ns, pod.name, pod.uid):
+            return
+        log.info("pod deleted", extra={"session_id": session_id, "pod": pod.name})
+        self._kube.note(self._ns, pod, "SandboxReleased", f"released for session {session_id}")
+
     def _yield(self, session_id: str, pod: Pod) -> None:
-        """Delete a pod another placement won the session's record over."""
-        if self._kube.delete_pod(self._ns, pod.name, pod.uid):
-            log.info("pod deleted", extra={"session_id": session_id, "pod": pod.name})
-            self._kube.note(self._ns, pod.ref, "SandboxReleased", f"released for session {session_id}")
+        """Release a pod another placement won the session's record over."""
+        self.release(session_id, pod.ref)
         log.info(
             "another sandbox was placed for the session first; this one is deleted",
             extra={"session_id": session_id, "pod": pod.name},
@@ -196,18 +282,19 @@ class WarmPools:
         log.info("no warm pod to claim; starting a cold one", extra={"session_id": spec.session_id})
         return None
 
-    def _cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod | None:
-        """The session's cold pod of exactly ``generation`` (created, or a twin's); None when
-        that name belongs to a terminating or finished pod."""
-        if template.persist_workspace:
-            self._kube.create_claim(self._ns, make_pvc(spec, template, self._settings))
+    def _cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> tuple[Pod, bool] | None:
+        """The session's cold pod of exactly ``generation``, and whether this call created it
+        (else a twin did, under that name); None when that name belongs to a terminating or
+        finished pod."""
         manifest = make_pod(spec, generation, template, self._settings)
         pod = self._kube.create_pod(self._ns, manifest)
-        if pod is None:
+        if pod is None:  # the name is taken
             existing = self._kube.read_pod(self._ns, manifest["metadata"]["name"])
-            return existing if existing is not None and existing.alive and existing.generation == generation else None
+            if existing is not None and existing.alive and existing.generation == generation:
+                return existing, False  # already done, by us or a twin
+            return None  # a terminating or finished pod's name: never reused
         log.info("pod created", extra={"session_id": spec.session_id, "pod": pod.name, "generation": generation})
-        return pod
+        return pod, True
 
     # -- tending ---------------------------------------------------------------------------
 
