@@ -22,8 +22,7 @@ from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
 from tests.support.processes import python_module, wait_for
 from tests.support.simulator import run_turn
-from tests.system.loop import Loop
-from tests.system.test_idle import session_of, stops, wait_idle, workspace_of
+from tests.system.loop import Loop, stops, wait_idle, workspace_of
 
 pytestmark = [
     pytest.mark.system,
@@ -136,4 +135,4 @@ def test_an_idle_session_is_suspended_with_its_memory_and_resumes_where_it_was(l
         f"image {suspended['size_bytes'] / 1e6:.1f} MB; restore {restored['restore_seconds']:.3f}s"
     )
     wait_idle(loop, sid)
-    assert session_of(loop, sid)["status"] == "idle"
+    assert loop.session(sid)["status"] == "idle"
