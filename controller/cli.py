@@ -1,7 +1,7 @@
 """``sandbox-controller``: serve | worker | scheduler | webhook | status | explain | release | dev | simulator |
 check-config.
 
-Settings come from ``CONTROLLER_*`` variables (see ``config.py``), parsed once here; a bad
+Settings come from ``CONTROLLER_*`` variables (see ``controller/config/``), parsed once here; a bad
 configuration prints every problem and exits with status 2.
 """
 

@@ -27,7 +27,7 @@ CI_DIR = CHART / "ci"
 CI_VALUES = sorted(CI_DIR.glob("*.yaml"))
 RELEASE, NAMESPACE = "demo", "ctl"
 
-# Settings of the Kubernetes runner (controller/config.py gains them with the runner).
+# Settings of the Kubernetes runner (controller/config/ gains them with the runner).
 KUBERNETES_KEYS = frozenset(
     {
         "CONTROLLER_KUBERNETES_NAMESPACE",

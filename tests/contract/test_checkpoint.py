@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
 import socket
 import sys
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,34 +16,19 @@ import pytest
 from controller.model import Handle, SandboxSpec
 from controller.runners.checkpoint import has_sys_resource
 from controller.runners.local import LocalRunner, proc_stat, session_key
-from tests.contract.test_local_runner import free_uid_range, python_for_others
 from tests.support.criu import criu_binary
-from tests.support.processes import assert_no_process_left, wait_for
+from tests.support.keeper import KEEPER
+from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
+from tests.support.processes import wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CRIU checkpoints other processes only as root")
 
 # The executor: starts a background child that holds a random token and a counter only in
 # memory and answers "<token> <counter> <pid>" on a loopback port it writes to `port`; then waits.
-FAKE_EXECUTOR = """
-import os, secrets, socket, sys, threading, time
+FAKE_EXECUTOR = f"""
+import os, time
 if os.fork() == 0:
-    token, counter = secrets.token_hex(8), [0]
-    def count():
-        while True:
-            counter[0] += 1
-            time.sleep(0.05)
-    threading.Thread(target=count, daemon=True).start()
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers do: rebound at restore
-    server.bind(("127.0.0.1", 0))
-    server.listen()
-    with open("port.partial", "w") as f:
-        f.write(str(server.getsockname()[1]))
-    os.rename("port.partial", "port")
-    while True:
-        conn, _ = server.accept()
-        conn.sendall(f"{token} {counter[0]} {os.getpid()}".encode())
-        conn.close()
+    exec({KEEPER!r})
 print("ready", flush=True)
 while True:
     time.sleep(1)
@@ -165,20 +148,17 @@ def identity_of(pid: int) -> tuple[list[int], list[int], str]:
 @pytest.fixture
 def separate() -> Iterator[tuple[LocalRunner, Path, Path]]:
     """A runner giving each session a uid of its own, in a directory that uid can traverse."""
-    base = Path(tempfile.mkdtemp(prefix="sc-checkpoint-"))
-    base.chmod(0o711)
-    script = base / "fake_executor.py"
-    script.write_text(FAKE_EXECUTOR)
-    script.chmod(0o644)
-    runner = LocalRunner(
-        base / "state", [python_for_others(), str(script)], "envkey", run_as=free_uid_range(2), criu=criu_binary()
-    )
-    try:
-        yield runner, base / "state" / "sessions" / session_key("sess_1"), base
-    finally:
-        runner.stop_all()
-        assert_no_process_left(base)
-        shutil.rmtree(base, ignore_errors=True)
+    with shared_directory("sc-checkpoint-") as base:
+        script = base / "fake_executor.py"
+        script.write_text(FAKE_EXECUTOR)
+        script.chmod(0o644)
+        runner = LocalRunner(
+            base / "state", [python_for_others(), str(script)], "envkey", run_as=free_uid_range(2), criu=criu_binary()
+        )
+        try:
+            yield runner, base / "state" / "sessions" / session_key("sess_1"), base
+        finally:
+            runner.stop_all()
 
 
 def assert_runs_as_the_sessions_uid(runner: LocalRunner, handle: Handle, uid: int) -> None:

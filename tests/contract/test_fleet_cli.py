@@ -22,11 +22,29 @@ from controller.store.base import Lease
 from controller.store.redis import DECISION_TTL_SECONDS, RedisSessionStore
 from tests.support.processes import assert_no_process_left
 from tests.support.redis_server import RedisServer
-from tests.support.simulator import StartSimulator
+from tests.support.simulator import SimulatorProcess, StartSimulator
 
 pytestmark = pytest.mark.timeout(120)
 
 SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
+
+
+def cli_env(server: RedisServer, simulator: SimulatorProcess, tmp_path: Path, **extra: str) -> dict[str, str]:
+    """The CLI's environment: this process's without any ``CONTROLLER_*``, then Redis, the
+    simulator's keys and the local runner under ``tmp_path`` (and ``extra``)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
+    env.update(
+        CONTROLLER_REDIS_URL=server.url,
+        CONTROLLER_API_KEY=simulator.api_key,
+        CONTROLLER_API_BASE_URL=simulator.base_url,
+        CONTROLLER_EXECUTOR_KEY=simulator.environment_key,
+        CONTROLLER_RUNNER="local",
+        CONTROLLER_LOCAL_STATE_DIRECTORY=str(tmp_path / "sandboxes"),
+        CONTROLLER_LOCAL_EXECUTOR_SAME_USER="true",
+        CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
+        **extra,
+    )
+    return env
 
 
 def run(env: dict[str, str], *args: str) -> Any:
@@ -75,17 +93,7 @@ def test_status_and_explain_read_and_never_act(
     last decision and explain says replace, with the last start's timeline stage by stage —
     and still nothing changes."""
     simulator = start_simulator()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-    env.update(
-        CONTROLLER_REDIS_URL=server.url,
-        CONTROLLER_API_KEY=simulator.api_key,
-        CONTROLLER_API_BASE_URL=simulator.base_url,
-        CONTROLLER_EXECUTOR_KEY=simulator.environment_key,
-        CONTROLLER_RUNNER="local",
-        CONTROLLER_LOCAL_STATE_DIRECTORY=str(tmp_path / "sandboxes"),
-        CONTROLLER_LOCAL_EXECUTOR_SAME_USER="true",
-        CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
-    )
+    env = cli_env(server, simulator, tmp_path)
     session = simulator.openai().beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
     simulator.wait_for_status(session.id, "requires_action")
     client = redis.Redis.from_url(server.url, decode_responses=True)
@@ -157,18 +165,7 @@ def test_a_held_deletion_shows_in_status_and_only_the_operator_ends_it(
     one line what it would destroy and changes nothing; with ``--yes`` it notes the release
     and queues a round for the workers; a session not known to answer 404 is refused."""
     simulator = start_simulator()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-    env.update(
-        CONTROLLER_REDIS_URL=server.url,
-        CONTROLLER_API_KEY=simulator.api_key,
-        CONTROLLER_API_BASE_URL=simulator.base_url,
-        CONTROLLER_EXECUTOR_KEY=simulator.environment_key,
-        CONTROLLER_RUNNER="local",
-        CONTROLLER_LOCAL_STATE_DIRECTORY=str(tmp_path / "sandboxes"),
-        CONTROLLER_LOCAL_EXECUTOR_SAME_USER="true",
-        CONTROLLER_REMOTE_URL_ALLOWLIST="127.0.0.1",
-        CONTROLLER_DELETION_CONFIRM_SECONDS="60",
-    )
+    env = cli_env(server, simulator, tmp_path, CONTROLLER_DELETION_CONFIRM_SECONDS="60")
     live = simulator.openai().beta.agents.sessions.create(environment=SELF_HOSTED, input="hello")
     client = redis.Redis.from_url(server.url, decode_responses=True)
     store = RedisSessionStore(client, lease_ttl_seconds=5)

@@ -7,11 +7,9 @@ test's own whose ``user.max_user_namespaces`` is 0)."""
 from __future__ import annotations
 
 import os
-import pwd
 import shutil
 import subprocess
 import sys
-import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,9 +20,10 @@ import pytest
 
 from controller.model import SandboxSpec
 from controller.runners.local import LocalRunner, UidRange, session_key
+from tests.support import other_uids
 from tests.support.codex import codex_binary
 from tests.support.listener import Listener
-from tests.support.processes import Managed, assert_no_process_left, free_port, wait_for
+from tests.support.processes import Managed, free_port, wait_for
 from tests.support.redis_server import redis_server_binary
 from tests.support.simulator import StartSimulator
 
@@ -37,26 +36,16 @@ NAMESPACES_OFF = ["unshare", "-U", "-r", "sh", "-c", 'echo 0 > /proc/sys/user/ma
 
 
 def free_uid_range(size: int) -> UidRange:
-    """``size`` consecutive uids no user or group of this machine has."""
-    import grp
-
-    taken = {e.pw_uid for e in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
-    first = 2_100_000_000
-    while any(uid in taken for uid in range(first, first + size)):
-        first += size
-    return UidRange(first, first + size - 1)
+    """``size`` consecutive uids no user or group of this machine has (not those the local
+    runner's contract tests take)."""
+    return other_uids.free_uid_range(size, first=2_100_000_000)
 
 
 @pytest.fixture
 def shared_base() -> Iterator[Path]:
     """A directory the executor's uid can traverse (pytest's tmp_path is 0700 root), removed after."""
-    base = Path(tempfile.mkdtemp(prefix="sc-codex-sandbox-"))
-    base.chmod(0o711)
-    try:
+    with other_uids.shared_directory("sc-codex-sandbox-") as base:
         yield base
-    finally:
-        assert_no_process_left(base)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 def native_codex_for_others(base: Path) -> str:

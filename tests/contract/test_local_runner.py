@@ -5,12 +5,10 @@ from __future__ import annotations
 import json
 import os
 import pwd
-import shutil
 import signal
 import stat
 import subprocess
 import sys
-import tempfile
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -23,6 +21,7 @@ from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.local import LocalRunner, RunAs, UidRange, session_key
 from tests.support.codex import codex_binary
+from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
 from tests.support.processes import Managed, assert_no_process_left, wait_for
 from tests.support.simulator import StartSimulator
 
@@ -419,26 +418,11 @@ time.sleep(120)
 """
 
 
-def python_for_others() -> str:
-    """A Python interpreter another user can run (this one may live under root's 0700 home)."""
-    for candidate in (sys.executable, shutil.which("python3"), "/usr/bin/python3"):
-        if candidate and Path(candidate).exists():
-            path = Path(candidate).resolve()
-            if all(os.stat(p).st_mode & stat.S_IXOTH for p in (path, *path.parents)):
-                return str(path)
-    pytest.fail("no Python interpreter that the executor user may run")
-
-
 @pytest.fixture
 def shared_base() -> Iterator[Path]:
     """A directory the executor user can traverse (pytest's tmp_path is 0700 root), removed after."""
-    base = Path(tempfile.mkdtemp(prefix="sc-separation-"))
-    base.chmod(0o711)
-    try:
+    with shared_directory("sc-separation-") as base:
         yield base
-    finally:
-        assert_no_process_left(base)
-        shutil.rmtree(base, ignore_errors=True)
 
 
 @requires_root
@@ -701,17 +685,6 @@ def test_a_worker_refuses_executors_of_another_user_beside_redis_without_a_passw
 
 
 # -- one uid per session ---------------------------------------------------------------------------
-
-
-def free_uid_range(size: int) -> UidRange:
-    """``size`` consecutive uids no user or group of this machine has."""
-    import grp
-
-    taken = {e.pw_uid for e in pwd.getpwall()} | {g.gr_gid for g in grp.getgrall()}
-    first = 2_000_000_000
-    while any(uid in taken for uid in range(first, first + size)):
-        first += size
-    return UidRange(first, first + size - 1)
 
 
 # The executor, run as its session's uid: writes a file of its own, then (once the test names

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import pytest
 from kubernetes import client
 
+from controller.model import SandboxSpec
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
 from tests.envtest.kubelet import TestKubelet, create_executor_key_secret, runner_kubelet
@@ -39,6 +40,19 @@ class KubeWorld:
             create_executor_key_secret(self.core, name, self.simulator.environment_key, EXECUTOR_SECRET)
         self.kubelet.namespaces.append(name)
         return name
+
+
+def new_session(world: KubeWorld) -> SandboxSpec:
+    """A session created at the world's simulator, as the spec a runner is given."""
+    with world.simulator.http() as api:
+        response = api.post(
+            "/v1/agents/sessions",
+            json={"agent": {"model": "m"}, "environment": {"type": "self_hosted"}, "input": "hi"},
+        )
+    response.raise_for_status()
+    session = response.json()
+    env = session["environment"]
+    return SandboxSpec(session["id"], env["id"], env["remote_url"], env["workspace_directory"])
 
 
 @pytest.fixture(scope="module")

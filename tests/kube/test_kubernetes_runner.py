@@ -20,7 +20,7 @@ from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import KubeWorld
+from tests.kube.conftest import KubeWorld, new_session
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
@@ -31,18 +31,6 @@ def _runner(world: KubeWorld, namespace: str | None = None, template: SandboxTem
     return KubernetesRunner(
         KubeApi(world.core), PodSettings(namespace=namespace or world.namespace), lambda name: template
     )
-
-
-def _session(world: KubeWorld) -> SandboxSpec:
-    with world.simulator.http() as api:
-        response = api.post(
-            "/v1/agents/sessions",
-            json={"agent": {"model": "m"}, "environment": {"type": "self_hosted"}, "input": "hi"},
-        )
-    response.raise_for_status()
-    session = response.json()
-    env = session["environment"]
-    return SandboxSpec(session["id"], env["id"], env["remote_url"], env["workspace_directory"])
 
 
 def _pods(world: KubeWorld, namespace: str, spec: SandboxSpec) -> list[client.V1Pod]:
@@ -57,7 +45,7 @@ def test_the_pod_runs_the_executor_which_registers_with_the_sessions_environment
     ENVIRONMENT_ID from the session and CODEX_API_KEY only from the Secret; the real codex
     (started by the runner image's entrypoint) registers with the right id and key."""
     runner = _runner(kube_world)
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     handle = runner.ensure(spec, 1)
     pod = kube_world.core.read_namespaced_pod(handle.name, kube_world.namespace)
     env = {e.name: e for e in pod.spec.containers[0].env}
@@ -85,7 +73,7 @@ def test_the_pod_runs_the_executor_which_registers_with_the_sessions_environment
 def test_concurrent_ensures_create_one_pod(kube_world: KubeWorld) -> None:
     """L1: eight concurrent ensure() calls for one session (two runner instances) → one pod."""
     runners = [_runner(kube_world), _runner(kube_world)]
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     with ThreadPoolExecutor(max_workers=8) as pool:
         handles = list(pool.map(lambda i: runners[i % 2].ensure(spec, 1), range(8)))
     assert {h.uid for h in handles} == {handles[0].uid}
@@ -151,7 +139,7 @@ def test_a_terminating_pod_is_never_reused_and_stale_deletes_miss(kube_world: Ku
     generation instead of adopting the dying pod; a delete with the old pod's UID never
     removes the new one."""
     runner = _runner(kube_world)
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     first = runner.ensure(spec, 1)
     # An unbound pod is deleted at once by the API server; a bound one waits for its kubelet.
     wait_for(lambda: runner.status(first) is Health.RUNNING, 30, "generation 1 to run")
@@ -171,7 +159,7 @@ def test_a_terminating_pod_is_never_reused_and_stale_deletes_miss(kube_world: Ku
 def test_a_failed_or_evicted_pod_reports_failed(kube_world: KubeWorld) -> None:
     """L14: a container that exits, or an evicted pod, is seen as FAILED (so it is replaced)."""
     runner = _runner(kube_world)
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     handle = runner.ensure(spec, 1)
     wait_for(lambda: runner.status(handle) is Health.RUNNING, 30, "the pod to run")
     kube_world.kubelet.exit_container(handle.name, 1)
@@ -208,7 +196,7 @@ def test_every_template_option_is_admitted_where_restricted_is_enforced(
     if template.runtime_class_name:
         _ensure_runtime_class(kube_world, template.runtime_class_name)
     runner = _runner(kube_world, template=template)
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     handle = runner.ensure(spec, 1)
     assert runner.status(handle) in (Health.STARTING, Health.RUNNING)
     runner.release(handle)
@@ -221,7 +209,7 @@ def test_the_codex_sandbox_opt_in_is_refused_under_restricted_and_admitted_where
     """L2: Codex's own sandbox (unconfined seccomp, user namespaces) is an explicit opt-in
     that a "restricted" namespace refuses; a namespace that allows it admits it."""
     opt_in = replace(TEMPLATE, codex_sandbox=True)
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     with pytest.raises(RunnerRejected, match=r"admission refused.*violates PodSecurity \"restricted"):
         _runner(kube_world, template=opt_in).ensure(spec, 1)
     privileged = kube_world.new_namespace({"pod-security.kubernetes.io/enforce": "privileged"})
@@ -245,7 +233,7 @@ def test_a_node_slow_to_start_the_pod_still_gets_one_pod(kube_world: KubeWorld) 
     """L1, L14: while the node takes its time starting the container, the pod is STARTING and
     ensuring again (a retried delivery) returns that same pod instead of a second one."""
     runner = _runner(kube_world)
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     kube_world.kubelet.slow_start(3.0)
     try:
         handle = runner.ensure(spec, 1)
@@ -263,7 +251,7 @@ def test_a_persistent_workspace_outlives_its_pod_until_discarded(kube_world: Kub
     """L16: with workspace persistence the PVC stays when the pod is released (replacement,
     crash), is listed for the sweep, and goes only with discard (session released for good)."""
     runner = _runner(kube_world, template=replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"))
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     handle = runner.ensure(spec, 1)
     assert runner.keeps_workspace(spec.session_id)
     runner.release(handle)
@@ -291,7 +279,7 @@ def test_an_idle_stop_deletes_the_pod_keeps_the_pvc_and_the_next_start_mounts_it
     from tests.support.fakes import FakeSessions, FakeStore
 
     runner = _runner(kube_world, template=replace(TEMPLATE, persist_workspace=True, workspace_size="1Gi"))
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     clock = FakeClock(1_700_000_000.0)
     sessions, store = FakeSessions(), FakeStore()
     environment = Environment("self_hosted", spec.environment_id, spec.remote_url, spec.workspace_directory)

@@ -34,8 +34,7 @@ from controller.trust import Policy
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import ensure_binaries
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import RESTRICTED, KubeWorld
-from tests.kube.test_kubernetes_runner import _session
+from tests.kube.conftest import RESTRICTED, KubeWorld, new_session
 from tests.support.fakes import FakeSessions
 from tests.support.processes import assert_no_process_left, wait_for
 from tests.support.redis_clients import connect
@@ -232,7 +231,7 @@ def test_the_scheduler_enqueues_the_session_of_a_failed_or_deleted_pod_and_the_w
         deps = Deps(sessions, store, runner, SystemClock(), trust_policy=Policy(("127.0.0.1",)))
         ids: list[str] = []
         for _ in range(2):
-            spec = _session(kube_world)
+            spec = new_session(kube_world)
             environment = Environment("self_hosted", spec.environment_id, spec.remote_url, spec.workspace_directory)
             wants = Session(
                 spec.session_id,

@@ -28,8 +28,7 @@ from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.templates import Templates
 from controller.store.redis import RedisDemandLog
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import RESTRICTED, KubeWorld
-from tests.kube.test_kubernetes_runner import _session
+from tests.kube.conftest import RESTRICTED, KubeWorld, new_session
 from tests.support.processes import wait_for
 from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
@@ -94,7 +93,7 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     assert runner.tend_pools() == [PoolState("fast", size=2, ready=2, starting=0)]
     warm_names = {p.metadata.name for p in _ready(kube_world, namespace)}
 
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     handle = runner.ensure(spec, 1)
     assert handle.name in warm_names and handle.generation == 1
     assert handle.environment_id == spec.environment_id
@@ -119,7 +118,7 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     # Served one session: released, it is deleted; a second session gets another pod.
     runner.release(handle)
     wait_for(lambda: runner.status(handle) is Health.GONE, 60, "the claimed pod to be gone")
-    other = _session(kube_world)
+    other = new_session(kube_world)
     second = runner.ensure(other, 1)
     assert second.name != handle.name and second.uid != handle.uid
     wait_for(lambda: _registered(kube_world, other), 60, "the second session's executor to register")
@@ -136,7 +135,7 @@ def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeW
     runners = [_runner(kube_world, namespace, template, placed), _runner(kube_world, namespace, template, placed)]
     runners[0].tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
-    specs = [_session(kube_world), _session(kube_world)]
+    specs = [new_session(kube_world), new_session(kube_world)]
     barrier = threading.Barrier(2)
 
     def claim(i: int) -> Handle:
@@ -165,7 +164,7 @@ def test_concurrent_ensures_for_one_session_keep_one_pod(kube_world: KubeWorld, 
     runners = [_runner(kube_world, namespace, template), _runner(kube_world, namespace, template)]
     runners[0].tend_pools()
     wait_for(lambda: len(_ready(kube_world, namespace)) == 3, 60, "three warm pods to run")
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     with ThreadPoolExecutor(max_workers=8) as pool:
         handles = list(pool.map(lambda i: runners[i % 2].ensure(spec, 1), range(8)))
     assert {h.uid for h in handles} == {handles[0].uid}
@@ -214,14 +213,14 @@ def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names
     def claim(pod: Any, spec: SandboxSpec) -> Any:
         return kube_world.core.patch_namespaced_pod(pod.metadata.name, namespace, claim_patch(spec, 1, time.time()))
 
-    stranded = _session(kube_world)
+    stranded = new_session(kube_world)
     orphan = claim(warm[0], stranded)
     handle = runner.ensure(stranded, 1)
     assert handle.uid == orphan.metadata.uid
     assert rival.holder(stranded.session_id, 1) == PodRef(handle.name, handle.uid)
     assert [p.metadata.uid for p in _live(kube_world, namespace, stranded)] == [handle.uid]
 
-    raced = _session(kube_world)
+    raced = new_session(kube_world)
     loser = claim(warm[1], raced)
     won: dict[str, Any] = {}
 
@@ -257,7 +256,7 @@ def test_a_cold_start_that_meets_a_dying_rival_defers_to_the_record_not_to_a_new
     runner, rival = _runner(kube_world, namespace, template), _pools(kube_world, namespace, template)
     runner.tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     hold = "test.sandbox-controller.dev/hold"
     dying = make_pod(spec, 1, template, PodSettings(namespace=namespace))
     dying["metadata"]["finalizers"] = [hold]
@@ -314,7 +313,7 @@ def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(
     [third] = _ready(kube_world, namespace)
     tending = _pools(kube_world, namespace, changed)
     seen = tending.warm_pods(changed)  # the pool's own view, taken before the claim
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     handle = other.ensure(spec, 1)
     assert handle.name == third.metadata.name
     for pod in seen:
@@ -332,7 +331,7 @@ def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: 
     runner = _runner(kube_world, namespace, template, placed)
     runner.tend_pools()
     [warm] = wait_for(lambda: _ready(kube_world, namespace), 60, "the warm pod to run")
-    spec = replace(_session(kube_world), workspace_directory="/elsewhere")
+    spec = replace(new_session(kube_world), workspace_directory="/elsewhere")
     handle = runner.ensure(spec, 1)
     assert handle.name.startswith("sbx-")
     assert placed == [("fast", "cold", "workspace_directory")]
@@ -351,7 +350,7 @@ def test_a_placement_whose_pod_is_gone_moves_on_to_the_next_generation(kube_worl
     runner = _runner(kube_world, namespace, template)
     runner.tend_pools()
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "two warm pods to run")
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     first = runner.ensure(spec, 1)
     leases = client.CoordinationV1Api(kube_world.core.api_client)
     record = leases.read_namespaced_lease(names.placement_name(spec.session_id, 1), namespace)
@@ -409,7 +408,7 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
         assert not kube_world.core.list_namespaced_pod(namespace).items
 
         def burst() -> list[Handle]:
-            specs = [_session(kube_world) for _ in range(3)]
+            specs = [new_session(kube_world) for _ in range(3)]
             with ThreadPoolExecutor(max_workers=3) as threads:
                 return list(threads.map(lambda spec: runner.ensure(spec, 1), specs))
 

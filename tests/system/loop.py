@@ -9,7 +9,8 @@ import sys
 import time
 import uuid
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -18,8 +19,9 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from agents_simulator.dev import simulator_secrets
-from controller.runners.local import LocalRunner
+from controller.runners.local import LocalRunner, session_key
 from controller.signing import sign_headers
+from tests.support.codex import codex_binary
 from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer, ReplicatedRedis
 
@@ -367,6 +369,54 @@ class Loop:
 
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+@contextmanager
+def started(directory: Path, codex: str | None = None, **kwargs: Any) -> Iterator[Loop]:
+    """A ``Loop`` in ``directory`` with the real codex (or ``codex``), started, always stopped."""
+    loop = Loop(directory, codex or codex_binary(), **kwargs)
+    try:
+        yield loop.start()
+    finally:
+        loop.stop()
+
+
+def looked_up(loop: Loop, session_id: str) -> list[dict[str, Any]]:
+    """Every look a worker logged at ``session_id`` (``session looked up``)."""
+    return loop.worker_lines("session looked up", session_id)
+
+
+def connected_session(loop: Loop) -> tuple[str, str]:
+    """A session whose first turn ran: its executor connected, the session idle."""
+    with loop.api() as client:
+        session = loop.create_session(client)
+    sid, environment_id = session["id"], session["environment"]["id"]
+    wait_for(lambda: loop.session(sid)["status"] == "idle", 90, f"session {sid} to finish its turn")
+    wait_for(lambda: loop.environment_status(environment_id) == "connected", 30, "the executor to be connected")
+    return sid, environment_id
+
+
+def stops(loop: Loop, session_id: str | None = None) -> list[dict[str, Any]]:
+    """Every stop a worker logged (of ``session_id``)."""
+    return loop.worker_lines("sandbox stopped", session_id)
+
+
+def workspace_of(loop: Loop, session_id: str) -> Path:
+    """The local runner's workspace of ``session_id``."""
+    return loop.state_directory / "sessions" / session_key(session_id) / "workspace"
+
+
+def wait_idle(loop: Loop, session_id: str, timeout: float = 120) -> dict[str, Any]:
+    """The session once it reads ``idle``, waited for with a deadline."""
+
+    def idle() -> dict[str, Any] | None:
+        session = loop.session(session_id)
+        assert session["status"] != "failed", session
+        return session if session["status"] == "idle" else None
+
+    found = wait_for(idle, timeout, f"session {session_id} to be idle", interval=0.1)
+    assert found is not None  # wait_for returns only what is truthy
+    return found
 
 
 def scrape(port: int, path: str = "/metrics") -> Samples:

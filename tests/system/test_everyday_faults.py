@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,25 +22,11 @@ import httpx
 import pytest
 
 from controller.runners.local import session_key
-from tests.support.codex import codex_binary
 from tests.support.faketime import skewed
 from tests.support.processes import python_module, wait_for
-from tests.system.loop import Loop
+from tests.system.loop import Loop, connected_session, looked_up, started
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
-
-
-@contextmanager
-def world(directory: Path, **kwargs: Any) -> Iterator[Loop]:
-    loop = Loop(directory, codex_binary(), **kwargs)
-    try:
-        yield loop.start()
-    finally:
-        loop.stop()
-
-
-def looked_up(loop: Loop, session_id: str) -> list[dict[str, Any]]:
-    return loop.worker_lines("session looked up", session_id)
 
 
 def round_done(loop: Loop, line: dict[str, Any]) -> bool:
@@ -52,16 +36,6 @@ def round_done(loop: Loop, line: dict[str, Any]) -> bool:
 
 def registered(loop: Loop, environment_id: str) -> list[dict[str, Any]]:
     return [r for r in loop.registrations() if r["environment_id"] == environment_id and r["status_code"] == 200]
-
-
-def connected_session(loop: Loop) -> tuple[str, str]:
-    """A session whose first turn ran: its executor connected, the session idle."""
-    with loop.api() as client:
-        session = loop.create_session(client)
-    sid, environment_id = session["id"], session["environment"]["id"]
-    wait_for(lambda: loop.session(sid)["status"] == "idle", 90, f"session {sid} to finish its turn")
-    wait_for(lambda: loop.environment_status(environment_id) == "connected", 30, "the executor to be connected")
-    return sid, environment_id
 
 
 # --- 1. a link blip during a turn ----------------------------------------------------------------
@@ -82,7 +56,7 @@ def test_a_link_blip_during_a_turn_keeps_the_live_executor(tmp_path: Path) -> No
     starts the grace clock then — not at the sandbox's start — and keeps the executor; it
     reconnects, the turn goes on with its next command, and there is one registration and one
     process for the whole turn."""
-    with world(tmp_path, receivers=1, extra_env={"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE)}) as loop:
+    with started(tmp_path, receivers=1, extra_env={"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE)}) as loop:
         with loop.api() as client:
             session = loop.create_session(client, input_text=None)
         sid, environment_id = session["id"], session["environment"]["id"]
@@ -129,7 +103,7 @@ def test_404s_destroy_nothing_until_a_deletion_is_confirmed(tmp_path: Path) -> N
     session really deleted is released only after its reads answered 404 for the confirmation
     period, while the others still answer."""
     settings = {"CONTROLLER_DELETION_CONFIRM_SECONDS": str(CONFIRM)}
-    with world(tmp_path, receivers=1, extra_env=settings) as loop:
+    with started(tmp_path, receivers=1, extra_env=settings) as loop:
         a, _ = connected_session(loop)
         b, _ = connected_session(loop)
         workspaces = {sid: loop.state_directory / "sessions" / session_key(sid) / "workspace" for sid in (a, b)}
@@ -193,7 +167,7 @@ def test_a_skewed_worker_stops_an_idle_sandbox_on_time_and_does_not_spin(tmp_pat
     has been idle for the timeout (not at once, nor 20 s late) and its timer does not re-fire
     every second: at most three timer firings from the worker's first look to the stop."""
     settings = {"CONTROLLER_IDLE_TIMEOUT_SECONDS": str(IDLE)}
-    with world(tmp_path, receivers=1, workers=1, extra_env=settings, worker_env={1: skewed(skew)}) as loop:
+    with started(tmp_path, receivers=1, workers=1, extra_env=settings, worker_env={1: skewed(skew)}) as loop:
         with loop.api() as client:
             session = loop.create_session(client, input_text=None)
         sid = session["id"]
@@ -234,7 +208,7 @@ def test_prestart_starts_at_most_its_budget_and_never_holds_back_a_request(tmp_p
         "CONTROLLER_PRESTART_AGENT_IDS": "agent_prestart",
         "CONTROLLER_PRESTART_MAX_SANDBOXES": "3",
     }
-    with world(tmp_path, receivers=1, extra_env=settings) as loop:
+    with started(tmp_path, receivers=1, extra_env=settings) as loop:
         with loop.api() as client:
             sessions = [
                 loop.create_session(client, input_text=None, agent=None, agent_id="agent_prestart")["id"]

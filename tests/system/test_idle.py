@@ -21,11 +21,11 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.runners.local import proc_stat, session_key
+from controller.runners.local import proc_stat
 from tests.support.codex import codex_binary
 from tests.support.processes import Managed, python_module, wait_for
 from tests.support.simulator import run_turn
-from tests.system.loop import Loop
+from tests.system.loop import Loop, stops, wait_idle, workspace_of
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(900)]
 
@@ -65,23 +65,8 @@ def loop(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
 # -- helpers --------------------------------------------------------------------------------------
 
 
-def session_of(loop: Loop, session_id: str) -> dict[str, Any]:
-    with loop.api() as client:
-        response = client.get(f"/v1/agents/sessions/{session_id}")
-    response.raise_for_status()
-    return dict(response.json())
-
-
-def stops(loop: Loop, session_id: str | None = None) -> list[dict[str, Any]]:
-    return loop.worker_lines("sandbox stopped", session_id)
-
-
 def starts(loop: Loop, session_id: str) -> list[dict[str, Any]]:
     return loop.worker_lines("executor process started", session_id)
-
-
-def workspace_of(loop: Loop, session_id: str) -> Path:
-    return loop.state_directory / "sessions" / session_key(session_id) / "workspace"
 
 
 def executors_in(workspace: Path) -> int:
@@ -135,16 +120,6 @@ class Watch:
                 if sid in self.workspaces:
                     self.most_connections[sid] = max(self.most_connections[sid], environment["open_connections"])
             self.samples += 1
-
-
-def wait_idle(loop: Loop, session_id: str, timeout: float = 120) -> dict[str, Any]:
-    def idle() -> dict[str, Any] | None:
-        session = session_of(loop, session_id)
-        assert session["status"] != "failed", session
-        return session if session["status"] == "idle" else None
-
-    found: dict[str, Any] = wait_for(idle, timeout, f"session {session_id} to be idle", interval=0.1)
-    return found
 
 
 # -- the tests ------------------------------------------------------------------------------------
@@ -265,7 +240,7 @@ def test_idle_timer_racing_new_input(loop: Loop) -> None:
             restarted, connected = False, None
             deadline = sent + 300
             while time.monotonic() < deadline:
-                status = session_of(loop, sid)["status"]
+                status = loop.session(sid)["status"]
                 if status == "failed":
                     with lock:
                         failures.append(sid)
@@ -291,7 +266,7 @@ def test_idle_timer_racing_new_input(loop: Loop) -> None:
     assert watch.samples > 0
     assert max(watch.most_processes.values()) <= 1, dict(watch.most_processes)
     assert max(watch.most_connections.values(), default=0) <= 1, dict(watch.most_connections)
-    assert all(session_of(loop, sid)["status"] != "failed" for sid in sessions)
+    assert all(loop.session(sid)["status"] != "failed" for sid in sessions)
     times = sorted(seconds for _, seconds, _ in results)
     restarted = sum(1 for *_, r in results if r)
     print(

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -23,32 +21,9 @@ import pytest
 from controller.runners.local import session_key
 from tests.support.codex import codex_binary
 from tests.support.processes import python_module, wait_for
-from tests.system.loop import Loop
+from tests.system.loop import Loop, connected_session, looked_up, started
 
 pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
-
-
-@contextmanager
-def world(directory: Path, codex: str | None = None, **kwargs: Any) -> Iterator[Loop]:
-    loop = Loop(directory, codex or codex_binary(), **kwargs)
-    try:
-        yield loop.start()
-    finally:
-        loop.stop()
-
-
-def looked_up(loop: Loop, session_id: str) -> list[dict[str, Any]]:
-    return loop.worker_lines("session looked up", session_id)
-
-
-def connected_session(loop: Loop) -> tuple[str, str]:
-    """A session whose first turn ran: its executor connected, the session idle."""
-    with loop.api() as client:
-        session = loop.create_session(client)
-    sid, environment_id = session["id"], session["environment"]["id"]
-    wait_for(lambda: loop.session(sid)["status"] == "idle", 90, f"session {sid} to finish its turn")
-    wait_for(lambda: loop.environment_status(environment_id) == "connected", 30, "the executor to be connected")
-    return sid, environment_id
 
 
 def one_404(loop: Loop, session_id: str, seconds: float | None = None) -> None:
@@ -72,7 +47,7 @@ def test_a_session_readable_between_two_one_shot_404s_keeps_its_sandbox(tmp_path
     Not 404s for the whole period: S's executor, workspace and files stay, and S is not
     released. (The deterministic guard of the two-sample confirmation is the unit test in
     tests/unit/test_everyday_faults.py.)"""
-    with world(tmp_path, receivers=1) as loop:
+    with started(tmp_path, receivers=1) as loop:
         s, _ = connected_session(loop)
         t, _ = connected_session(loop)
         workspace = loop.state_directory / "sessions" / session_key(s) / "workspace"
@@ -97,7 +72,7 @@ def test_a_start_that_fails_while_the_executor_binary_is_missing_is_retried(tmp_
     counted, ``explain`` says the last start failed and why, and the work stays owed; once the
     binary is back, a retry starts the executor and the session's turn runs."""
     missing = tmp_path / "bin" / "codex"
-    with world(tmp_path, codex=str(missing), receivers=1) as loop:
+    with started(tmp_path, codex=str(missing), receivers=1) as loop:
         with loop.api() as client:
             session = loop.create_session(client)
         sid, environment_id = session["id"], session["environment"]["id"]
@@ -131,7 +106,7 @@ def test_two_short_drops_in_one_turn_keep_the_live_executor(tmp_path: Path) -> N
     its default interval, so no sweep looks in between): the executor is kept, one
     registration and one process for the whole turn."""
     settings = {"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "300"}
-    with world(tmp_path, receivers=1, extra_env=settings) as loop:
+    with started(tmp_path, receivers=1, extra_env=settings) as loop:
         with loop.api() as client:
             session = loop.create_session(client, input_text=None)
         sid, environment_id = session["id"], session["environment"]["id"]

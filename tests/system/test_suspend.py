@@ -19,10 +19,10 @@ import pytest
 
 from tests.support.codex import codex_binary
 from tests.support.criu import criu_binary
+from tests.support.keeper import KEEPER
 from tests.support.processes import python_module, wait_for
 from tests.support.simulator import run_turn
-from tests.system.loop import Loop
-from tests.system.test_idle import session_of, stops, wait_idle, workspace_of
+from tests.system.loop import Loop, stops, wait_idle, workspace_of
 
 pytestmark = [
     pytest.mark.system,
@@ -32,29 +32,8 @@ pytestmark = [
 
 TIMEOUT = 3  # CONTROLLER_IDLE_TIMEOUT_SECONDS in this world
 
-# A background process that keeps its state only in memory: a random token and a counter it
-# increments every 50 ms; it answers "<token> <counter>" on a loopback port it writes to
-# `port`. It leaves the command's session (setsid -f), as a dev server started by an agent would.
-KEEPER = r"""
-import os, secrets, socket, threading, time
-token, counter = secrets.token_hex(8), [0]
-def count():
-    while True:
-        counter[0] += 1
-        time.sleep(0.05)
-threading.Thread(target=count, daemon=True).start()
-server = socket.socket()
-server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-server.bind(("127.0.0.1", 0))
-server.listen()
-with open("port.partial", "w") as f:
-    f.write(str(server.getsockname()[1]))
-os.rename("port.partial", "port")
-while True:
-    conn, _ = server.accept()
-    conn.sendall(f"{token} {counter[0]}".encode())
-    conn.close()
-"""
+# The background process (tests/support/keeper.py) keeps its state only in memory; here it
+# leaves the command's session (setsid -f), as a dev server started by an agent would.
 
 ASK = (
     "import socket; s = socket.create_connection(('127.0.0.1', int(open('port').read())), timeout=5); "
@@ -102,7 +81,7 @@ def ask(loop: Loop, sid: str) -> tuple[str, int]:
     turn = run_turn(loop.simulator_url, sid, [["python3", "-c", ASK]])
     [answer] = turn["commands"]
     assert (answer["status"], answer["exit_code"]) == ("completed", 0), answer
-    token, counter = answer["stdout"].split()
+    token, counter, _pid = answer["stdout"].split()
     return token, int(counter)
 
 
@@ -156,4 +135,4 @@ def test_an_idle_session_is_suspended_with_its_memory_and_resumes_where_it_was(l
         f"image {suspended['size_bytes'] / 1e6:.1f} MB; restore {restored['restore_seconds']:.3f}s"
     )
     wait_idle(loop, sid)
-    assert session_of(loop, sid)["status"] == "idle"
+    assert loop.session(sid)["status"] == "idle"

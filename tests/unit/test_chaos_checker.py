@@ -74,6 +74,21 @@ class FakeSimulator:
         self.links[session.environment_id] = []
         return session
 
+    def acknowledged_request(self, session: Session) -> None:
+        """The webhook of ``session``'s connection request, delivered and acknowledged (200) at 1.2."""
+        event = f"evt_{session.name}"
+        self.event_log[event] = {
+            "id": event,
+            "data": {"id": session.id, "required_action": {"type": "environment_connection"}},
+        }
+        self.delivery_log.append(
+            {
+                "id": f"dlv_{session.name}",
+                "event_id": event,
+                "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
+            }
+        )
+
 
 class World:
     """A checker on a fake simulator, a fake /proc and a clock the test moves."""
@@ -335,18 +350,7 @@ def test_an_acknowledged_request_that_never_got_its_executor_breaks_5() -> None:
         world.book, "s1", [(0, "idle", False), (1, "requires_action", True), (2, "in_progress", False)]
     )
     for session in (asking, served):
-        event = f"evt_{session.name}"
-        world.sim.event_log[event] = {
-            "id": event,
-            "data": {"id": session.id, "required_action": {"type": "environment_connection"}},
-        }
-        world.sim.delivery_log.append(
-            {
-                "id": f"dlv_{session.name}",
-                "event_id": event,
-                "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
-            }
-        )
+        world.sim.acknowledged_request(session)
     assert world.checker.check_deliveries() == 2
     [found] = world.violations()
     assert found.invariant == 5 and found.subject.startswith("s0")
@@ -369,18 +373,7 @@ def test_an_acknowledged_request_of_a_session_deleted_or_failed_later_is_judged_
     )
     served.deleted_at = T0 + 60
     for session in (lost, failed, soon, served):
-        event = f"evt_{session.name}"
-        world.sim.event_log[event] = {
-            "id": event,
-            "data": {"id": session.id, "required_action": {"type": "environment_connection"}},
-        }
-        world.sim.delivery_log.append(
-            {
-                "id": f"dlv_{session.name}",
-                "event_id": event,
-                "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
-            }
-        )
+        world.sim.acknowledged_request(session)
     assert world.checker.check_deliveries() == 4
     assert sorted(v.subject[:2] for v in world.violations(5)) == ["s0", "s1"]
 

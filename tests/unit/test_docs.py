@@ -294,3 +294,66 @@ def test_the_readmes_layer_map_names_every_module_in_its_layer() -> None:
         assert shared, f"README's layer map puts modules of different layers on one line: {sorted(on_line)}"
     assert modules - named == set(), f"modules missing from README's layer map: {sorted(modules - named)}"
     assert modules - set(layers) == set(), f"modules in no layer of .importlinter: {sorted(modules - set(layers))}"
+
+
+def _support_statement() -> str:
+    """README's statement of where test helpers live (the ``tests/support`` entry of its map)."""
+    readme = _text(ROOT / "README.md")
+    return readme[readme.index("tests/support    ") : readme.index("tests/unit       ")]
+
+
+def _test_imports() -> dict[str, set[str]]:
+    """Each Python file of tests/ and bench/ (by path) with the files of tests/ it imports (an
+    import anywhere in it, a function's too; ``from tests.x import y`` names module y if it is one)."""
+    import ast
+
+    found: dict[str, set[str]] = {}
+    for path in sorted([*(ROOT / "tests").rglob("*.py"), *(ROOT / "bench").rglob("*.py")]):
+        names: set[str] = set()
+        for node in ast.walk(ast.parse(_text(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
+        targets = set()
+        for name in names:
+            if name.startswith("tests."):
+                target = name.replace(".", "/") + ".py"
+                if (ROOT / target).exists():
+                    targets.add(target)
+        found[str(path.relative_to(ROOT))] = targets
+    return found
+
+
+def _tier(path: str) -> str:
+    """``tests/system`` for tests/system/x.py, ``bench`` for bench/…"""
+    return "/".join(path.split("/")[:2]) if path.startswith("tests/") else path.split("/")[0]
+
+
+def test_test_helpers_live_where_the_readme_says() -> None:
+    """README's statement holds: no module imports a test module (``test_*.py``) but the ones it
+    names (each really imported), and what a module imports from another tier is in tests/support
+    or in a harness it names, so a helper shared across tiers cannot settle in a test module or in
+    a tier it does not belong to without the statement (and this test) changing."""
+    statement = _support_statement()
+    named = set(re.findall(r"tests/[\w/]+(?:\.py|/)", statement))
+    assert all((ROOT / p).exists() for p in named), sorted(p for p in named if not (ROOT / p).exists())
+    imported_test_modules = {p for p in named if p.rsplit("/", 1)[-1].startswith("test_")}
+    harnesses = named - imported_test_modules - {"tests/support/"}
+    wrong, used = [], set()
+    for path, targets in _test_imports().items():
+        for target in targets - {path}:
+            is_test_module = target.rsplit("/", 1)[-1].startswith("test_")
+            if is_test_module and target not in imported_test_modules:
+                wrong.append(f"{path} imports the test module {target}")
+            elif is_test_module:
+                used.add(target)
+            elif _tier(target) != _tier(path) and not _in(target, {"tests/support/", *harnesses}):
+                wrong.append(f"{path} imports {target}, of another tier, neither in tests/support nor a harness")
+    assert wrong == [], wrong
+    assert imported_test_modules <= used, f"README names test modules nobody imports: {imported_test_modules - used}"
+
+
+def _in(path: str, places: set[str]) -> bool:
+    """Whether ``path`` is one of ``places`` or lies in one of them (those ending in ``/``)."""
+    return any(path == place or (place.endswith("/") and path.startswith(place)) for place in places)

@@ -47,17 +47,37 @@ def run_timers_until(world: World, until: float) -> list[Verdict]:
     return seen
 
 
+def link_drops(world: World, session_then: Session = WANTS) -> list[Verdict]:
+    """The link goes down and the session reads as ``session_then`` (by default the API asks for
+    a connection again); its delivery comes at once, as the API's webhook would."""
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(session_then)
+    return verdicts(world.deliver())
+
+
+def link_back(world: World, session_after: Session = RUNNING) -> None:
+    """The link is up again and the session reads as ``session_after``; no webhook says so."""
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(session_after)
+
+
+def in_a_turn(world: World, grace: float = 10.0) -> list[Verdict]:
+    """Grace ``grace``; a sandbox started, its executor connected and the session in a long
+    turn, its timers fired up to 20 s after T0 (the verdicts seen so far)."""
+    world.deps.grace_seconds = grace
+    started(world)
+    world.sessions.put(RUNNING)
+    return run_timers_until(world, 20.0)
+
+
 def drop(world: World, at: float, seconds: float, session_then: Session, session_after: Session) -> list[Verdict]:
     """The link drops at ``at`` (seconds after T0) for ``seconds``; the session reads as
     ``session_then`` during the drop (a delivery comes at once, as the API's webhook would) and
     as ``session_after`` once it is back. Returns every verdict up to 3 grace periods later."""
     seen = run_timers_until(world, at)
-    world.sessions.connected["env_1"] = False
-    world.sessions.put(session_then)
-    seen += verdicts(world.deliver())
+    seen += link_drops(world, session_then)
     seen += run_timers_until(world, at + seconds)
-    world.sessions.connected["env_1"] = True
-    world.sessions.put(session_after)
+    link_back(world, session_after)
     seen += verdicts(world.deliver())
     seen += run_timers_until(world, at + seconds + 3 * GRACE)
     return seen
@@ -143,23 +163,14 @@ def test_two_drops_each_shorter_than_the_grace_never_replace_a_live_executor(
     together span more than it: the looks made while the clock runs see the link come back, and
     the live executor is kept."""
     world = World()
-    world.deps.grace_seconds = 10.0
-    started(world)
-    world.sessions.put(RUNNING)
-    seen = run_timers_until(world, 20.0)
-    world.sessions.connected["env_1"] = False  # the first drop
-    world.sessions.put(WANTS)
-    seen += verdicts(world.deliver())
+    seen = in_a_turn(world)
+    seen += link_drops(world)  # the first drop
     seen += run_timers_until(world, 20.0 + first)
-    world.sessions.connected["env_1"] = True  # back: no webhook says so
-    world.sessions.put(RUNNING)
+    link_back(world)  # back: no webhook says so
     seen += run_timers_until(world, 20.0 + first + up)
-    world.sessions.connected["env_1"] = False  # the second drop
-    world.sessions.put(WANTS)
-    seen += verdicts(world.deliver())
+    seen += link_drops(world)  # the second drop
     seen += run_timers_until(world, 20.0 + first + up + second)
-    world.sessions.connected["env_1"] = True
-    world.sessions.put(RUNNING)
+    link_back(world)
     seen += run_timers_until(world, 20.0 + first + up + second + 30.0)
     assert Verdict.REPLACE not in seen
     assert world.count("ensure") == 1 and world.count("release") == 0
@@ -171,25 +182,17 @@ def test_a_drop_after_a_stretch_the_link_could_not_be_read_is_timed_from_the_loo
     drops again at 27 s for 5 s. The looks that could not read the link leave a blind spot: the
     look that next sees it down starts the clock again, and the live executor is kept."""
     world = World()
-    world.deps.grace_seconds = 10.0
-    started(world)
-    world.sessions.put(RUNNING)
-    seen = run_timers_until(world, 20.0)
-    world.sessions.connected["env_1"] = False  # the first drop
-    world.sessions.put(WANTS)
-    seen += verdicts(world.deliver())
+    seen = in_a_turn(world)
+    seen += link_drops(world)  # the first drop
     seen += run_timers_until(world, 20.5)
     del world.sessions.connected["env_1"]  # environment reads hang: the link cannot be read
     world.sessions.put(RUNNING)
     seen += run_timers_until(world, 26.5)
     world.sessions.connected["env_1"] = True  # readable again: up (since 22.8 s, unseen)
     seen += run_timers_until(world, 27.0)
-    world.sessions.connected["env_1"] = False  # the second drop
-    world.sessions.put(WANTS)
-    seen += verdicts(world.deliver())
+    seen += link_drops(world)  # the second drop
     seen += run_timers_until(world, 32.0)
-    world.sessions.connected["env_1"] = True
-    world.sessions.put(RUNNING)
+    link_back(world)
     seen += run_timers_until(world, 60.0)
     assert Verdict.REPLACE not in seen
     assert world.count("ensure") == 1
@@ -200,25 +203,16 @@ def test_a_drop_after_the_sessions_reads_answered_404_is_timed_from_the_look_tha
     2.8 s (a partial incident): those looks read no link, a blind spot; the look that next sees
     the link down starts the clock again, and the live executor is kept."""
     world = World(deletion_confirm=6.0)
-    world.deps.grace_seconds = 10.0
-    started(world)
-    world.sessions.put(RUNNING)
-    seen = run_timers_until(world, 20.0)
-    world.sessions.connected["env_1"] = False  # the first drop
-    world.sessions.put(WANTS)
-    seen += verdicts(world.deliver())
+    seen = in_a_turn(world)
+    seen += link_drops(world)  # the first drop
     seen += run_timers_until(world, 21.0)
     del world.sessions.sessions["sess_1"]  # its reads answer 404
     seen += run_timers_until(world, 26.5)
-    world.sessions.connected["env_1"] = True  # up since 22.5 s, unseen
-    world.sessions.put(RUNNING)
+    link_back(world)  # up since 22.5 s, unseen
     seen += run_timers_until(world, 27.0)
-    world.sessions.connected["env_1"] = False  # the second drop
-    world.sessions.put(WANTS)
-    seen += verdicts(world.deliver())
+    seen += link_drops(world)  # the second drop
     seen += run_timers_until(world, 32.0)
-    world.sessions.connected["env_1"] = True
-    world.sessions.put(RUNNING)
+    link_back(world)
     seen += run_timers_until(world, 60.0)
     assert Verdict.REPLACE not in seen and Verdict.RELEASE not in seen
     assert world.count("ensure") == 1
@@ -228,13 +222,8 @@ def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
     """L14: the blind spot delays a replacement, never prevents it: a link down for good whose
     reads fail for a while is replaced a grace after the first look that reads it again."""
     world = World()
-    world.deps.grace_seconds = 10.0
-    started(world)
-    world.sessions.put(RUNNING)
-    run_timers_until(world, 20.0)
-    world.sessions.connected["env_1"] = False
-    world.sessions.put(WANTS)
-    world.deliver()
+    in_a_turn(world)
+    link_drops(world)
     run_timers_until(world, 21.0)
     del world.sessions.connected["env_1"]
     run_timers_until(world, 24.0)
