@@ -121,7 +121,7 @@ def test_a_cold_start_is_told_once_by_the_placement_that_created_it(kube_world: 
             KubeApi(core), settings, lambda name: TEMPLATE, on_placed=lambda *what: placed.append(what)
         )
 
-    spec = _session(kube_world)
+    spec = new_session(kube_world)
     twin = runner(kube_world.core)
     raced: dict[str, Handle] = {}
     late = runner(_TwinAfterListing(kube_world.core, lambda: raced.setdefault("twin", twin.ensure(spec, 1))))
