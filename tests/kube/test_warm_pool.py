@@ -84,8 +84,9 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     """L8, L2, L1: the pool fills to its size; warm pods start no executor. A session claims one:
     the pod gets the session's labels and the binding, and the real codex in it registers with
     the session's environment id and the key from the Secret (never in the pod's annotations).
-    The pool is refilled at once; the released pod is gone and no later session gets it. The
-    tending reports the pool as it found it; the placement is told as warm."""
+    The claim adds no pod; the pool's next tending refills it (no placements noted here, so
+    nothing holds it); the released pod is gone and no later session gets it. The tending
+    reports the pool as it found it; the placement is told as warm."""
     template = _template(2)
     placed: list[tuple[str, str, str]] = []
     runner = _runner(kube_world, namespace, template, placed)
@@ -112,7 +113,10 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, not another claim
     assert placed == [("fast", "warm", "")]
 
-    # Refilled as it was claimed: two unclaimed pods again, the claimed one not among them.
+    # The claim added no pod; the tending refills the pool: two unclaimed pods again, the
+    # claimed one not among them.
+    assert len(kube_world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items) == 1
+    assert runner.tend_pools() == [PoolState("fast", size=2, ready=1, starting=0)]
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the pool to be refilled")
     assert handle.name not in {p.metadata.name for p in _ready(kube_world, namespace)}
 
@@ -128,8 +132,8 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
 
 def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeWorld, namespace: str) -> None:
     """L1: two sessions claim at the same moment (two runners) from a pool of one: exactly one
-    gets the warm pod; the other gets another pod — a cold one, or the pod the winner's claim
-    added to refill the pool, whichever its claim found first; each session has exactly one pod,
+    gets the warm pod; the other gets a cold one (a claim adds no pod to refill the pool); each
+    session has exactly one pod,
     and each placement is told as what it was (warm for a claimed pod, cold for a created one)."""
     template = _template(1)
     placed: list[tuple[str, str, str]] = []

@@ -23,15 +23,16 @@ by a pod that is dying, unless the record, read again, names a live pod (a rival
 while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only once its
 lease lapsed) all return the same pod.
 
-A claim adds one warm pod in its place at once; ``tend`` (the scheduler's leader, every few
-seconds) replaces dead, misshapen and too old warm pods and fills each pool up to its size,
-deleting only with the resource version it saw (a pod claimed since is left to its session).
+A claim adds no pod in its place: ``tend`` (the scheduler's leader, every few seconds) replaces
+dead, misshapen and too old warm pods and fills each pool up to its size once its sessions are
+no longer being placed (``pool.settling``), deleting only with the resource version it saw (a
+pod claimed since is left to its session).
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from controller import logs
 from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
@@ -101,8 +102,6 @@ class WarmPools:
             self._yield(spec.session_id, pod)
             return holder
         self._on_placed(template.name, "warm" if warm else "cold")
-        if warm:
-            self._add(template)  # refilled as it is claimed
         return holder
 
     def settled(self, session_id: str, live: list[Pod]) -> Pod | None:
@@ -211,17 +210,18 @@ class WarmPools:
 
     # -- tending ---------------------------------------------------------------------------
 
-    def tend(self, sizes: Mapping[str, int] | None = None) -> list[PoolState]:
+    def tend(self, sizes: Mapping[str, int] | None = None, settling: Collection[str] = ()) -> list[PoolState]:
         """Keep every pool at its size (``sizes[template]`` when given, a pool sized by demand;
         else the template's ``warmPool.size``): replace dead, misshapen and too old warm pods,
-        add the missing ones, remove the excess. Returns each pool as this tending found it."""
+        add the missing ones (none to a pool in ``settling``), remove the excess. Returns each
+        pool as this tending found it."""
         found = []
         for template in self._pools:
             pods, wanted, now = self.warm_pods(template), self._shape(template), time.time()
             size = (sizes or {}).get(template.name, template.warm_pool_size)
             max_age = template.warm_max_age_seconds
             found.append(census(template.name, pods, size, wanted, now, max_age))
-            todo = plan(pods, size, wanted, now, max_age)
+            todo = plan(pods, size, wanted, now, max_age, hold=template.name in settling)
             for pod in todo.delete:
                 self.delete_unclaimed(pod)
             for _ in range(todo.create):
