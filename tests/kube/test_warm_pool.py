@@ -382,7 +382,8 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
     """``warmPool: {min: 0, max: 3}``, placements noted in a real Redis (its clock): the pool
     starts empty; a first burst of three sessions goes cold (``pool_empty``) and is noted; the
     tendings raise the target to the burst's size and fill the pool; a second burst of three
-    is served warm, every one of it; once no session has come for a window, the tendings take
+    is served warm, every one of it (the pool grew only once the first burst was placed: no pod
+    added while it was); once no session has come for a window, the tendings take
     the pool down to zero pods. The runner tells each start's template and source, and a cold
     pod's own start stamps (created, scheduled, container started: in that order)."""
     template = SandboxTemplate(
@@ -420,6 +421,10 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
         first = burst()
         assert all(h.name.startswith("sbx-") for h in first), [h.name for h in first]
         assert metrics.value(COLD_STARTS_TOTAL, template="fast", reason="pool_empty") == 3
+        # Just placed: the tending raises the target to the burst but adds no pod while its
+        # sessions are being placed (``pool.settling``: their pods start without new ones beside).
+        assert runner.tend_pools() == [PoolState("fast", size=3, ready=0, starting=0)]
+        assert not kube_world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items
         # Each start's pod stages, as the API server and the kubelet stamped them (to the second).
         assert {runner.placement(h.session_id) for h in first} == {("fast", "cold")}
         stamps = wait_for(
