@@ -41,6 +41,22 @@ def test_claim_order_prefers_running_then_oldest() -> None:
     assert [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE)] == ["old", "mid", "young", "pending-old"]
 
 
+def test_a_bursts_claims_start_at_pods_of_their_own_and_each_may_try_every_pod() -> None:
+    """Ten claims at once (``spread``: each session's id) begin at different running pods, not
+    all at the oldest; each order is a rotation of the oldest-first running pods (none left out,
+    so a claim that loses races still reaches every pod), pending pods after them; the same
+    session always gets the same order."""
+    running = [pod(f"r{age}", age) for age in (60, 50, 40, 30, 20, 10, 5, 4, 3, 2)]
+    pods = [*running, pod("pending", 100, running=False)]
+    oldest_first = [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE)]
+    orders = [[p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE, spread=f"sess_{i}")] for i in range(10)]
+    assert len({order[0] for order in orders}) >= 5  # most of a burst's claims start apart
+    for order in orders:
+        turn = oldest_first.index(order[0])
+        assert order[:10] == oldest_first[turn:10] + oldest_first[:turn] and order[10] == "pending"
+    assert [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE, spread="sess_3")] == orders[3]
+
+
 def test_claim_order_never_offers_dead_terminating_misshapen_or_too_old_pods() -> None:
     pods = [
         pod("dead", 10, dead=True),
