@@ -24,8 +24,9 @@ One pool per run (one node per process: Helm's library stays in the first node's
 namespace); each run adds its pool to bench/results/bursty_day.json, and ``fixed`` takes its
 size from the ``demand`` run there (or ``--fixed-size N``; ``--label`` keeps such a run
 beside the others, e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a
-ready pool of ten). Real-node runs are serialized with the other users of
-the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python bench/bursty_day.py``.
+ready pool of ten; ``--worker-replicas 5``: ten worker processes, one job each). Real-node
+runs are serialized with the other users of the machine: ``flock /tmp/node-tier.lock sudo
+.venv/bin/python bench/bursty_day.py``.
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ def main() -> int:
     parser.add_argument("--pools", default="demand", help="which pool: demand, fixed or none")
     parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
     parser.add_argument("--label", default="", help="keep the run under this name (default: the pool's)")
+    parser.add_argument("--worker-replicas", type=int, default=0, help="worker pods (default: the chart's, 2 of 2)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/bursty_day.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
@@ -85,7 +87,7 @@ def main() -> int:
             fixed = max(1, math.ceil(demand["mean_waiting_pods"])) if demand else 3
         warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
         label = args.label or pool
-        runs[label] = day(images, warm_pool)
+        runs[label] = day(images, warm_pool, args.worker_replicas)
         runs[label]["pool"] = label
         print_run(runs[label])
         RESULTS.parent.mkdir(parents=True, exist_ok=True)  # after each pool: a run cut short keeps what it has
@@ -94,14 +96,16 @@ def main() -> int:
     return 0
 
 
-def day(images: Any, warm_pool: dict[str, Any] | None) -> dict[str, Any]:
+def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0) -> dict[str, Any]:
     from tests.node.conftest import NODE_DNS_NAMES, SANDBOX_RESOURCES, WARM_TEMPLATE, install
     from tests.node.node import real_node, say
 
     template: dict[str, Any] = {"resources": SANDBOX_RESOURCES}
     if warm_pool is not None:
         template["warmPool"] = warm_pool
-    overrides = {"sandbox": {"templates": {WARM_TEMPLATE: None, TEMPLATE: template}}}
+    overrides: dict[str, Any] = {"sandbox": {"templates": {WARM_TEMPLATE: None, TEMPLATE: template}}}
+    if worker_replicas:  # each a Celery worker of the chart's concurrency (2)
+        overrides["worker"] = {"replicas": worker_replicas}
     with real_node(images, dns_names=NODE_DNS_NAMES) as node, install(node, images, overrides) as world:
         sim = httpx.Client(
             base_url=world.simulator_url,
@@ -129,6 +133,7 @@ def day(images: Any, warm_pool: dict[str, Any] | None) -> dict[str, Any]:
             sim.close()
     return {
         "warm_pool": warm_pool,
+        "worker_replicas": worker_replicas or "chart default (2)",
         "phases": phases,
         "day_seconds": round(seconds, 1),
         "warm_pod_seconds": round(pod_seconds, 1),
