@@ -9,18 +9,24 @@ max: 20}`` with a 120 s window, a compressed day's; a fixed pool: ``warmPool: {s
 demand pool's average number of waiting pods over its day, rounded up; no pool), runs one
 uncounted session (the node's first sandbox reads the 300 MB codex binary from disk), then
 replays the day (``DAY``): quiet, a burst of 10 sessions at once, quiet, a burst of 20, quiet,
-a slow trickle, quiet. Each session is timed from its webhook accepted by the receiver to the
-real codex's registration arriving at the simulator (both stamped by the simulator); it is
-failed once registered (its pod deleted). A session is warm when its pod was a claimed warm
+a slow trickle, then a quiet spell longer than the demand pool's window (it drains to ``min``
+0 within it, and stays there: the night a pool sized by demand does not pay for). Each
+session is timed from its webhook accepted by the receiver to the real codex's registration
+arriving at the simulator (both stamped by the simulator); it is failed once registered (its
+pod deleted). A session is warm when its pod was a claimed warm
 pod. Pod-seconds: the unclaimed warm pods (ready or starting) counted every 0.5 s over the
-whole day, as the bench sees them on the API server.
+whole day, as the bench sees them on the API server (each change of that count is kept,
+``waiting``: where the pool drained to zero).
 
     sudo .venv/bin/python bench/bursty_day.py --pools demand   # then --pools fixed, --pools none
 
 One pool per run (one node per process: Helm's library stays in the first node's network
 namespace); each run adds its pool to bench/results/bursty_day.json, and ``fixed`` takes its
-size from the ``demand`` run there (or ``--fixed-size N``). Real-node runs are serialized with the other users of
-the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python bench/bursty_day.py``.
+size from the ``demand`` run there (or ``--fixed-size N``; ``--label`` keeps such a run
+beside the others, e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a
+ready pool of ten; ``--worker-replicas 5``: ten worker processes, one job each). Real-node
+runs are serialized with the other users of the machine: ``flock /tmp/node-tier.lock sudo
+.venv/bin/python bench/bursty_day.py``.
 """
 
 from __future__ import annotations
@@ -49,7 +55,7 @@ DAY: list[tuple[str, int, float, float]] = [
     ("quiet", 0, 0.0, 30.0),
     ("burst of 10", 10, 0.0, 60.0),
     ("burst of 20", 20, 0.0, 60.0),
-    ("trickle", 6, 10.0, 150.0),  # one every 10 s
+    ("trickle", 6, 10.0, 300.0),  # one every 10 s; then longer than the window: the drain, and the night
 ]
 DEMAND_POOL = {"min": 0, "max": 20, "windowSeconds": 120, "intervalSeconds": 10, "headroomPercent": 25}
 
@@ -58,6 +64,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pools", default="demand", help="which pool: demand, fixed or none")
     parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
+    parser.add_argument("--label", default="", help="keep the run under this name (default: the pool's)")
+    parser.add_argument("--worker-replicas", type=int, default=0, help="worker pods (default: the chart's, 2 of 2)")
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/bursty_day.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
@@ -78,23 +86,26 @@ def main() -> int:
             demand = runs.get("demand")
             fixed = max(1, math.ceil(demand["mean_waiting_pods"])) if demand else 3
         warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
-        runs[pool] = day(images, warm_pool)
-        runs[pool]["pool"] = pool
-        print_run(runs[pool])
+        label = args.label or pool
+        runs[label] = day(images, warm_pool, args.worker_replicas)
+        runs[label]["pool"] = label
+        print_run(runs[label])
         RESULTS.parent.mkdir(parents=True, exist_ok=True)  # after each pool: a run cut short keeps what it has
         RESULTS.write_text(json.dumps({"day": DAY, "load_average": os.getloadavg(), "runs": runs}, indent=2) + "\n")
         print_table(list(runs.values()))
     return 0
 
 
-def day(images: Any, warm_pool: dict[str, Any] | None) -> dict[str, Any]:
+def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0) -> dict[str, Any]:
     from tests.node.conftest import NODE_DNS_NAMES, SANDBOX_RESOURCES, WARM_TEMPLATE, install
     from tests.node.node import real_node, say
 
     template: dict[str, Any] = {"resources": SANDBOX_RESOURCES}
     if warm_pool is not None:
         template["warmPool"] = warm_pool
-    overrides = {"sandbox": {"templates": {WARM_TEMPLATE: None, TEMPLATE: template}}}
+    overrides: dict[str, Any] = {"sandbox": {"templates": {WARM_TEMPLATE: None, TEMPLATE: template}}}
+    if worker_replicas:  # each a Celery worker of the chart's concurrency (2)
+        overrides["worker"] = {"replicas": worker_replicas}
     with real_node(images, dns_names=NODE_DNS_NAMES) as node, install(node, images, overrides) as world:
         sim = httpx.Client(
             base_url=world.simulator_url,
@@ -117,14 +128,17 @@ def day(images: Any, warm_pool: dict[str, Any] | None) -> dict[str, Any]:
                 time.sleep(quiet)
             seconds = time.monotonic() - start
             pod_seconds = waiting.stop()
+            changes = [(round(at - start, 1), count) for at, count in waiting.changes]
         finally:
             sim.close()
     return {
         "warm_pool": warm_pool,
+        "worker_replicas": worker_replicas or "chart default (2)",
         "phases": phases,
         "day_seconds": round(seconds, 1),
         "warm_pod_seconds": round(pod_seconds, 1),
         "mean_waiting_pods": pod_seconds / seconds,
+        "waiting": changes,
     }
 
 
@@ -151,6 +165,8 @@ class Waiting:
         self._world = world
         self._done = threading.Event()
         self.pod_seconds = 0.0
+        self.changes: list[tuple[float, int]] = []
+        """(monotonic time, unclaimed pods) at each change of the count."""
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
@@ -162,6 +178,8 @@ class Waiting:
             except Exception:
                 continue
             now = time.monotonic()
+            if not self.changes or self.changes[-1][1] != count:
+                self.changes.append((now, count))
             self.pod_seconds += count * (now - last)
             last = now
 
@@ -229,6 +247,7 @@ def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE
 
     registered_at: dict[str, float] = wait_for(registered, 600, "every executor to register", interval=0.5)
     delivered = delivered_at(sim)
+    placing = worker_stamps(world)
     rows = []
     for session in created:
         sid = session["id"]
@@ -239,6 +258,7 @@ def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE
                 "pod": name,
                 "warm": name.startswith("warm-"),
                 "delivered_to_registered_s": registered_at[sid] - delivered[sid],
+                **stage_seconds(delivered[sid], placing.get(sid, {}), registered_at[sid]),
             }
         )
     for session in created:
@@ -246,6 +266,33 @@ def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE
     for session in created:
         wait_for(lambda s=session["id"]: not _pods(world, s), 300, "the session's pod to be deleted", interval=0.5)
     return rows
+
+
+def worker_stamps(world: Any) -> dict[str, dict[str, float]]:
+    """Per session, from the workers' logs (their clock; this machine's, as the simulator's): the
+    job taken (its first ``task started``) and the pod placed (``warm pod claimed`` or ``pod
+    created``)."""
+    from bench.cold_burst import worker_log
+    from tests.node.conftest import NAMESPACE
+
+    found: dict[str, dict[str, float]] = {}
+    events = {"task started": "taken", "warm pod claimed": "placed", "pod created": "placed"}
+    for line in worker_log(world, NAMESPACE):
+        stamp, sid = events.get(str(line.get("event"))), line.get("session_id")
+        if stamp and sid:
+            mine = found.setdefault(str(sid), {})
+            mine[stamp] = min(mine.get(stamp, line["time"]), line["time"])
+    return found
+
+
+def stage_seconds(delivered: float, stamps: dict[str, float], registered: float) -> dict[str, float]:
+    """Where one session's time went: queued (delivery → job taken), placing (→ pod claimed or
+    created) and placed → its executor registered (a warm pod: the binding, codex's start and
+    its registration; a cold one: the pod's whole start besides)."""
+    taken, placed = stamps.get("taken"), stamps.get("placed")
+    if taken is None or placed is None:
+        return {}
+    return {"queued_s": taken - delivered, "placing_s": placed - taken, "placed_to_registered_s": registered - placed}
 
 
 def delivered_at(sim: httpx.Client) -> dict[str, float]:
@@ -258,15 +305,26 @@ def delivered_at(sim: httpx.Client) -> dict[str, float]:
 
 def summary(rows: list[dict[str, Any]]) -> str:
     values = [r["delivered_to_registered_s"] for r in rows]
-    return (
+    line = (
         f"{sum(r['warm'] for r in rows)}/{len(rows)} warm, delivery → registered p50 "
         f"{statistics.median(values):.2f} s, p99 {percentile(values, 0.99):.2f} s"
     )
+    for kind in (True, False):
+        staged = [r for r in rows if r["warm"] is kind and "queued_s" in r]
+        if staged:
+            parts = ", ".join(
+                f"{stage} p50 {statistics.median(values):.2f} / max {max(values):.2f}"
+                for stage in ("queued_s", "placing_s", "placed_to_registered_s")
+                for values in [[r[stage] for r in staged]]
+            )
+            line += f"; {'warm' if kind else 'cold'}: {parts}"
+    return line
 
 
 def print_run(run: dict[str, Any]) -> None:
     pod_seconds, seconds = run["warm_pod_seconds"], run["day_seconds"]
     print(f"\n{run['pool']} ({run['warm_pool']}): {pod_seconds:.0f} warm pod-seconds in {seconds:.0f} s")
+    print(f"  unclaimed pods at each change (s into the day, pods): {run.get('waiting', [])}")
     for phase in run["phases"]:
         if phase["sessions"]:
             print(f"  {phase['phase']}: {summary(phase['sessions'])}")

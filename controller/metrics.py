@@ -54,8 +54,11 @@ each worker or switch to prometheus_client's multiprocess mode.
         a worker took the job; jobs from a delivery only), ``placing`` (→ pod created or warm
         pod claimed, and recorded), ``scheduled`` (pod created → PodScheduled) and
         ``container_started`` (→ the container running; both cold pods on Kubernetes only,
-        stamped by the API to the second), ``connected`` (placed → the Agents API reports
-        the executor connected; with metrics served, as the watch job sees it). source:
+        stamped by the API to the second), ``executor_registered`` (the container started, or
+        placed for a warm pod → the executor registered: the watch job's first read that finds
+        the environment connected, as the API reports no registration time), ``connected``
+        (placed → the Agents API reports the executor connected; with metrics served, as the
+        watch job sees it). source:
         ``warm`` | ``cold``; template: the sandbox template (``local`` for the local runner)
     controller_lease_busy_total
         jobs a worker put back because another worker held the session's lease

@@ -111,7 +111,7 @@ lease: a leader that cannot renew stops acting a second before a standby could t
 RETRY_SECONDS = 0.5
 """How often the leader renews, and a standby tries to take the lead."""
 POOL_TEND_SECONDS = 2.0
-"""How often the leader tends the warm pools (a claim refills its pool at once; this is the net)."""
+"""How often the leader tends the warm pools (it alone refills them: a claim adds no pod)."""
 _ACQUIRE_OR_RENEW = """
 local held = redis.call('GET', KEYS[1])
 if held and held == ARGV[1] then

@@ -58,6 +58,7 @@ from controller.redis_client import Endpoint
 from controller.runners.base import DemandLog, Runner
 from controller.runners.host_sandbox import codex_sandbox_problem
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
+from controller.runners.kubernetes.pool import SETTLE_LONGEST_SECONDS
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
 from controller.runners.local import LocalRunner, RunAs, UidRange, state_directory_problems
@@ -81,8 +82,9 @@ def runner(
 ) -> Runner:
     """The configured runner; with ``counters``, the pods it places are counted by template and
     source (``controller_sandbox_placements_total``: the workers', which place them); with
-    ``demand``, the placements of pools sized by demand are noted there (the workers) and read
-    from there to size them (the scheduler)."""
+    ``demand``, the placements of templates with a warm pool are noted there (the workers) and
+    read from there to size the pools sized by demand and to hold any pool's refills while its
+    sessions are being placed (the scheduler)."""
     if settings.runner.kind == "local":
         return local_runner(settings, counters)
     return kubernetes_runner(settings, templates or sandbox_templates(settings), counters, demand)
@@ -243,7 +245,8 @@ def placements(
 ) -> Callable[[str, str, str], None]:
     """The Kubernetes runner's ``on_placed``: count each pod placed by template and source, each
     cold one by its reason too (``pool_empty``: the pool had none to claim); note the placements
-    of a pool sized by demand in ``demand`` (a note that fails is logged: it sizes a pool, it
+    of a template with a warm pool in ``demand`` (they size a pool sized by demand, and hold
+    every pool's refills while its sessions are being placed; a note that fails is logged: it
     never fails the start)."""
 
     def on_placed(template: str, source: str, reason: str) -> None:
@@ -252,9 +255,9 @@ def placements(
             if source == "cold":
                 counters.inc(COLD_STARTS_TOTAL, template=template, reason=reason)
         chosen = templates.get(template)
-        if demand is not None and chosen.pooled and chosen.sized_by_demand:
+        if demand is not None and chosen.pooled:
             try:
-                demand.note(template, chosen.warm_window_seconds)
+                demand.note(template, chosen.warm_window_seconds if chosen.sized_by_demand else SETTLE_LONGEST_SECONDS)
             except StoreUnavailable as exc:
                 log.warning(
                     "could not note the placement for the warm pool", extra={"template": template, "reason": str(exc)}

@@ -202,7 +202,11 @@ def register(
         and ``connected``, observed and added to the start's timeline."""
         found = deps()
         session_id, sandbox = str(start["session_id"]), str(start["sandbox"])
-        stamps: dict[str, float] = {"placed": float(start["placed"]), "connected": connected}
+        # The first read that found it connected is the first that can tell it registered
+        # (``start_stages``: the API reports no registration time).
+        stamps: dict[str, float] = {"placed": float(start["placed"]), "registered": connected, "connected": connected}
+        if start.get("registered_after"):
+            stamps["registered_after"] = float(start["registered_after"])
         record = found.store.record(session_id)
         same = record is not None and f"{record.handle.name}/{record.handle.uid}" == sandbox
         if same and record is not None and isinstance(found.runner, Starts):
@@ -249,4 +253,7 @@ def register(
         if now + watch_delay(asked + 1) > deadline:
             log.warning("executor not connected within the window", extra={"environment_id": environment_id})
             return
-        _ask_later(environment_id, received_at, deadline, asked + 1, start)
+        # This read found it not registered yet: the registration's window opens here.
+        _ask_later(
+            environment_id, received_at, deadline, asked + 1, {**start, "registered_after": now} if start else None
+        )

@@ -83,8 +83,9 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     """L8, L2, L1: the pool fills to its size; warm pods start no executor. A session claims one:
     the pod gets the session's labels and the binding, and the real codex in it registers with
     the session's environment id and the key from the Secret (never in the pod's annotations).
-    The pool is refilled at once; the released pod is gone and no later session gets it. The
-    tending reports the pool as it found it; the placement is told as warm."""
+    The claim adds no pod; the pool's next tending refills it (no placements noted here, so
+    nothing holds it); the released pod is gone and no later session gets it. The tending
+    reports the pool as it found it; the placement is told as warm."""
     template = _template(2)
     placed: list[tuple[str, str, str]] = []
     runner = _runner(kube_world, namespace, template, placed)
@@ -111,7 +112,10 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
     assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, not another claim
     assert placed == [("fast", "warm", "")]
 
-    # Refilled as it was claimed: two unclaimed pods again, the claimed one not among them.
+    # The claim added no pod; the tending refills the pool: two unclaimed pods again, the
+    # claimed one not among them.
+    assert len(kube_world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items) == 1
+    assert runner.tend_pools() == [PoolState("fast", size=2, ready=1, starting=0)]
     wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the pool to be refilled")
     assert handle.name not in {p.metadata.name for p in _ready(kube_world, namespace)}
 
@@ -127,8 +131,8 @@ def test_a_claimed_warm_pod_binds_late_registers_and_is_refilled(kube_world: Kub
 
 def test_two_sessions_racing_for_one_warm_pod_get_one_pod_each(kube_world: KubeWorld, namespace: str) -> None:
     """L1: two sessions claim at the same moment (two runners) from a pool of one: exactly one
-    gets the warm pod; the other gets another pod — a cold one, or the pod the winner's claim
-    added to refill the pool, whichever its claim found first; each session has exactly one pod,
+    gets the warm pod; the other gets a cold one (a claim adds no pod to refill the pool); each
+    session has exactly one pod,
     and each placement is told as what it was (warm for a claimed pod, cold for a created one)."""
     template = _template(1)
     placed: list[tuple[str, str, str]] = []
@@ -377,7 +381,8 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
     """``warmPool: {min: 0, max: 3}``, placements noted in a real Redis (its clock): the pool
     starts empty; a first burst of three sessions goes cold (``pool_empty``) and is noted; the
     tendings raise the target to the burst's size and fill the pool; a second burst of three
-    is served warm, every one of it; once no session has come for a window, the tendings take
+    is served warm, every one of it (the pool grew only once the first burst was placed: no pod
+    added while it was); once no session has come for a window, the tendings take
     the pool down to zero pods. The runner tells each start's template and source, and a cold
     pod's own start stamps (created, scheduled, container started: in that order)."""
     template = SandboxTemplate(
@@ -415,6 +420,10 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
         first = burst()
         assert all(h.name.startswith("sbx-") for h in first), [h.name for h in first]
         assert metrics.value(COLD_STARTS_TOTAL, template="fast", reason="pool_empty") == 3
+        # Just placed: the tending raises the target to the burst but adds no pod while its
+        # sessions are being placed (``pool.settling``: their pods start without new ones beside).
+        assert runner.tend_pools() == [PoolState("fast", size=3, ready=0, starting=0)]
+        assert not kube_world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items
         # Each start's pod stages, as the API server and the kubelet stamped them (to the second).
         assert {runner.placement(h.session_id) for h in first} == {("fast", "cold")}
         stamps = wait_for(

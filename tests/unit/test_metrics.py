@@ -32,6 +32,7 @@ from controller.metrics import (
 )
 from controller.model import PoolState
 from controller.runners.kubernetes.manifests import SandboxTemplate
+from controller.runners.kubernetes.pool import SETTLE_LONGEST_SECONDS
 from controller.runners.kubernetes.templates import parse
 from controller.sessions import HttpSessions
 
@@ -168,8 +169,10 @@ def test_warm_pod_seconds_add_the_pods_each_tending_found_times_the_time_since_t
 
 
 def test_placements_of_a_pool_sized_by_demand_are_noted_and_a_failed_note_never_fails_the_start() -> None:
-    """Only the placements (warm and cold) of a pool sized by demand are noted, kept for its
-    window; a note Redis refuses is logged and the placement still counts."""
+    """The placements (warm and cold) of a template with a pool are noted: a pool sized by
+    demand's kept for its window, a fixed pool's as long as they can hold its refills
+    (``pool.settling``); a template without a pool notes none; a note Redis refuses is logged
+    and the placement still counts."""
 
     class Log:
         def __init__(self) -> None:
@@ -193,7 +196,7 @@ def test_placements_of_a_pool_sized_by_demand_are_noted_and_a_failed_note_never_
     placed("burst", "warm", "")
     placed("fixed", "warm", "")
     placed("default", "cold", "no_pool")
-    assert demand.noted == [("burst", 90), ("burst", 90)]
+    assert demand.noted == [("burst", 90), ("burst", 90), ("fixed", SETTLE_LONGEST_SECONDS)]
     demand.down = True
     placed("burst", "warm", "")
     assert metrics.value(PLACEMENTS_TOTAL, template="burst", source="warm") == 2

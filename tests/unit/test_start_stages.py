@@ -24,6 +24,8 @@ COLD = {
     "pod_created": 100.0,  # the API server's second
     "scheduled": 101.0,
     "container_started": 102.0,
+    "registered_after": 104.2,  # the watch's last read that found it not yet
+    "registered": 104.7,  # its first read that found it connected
     "connected": 104.7,
 }
 
@@ -34,13 +36,18 @@ def test_each_stage_is_between_two_stamps_of_one_clock() -> None:
         ("placing", 0.5),
         ("scheduled", 1.0),
         ("container_started", 1.0),
+        ("executor_registered", pytest.approx(2.7)),  # from the container started
         ("connected", 4.0),
     ]
 
 
 def test_a_warm_start_has_no_pod_stages_and_unknown_stamps_make_no_stage() -> None:
-    warm = {"delivered": 100.0, "taken": 100.1, "placed": 100.3, "connected": 100.6}
-    assert [name for name, _ in start_stages.stages(warm)] == ["queue_wait", "placing", "connected"]
+    warm = {"delivered": 100.0, "taken": 100.1, "placed": 100.3, "registered": 100.6, "connected": 100.6}
+    assert start_stages.stages(warm)[2:] == [  # registered: from its claim (placed), no pod stage before
+        ("executor_registered", pytest.approx(0.3)),
+        ("connected", pytest.approx(0.3)),
+    ]
+    assert [name for name, _ in start_stages.stages(warm)][:2] == ["queue_wait", "placing"]
     assert start_stages.stages({"taken": 5.0, "placed": 6.0}) == [("placing", 1.0)]  # no delivery: a timer's job
     assert start_stages.stages({}) == []
 
@@ -53,8 +60,16 @@ def test_explain_prints_the_stamps_then_the_stages() -> None:
     lines = start_stages.render(COLD, "cold", "fast")
     assert lines[0] == "last start: cold (template fast)"
     assert lines[1].split() == ["delivered", "00:01:40.000", "UTC"]
-    assert [line.split()[0] for line in lines[1:8]] == list(start_stages.STAMPS)
+    assert [line.split()[0] for line in lines[1:10]] == list(start_stages.STAMPS)
+    # The registration's resolution: between the watch's last read that found it not yet and
+    # its first that found it connected (the API reports no registration time).
+    assert lines[10].split()[:7] == ["registered", "between", "00:01:44.200", "and", "00:01:44.700", "UTC", "(0.500"]
+    assert lines[-2].split()[:3] == ["executor_registered", "2.700", "s"]
     assert lines[-1].split()[:3] == ["connected", "4.000", "s"]
+    warm = {"placed": 100.3, "registered": 100.6, "connected": 100.6}  # found at the watch's first read
+    assert "registered between 00:01:40.300 and 00:01:40.600 UTC (0.300 s" in "\n".join(
+        start_stages.render(warm, "", "")
+    )
     assert start_stages.render({}, "", "") == []
 
 
@@ -97,11 +112,16 @@ class Store:
 def test_a_start_is_observed_stage_by_stage_by_the_job_and_its_watch(monkeypatch: Any) -> None:
     """``sync_session`` that started a sandbox observes the queue wait and the placing, notes
     the timeline and queues a watch job carrying the start; the watch job, once connected,
-    observes the pod's stages (the runner's stamps of the recorded sandbox) and the connection,
-    and adds them to the timeline."""
+    observes the pod's stages (the runner's stamps of the recorded sandbox), the registration
+    (its first read that found the environment connected, after one that found it not yet:
+    that read's time opens the registration's window) and the connection, and adds them to the
+    timeline."""
     handle = Handle("sess_1", "sbx-1", 1, uid="u1", environment_id="env_1")
     store, runner, metrics = Store(Record("sess_1", "env_1", handle, time.time())), Runner(), Metrics()
-    deps = SimpleNamespace(store=store, runner=runner, sessions=SimpleNamespace(environment_link=lambda e: Link.UP))
+    links = [Link.NOT_YET, Link.UP]
+    deps = SimpleNamespace(
+        store=store, runner=runner, sessions=SimpleNamespace(environment_link=lambda e: links.pop(0))
+    )
     monkeypatch.setattr(worker.lifecycle, "work", lambda session_id, d: [Decision(Verdict.START, "connection")])
     app = Celery("stages-test", broker="memory://")
     try:
@@ -118,15 +138,28 @@ def test_a_start_is_observed_stage_by_stage_by_the_job_and_its_watch(monkeypatch
         assert sandbox == "sbx-1/u1" and (fields["source"], fields["template"]) == ("cold", "fast")
         assert float(fields["delivered"]) == received and "connected" not in fields
 
-        with app.connection() as conn:
-            inbox = conn.SimpleQueue(queue.QUEUE)
-            message = inbox.get(block=False)
-            args, kwargs, _ = message.payload
-            message.ack()
-            inbox.close()
-        assert kwargs["start"]["sandbox"] == "sbx-1/u1"
+        def next_watch() -> tuple[Any, Any]:
+            with app.connection() as conn:
+                inbox = conn.SimpleQueue(queue.QUEUE)
+                message = inbox.get(block=False)
+                args, kwargs, _ = message.payload
+                message.ack()
+                inbox.close()
+            return args, kwargs
+
+        args, kwargs = next_watch()
+        assert kwargs["start"]["sandbox"] == "sbx-1/u1" and "registered_after" not in kwargs["start"]
+        before = time.time()
+        app.tasks[queue.TASK_WATCH_CONNECTION].run(*args, **kwargs)  # not yet: asks again
+        assert count("executor_registered") == 0
+        args, kwargs = next_watch()
+        not_yet = kwargs["start"]["registered_after"]
+        assert before <= not_yet <= time.time()
         app.tasks[queue.TASK_WATCH_CONNECTION].run(*args, **kwargs)
-        assert [count(s) for s in ("scheduled", "container_started", "connected")] == [1, 1, 1]
+        stages = ("scheduled", "container_started", "executor_registered", "connected")
+        assert [count(s) for s in stages] == [1, 1, 1, 1]
+        noted = store.starts["sess_1"][1]
+        assert float(noted["registered_after"]) == not_yet < float(noted["registered"]) == float(noted["connected"])
         assert count("queue_wait") == 1  # observed once, by the job
         assert runner.asked == [handle]
         assert {"pod_created", "scheduled", "container_started", "connected"} <= set(store.starts["sess_1"][1])

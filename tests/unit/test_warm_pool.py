@@ -19,7 +19,7 @@ from controller.runners.kubernetes.manifests import (
     make_warm_pod,
     shape,
 )
-from controller.runners.kubernetes.pool import WarmPod, census, claim_order, peak, plan, target
+from controller.runners.kubernetes.pool import WarmPod, census, claim_order, peak, plan, settling, target
 from controller.runners.kubernetes.templates import parse
 
 NOW = 10_000.0
@@ -39,6 +39,22 @@ def pod(name: str, age: float, running: bool = True, **more: object) -> WarmPod:
 def test_claim_order_prefers_running_then_oldest() -> None:
     pods = [pod("young", 10), pod("old", 100), pod("pending-old", 500, running=False), pod("mid", 50)]
     assert [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE)] == ["old", "mid", "young", "pending-old"]
+
+
+def test_a_bursts_claims_start_at_pods_of_their_own_and_each_may_try_every_pod() -> None:
+    """Ten claims at once (``spread``: each session's id) begin at different running pods, not
+    all at the oldest; each order is a rotation of the oldest-first running pods (none left out,
+    so a claim that loses races still reaches every pod), pending pods after them; the same
+    session always gets the same order."""
+    running = [pod(f"r{age}", age) for age in (60, 50, 40, 30, 20, 10, 5, 4, 3, 2)]
+    pods = [*running, pod("pending", 100, running=False)]
+    oldest_first = [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE)]
+    orders = [[p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE, spread=f"sess_{i}")] for i in range(10)]
+    assert len({order[0] for order in orders}) >= 5  # most of a burst's claims start apart
+    for order in orders:
+        turn = oldest_first.index(order[0])
+        assert order[:10] == oldest_first[turn:10] + oldest_first[:turn] and order[10] == "pending"
+    assert [p.name for p in claim_order(pods, SHAPE, NOW, MAX_AGE, spread="sess_3")] == orders[3]
 
 
 def test_claim_order_never_offers_dead_terminating_misshapen_or_too_old_pods() -> None:
@@ -102,6 +118,33 @@ def test_excess_pods_go_youngest_first() -> None:
 def test_size_zero_empties_the_pool() -> None:
     todo = plan([pod("a", 30)], 0, SHAPE, NOW, MAX_AGE)
     assert (todo.create, [p.name for p in todo.delete]) == (0, ["a"])
+
+
+def test_a_held_pool_creates_nothing_and_still_sheds_what_it_must() -> None:
+    """While its sessions are being placed (``hold``) a pool adds no pod, however short it is;
+    the dead and the excess still go."""
+    assert plan([], 3, SHAPE, NOW, MAX_AGE, hold=True) == plan([], 0, SHAPE, NOW, MAX_AGE)
+    todo = plan([pod("dead", 5, dead=True), pod("a", 30), pod("b", 10)], 1, SHAPE, NOW, MAX_AGE, hold=True)
+    assert (todo.create, [p.name for p in todo.delete]) == (0, ["dead", "b"])
+
+
+def test_a_pool_waits_while_a_burst_is_placed_and_never_longer_than_the_longest_hold() -> None:
+    """A burst's claims (placements a second apart) hold its pool's refills until a quiet spell
+    of ``quiet`` seconds; a steady stream (one every 4 s, each within ``quiet`` of the last)
+    holds them no longer than ``longest`` from its first; nothing placed, or only long ago (or
+    not yet on the clock read), holds nothing."""
+    burst = [100.0, 100.2, 100.5, 101.0]
+    assert settling(burst, now=101.5, quiet=5.0, longest=30.0)
+    assert settling(burst, now=105.9, quiet=5.0, longest=30.0)
+    assert not settling(burst, now=106.0, quiet=5.0, longest=30.0)  # 5 s quiet: the pool grows
+    stream = [100.0 + 4 * i for i in range(20)]  # 100, 104, ... 176
+    assert settling(stream, now=125.0, quiet=5.0, longest=30.0)
+    assert not settling(stream, now=131.0, quiet=5.0, longest=30.0)  # the run began 31 s ago
+    # a burst after a quiet spell is a new run: it holds again
+    assert settling([*burst, 200.0], now=201.0, quiet=5.0, longest=30.0)
+    assert not settling([], now=101.0, quiet=5.0, longest=30.0)
+    assert not settling([300.0], now=101.0, quiet=5.0, longest=30.0)
+    assert settling(burst, now=101.5)  # the defaults: SETTLE_SECONDS, SETTLE_LONGEST_SECONDS
 
 
 # -- a pool sized by demand --------------------------------------------------------------------

@@ -36,16 +36,17 @@ by a pod that is dying, unless the record, read again, names a live pod (a rival
 while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only
 once its lease lapsed) all return the same pod.
 
-A claim adds one warm pod in its place at once; ``tend`` (the scheduler's leader, every few
-seconds) replaces dead, misshapen and too old warm pods and fills each pool up to its size,
-deleting only with the resource version it saw (a pod claimed since is left to its session).
+A claim adds no pod in its place: ``tend`` (the scheduler's leader, every few seconds) replaces
+dead, misshapen and too old warm pods and fills each pool up to its size once its sessions are
+no longer being placed (``pool.settling``), deleting only with the resource version it saw (a
+pod claimed since is left to its session).
 """
 
 from __future__ import annotations
 
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 
 from controller import logs
 from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
@@ -67,7 +68,9 @@ from controller.runners.kubernetes.pool import WarmPod, census, claim_order, pla
 log = logs.get(__name__)
 MAX_GENERATION_SKIPS = 5
 """Generations a placement moves on by (their pods terminating) before it asks to be retried."""
-_MAX_CLAIM_TRIES = 3
+_MAX_CLAIM_TRIES = 10
+"""Warm pods a claim tries before it starts a cold pod: its turn begins at a pod of its own
+(``claim_order``'s spread), so a burst's claims lose few races; with 3, ten at once lost three."""
 _PLACEMENTS_KEPT = 1000
 """Sessions whose last placement ``Placement.last`` remembers (per process; a worker asks at once)."""
 
@@ -174,8 +177,6 @@ class Placement:
             self._yield(spec.session_id, pod)
             return holder
         self._on_placed(template.name, "warm" if warm else "cold", "" if warm else "pool_empty")
-        if warm:
-            self._add(template)  # refilled as it is claimed
         return holder
 
     def settled(self, session_id: str, live: list[Pod]) -> Pod | None:
@@ -267,7 +268,7 @@ class Placement:
     def _claim(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod | None:
         """A warm pod of the template, claimed for the session; None when none could be."""
         candidates = claim_order(
-            self.warm_pods(template), self._shape(template), time.time(), template.warm_max_age_seconds
+            self.warm_pods(template), self._shape(template), time.time(), template.warm_max_age_seconds, spec.session_id
         )
         for candidate in candidates[:_MAX_CLAIM_TRIES]:
             pod = self._kube.patch_pod_if(self._ns, candidate.name, claim_patch(spec, generation, time.time()))
@@ -298,17 +299,18 @@ class Placement:
 
     # -- tending ---------------------------------------------------------------------------
 
-    def tend(self, sizes: Mapping[str, int] | None = None) -> list[PoolState]:
+    def tend(self, sizes: Mapping[str, int] | None = None, settling: Collection[str] = ()) -> list[PoolState]:
         """Keep every pool at its size (``sizes[template]`` when given, a pool sized by demand;
         else the template's ``warmPool.size``): replace dead, misshapen and too old warm pods,
-        add the missing ones, remove the excess. Returns each pool as this tending found it."""
+        add the missing ones (none to a pool in ``settling``), remove the excess. Returns each
+        pool as this tending found it."""
         found = []
         for template in self._pools:
             pods, wanted, now = self.warm_pods(template), self._shape(template), time.time()
             size = (sizes or {}).get(template.name, template.warm_pool_size)
             max_age = template.warm_max_age_seconds
             found.append(census(template.name, pods, size, wanted, now, max_age))
-            todo = plan(pods, size, wanted, now, max_age)
+            todo = plan(pods, size, wanted, now, max_age, hold=template.name in settling)
             for pod in todo.delete:
                 self.delete_unclaimed(pod)
             for _ in range(todo.create):

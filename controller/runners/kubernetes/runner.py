@@ -29,7 +29,7 @@ from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.objects import Pod, PodRef
 from controller.runners.kubernetes.placement import Placement
-from controller.runners.kubernetes.pool import peak, target
+from controller.runners.kubernetes.pool import peak, settling, target
 
 log = logs.get(__name__)
 
@@ -52,6 +52,7 @@ class KubernetesRunner:
         self._templates = templates
         self._demand = demand
         self._sized = tuple(t for t in pools if t.pooled and t.sized_by_demand)
+        self._pooled = tuple(t for t in pools if t.pooled)
         self._targets: dict[str, int] = {}
         self._placement = Placement(kube, settings, pools, on_placed)
 
@@ -83,8 +84,23 @@ class KubernetesRunner:
     def tend_pools(self) -> list[PoolState]:
         """Keep every warm pool at its size (the scheduler's leader calls this every few
         seconds), a pool sized by demand at its target now; returns each pool as this tending
-        found it."""
-        return self._placement.tend({t.name: self._target(t) for t in self._sized})
+        found it. A pool grows only once its sessions are no longer being placed."""
+        return self._placement.tend({t.name: self._target(t) for t in self._sized}, self._settling())
+
+    def _settling(self) -> set[str]:
+        """The pools whose template's sessions are being placed now (``pool.settling``): their
+        new pods wait. Without the placements (no ``demand``, Redis away) none waits."""
+        held: set[str] = set()
+        if self._demand is None:
+            return held
+        for template in self._pooled:
+            try:
+                now, stamps = self._demand.recent(template.name)
+            except StoreUnavailable:
+                continue
+            if settling(stamps, now):
+                held.add(template.name)
+        return held
 
     def _target(self, template: SandboxTemplate) -> int:
         """The size a pool sized by demand aims at now (``pool.target`` of its recent peak). When
