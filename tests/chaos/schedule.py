@@ -44,7 +44,8 @@ prestart-burst      5 sessions of the pre-started agent created at once, none gi
 executor-missing    the executor binary is missing for 3–12 s (a node image update, an unmounted
                     volume): every start fails meanwhile, and must be retried once it is back; a
                     session made for it is created while it is missing (so at least one start
-                    fails), and deleted 35–45 s later (unless one made for a fault is alive)
+                    fails), and deleted 60–75 s later (unless one made for a fault is alive):
+                    long after the 30 s within which invariant 5 excuses a request
 api-404-partial     (opt-in: ``+api-404-partial``) a partial 404 storm: the reads of some of the
                     sessions, at least two and never all of those alive, answer 404 for 2–5 s at
                     once (shorter than the deletion confirmation); nothing of theirs may be
@@ -128,6 +129,8 @@ SKEW_FOR = (15.0, 40.0)
 HOLD = (1.0, 8.0)
 """Webhooks held, then sent late."""
 BINARY_MISSING = (3.0, 12.0)
+MADE_LIVES = (60.0, 75.0)
+"""The session made for a binary gap is deleted this long after its creation."""
 RANGES = (
     ONE_404,
     ALL_404,
@@ -273,6 +276,13 @@ class _Story:
             ]
         self.end(at, name, "delete")
 
+    def copy(self) -> _Story:
+        """A copy to go back to (its steps are immutable; the containers are copied)."""
+        other = _Story()
+        other.steps, other.born, other.gone = list(self.steps), dict(self.born), dict(self.gone)
+        other.burst, other.fresh, other.no_404_before = set(self.burst), set(self.fresh), self.no_404_before
+        return other
+
     def fresh_pending(self, at: float) -> bool:
         """Whether a session made for a fault is alive at ``at``, or made to be born later."""
         return any(self.gone.get(n, float("inf")) > at for n in self.fresh)
@@ -303,9 +313,12 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
     quiet_after = QUIET_EVERY_SECONDS if minutes >= QUIET_FROM_MINUTES else float("inf")
     while names and at < duration:
         name = rng.choices(names, weights)[0]
+        before = story.copy()
         drawn = FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
         if any(s.at + s.seconds > quiet_after + QUIET_SLACK_SECONDS for s in drawn):
-            drawn = []  # drawn all the same (the steps after it do not change): it would eat the stretch
+            # Drawn all the same (the steps after it do not change), but left out with what it
+            # added to the story: it would eat the stretch.
+            drawn, story = [], before
         steps += drawn
         at += rng.uniform(2.0, 7.0)
         if at >= quiet_after:  # a fault-free stretch: invariants 2 and 7 are judged during the run
@@ -419,10 +432,11 @@ def _delete_several(rng: random.Random, at: float, story: _Story) -> list[Step]:
 
 def _executor_missing(rng: random.Random, at: float, story: _Story) -> list[Step]:
     """The binary missing for 3–12 s, and a session made for it created while it is (its first
-    start fails, and must be retried once the binary is back), deleted 35–45 s later; unless a
+    start fails, and must be retried once the binary is back), deleted 60–75 s later (a request
+    lost for good is judged by invariant 5, which excuses sessions ended within 30 s); unless a
     session made for a fault is still alive (one at a time, as for a link drop's)."""
     seconds = _seconds(rng, *BINARY_MISSING)
-    created, ends = round(at + rng.uniform(0.5, seconds - 1.5), 2), rng.uniform(35.0, 45.0)
+    created, ends = round(at + rng.uniform(0.5, seconds - 1.5), 2), rng.uniform(*MADE_LIVES)
     if not story.fresh_pending(at):
         fresh = story.create(created, fresh=True)
         story.end(round(created + ends, 2), fresh, "delete")
