@@ -352,7 +352,8 @@ def unread(record: Record | None) -> Record | None:
     the grace clock when it runs (``Record.link_unknown``), so the next look that sees the link
     down starts the clock again. None: nothing to note (no clock runs, or it is noted already).
     The clock is only ever restarted by a look that sees the link down, so an executor really
-    gone is still replaced a grace after the first look that reads again."""
+    gone is still replaced a grace after the first look that reads again (an API failing at
+    least once every grace period delays that for as long as it lasts)."""
     if record is None or not _clock_runs(record):
         return None
     return replace(record, link_unknown=True)
