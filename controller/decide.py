@@ -346,6 +346,19 @@ def _looked(record: Record, connected: bool | None, now: float, dropped: bool = 
     return None
 
 
+def unread(record: Record | None) -> Record | None:
+    """The record after a round that could not read the session at all (the API answered 5xx or
+    429, or did not answer in time): like a look that could not read the link, a blind spot for
+    the grace clock when it runs (``Record.link_unknown``), so the next look that sees the link
+    down starts the clock again. None: nothing to note (no clock runs, or it is noted already).
+    The clock is only ever restarted by a look that sees the link down, so an executor really
+    gone is still replaced a grace after the first look that reads again (an API failing at
+    least once every grace period delays that for as long as it lasts)."""
+    if record is None or not _clock_runs(record):
+        return None
+    return replace(record, link_unknown=True)
+
+
 def _clock_runs(record: Record) -> bool:
     """Whether the grace clock of an active sandbox whose executor had connected runs, with no
     blind spot noted yet (``Record.link_unknown``)."""

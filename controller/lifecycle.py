@@ -35,7 +35,7 @@ from typing import Protocol
 from controller import logs, trust
 from controller.clock import Clock
 from controller.config import RoutingSettings
-from controller.decide import Cause, Decision, Missing, Verdict, confirmable, decide, refusal
+from controller.decide import Cause, Decision, Missing, Verdict, confirmable, decide, refusal, unread
 from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent, RunnerRejected, SpecRefused, StartFailed
 from controller.heartbeat import Heartbeat
 from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
@@ -273,7 +273,11 @@ def act(lease: Lease, deps: Deps) -> Decision:
         with logs.bind(session_id=trust.printable(sid)):
             _refused(decision, deps)
         return decision
-    seen = observe(sid, deps)
+    try:
+        seen = observe(sid, deps)
+    except (ApiUnavailable, ApiRejected):
+        _blind_spot(lease, deps)  # then retried (or given up) as before
+        raise
     session = seen.session
     decision = decide_observed(seen, deps)
     environment_id = session.environment.id if session else None
@@ -304,6 +308,19 @@ def act(lease: Lease, deps: Deps) -> Decision:
         _carry_out(lease, decision, seen, deps)
         deps.store.arm(lease, decision.recheck_at, decision.missing_since, decision.missing_reads)  # fenced
     return decision
+
+
+def _blind_spot(lease: Lease, deps: Deps) -> None:
+    """A round that could not read the session: note the blind spot in the grace clock
+    (``decide.unread``), so a link that came back unseen and dropped again is timed from the
+    look that next sees it down, not from the first drop."""
+    marked = unread(deps.store.record(lease.session_id))
+    if marked is not None:
+        deps.store.save(lease, marked)  # fenced
+        log.info(
+            "grace clock blind spot",
+            extra={"reason": "the session could not be read while the executor's link was down"},
+        )
 
 
 def _budget_used(decision: Decision, deps: Deps) -> Decision:

@@ -147,6 +147,8 @@ class Checker:
         self.executors: dict[tuple[str, int], Executor] = {}
         self.samples = 0
         self.markers_checked = 0
+        self.histories_before_deletion: dict[str, list[dict[str, Any]]] = {}
+        """Each deleted session's history as it was just before its deletion (the API forgets it)."""
         """Commands checked by 4 just before their session was deleted."""
         self.most_executors = 0
         self.most_prestarted = 0
@@ -411,8 +413,12 @@ class Checker:
         return len(done)
 
     def before_deletion(self, session: Session) -> None:
-        """The harness is about to delete ``session`` (the API then forgets its turns): check 4
-        for it now."""
+        """The harness is about to delete ``session`` (the API then forgets its turns and its
+        history): check 4 for it now, and keep its history for 5 (``check_deliveries``)."""
+        try:
+            self.histories_before_deletion[session.id] = self.sim.history(session.id)
+        except Exception as exc:  # a harness error, not a verdict
+            self.errors.append(f"history of {session.name} before its deletion: {exc}")
         if not session.prestart:
             self.markers_checked += self.check_session_markers(session)
 
@@ -433,7 +439,11 @@ class Checker:
             session = self.book.by_id(str(data.get("id")))
             if session is None:
                 continue
-            history = histories.setdefault(session.id, self.sim.history(session.id))
+            if session.id not in histories:
+                histories[session.id] = self.sim.history(session.id) or self.histories_before_deletion.get(
+                    session.id, []
+                )
+            history = histories[session.id]
             failed = [h["at"] for h in history if h["status"] == "failed"]
             ends = [t for t in (session.ended_at, failed[0] if failed else None) if t is not None]
             checked += 1

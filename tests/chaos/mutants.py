@@ -1,10 +1,15 @@
 """Mutants of the product that the chaos judge must catch (``scripts/test chaos --mutants``).
 
 Each mutant is a small text replacement in one product file that brings back a defect class
-issue 25 names. ``main`` applies them one at a time, runs CI's fixed seeds (``test_chaos.CI_SEEDS``,
+issue 25 names. ``main`` applies them one at a time, runs CI's fixed seeds (``schedule.CI_SEEDS``,
 ``CI_MINUTES`` each; the next seed only while none caught it) against the mutated product, and
 reports for each whether it was caught and by which invariants (``checker.INVARIANTS``),
 keeping each run's event log in a directory it names; it exits 1 when any mutant survived.
+
+A mutant the chaos tier cannot reasonably meet names a ``guard``: a targeted test (a pytest
+node id) run against the same mutated product after the seeds. It is reported apart — "not
+caught by chaos; caught by its guard" — never counted as caught by the chaos tier; the run
+exits 0 only when each mutant is caught by the seeds or, failing that, by its guard.
 The product file is restored after each mutant whatever happens (``applied``: a ``finally``,
 SIGTERM turned into an exception, and a backup beside the file that the next run restores
 first if a run was killed outright).
@@ -14,6 +19,7 @@ from __future__ import annotations
 
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -36,7 +42,15 @@ class Mutant:
     old: str
     """Text that occurs exactly once in the file."""
     new: str
+    guard: str | None = None
+    """A targeted test that must fail on this mutant, for a defect the seeded schedule cannot
+    reasonably reach (``why_not_chaos`` says why)."""
+    why_not_chaos: str = ""
 
+
+LEASE_GUARD = (
+    "tests/contract/test_redis_store.py::test_a_round_that_lost_its_lease_between_its_read_and_its_start_starts_nothing"
+)
 
 MUTANTS = (
     Mutant(
@@ -88,6 +102,13 @@ MUTANTS = (
         "controller/lifecycle.py",
         "    deps.store.check(lease)  # fenced: a worker that lost its lease must not act\n",
         "",
+        guard=LEASE_GUARD,
+        why_not_chaos=(
+            "a worker must lose its lease (frozen past the lease TTL) in the milliseconds between its "
+            "read of the session and its start, while another worker takes the session; and even then "
+            "the local runner's ensure finds the sandbox the other worker started (same generation) "
+            "and the stale worker's save is fenced, so nothing outside shows a second executor"
+        ),
     ),
 )
 
@@ -127,14 +148,23 @@ def applied(mutant: Mutant, root: Path = ROOT) -> Iterator[None]:
         backup.unlink(missing_ok=True)
 
 
+def guard_catches(mutant: Mutant, root: Path = ROOT) -> bool:
+    """Run the mutant's guard (with the mutant applied by the caller): True when it fails as a
+    test (pytest's exit status 1), not when it passes or cannot run (2–5)."""
+    assert mutant.guard is not None
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", mutant.guard]
+    print(f"--> guard of {mutant.name}: {' '.join(command[1:])}", flush=True)
+    done = subprocess.run(command, cwd=root, check=False)
+    return done.returncode == 1
+
+
 def _terminated(signum: int, frame: FrameType | None) -> None:
     raise SystemExit(128 + signum)
 
 
 def main() -> int:
     from tests.chaos.run import run
-    from tests.chaos.schedule import DEFAULT_FAULTS
-    from tests.chaos.test_chaos import CI_MINUTES, CI_SEEDS
+    from tests.chaos.schedule import CI_MINUTES, CI_SEEDS, DEFAULT_FAULTS
 
     signal.signal(signal.SIGTERM, _terminated)
     kept = Path(tempfile.mkdtemp(prefix="chaos-mutants-"))  # each run's event log, for a survivor's story
@@ -164,13 +194,21 @@ def main() -> int:
                     caught[violation.invariant] = caught.get(violation.invariant, 0) + 1
                 if caught:
                     break
+            guarded = not caught and mutant.guard is not None and guard_catches(mutant)
         by = ", ".join(f"invariant {i} ({n})" for i, n in sorted(caught.items()))
         seeds = ",".join(map(str, seeds_run))
+        harness = f" (harness errors: {errors})" if errors else ""
         if caught:
             rows.append(f"  {mutant.name}: CAUGHT on seed {seeds.split(',')[-1]} by {by}")
+        elif guarded:
+            rows.append(
+                f"  {mutant.name}: NOT CAUGHT BY CHAOS (seeds {seeds}{harness}: {mutant.why_not_chaos}); "
+                f"caught by its guard {mutant.guard}"
+            )
         else:
             survived.append(mutant.name)
-            rows.append(f"  {mutant.name}: SURVIVED seeds {seeds}" + (f" (harness errors: {errors})" if errors else ""))
+            also = " and its guard" if mutant.guard else ""
+            rows.append(f"  {mutant.name}: SURVIVED seeds {seeds}{harness}{also}")
         rows[-1] += f" [{time.time() - started:.0f}s]"
         print(rows[-1], flush=True)
     print("\nmutants of the product against CI's chaos seeds:")

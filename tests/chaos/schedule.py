@@ -42,7 +42,10 @@ webhook-reorder     the same, then sent newest first or shuffled
 prestart-burst      5 sessions of the pre-started agent created at once, none given input;
                     deleted 20–40 s later
 executor-missing    the executor binary is missing for 3–12 s (a node image update, an unmounted
-                    volume): every start fails meanwhile, and must be retried once it is back
+                    volume): every start fails meanwhile, and must be retried once it is back; a
+                    session made for it is created while it is missing (so at least one start
+                    fails), and deleted 60–75 s later (unless one made for a fault is alive):
+                    long after the 30 s within which invariant 5 excuses a request
 api-404-partial     (opt-in: ``+api-404-partial``) a partial 404 storm: the reads of some of the
                     sessions, at least two and never all of those alive, answer 404 for 2–5 s at
                     once (shorter than the deletion confirmation); nothing of theirs may be
@@ -71,6 +74,13 @@ import random
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
+CI_SEEDS = (93, 2)
+"""The seeds CI runs (``tests/chaos/test_chaos.py``), ``CI_MINUTES`` of faults each. Chosen so
+that together they draw each fault a mutant of ``tests/chaos/mutants.py`` needs to be seen:
+two link drops in one turn, the executor binary missing while a session is created, a
+pre-start burst, one-shot and flapping 404s, deletions (``tests/unit/test_chaos_schedule.py``
+fails when a change to the catalogue takes one of them away)."""
+CI_MINUTES = 0.75
 MAX_LIVE_SESSIONS = 5
 """Sessions given input at once at most (each is a codex executor on a 2-core machine)."""
 FIRST_SESSIONS = 3
@@ -89,7 +99,88 @@ to judge, during the run, a request unanswered 30 s after the faults ended (2) a
 sandbox still running 15 s past its 20 s timeout (7). CI's 45-s runs have none (they are judged
 at their quiet end)."""
 QUIET_EVERY_SECONDS = 150.0
+QUIET_SLACK_SECONDS = 10.0
+"""A fault that would last past the moment a stretch is due by more than this is left out, so
+a stretch starts at most this late (a 40-s skew would otherwise push it back)."""
 QUIET_FROM_MINUTES = 3.0
+# The catalogue's ranges, in seconds: the draws below use them, and ``catalogue_text`` states
+# them (RELIABILITY.md carries that text; tests/unit/test_docs.py keeps it and README true).
+ONE_404 = (1.0, 4.0)
+"""One session's reads answering 404."""
+ALL_404 = (2.0, 5.0)
+"""Every session's reads answering 404."""
+API_WINDOW = (2.0, 8.0)
+"""Session or environment reads answering 429 or 5xx, or hanging."""
+FLAP_GAP = (2.0, 4.0)
+"""Between a session's two one-shot 404s."""
+PARTIAL_404 = (2.0, 5.0)
+"""Some sessions' reads answering 404 at once (opt-in)."""
+LINK_DOWN = (0.5, 10.0)
+FIRST_DROP = (1.0, 4.0)
+"""The first of two drops in one turn."""
+UP_BETWEEN = (3.0, 5.0)
+"""The link up between two drops in one turn."""
+RESTART_AFTER = (0.5, 3.0)
+"""A killed worker, scheduler or receiver is restarted this much later."""
+REDIS_DOWN = (1.0, 4.0)
+REDIS_PAUSE = (1.0, 5.0)
+ROLE_FLIP = (2.5, 3.5)
+SKEW_FOR = (15.0, 40.0)
+HOLD = (1.0, 8.0)
+"""Webhooks held, then sent late."""
+BINARY_MISSING = (3.0, 12.0)
+MADE_LIVES = (60.0, 75.0)
+"""The session made for a binary gap is deleted this long after its creation."""
+RANGES = (
+    ONE_404,
+    ALL_404,
+    API_WINDOW,
+    FLAP_GAP,
+    PARTIAL_404,
+    LINK_DOWN,
+    FIRST_DROP,
+    UP_BETWEEN,
+    RESTART_AFTER,
+    REDIS_DOWN,
+    REDIS_PAUSE,
+    ROLE_FLIP,
+    SKEW_FOR,
+    HOLD,
+    BINARY_MISSING,
+)
+
+
+def _span(span: tuple[float, float]) -> str:
+    return f"{span[0]:g}–{span[1]:g} s"
+
+
+def catalogue_text() -> str:
+    """The catalogue in words, its ranges from the constants the draws use (RELIABILITY.md's
+    "Seeded fault schedule" section carries this text, kept true by tests/unit/test_docs.py)."""
+    return (
+        f"session reads (never an environment's) answering 404 for one session {_span(ONE_404)} or "
+        f"for every session {_span(ALL_404)}, each shorter than the deletion confirmation and "
+        f"{NO_404_SECONDS:g} s at least after the last; session or environment reads answering 429, "
+        f"5xx or hanging past the API timeout for {_span(API_WINDOW)}; one session's next read "
+        f"answering 404 and the next one {_span(FLAP_GAP)} later too, the session readable between "
+        f"them; executor links down {_span(LINK_DOWN)} (WebSockets closed, upgrades answered 503) at "
+        "any time, during a turn, or before the controller's first look; two link drops in one turn "
+        f"(the first {_span(FIRST_DROP)}, the link up {_span(UP_BETWEEN)}), each shorter than the "
+        "grace, the second covering the moment a clock run from the first would pass it; SIGKILL of "
+        "an executor (its group, or its npm launcher alone), a worker, a scheduler or a receiver "
+        f"(restarted {_span(RESTART_AFTER)} later); Redis SIGKILLed and restarted from its AOF "
+        f"{_span(REDIS_DOWN)} later, or SIGSTOPped {_span(REDIS_PAUSE)}, or failed over and back "
+        "(its live replica promoted and redis-server made that replica's replica, read-only at the "
+        f"address the controller uses, for {_span(ROLE_FLIP)}); the executor binary missing for "
+        f"{_span(BINARY_MISSING)} (renamed away: every start fails meanwhile) while a session made "
+        f"for it is created; a worker's or scheduler's wall clock ±{SKEW_SECONDS} s for "
+        f"{_span(SKEW_FOR)}; webhooks delivered again, or held {_span(HOLD)} and sent late, in "
+        f"order, reversed or shuffled; {BURST_SESSIONS} sessions of a pre-started agent created at "
+        "once. Opt-in (`--faults +name`): a partial 404 storm (some sessions' reads, never all, "
+        f"{_span(PARTIAL_404)} at once) and 2–3 sessions deleted at one moment."
+    )
+
+
 PROCESSES = {
     "kill-worker": ("worker0", "worker1"),
     "kill-scheduler": ("scheduler0", "scheduler1"),
@@ -185,6 +276,17 @@ class _Story:
             ]
         self.end(at, name, "delete")
 
+    def copy(self) -> _Story:
+        """A copy to go back to (its steps are immutable; the containers are copied)."""
+        other = _Story()
+        other.steps, other.born, other.gone = list(self.steps), dict(self.born), dict(self.gone)
+        other.burst, other.fresh, other.no_404_before = set(self.burst), set(self.fresh), self.no_404_before
+        return other
+
+    def fresh_pending(self, at: float) -> bool:
+        """Whether a session made for a fault is alive at ``at``, or made to be born later."""
+        return any(self.gone.get(n, float("inf")) > at for n in self.fresh)
+
     def alive(self, at: float, bursts: bool = False) -> list[str]:
         """Sessions created before ``at`` and not yet deleted or failed (not the burst's ones
         unless asked: nobody gives those input)."""
@@ -211,7 +313,12 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
     quiet_after = QUIET_EVERY_SECONDS if minutes >= QUIET_FROM_MINUTES else float("inf")
     while names and at < duration:
         name = rng.choices(names, weights)[0]
+        before = story.copy()
         drawn = FAULTS[name].draw(rng, round(at, 2), story)  # may add to the story too
+        if any(s.at + s.seconds > quiet_after + QUIET_SLACK_SECONDS for s in drawn):
+            # Drawn all the same (the steps after it do not change), but left out with what it
+            # added to the story: it would eat the stretch.
+            drawn, story = [], before
         steps += drawn
         at += rng.uniform(2.0, 7.0)
         if at >= quiet_after:  # a fault-free stretch: invariants 2 and 7 are judged during the run
@@ -275,14 +382,14 @@ def _api(status: str) -> Draw:
             target = "retrieve_session"  # an environment's 404 says nothing about the session
             one = _session(rng, story, at)
             if one is not None and rng.random() < 0.6:
-                step = Step(at, "api-fault", one, _seconds(rng, 1.0, 4.0), f"{target}:{code}")
+                step = Step(at, "api-fault", one, _seconds(rng, *ONE_404), f"{target}:{code}")
             else:
-                step = Step(at, "api-fault", "*", _seconds(rng, 2.0, 5.0), f"{target}:{code}")
+                step = Step(at, "api-fault", "*", _seconds(rng, *ALL_404), f"{target}:{code}")
             if at < story.no_404_before:
                 return []  # drawn all the same, so that the steps after it do not change
             story.no_404_before = at + step.seconds + NO_404_SECONDS
             return [step]
-        return [Step(at, "api-fault", "*", _seconds(rng, 2.0, 8.0), f"{target}:{code}")]
+        return [Step(at, "api-fault", "*", _seconds(rng, *API_WINDOW), f"{target}:{code}")]
 
     return draw
 
@@ -290,7 +397,7 @@ def _api(status: str) -> Draw:
 def _flap(rng: random.Random, at: float, story: _Story) -> list[Step]:
     """Two one-shot 404s of one session, the session readable between them."""
     one = _session(rng, story, at)
-    gap = _seconds(rng, 2.0, 4.0)
+    gap = _seconds(rng, *FLAP_GAP)
     if one is None or at < story.no_404_before:
         return []
     story.no_404_before = at + gap + NO_404_SECONDS
@@ -301,7 +408,7 @@ def _partial_404(rng: random.Random, at: float, story: _Story) -> list[Step]:
     """Some sessions' reads answer 404 at once (at least two, never all alive), for less than
     the deletion confirmation: a partial incident at the API, never a deletion."""
     alive = story.alive(at)
-    seconds = _seconds(rng, 2.0, 5.0)
+    seconds = _seconds(rng, *PARTIAL_404)
     if len(alive) < 3:
         return []
     chosen = sorted(rng.sample(alive, rng.randint(2, len(alive) - 1)))
@@ -324,17 +431,26 @@ def _delete_several(rng: random.Random, at: float, story: _Story) -> list[Step]:
 
 
 def _executor_missing(rng: random.Random, at: float, story: _Story) -> list[Step]:
-    return [Step(at, "executor-missing", "", _seconds(rng, 3.0, 12.0))]
+    """The binary missing for 3–12 s, and a session made for it created while it is (its first
+    start fails, and must be retried once the binary is back), deleted 60–75 s later (a request
+    lost for good is judged by invariant 5, which excuses sessions ended within 30 s); unless a
+    session made for a fault is still alive (one at a time, as for a link drop's)."""
+    seconds = _seconds(rng, *BINARY_MISSING)
+    created, ends = round(at + rng.uniform(0.5, seconds - 1.5), 2), rng.uniform(*MADE_LIVES)
+    if not story.fresh_pending(at):
+        fresh = story.create(created, fresh=True)
+        story.end(round(created + ends, 2), fresh, "delete")
+    return [Step(at, "executor-missing", "", seconds)]
 
 
 def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     name = _session(rng, story, at)
     if name is None:
         return []
-    seconds = _seconds(rng, 0.5, 10.0)
+    seconds = _seconds(rng, *LINK_DOWN)
     phase = rng.choice(("any", "turn", "fresh", "twice"))
     if phase == "twice":  # two short drops in one turn, the link up between them (issue 25, item 4)
-        first, up = _seconds(rng, 1.0, 4.0), _seconds(rng, 3.0, 5.0)
+        first, up = _seconds(rng, *FIRST_DROP), _seconds(rng, *UP_BETWEEN)
         # The second drop covers the moment a clock run from the first drop would pass the grace.
         second = round(max(2.0, GRACE_SECONDS + 1.5 - first - up) + rng.uniform(0.0, 1.5), 1)
         drop_at = round(at + rng.uniform(0.5, 1.5), 2)
@@ -349,7 +465,7 @@ def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
         phase = "turn"
     if phase == "turn":  # input first, so the drop comes while its turn runs
         return [Step(at, "input", name), Step(round(at + rng.uniform(0.5, 2.5), 2), "link-drop", name, seconds)]
-    if phase == "fresh" and not story.fresh & set(story.alive(at)):  # before the controller's first look
+    if phase == "fresh" and not story.fresh_pending(at):  # before the controller's first look
         fresh = story.create(at, fresh=True)
         story.end(round(at + rng.uniform(30.0, 45.0), 2), fresh, "delete")  # one such session at a time
         return [Step(round(at + rng.uniform(2.0, 5.0), 2), "link-drop", fresh, seconds)]
@@ -365,7 +481,7 @@ def _kill_executor(rng: random.Random, at: float, story: _Story) -> list[Step]:
 
 def _kill(kind: str) -> Draw:
     def draw(rng: random.Random, at: float, story: _Story) -> list[Step]:
-        return [Step(at, "kill", rng.choice(PROCESSES[kind]), _seconds(rng, 0.5, 3.0))]
+        return [Step(at, "kill", rng.choice(PROCESSES[kind]), _seconds(rng, *RESTART_AFTER))]
 
     return draw
 
@@ -379,7 +495,7 @@ def _redis(kind: str, low: float, high: float) -> Draw:
 
 def _skew(rng: random.Random, at: float, story: _Story) -> list[Step]:
     offset = rng.choice((SKEW_SECONDS, -SKEW_SECONDS))
-    return [Step(at, "skew", rng.choice(SKEWABLE), _seconds(rng, 15.0, 40.0), f"{offset:+d}")]
+    return [Step(at, "skew", rng.choice(SKEWABLE), _seconds(rng, *SKEW_FOR), f"{offset:+d}")]
 
 
 def _duplicate(rng: random.Random, at: float, story: _Story) -> list[Step]:
@@ -391,7 +507,7 @@ def _duplicate(rng: random.Random, at: float, story: _Story) -> list[Step]:
 
 def _hold(orders: tuple[str, ...]) -> Draw:
     def draw(rng: random.Random, at: float, story: _Story) -> list[Step]:
-        return [Step(at, "webhook-hold", "", _seconds(rng, 1.0, 8.0), rng.choice(orders))]
+        return [Step(at, "webhook-hold", "", _seconds(rng, *HOLD), rng.choice(orders))]
 
     return draw
 
@@ -418,9 +534,9 @@ FAULTS: dict[str, Fault] = {
         Fault("kill-worker", 1.0, _kill("kill-worker")),
         Fault("kill-scheduler", 0.7, _kill("kill-scheduler")),
         Fault("kill-receiver", 0.7, _kill("kill-receiver")),
-        Fault("redis-kill", 0.7, _redis("redis-kill", 1.0, 4.0)),
-        Fault("redis-pause", 0.7, _redis("redis-pause", 1.0, 5.0)),
-        Fault("role-flip", 0.5, _redis("role-flip", 2.5, 3.5)),
+        Fault("redis-kill", 0.7, _redis("redis-kill", *REDIS_DOWN)),
+        Fault("redis-pause", 0.7, _redis("redis-pause", *REDIS_PAUSE)),
+        Fault("role-flip", 0.5, _redis("role-flip", *ROLE_FLIP)),
         Fault("skew", 1.0, _skew),
         Fault("webhook-duplicate", 1.0, _duplicate),
         Fault("webhook-late", 0.7, _hold(("fifo",))),

@@ -14,12 +14,10 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.run import run
-from tests.chaos.schedule import select
+from tests.chaos.schedule import CI_MINUTES, CI_SEEDS, select
 from tests.chaos.world import SKEW_VARIABLES, clock_offsets
 from tests.support import faketime
 
-CI_SEEDS = (1, 2)
-CI_MINUTES = 0.75
 MINUTES = float(os.environ.get("CHAOS_MINUTES") or CI_MINUTES)
 SEEDS = [int(os.environ["CHAOS_SEED"])] if os.environ.get("CHAOS_SEED") else list(CI_SEEDS)
 FAULTS = select(os.environ.get("CHAOS_FAULTS"))

@@ -33,7 +33,7 @@ from controller.store.redis import (
     RedisSessionStore,
 )
 from tests.support.clock import FakeClock
-from tests.support.fakes import FakeRunner
+from tests.support.fakes import FakeRunner, make_session
 from tests.support.processes import wait_for
 from tests.support.redis_clients import connect, connect_async
 from tests.support.redis_server import RedisServer
@@ -483,6 +483,49 @@ def test_without_renewal_a_long_round_loses_its_lease(server: RedisServer, sid: 
     assert taken
     thread.join()
     assert len(errors) == 1 and isinstance(errors[0], Fenced)
+
+
+class SlowAskingSessions:
+    """The Agents API answering, after ``seconds``, that the session asks for a connection."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+
+    def get(self, session_id: str) -> Session | None:
+        time.sleep(self.seconds)
+        return make_session(session_id)
+
+    def environment_link(self, environment_id: str) -> Link | None:
+        return None
+
+
+def test_a_round_that_lost_its_lease_between_its_read_and_its_start_starts_nothing(
+    server: RedisServer, sid: str
+) -> None:
+    """L1/L12: a worker frozen between its read of the session and its start (here: the read
+    takes longer than the lease TTL, no renewal) while another worker takes the session must
+    not start a sandbox: the start checks the lease first (fenced), so the runner is never
+    asked, and the stale round fails. The chaos schedule cannot time a freeze into that window;
+    this is the guard of the ``lease-not-checked`` mutant (``tests/chaos/mutants.py``)."""
+    store, other = store_of(connect(server.url), ttl=1.0), store_of(connect(server.url), ttl=1.0)
+    store.want(sid)
+    runner = FakeRunner()
+    deps = lifecycle.Deps(sessions=SlowAskingSessions(2.5), store=store, runner=runner, clock=FakeClock())
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            lifecycle.work(sid, deps)
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    assert wait_for(lambda: isinstance(other.acquire(sid), Lease), 5, "the lapsed lease to be taken")
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    assert len(errors) == 1 and isinstance(errors[0], Fenced)
+    assert runner.calls == []  # no sandbox started, none released
 
 
 def test_heartbeat_stops_and_says_so_when_the_lease_is_lost(client: redis.Redis, sid: str) -> None:

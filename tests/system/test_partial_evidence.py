@@ -5,7 +5,8 @@ real codex.
 1. Two one-shot 404s with the session readable between them do not delete it (L7, L17).
 2. A start that fails because the executor binary is missing for a while is retried until it
    starts; the acknowledged request is not dropped (L7, L15).
-3. Two link drops in one turn, each shorter than the grace, keep the live executor (L14).
+3. Two link drops in one turn, each shorter than the grace, keep the live executor (L14),
+   also when the session's reads fail (503) between them.
 """
 
 from __future__ import annotations
@@ -145,3 +146,43 @@ def test_two_short_drops_in_one_turn_keep_the_live_executor(tmp_path: Path) -> N
         assert len(loop.worker_lines("executor process started", sid)) == 1
         assert loop.worker_lines("sandbox stopped", sid) == []
         assert loop.live_executors()[sid] == 1
+
+
+def test_two_short_drops_with_the_sessions_reads_failing_between_them_keep_the_live_executor(tmp_path: Path) -> None:
+    """L14 (issue 25, item 4; the seeded run's case): grace 10 s, a long turn; the link drops for
+    2 s; the session's reads answer 503 from 0.5 s to 8.6 s after the first drop, so the rounds
+    meanwhile fail (and are retried) and no look sees the link come back; 8 s after the first
+    drop it drops again for 5 s. A round that cannot read the session marks a blind spot: the
+    look that next sees the link down starts the clock again, and the executor is kept."""
+    settings = {"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "300"}
+    with started(tmp_path, receivers=1, extra_env=settings) as loop:
+        with loop.api() as client:
+            session = loop.create_session(client, input_text=None)
+        sid, environment_id = session["id"], session["environment"]["id"]
+        commands = [["sh", "-c", f"sleep 45; echo {n}"] for n in ("first", "second", "third")]
+        turn = httpx.post(f"{loop.simulator_url}/admin/sessions/{sid}/turns", json={"commands": commands}, timeout=10)
+        turn.raise_for_status()
+        wait_for(lambda: loop.environment_status(environment_id) == "connected", 60, "the executor to connect")
+        connected_at = time.monotonic()
+        wait_for(lambda: loop.session(sid)["status"] == "in_progress", 30, "the turn to run")
+        time.sleep(max(0.0, connected_at + GRACE + 2 - time.monotonic()))
+
+        def post(path: str, body: dict[str, Any]) -> None:
+            httpx.post(f"{loop.simulator_url}{path}", json=body, timeout=10).raise_for_status()
+
+        first = time.monotonic()
+        post(f"/admin/environments/{environment_id}/drop", {"seconds": 2.0})
+        time.sleep(0.5)
+        post("/admin/faults", {"target": "retrieve_session", "status": 503, "object_id": sid, "seconds": 8.1})
+        time.sleep(max(0.0, first + 8.0 - time.monotonic()))
+        post(f"/admin/environments/{environment_id}/drop", {"seconds": 5.0})
+        time.sleep(GRACE + 5)
+        assert all(line["verdict"] != "replace" for line in looked_up(loop, sid)), looked_up(loop, sid)
+        assert (
+            len([r for r in loop.registrations() if r["environment_id"] == environment_id and r["status_code"] == 200])
+            == 1
+        )
+        assert len(loop.worker_lines("executor process started", sid)) == 1
+        assert loop.worker_lines("sandbox stopped", sid) == []
+        assert loop.live_executors()[sid] == 1
+        assert loop.worker_lines("grace clock blind spot", sid)  # the failing rounds were seen

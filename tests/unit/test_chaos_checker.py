@@ -378,6 +378,31 @@ def test_an_acknowledged_request_of_a_session_deleted_or_failed_later_is_judged_
     assert sorted(v.subject[:2] for v in world.violations(5)) == ["s0", "s1"]
 
 
+def test_a_deleted_session_is_judged_by_its_history_from_before_the_deletion() -> None:
+    """5 (issue 25, item 6; a mutant survived through this): the API forgets a deleted session's
+    history, so the judge keeps it when the harness deletes the session; a request acknowledged,
+    never served, and deleted 60 s later still breaks 5."""
+    world = World()
+    lost = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
+    event = "evt_s0"
+    world.sim.event_log[event] = {
+        "id": event,
+        "data": {"id": lost.id, "required_action": {"type": "environment_connection"}},
+    }
+    world.sim.delivery_log.append(
+        {
+            "id": "dlv_s0",
+            "event_id": event,
+            "attempts": [{"status_code": 200, "started_at": T0 + 1.2, "duration_seconds": 0.01}],
+        }
+    )
+    world.checker.before_deletion(lost)
+    del world.sim.histories[lost.id]  # deleted: the API answers 404 for its history
+    lost.deleted_at = T0 + 61
+    assert world.checker.check_deliveries() == 1
+    assert [v.subject[:2] for v in world.violations(5)] == ["s0"]
+
+
 def test_eventlog_quiet_since_and_disturbances() -> None:
     log = EventLog(t0=T0)
     log.windows += [Window("a", T0 + 1, T0 + 4), Window("b", T0 + 3, None)]

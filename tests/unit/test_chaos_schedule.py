@@ -10,6 +10,8 @@ import re
 import pytest
 
 from tests.chaos.schedule import (
+    CI_MINUTES,
+    CI_SEEDS,
     DEFAULT_FAULTS,
     DELETION_CONFIRM_SECONDS,
     FAULTS,
@@ -156,9 +158,9 @@ def test_long_runs_leave_fault_free_stretches_and_ci_runs_do_not_change(seed: in
 
 
 def test_the_opt_in_faults_leave_what_cis_seeds_draw_as_it_was() -> None:
-    """CI's seeds (1 and 2, 0.75 min) draw from the default set: the opt-in faults, being out
-    of it, change none of their steps (the mutants' results hold for those very schedules)."""
-    for seed in (1, 2):
+    """CI's seeds (0.75 min) draw from the default set: the opt-in faults, being out of it,
+    change none of their steps (the mutants' results hold for those very schedules)."""
+    for seed in CI_SEEDS:
         kinds = {s.kind for s in draw(seed, 0.75, DEFAULT_FAULTS).steps}
         assert draw(seed, 0.75, DEFAULT_FAULTS) == draw(seed, 0.75, select(None))
         assert len(kinds) > 5
@@ -228,3 +230,62 @@ def test_several_sessions_are_deleted_at_once_never_more_than_half_of_those_aliv
         assert 2 <= len(names) <= 3
         alive = {n for n, b in born.items() if b <= at and gone.get(n, float("inf")) >= at and n not in bursts}
         assert names <= alive and 2 * len(names) <= len(alive)
+
+
+def test_cis_seeds_draw_every_fault_a_mutant_needs_to_be_seen() -> None:
+    """Issue 25, item 6: between them, CI's seeds draw what each mutant of the product
+    (``tests/chaos/mutants.py``) needs to show itself: two link drops in one turn on a session
+    older than the grace (``grace-from-start``), the binary missing while a session is created
+    (``start-failure-dropped``), a pre-start burst larger than the budget of 3
+    (``prestart-budget-ignored``), a session's reads answering 404 (``delete-at-first-404``),
+    and deletions (``release-leaves-executor``). A change to the catalogue that takes one away
+    fails here: then move CI's seeds (and rerun ``scripts/test chaos --mutants``)."""
+    steps = [step for seed in CI_SEEDS for step in draw(seed, CI_MINUTES, DEFAULT_FAULTS).steps]
+    per_seed = [draw(seed, CI_MINUTES, DEFAULT_FAULTS).steps for seed in CI_SEEDS]
+    twice = [
+        (drop, created)
+        for seed_steps in per_seed
+        for drop in seed_steps
+        if drop.kind == "link-drop" and drop.value == "2 of 2"
+        for created in seed_steps
+        if created.kind == "create" and created.subject == drop.subject and drop.at - created.at > GRACE_SECONDS
+    ]
+    assert twice
+    missing_while_created = [
+        (gap, created)
+        for seed_steps in per_seed
+        for gap in seed_steps
+        if gap.kind == "executor-missing"
+        for created in seed_steps
+        if created.kind == "create" and gap.at < created.at < gap.at + gap.seconds
+    ]
+    assert missing_while_created
+    assert any(
+        sum(1 for s in seed_steps if s.kind == "create" and s.value == "prestart") > 3 for seed_steps in per_seed
+    )
+    assert any(s.value.endswith(":404") for s in steps if s.kind in ("api-fault", "api-flap"))
+    assert any(s.kind in ("delete", "fail") for s in steps)
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_the_binary_goes_missing_while_a_session_is_created(seed: int) -> None:
+    """An ``executor-missing`` creates a session of its own while the binary is gone (its first
+    start fails, and must be retried), deleted 60–75 s later, one such session at a time: a gap
+    drawn while the last one's session is still to come or alive makes none."""
+    steps = draw(seed, 10, {"executor-missing"}).steps
+    story = {(s.at, s.subject) for s in draw(seed, 10, set()).steps if s.kind == "create"}
+    gaps = [s for s in steps if s.kind == "executor-missing"]
+    made = [s for s in steps if s.kind == "create" and (s.at, s.subject) not in story]
+    deleted = {s.subject: s.at for s in steps if s.kind == "delete"}
+    assert made and gaps
+    for session in made:
+        assert any(g.at + 0.5 <= session.at <= g.at + g.seconds - 1.5 + 0.01 for g in gaps), session
+        assert 60.0 <= deleted[session.subject] - session.at <= 75.0 + 0.01
+    assert all(b.at > deleted[a.subject] for a, b in itertools.pairwise(made))  # one at a time
+
+    def made_in(gap: Step) -> list[Step]:
+        return [m for m in made if gap.at + 0.5 <= m.at <= gap.at + gap.seconds - 1.5 + 0.01]
+
+    for gap in gaps:  # its own session, or the one of an earlier gap is still to come or alive
+        earlier = [m for g in gaps if g.at < gap.at for m in made_in(g) if deleted[m.subject] > gap.at]
+        assert made_in(gap) or earlier, gap

@@ -357,3 +357,32 @@ def test_test_helpers_live_where_the_readme_says() -> None:
 def _in(path: str, places: set[str]) -> bool:
     """Whether ``path`` is one of ``places`` or lies in one of them (those ending in ``/``)."""
     return any(path == place or (place.endswith("/") and path.startswith(place)) for place in places)
+
+
+# --- the chaos catalogue's ranges -----------------------------------------------------------------
+
+RANGE = re.compile(r"(\d+(?:\.\d+)?)–(\d+(?:\.\d+)?) s\b")
+
+
+def _section(text: str, heading: str) -> str:
+    """The text under ``heading`` up to the next heading of any level."""
+    start = text.index(heading)
+    end = re.search(r"^#", text[start + len(heading) :], re.MULTILINE)
+    return text[start : start + len(heading) + end.start()] if end else text[start:]
+
+
+def test_the_docs_state_the_chaos_catalogues_ranges_as_the_schedule_draws_them() -> None:
+    """Issue 27: RELIABILITY.md states the catalogue with the text the schedule generates from the
+    ranges its draws use (``schedule.catalogue_text``), and every range README's "Chaos runs"
+    gives (``a–b s``) is one the catalogue draws: a range edited on either side fails here."""
+    from tests.chaos.schedule import RANGES, catalogue_text
+
+    def flat(text: str) -> str:
+        return " ".join(text.split())
+
+    reliability = _section(_text(ROOT / "RELIABILITY.md"), "## Seeded fault schedule")
+    assert flat(catalogue_text()) in flat(reliability), "RELIABILITY.md: state the catalogue as catalogue_text() does"
+    drawn = {(float(low), float(high)) for low, high in RANGES}
+    readme = _section(_text(ROOT / "README.md"), "### Chaos runs")
+    stated = [(float(low), float(high)) for low, high in RANGE.findall(readme)]
+    assert stated and set(stated) <= drawn, sorted(set(stated) - drawn)

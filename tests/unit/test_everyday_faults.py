@@ -19,6 +19,7 @@ from collections.abc import Callable
 import pytest
 
 from controller.decide import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Verdict
+from controller.errors import ApiUnavailable
 from controller.model import Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
@@ -216,6 +217,71 @@ def test_a_drop_after_the_sessions_reads_answered_404_is_timed_from_the_look_tha
     seen += run_timers_until(world, 60.0)
     assert Verdict.REPLACE not in seen and Verdict.RELEASE not in seen
     assert world.count("ensure") == 1
+
+
+def unreadable(world: World, at: float) -> None:
+    """A round at ``at`` (seconds after T0) whose session read fails outright (5xx, 429, a
+    timeout: ``ApiUnavailable``): the task's retry, or the timer that fell due."""
+    world.clock.advance(max(0.0, T0 + at - world.clock.now()))
+    with pytest.raises(ApiUnavailable):
+        world.deliver()
+
+
+def test_a_drop_after_a_stretch_the_session_could_not_be_read_is_timed_from_the_look_that_sees_it() -> None:
+    """L14 (issue 25, item 4; the seeded run's first case): grace 10 s; the link drops at 20 s
+    for 2.8 s while every session read fails (5xx from 20.5 s to 27.5 s: those rounds fail and
+    are retried), so no look sees it come back; it drops again at 27 s for 5 s. A round that
+    could not read the session leaves a blind spot like one that could not read the link: the
+    look that next sees the link down (27.5 s) starts the clock again, and the live executor is
+    kept."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    seen = run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False  # the first drop
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    seen += run_timers_until(world, 20.5)
+    world.sessions.unavailable = True  # every session read fails
+    for at in (21.5, 22.5, 24.5, 26.5):
+        if at == 22.5:
+            world.sessions.connected["env_1"] = True  # up since 22.8 s: nothing can see it
+        unreadable(world, at)
+    world.sessions.connected["env_1"] = False  # the second drop, at 27 s
+    world.sessions.put(WANTS)
+    world.clock.advance(T0 + 27.5 - world.clock.now())
+    world.sessions.unavailable = False
+    seen += verdicts(world.deliver())  # the retry that reads again: the link is down
+    seen += run_timers_until(world, 32.0)
+    world.sessions.connected["env_1"] = True
+    world.sessions.put(RUNNING)
+    seen += run_timers_until(world, 60.0)
+    assert Verdict.REPLACE not in seen
+    assert world.count("ensure") == 1 and world.count("release") == 0
+
+
+def test_a_link_down_for_good_through_an_api_outage_is_replaced_a_grace_after_the_reads_answer() -> None:
+    """L14: a blind spot delays a replacement, never prevents it: a link down for good (seen down
+    before the outage and after it) through 30 s of failing session reads is replaced a grace
+    after the first look that reads again, once."""
+    world = World()
+    world.deps.grace_seconds = 10.0
+    started(world)
+    world.sessions.put(RUNNING)
+    run_timers_until(world, 20.0)
+    world.sessions.connected["env_1"] = False
+    world.sessions.put(WANTS)
+    world.deliver()
+    run_timers_until(world, 21.0)
+    world.sessions.unavailable = True
+    for at in range(22, 52, 3):
+        unreadable(world, at)
+    world.sessions.unavailable = False
+    world.clock.advance(T0 + 52.0 - world.clock.now())
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # seen down: the clock starts again
+    assert Verdict.REPLACE not in run_timers_until(world, 61.0)
+    assert run_timers_until(world, 66.0).count(Verdict.REPLACE) == 1 and world.count("ensure") == 2
 
 
 def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
