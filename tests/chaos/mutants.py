@@ -51,6 +51,7 @@ class Mutant:
 LEASE_GUARD = (
     "tests/contract/test_redis_store.py::test_a_round_that_lost_its_lease_between_its_read_and_its_start_starts_nothing"
 )
+SPREAD_READS_GUARD = "tests/unit/test_everyday_faults.py::test_a_session_readable_between_two_404s_is_not_deleted"
 LONE_SESSION_GUARD = (
     "tests/unit/test_everyday_faults.py::test_a_lone_session_answering_404_is_held_until_an_operator_releases_it"
 )
@@ -128,6 +129,14 @@ MUTANTS = (
         "controller/decide.py",
         "\nSPREAD_READS = 3\n",
         "\nSPREAD_READS = 2\n",
+        guard=SPREAD_READS_GUARD,
+        why_not_chaos=(
+            "the chaos world sweeps every mapped session every 3 s (the local runner has no pod watch, so "
+            "each reconcile sweep is full): any run of 404 reads as long as the 6-s period holds at least "
+            "three reads, so two 404s a period apart never confirm without a read between, which finds the "
+            "session (and a flap's two one-shot 404s are 2-4 s apart); the defect needs reads as sparse as "
+            "the default 300-s sweep"
+        ),
     ),
     Mutant(
         "lone-session-not-held",
