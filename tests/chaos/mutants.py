@@ -51,6 +51,18 @@ class Mutant:
 LEASE_GUARD = (
     "tests/contract/test_redis_store.py::test_a_round_that_lost_its_lease_between_its_read_and_its_start_starts_nothing"
 )
+SPREAD_READS_GUARD = "tests/unit/test_everyday_faults.py::test_a_session_readable_between_two_404s_is_not_deleted"
+LONE_SESSION_GUARD = (
+    "tests/unit/test_everyday_faults.py::test_a_lone_session_answering_404_is_held_until_an_operator_releases_it"
+)
+OPERATOR_RELEASE_GUARD = (
+    "tests/contract/test_fleet_cli.py::test_a_held_deletion_shows_in_status_and_only_the_operator_ends_it"
+)
+NO_OPERATOR = (
+    "no operator takes part in a chaos run: nothing runs `sandbox-controller release`, and no deletion is "
+    "ever held there (a hold needs the sessions compared to answer 404 when a confirmation period ends, "
+    "and the schedule keeps every 404 window shorter than the period)"
+)
 
 MUTANTS = (
     Mutant(
@@ -109,6 +121,57 @@ MUTANTS = (
             "the local runner's ensure finds the sandbox the other worker started (same generation) "
             "and the stale worker's save is fenced, so nothing outside shows a second executor"
         ),
+    ),
+    Mutant(
+        "deletion-by-two-404s",
+        "a deletion is confirmed by two 404 reads a confirmation period apart (issue 25, defect 1), "
+        "not by three spread over it: a session readable between two one-shot 404s is released",
+        "controller/decide.py",
+        "\nSPREAD_READS = 3\n",
+        "\nSPREAD_READS = 2\n",
+        guard=SPREAD_READS_GUARD,
+        why_not_chaos=(
+            "the chaos world sweeps every mapped session every 3 s (the local runner has no pod watch, so "
+            "each reconcile sweep is full): any run of 404 reads as long as the 6-s period holds at least "
+            "three reads, so two 404s a period apart never confirm without a read between, which finds the "
+            "session (and a flap's two one-shot 404s are 2-4 s apart); the defect needs reads as sparse as "
+            "the default 300-s sweep"
+        ),
+    ),
+    Mutant(
+        "lone-session-not-held",
+        "a session answering 404 with no other mapped session to compare with is released once its "
+        "period ends, not held (issue 25, defect 2: a wrong key destroys a one-session deployment)",
+        "controller/decide.py",
+        "    if _most_missing(missing) if confirm_seconds > 0 else (missing.compared and _most_missing(missing)):\n",
+        "    if missing.compared and _most_missing(missing):\n",
+        guard=LONE_SESSION_GUARD,
+        why_not_chaos=(
+            "a chaos run never has a live session's reads answer 404 for a whole confirmation period (the "
+            "schedule keeps each 404 window shorter than the 6-s period, and 8 s apart), and it maps several "
+            "sessions; the mutant acts only when none other is mapped to compare with, where a session "
+            "deleted for real is released by it as it should be"
+        ),
+    ),
+    Mutant(
+        "release-ignored",
+        "the worker ignores an operator's release (`sandbox-controller release --yes`): a held deletion "
+        "never ends (issue 25, defect 5)",
+        "controller/decide.py",
+        "    if missing.release_asked is not None and missing.since is not None:\n",
+        "    if False:\n",
+        guard=LONE_SESSION_GUARD,
+        why_not_chaos=NO_OPERATOR,
+    ),
+    Mutant(
+        "release-not-noted",
+        "`sandbox-controller release --yes` queues a round but never notes the operator's release, so the "
+        "worker keeps the hold (issue 25, defect 5: no way for an operator to end one)",
+        "controller/holds.py",
+        "    if not store.ask_release(session_id, now):\n",
+        "    if store.not_found(session_id) is None:\n",
+        guard=OPERATOR_RELEASE_GUARD,
+        why_not_chaos=NO_OPERATOR,
     ),
 )
 

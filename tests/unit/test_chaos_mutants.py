@@ -31,6 +31,10 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "prestart-budget-ignored",
         "release-leaves-executor",
         "lease-not-checked",
+        "deletion-by-two-404s",
+        "lone-session-not-held",
+        "release-ignored",
+        "release-not-noted",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
@@ -67,3 +71,12 @@ def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup(tmp_pat
     assert restore_leftovers(tmp_path) == [target]
     assert target.read_bytes() == b"a = 1\nb = 2\n"
     assert restore_leftovers(tmp_path) == []
+
+
+@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.guard], ids=[m.name for m in MUTANTS if m.guard])
+def test_a_guarded_mutant_names_a_test_that_exists_and_says_why_chaos_cannot_reach_it(mutant: Mutant) -> None:
+    """A guard that names no test would make pytest exit 4 or 5, never 1: the mutant would be
+    reported as surviving its guard, but a typo should be seen here first."""
+    assert mutant.guard is not None and mutant.why_not_chaos
+    path, name = mutant.guard.split("::")
+    assert f"\ndef {name}(" in (mutants.ROOT / path).read_text()
