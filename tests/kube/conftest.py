@@ -5,13 +5,15 @@ Agents API simulator that the real codex (through the runner image's entrypoint)
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import pytest
 from kubernetes import client
 
 from controller.model import SandboxSpec
+from controller.runners.kubernetes import names
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import kube_api  # noqa: F401  (the fixture)
 from tests.envtest.kubelet import TestKubelet, create_executor_key_secret, runner_kubelet
@@ -72,3 +74,26 @@ def kube_world(kube_api: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory
         kubelet.stop()
         simulator.stop()
         api_client.close()
+
+
+class ActsAfterListing:
+    """The runner's API, with ``between`` run once just after the runner lists pods by a label
+    selector containing ``label`` (a session's pods, by default; a pool's with its pool label):
+    another placement acting in the instant between that look and the runner's next step."""
+
+    def __init__(
+        self, api: client.CoreV1Api, between: Callable[[], object], label: str = names.SESSION_HASH_LABEL
+    ) -> None:
+        self._api = api
+        self._between: Callable[[], object] | None = between
+        self._label = label
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._api, name)
+
+    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
+        pods = self._api.list_namespaced_pod(namespace, **kwargs)
+        if self._between is not None and self._label in kwargs.get("label_selector", ""):
+            between, self._between = self._between, None
+            between()
+        return pods

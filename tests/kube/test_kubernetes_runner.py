@@ -5,7 +5,6 @@ registers with the simulator."""
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
@@ -20,7 +19,7 @@ from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import KubeWorld, new_session
+from tests.kube.conftest import ActsAfterListing, KubeWorld, new_session
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
@@ -34,7 +33,6 @@ def _runner(world: KubeWorld, namespace: str | None = None, template: SandboxTem
 
 
 def _pods(world: KubeWorld, namespace: str, spec: SandboxSpec) -> list[client.V1Pod]:
-    from controller.runners.kubernetes import names
 
     selector = names.session_selector(spec.session_id)
     return list(world.core.list_namespaced_pod(namespace, label_selector=selector).items)
@@ -81,25 +79,6 @@ def test_concurrent_ensures_create_one_pod(kube_world: KubeWorld) -> None:
     runners[0].release(handles[0])
 
 
-class _TwinAfterListing:
-    """The runner's API, with ``twin`` run once just after the runner lists the session's pods:
-    another runner placing the same session in the instant between that look and the create."""
-
-    def __init__(self, api: client.CoreV1Api, twin: Callable[[], object]) -> None:
-        self._api = api
-        self._twin: Callable[[], object] | None = twin
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._api, name)
-
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
-        pods = self._api.list_namespaced_pod(namespace, **kwargs)
-        if self._twin is not None and names.SESSION_HASH_LABEL in kwargs.get("label_selector", ""):
-            twin, self._twin = self._twin, None
-            twin()
-        return pods
-
-
 def _told(world: KubeWorld, pod: str) -> list[str]:
     """The reasons of the controller's Events on ``pod`` (what ``kubectl describe`` shows), in
     alphabetical order (their stamps are to the second: two of one second have no order)."""
@@ -124,7 +103,7 @@ def test_a_cold_start_is_told_once_by_the_placement_that_created_it(kube_world: 
     spec = new_session(kube_world)
     twin = runner(kube_world.core)
     raced: dict[str, Handle] = {}
-    late = runner(_TwinAfterListing(kube_world.core, lambda: raced.setdefault("twin", twin.ensure(spec, 1))))
+    late = runner(ActsAfterListing(kube_world.core, lambda: raced.setdefault("twin", twin.ensure(spec, 1))))
     handle = late.ensure(spec, 1)
     assert raced["twin"] == handle and handle.generation == 1
     assert placed == [("default", "cold", "no_pool")]
@@ -273,7 +252,6 @@ def test_an_idle_stop_deletes_the_pod_keeps_the_pvc_and_the_next_start_mounts_it
     from controller.decide import Verdict
     from controller.lifecycle import Deps
     from controller.model import Environment, RequiredAction, Session, SessionStatus
-    from controller.runners.kubernetes import names
     from controller.trust import Policy
     from tests.support.clock import FakeClock
     from tests.support.fakes import FakeSessions, FakeStore

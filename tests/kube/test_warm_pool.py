@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from pathlib import Path
@@ -28,7 +28,7 @@ from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.templates import Templates
 from controller.store.redis import RedisDemandLog
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import RESTRICTED, KubeWorld, new_session
+from tests.kube.conftest import RESTRICTED, ActsAfterListing, KubeWorld, new_session
 from tests.support.processes import wait_for
 from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
@@ -176,29 +176,6 @@ def test_concurrent_ensures_for_one_session_keep_one_pod(kube_world: KubeWorld, 
     wait_for(lambda: _registered(kube_world, spec), 60, "the one executor to register")
 
 
-class _ActsAfterListing:
-    """The runner's API, with ``between`` run once just after the runner lists pods by a label
-    selector containing ``label`` (a session's pods, by default; a pool's with its pool label):
-    another placement acting in the instant between that look and the runner's next step."""
-
-    def __init__(
-        self, api: client.CoreV1Api, between: Callable[[], None], label: str = names.SESSION_HASH_LABEL
-    ) -> None:
-        self._api = api
-        self._between: Callable[[], None] | None = between
-        self._label = label
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._api, name)
-
-    def list_namespaced_pod(self, namespace: str, **kwargs: Any) -> Any:
-        pods = self._api.list_namespaced_pod(namespace, **kwargs)
-        if self._between is not None and self._label in kwargs.get("label_selector", ""):
-            between, self._between = self._between, None
-            between()
-        return pods
-
-
 def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names_it(
     kube_world: KubeWorld, namespace: str
 ) -> None:
@@ -233,7 +210,7 @@ def test_a_lone_claimed_pod_is_the_sessions_only_once_its_placement_record_names
         assert rival.placed(raced.session_id, 1, pod_of(won["pod"]))
 
     staged = KubernetesRunner(
-        KubeApi(_ActsAfterListing(kube_world.core, rival_places_first)),  # type: ignore[arg-type]
+        KubeApi(ActsAfterListing(kube_world.core, rival_places_first)),  # type: ignore[arg-type]
         PodSettings(namespace=namespace),
         lambda name: template,
         [template],
@@ -272,7 +249,7 @@ def test_a_cold_start_that_meets_a_dying_rival_defers_to_the_record_not_to_a_new
         kube_world.core.delete_namespaced_pod(dying["metadata"]["name"], namespace)  # held by its finalizer
 
     staged = KubernetesRunner(
-        KubeApi(_ActsAfterListing(kube_world.core, rivals_act, label=names.POOL_LABEL)),  # type: ignore[arg-type]
+        KubeApi(ActsAfterListing(kube_world.core, rivals_act, label=names.POOL_LABEL)),  # type: ignore[arg-type]
         PodSettings(namespace=namespace),
         lambda name: template,
         [template],
