@@ -250,7 +250,7 @@ def decide(
         elif past_lifetime:
             decision = Decision(Verdict.STOP, "sandbox is past its maximum lifetime", cause=Cause.LIFETIME)
         else:
-            looked = _looked(record, connected, now, link_dropped)
+            looked = _looked(record, connected, now, grace_seconds, link_dropped)
             if record.prestarted and _used(session):
                 looked = replace(looked or record, prestarted=False)
             current = looked or record
@@ -291,7 +291,7 @@ def decide(
             cause=Cause.LIFETIME,
             recheck_at=first_look,
         )
-    looked = _looked(record, connected, now, link_dropped)
+    looked = _looked(record, connected, now, grace_seconds, link_dropped)
     if record.prestarted:  # asked for: it no longer counts against the pre-start budget
         looked = replace(looked or record, prestarted=False)
     current = looked or record
@@ -322,7 +322,9 @@ def decide(
     )
 
 
-def _looked(record: Record, connected: bool | None, now: float, dropped: bool = False) -> Record | None:
+def _looked(
+    record: Record, connected: bool | None, now: float, grace_seconds: float, dropped: bool = False
+) -> Record | None:
     """The record after a look at the executor's link, or None when the look changes nothing.
 
     Seen connected: the grace clock stops (and the sandbox has been seen connected). Seen not
@@ -332,18 +334,32 @@ def _looked(record: Record, connected: bool | None, now: float, dropped: bool = 
     as for any drop. Not looked at: as it was. A look that could not read the link while the
     clock of an executor that had connected runs is noted (``link_unknown``): the link may have
     come back unseen, so the next look that sees it down starts the clock again, and the grace
-    measures an outage seen from its start, never one pieced together across a blind spot."""
+    measures an outage seen from its start, never one pieced together across a blind spot. A
+    look that sees it down longer than ``_blind_gap`` after the last one did (its reads were
+    retried through an API incident, say) is such a blind spot too: the clock starts again."""
     if connected is True:
         if record.disconnected_at is None and record.seen_connected and not record.link_unknown:
             return None
-        return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False)
+        return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False, link_looked_at=None)
     if connected is False and dropped and not record.seen_connected:
-        return replace(record, disconnected_at=now, seen_connected=True)
+        return replace(record, disconnected_at=now, seen_connected=True, link_looked_at=now)
     if connected is False and (record.disconnected_at is None or record.link_unknown):
-        return replace(record, disconnected_at=now, link_unknown=False)
+        return replace(record, disconnected_at=now, link_unknown=False, link_looked_at=now)
+    if connected is False and _clock_runs(record):
+        last = record.link_looked_at if record.link_looked_at is not None else record.disconnected_at
+        if last is not None and now - last > _blind_gap(grace_seconds):
+            return replace(record, disconnected_at=now, link_looked_at=now)
+        return replace(record, link_looked_at=now)
     if connected is None and _clock_runs(record):
         return replace(record, link_unknown=True)
     return None
+
+
+def _blind_gap(grace_seconds: float) -> float:
+    """The longest wait between two looks that see a link down over which the outage still
+    counts as one: two of the looks' intervals (``_outage_look``), so a look late by up to one
+    interval (a busy queue, the timers' resolution) still continues the clock."""
+    return 2 * max(FIRST_LOOK_SECONDS, grace_seconds / OUTAGE_LOOKS)
 
 
 def unread(record: Record | None) -> Record | None:

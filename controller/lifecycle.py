@@ -183,25 +183,28 @@ class Observation:
     link_dropped: bool
     """The API says an executor held the link and lost it (``Link.DROPPED``): it had connected."""
     now: float
-    """The round's one reading of the clock: everything it decides and stores uses it."""
+    """The round's one reading of the clock, made after its reads: everything it decides and
+    stores uses it."""
     missing: Missing | None = None
     """What is known of a session whose read answered 404 (None: it was found)."""
 
 
 def observe(sid: str, deps: Deps) -> Observation:
-    """Read the clock, the session, its record (or a live sandbox nobody recorded: adopted, not
+    """Read the session, its record (or a live sandbox nobody recorded: adopted, not
     duplicated), the sandbox's health and, when it matters, whether its executor is connected:
     while a connection is wanted, and while its grace clock runs (to stop it once the executor
-    is seen connected, whatever the session is doing). For a session that answered 404, when
-    its deletion would be confirmed, read a few other mapped sessions to compare (``Missing``)."""
-    now = deps.clock.now()
+    is seen connected, whatever the session is doing); then the clock, so that the round's time
+    is when it saw all that (reads retried through an API incident can take seconds, and a look
+    timed from before them would hide that blind spot from the grace clock). For a session
+    that answered 404, when its deletion would be confirmed, read a few other mapped sessions
+    to compare (``Missing``)."""
     session = deps.sessions.get(sid)
     record = deps.store.record(sid)
     adopted = False
     if record is None:
         found = deps.runner.find(sid)
         if found is not None:
-            record = Record(sid, found.environment_id, found, found.created_at or now)
+            record = Record(sid, found.environment_id, found, found.created_at or deps.clock.now())
             adopted = True
     health = deps.runner.status(record.handle) if record else None
     link = None
@@ -214,6 +217,7 @@ def observe(sid: str, deps: Deps) -> Observation:
     ):
         link = deps.sessions.environment_link(record.environment_id)
     connected = None if link is None else link is Link.UP
+    now = deps.clock.now()
     missing = _missing(sid, deps, now) if session is None else None
     return Observation(session, record, adopted, health, connected, link is Link.DROPPED, now, missing)
 

@@ -167,6 +167,10 @@ class Record:
     link_unknown: bool = False
     """A look could not read the link (the API failed) while the grace clock ran: the next look
     that sees it down starts the clock again (``decide._looked``)."""
+    link_looked_at: float | None = None
+    """When the last look that saw the link down while the grace clock ran was made: a look
+    that comes much later than the looks' cadence (its reads retried past an API incident, say)
+    may have missed the link coming back, so it starts the clock again (``decide._looked``)."""
 
     @property
     def stopped(self) -> bool:

@@ -584,6 +584,7 @@ def _record_fields(record: Record) -> dict[str, str]:
         "seen_connected": "1" if record.seen_connected else "0",
         "prestarted": "1" if record.prestarted else "0",
         "link_unknown": "1" if record.link_unknown else "0",
+        "link_looked_at": "" if record.link_looked_at is None else repr(record.link_looked_at),
     }
 
 
@@ -608,6 +609,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         seen_connected=data.get("seen_connected") == "1",
         prestarted=data.get("prestarted") == "1",
         link_unknown=data.get("link_unknown") == "1",
+        link_looked_at=_optional_time(data.get("link_looked_at")),
     )
 
 

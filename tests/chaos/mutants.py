@@ -69,8 +69,8 @@ MUTANTS = (
         "grace-from-start",
         "the grace clock runs from the sandbox's start: a look that sees the executor connected does not stop it",
         "controller/decide.py",
-        "return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False)",
-        "return replace(record, seen_connected=True, link_unknown=False)",
+        "return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False, link_looked_at=None)",
+        "return replace(record, seen_connected=True, link_unknown=False, link_looked_at=now)",
     ),
     Mutant(
         "delete-at-first-404",

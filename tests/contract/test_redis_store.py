@@ -793,6 +793,9 @@ def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
     blind = replace(saved, disconnected_at=1_700_000_000.5, link_unknown=True)  # L14: a look could not read the link
     store.save(lease, blind)
     assert store.record(sid) == blind
+    looked = replace(blind, link_unknown=False, link_looked_at=1_700_000_003.25)  # L14: the last look that saw it down
+    store.save(lease, looked)
+    assert store.record(sid) == looked
 
 
 def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:

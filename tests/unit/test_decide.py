@@ -10,6 +10,7 @@ import pytest
 
 from controller.decide import (
     FIRST_LOOK_SECONDS,
+    OUTAGE_LOOKS,
     PRESTART_WINDOW_SECONDS,
     Cause,
     Decision,
@@ -84,19 +85,27 @@ def test_unknown_connection_never_replaces() -> None:
 def test_grace_counts_from_the_first_observed_disconnect_not_from_the_start() -> None:
     """L14/L15: an executor that was connected and dropped its link a second ago is kept for
     the grace period from that moment, even though the sandbox is older than the grace period;
-    the first observation is stored on the record (``update``) and a recheck is armed."""
+    the first observation is stored on the record (``update``) and a recheck is armed. Looks
+    that keep seeing it down (each within two of the looks' intervals of the last) replace it
+    once the grace is over."""
     old = record(started_at=T0)
     now = T0 + 8 * GRACE
     first = decide(make_session(), old, Health.RUNNING, False, now, GRACE, ROUTING)
     assert first.verdict is Verdict.KEEP
-    assert first.update == replace(old, disconnected_at=now)
-    assert first.recheck_at is not None and now + GRACE < first.recheck_at <= now + GRACE + 1
+    assert first.update == replace(old, disconnected_at=now, link_looked_at=now)
+    assert first.recheck_at is not None and now < first.recheck_at <= now + GRACE + 1
     seen = first.update
-    assert decide(make_session(), seen, Health.RUNNING, False, now + GRACE, GRACE, ROUTING).verdict is Verdict.KEEP
+    step = GRACE / OUTAGE_LOOKS
+    for index in range(1, OUTAGE_LOOKS + 1):
+        looked = decide(make_session(), seen, Health.RUNNING, False, now + index * step, GRACE, ROUTING)
+        assert looked.verdict is Verdict.KEEP
+        seen = looked.update or seen
+        assert seen.disconnected_at == now
     late = decide(make_session(), seen, Health.RUNNING, False, now + GRACE + 0.5, GRACE, ROUTING)
     assert late.verdict is Verdict.REPLACE
     back = decide(make_session(), seen, Health.RUNNING, True, now + 1, GRACE, ROUTING)
-    assert back.verdict is Verdict.KEEP and back.update == replace(seen, disconnected_at=None, seen_connected=True)
+    assert back.verdict is Verdict.KEEP
+    assert back.update == replace(seen, disconnected_at=None, seen_connected=True, link_looked_at=None)
 
 
 @pytest.mark.parametrize("health", [Health.GONE, Health.FAILED, Health.TERMINATING, None])
