@@ -18,15 +18,24 @@ pod. Pod-seconds: the unclaimed warm pods (ready or starting) counted every 0.5 
 whole day, as the bench sees them on the API server (each change of that count is kept,
 ``waiting``: where the pool drained to zero).
 
-    sudo .venv/bin/python bench/bursty_day.py --pools demand   # then --pools fixed, --pools none
+    sudo .venv/bin/python bench/bursty_day.py   # demand, then fixed (demand's mean), then none
 
-One pool per run (one node per process: Helm's library stays in the first node's network
-namespace); each run adds its pool to bench/results/bursty_day.json, and ``fixed`` takes its
-size from the ``demand`` run there (or ``--fixed-size N``; ``--label`` keeps such a run
-beside the others, e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a
-ready pool of ten; ``--worker-replicas 5``: ten worker processes, one job each). Real-node
-runs are serialized with the other users of the machine: ``flock /tmp/node-tier.lock sudo
-.venv/bin/python bench/bursty_day.py``.
+One invocation replays the day against the three pools, one after another, and prints the
+comparison (``compare``): sessions warm, warm pod-seconds and warm sessions per 1,000
+pod-seconds of each pool against the others, and p50/p99 per phase against no pool -- the
+baselines measured in the same run. Each pool runs in a child process of its own (one node per
+process: Helm's library stays in the first node's network namespace); ``fixed`` takes its size
+from the ``demand`` child's mean number of waiting pods, rounded up. Each pool's run is added
+to bench/results/bursty_day.json under ``LABEL POOL`` (``--label``, default ``same-run``), and
+the comparison under ``comparisons``.
+
+``--pools demand`` (or ``fixed``, ``none``) runs one pool in this process, for debugging: it
+adds its pool to the results under its name, and ``fixed`` alone takes its size from the
+results' ``demand`` run (or ``--fixed-size N``; ``--label`` keeps such a run beside the others,
+e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a ready pool of ten;
+``--worker-replicas 5``: ten worker processes, one job each). Real-node runs are serialized
+with the other users of the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python
+bench/bursty_day.py``.
 """
 
 from __future__ import annotations
@@ -36,9 +45,11 @@ import json
 import math
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -60,9 +71,13 @@ DAY: list[tuple[str, int, float, float]] = [
 DEMAND_POOL = {"min": 0, "max": 20, "windowSeconds": 120, "intervalSeconds": 10, "headroomPercent": 25}
 
 
+POOLS = ("demand", "fixed", "none")
+"""The same run's pools, in this order: ``fixed`` is sized from ``demand``'s mean."""
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--pools", default="demand", help="which pool: demand, fixed or none")
+    parser.add_argument("--pools", default=",".join(POOLS), help="demand,fixed,none (default), or one pool")
     parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
     parser.add_argument("--label", default="", help="keep the run under this name (default: the pool's)")
     parser.add_argument("--worker-replicas", type=int, default=0, help="worker pods (default: the chart's, 2 of 2)")
@@ -70,30 +85,154 @@ def main() -> int:
     if os.geteuid() != 0:
         print("bench/bursty_day.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
         return 2
+    pools = args.pools.split(",")
+    if len(pools) > 1:
+        if pools != list(POOLS):
+            print(f"several pools run as {','.join(POOLS)} (fixed is sized from demand)", file=sys.stderr)
+            return 2
+        return same_run(args.label or "same-run", args.fixed_size, args.worker_replicas)
+    [pool] = pools
+    return one_pool(pool, args.label or pool, args.fixed_size, args.worker_replicas)
+
+
+def one_pool(pool: str, label: str, fixed: int, worker_replicas: int) -> int:
+    """One pool's day, in this process, added to the results under ``label``."""
     from tests.node.node import load_images
 
     images = load_images()
-    # Earlier pools of the same day (one process per node: Helm's library keeps the first
-    # node's network namespace), so ``--pools fixed`` after ``--pools demand`` sizes from it.
-    runs: dict[str, dict[str, Any]] = json.loads(RESULTS.read_text())["runs"] if RESULTS.exists() else {}
-    fixed = args.fixed_size
-    pools = args.pools.split(",")
-    if len(pools) > 1:
-        print("one pool per run (Helm's library stays in the first node's network namespace)", file=sys.stderr)
-        return 2
-    for pool in pools:
-        if pool == "fixed" and not fixed:
-            demand = runs.get("demand")
-            fixed = max(1, math.ceil(demand["mean_waiting_pods"])) if demand else 3
-        warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
-        label = args.label or pool
-        runs[label] = day(images, warm_pool, args.worker_replicas)
-        runs[label]["pool"] = label
-        print_run(runs[label])
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)  # after each pool: a run cut short keeps what it has
-        RESULTS.write_text(json.dumps({"day": DAY, "load_average": os.getloadavg(), "runs": runs}, indent=2) + "\n")
-        print_table(list(runs.values()))
+    runs = _results().get("runs", {})
+    if pool == "fixed" and not fixed:
+        demand = runs.get("demand")
+        fixed = fixed_size(demand) if demand else 3
+    warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
+    began, load_before = _now(), os.getloadavg()
+    runs[label] = day(images, warm_pool, worker_replicas)
+    runs[label].update(pool=label, began=began, ended=_now(), load_average_before=load_before)
+    runs[label]["load_average_after"] = os.getloadavg()
+    print_run(runs[label])
+    results = _results()  # what another process added meanwhile stays
+    results.setdefault("runs", {})[label] = runs[label]
+    _write(results)
+    print_table(list(results["runs"].values()))
     return 0
+
+
+def same_run(label: str, fixed: int, worker_replicas: int) -> int:
+    """The three pools one after another, each in a child process (one node per process), then
+    their comparison, printed and kept."""
+    runs: dict[str, dict[str, Any]] = {}
+    for pool in POOLS:
+        size = (fixed or fixed_size(runs["demand"])) if pool == "fixed" else 0
+        argv = [sys.executable, __file__, "--pools", pool, "--label", f"{label} {pool}"]
+        argv += ["--fixed-size", str(size)] if size else []
+        argv += ["--worker-replicas", str(worker_replicas)] if worker_replicas else []
+        print(f"\n== {label}: {pool} ({' '.join(argv[1:])})", flush=True)
+        if subprocess.run(argv, check=False).returncode:
+            print(f"{pool}'s day failed; the comparison is not made", file=sys.stderr)
+            return 1
+        runs[pool] = _results()["runs"][f"{label} {pool}"]
+    comparison = compare(runs["demand"], runs["fixed"], runs["none"])
+    print()
+    print("\n".join(comparison["lines"]))
+    results = _results()
+    results.setdefault("comparisons", {})[label] = comparison
+    _write(results)
+    return 0
+
+
+def fixed_size(demand: dict[str, Any]) -> int:
+    """The fixed pool of the same mean as the pool sized by demand: its mean number of waiting
+    pods over its day, rounded up (at least 1)."""
+    return max(1, math.ceil(demand["mean_waiting_pods"]))
+
+
+def _results() -> dict[str, Any]:
+    return dict(json.loads(RESULTS.read_text())) if RESULTS.exists() else {}
+
+
+def _write(results: dict[str, Any]) -> None:
+    results.update(day=DAY, load_average=os.getloadavg())
+    RESULTS.parent.mkdir(parents=True, exist_ok=True)
+    RESULTS.write_text(json.dumps(results, indent=2) + "\n")
+
+
+def _now() -> str:
+    return datetime.now(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def compare(demand: dict[str, Any], fixed: dict[str, Any], none: dict[str, Any]) -> dict[str, Any]:
+    """The same run's pools side by side: per pool, sessions warm, warm pod-seconds and warm
+    sessions per 1,000 pod-seconds, with demand's ratios to fixed; per phase, p50 and p99 of
+    delivery -> registered and their ratios to no pool's. ``lines``: the same, printed."""
+    pools = {"demand": demand, "fixed": fixed, "none": none}
+    totals = {name: _totals(run) for name, run in pools.items()}
+    lines = ["| pool | sessions warm | warm pod-seconds | warm per 1,000 pod-s |", "| --- | --- | --- | --- |"]
+    for name, t in totals.items():
+        per = f"{t['warm_per_1000_pod_seconds']:.1f}" if t["warm_per_1000_pod_seconds"] is not None else "-"
+        lines.append(f"| {_name(name, pools[name])} | {t['warm']}/{t['sessions']} | {t['pod_seconds']:.0f} | {per} |")
+    d, f = totals["demand"], totals["fixed"]
+    ratios = {
+        "warm": _ratio(d["warm"], f["warm"]),
+        "pod_seconds": _ratio(d["pod_seconds"], f["pod_seconds"]),
+        "warm_per_pod_second": _ratio(d["warm_per_1000_pod_seconds"], f["warm_per_1000_pod_seconds"]),
+    }
+    met = d["warm"] > f["warm"] and d["pod_seconds"] < f["pod_seconds"]
+    lines.append(
+        f"demand / {_name('fixed', fixed)}: sessions warm {_times(ratios['warm'])}, warm pod-seconds "
+        f"{_times(ratios['pod_seconds'])}, warm per pod-second {_times(ratios['warm_per_pod_second'])}; "
+        f"more sessions warm for fewer pod-seconds: {'yes' if met else 'no'}"
+    )
+    lines += ["", "| phase | pool | warm | p50 | p99 | p50 / none's | p99 / none's |"]
+    lines.append("| --- | --- | --- | --- | --- | --- | --- |")
+    phases: list[dict[str, Any]] = []
+    baseline = {p["phase"]: p["sessions"] for p in none["phases"] if p["sessions"]}
+    for phase, base_rows in baseline.items():
+        base = _latencies(base_rows)
+        for name, run in pools.items():
+            rows = next((p["sessions"] for p in run["phases"] if p["phase"] == phase), [])
+            if not rows:
+                continue
+            mine = _latencies(rows)
+            row = {
+                "phase": phase,
+                "pool": name,
+                "warm": sum(r["warm"] for r in rows),
+                "sessions": len(rows),
+                **mine,
+                "p50_vs_none": _ratio(mine["p50"], base["p50"]),
+                "p99_vs_none": _ratio(mine["p99"], base["p99"]),
+            }
+            phases.append(row)
+            lines.append(
+                f"| {phase} | {_name(name, run)} | {row['warm']}/{row['sessions']} | {mine['p50']:.2f} s | "
+                f"{mine['p99']:.2f} s | {_times(row['p50_vs_none'])} | {_times(row['p99_vs_none'])} |"
+            )
+    return {"totals": totals, "demand_vs_fixed": ratios, "goal_met": met, "phases": phases, "lines": lines}
+
+
+def _totals(run: dict[str, Any]) -> dict[str, Any]:
+    rows = [r for phase in run["phases"] for r in phase["sessions"]]
+    warm, pod_seconds = sum(r["warm"] for r in rows), float(run["warm_pod_seconds"])
+    per = 1000 * warm / pod_seconds if pod_seconds else None
+    return {"warm": warm, "sessions": len(rows), "pod_seconds": pod_seconds, "warm_per_1000_pod_seconds": per}
+
+
+def _latencies(rows: list[dict[str, Any]]) -> dict[str, float]:
+    values = [r["delivered_to_registered_s"] for r in rows]
+    return {"p50": statistics.median(values), "p99": percentile(values, 0.99)}
+
+
+def _ratio(mine: float | None, theirs: float | None) -> float | None:
+    return mine / theirs if mine is not None and theirs else None
+
+
+def _times(ratio: float | None) -> str:
+    return f"x{ratio:.2f}" if ratio is not None else "-"
+
+
+def _name(pool: str, run: dict[str, Any]) -> str:
+    size = (run.get("warm_pool") or {}).get("size")
+    return f"{pool} ({size})" if size else pool
 
 
 def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0) -> dict[str, Any]:

@@ -419,6 +419,10 @@ def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
     each child's own files when multiprocess mode is on (``metrics.use_multiprocess``).
     """
     app = queue.make_app(settings)
+    if settings.runner.kind != "local":  # see ``runner``
+        from controller.runners.kubernetes import api
+
+        api.load_models()  # here, before the fork: every pool process inherits them built
     counted = metrics if metrics is not None else Metrics()
     deps = ProcessDeps(lambda: worker_deps(settings, counted))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)

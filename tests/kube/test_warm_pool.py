@@ -442,3 +442,66 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
     finally:
         redis_client.close()
         server.stop()
+
+
+class _Counted:
+    """An API of the client library whose every call is noted by its method's name in ``calls``
+    (one request to the API server each: a round trip)."""
+
+    def __init__(self, api: Any, calls: list[str]) -> None:
+        self._api = api
+        self._calls = calls
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._api, name)
+        if not callable(method):
+            return method
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self._calls.append(name)
+            return method(*args, **kwargs)
+
+        return counted
+
+
+CLAIM_CALLS = [
+    "list_namespaced_pod",  # the session's live pods: none yet (L1: its pod, if it has one)
+    "read_namespaced_lease",  # the generation's placement record: none yet
+    "list_namespaced_pod",  # the pool: what there is to claim
+    "patch_namespaced_pod",  # the claim (its test operation: only while unclaimed)
+    "create_namespaced_lease",  # the placement record naming the claimed pod
+    "create_namespaced_event",  # SandboxClaimed, for kubectl describe
+]
+"""What a claim of a ready warm pod for a new session asks of the API server, in order."""
+
+
+def test_a_claim_of_a_ready_warm_pod_makes_exactly_its_six_requests(kube_world: KubeWorld, namespace: str) -> None:
+    """L1: a session's claim of a ready warm pod is six requests to the API server, in order
+    (``CLAIM_CALLS``): its live pods, its placement record, the pool, the claim, the record
+    written, the Event. The pod the claim's patch returned is the session's pod: it is not read
+    back after the record is written (a seventh request, once on every claim's path, on the
+    2-core node ten of them at once). The pod returned is the claimed one, alive and recorded."""
+    template = _template(1)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 1, 60, "the warm pod to run")
+    [warm] = _ready(kube_world, namespace)
+    calls: list[str] = []
+    core = _Counted(kube_world.core, calls)
+    leases = _Counted(client.CoordinationV1Api(kube_world.core.api_client), calls)
+    runner = KubernetesRunner(
+        KubeApi(core, leases=leases),  # type: ignore[arg-type]
+        PodSettings(namespace=namespace),
+        lambda name: template,
+        [template],
+    )
+    spec = new_session(kube_world)
+    handle = runner.ensure(spec, 1)
+    assert calls == CLAIM_CALLS, calls
+    assert (handle.name, handle.uid, handle.generation) == (warm.metadata.name, warm.metadata.uid, 1)
+    assert handle.environment_id == spec.environment_id
+    record = kube_world.core.read_namespaced_pod(handle.name, namespace)
+    assert record.metadata.labels[names.POOL_STATE_LABEL] == names.CLAIMED
+    assert _pools(kube_world, namespace, template).holder(spec.session_id, 1) == PodRef(handle.name, handle.uid)
+    calls.clear()
+    assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, no claim
+    assert "patch_namespaced_pod" not in calls

@@ -156,28 +156,35 @@ class Placement:
         """The session's pod of a pooled template for ``generation``: the one its placement
         record names, placed by this call (a claimed warm pod, else a cold one) or by a rival;
         None when that generation's placement is gone (or its name is taken by a dying pod)."""
-        holder = self.holder(spec.session_id, generation) or self._contend(spec, generation, template)
+        holder = self.holder(spec.session_id, generation)
+        if holder is None:
+            holder, mine = self._contend(spec, generation, template)
+            if mine is not None:  # the pod this call placed and recorded, as its claim or create returned it
+                return mine
         if holder is None:
             return None
         pod = self._kube.read_pod(self._ns, holder.name)
         return pod if pod is not None and pod.uid == holder.uid and pod.alive else None
 
-    def _contend(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> PodRef | None:
+    def _contend(
+        self, spec: SandboxSpec, generation: int, template: SandboxTemplate
+    ) -> tuple[PodRef | None, Pod | None]:
         """Place a pod for ``generation`` and try to record it: the pod the record names then
-        (this one, or a rival's: this one is deleted when it lost)."""
+        (this one, or a rival's: this one is deleted when it lost), and this one when the record
+        names it (as its claim's patch or its create returned it: not read again)."""
         pod = self._claim(spec, generation, template)
         warm = pod is not None
         if pod is None:
             cold = self._cold(spec, generation, template)
             if cold is None:  # the cold name is taken by a dying pod: a rival's, deleted as it lost the record?
-                return self.holder(spec.session_id, generation)
+                return self.holder(spec.session_id, generation), None
             pod = cold[0]
         holder = self.placed(spec.session_id, generation, pod)
         if holder is None or holder.uid != pod.uid:
             self._yield(spec.session_id, pod)
-            return holder
+            return holder, None
         self._on_placed(template.name, "warm" if warm else "cold", "" if warm else "pool_empty")
-        return holder
+        return holder, pod
 
     def settled(self, session_id: str, live: list[Pod]) -> Pod | None:
         """The session's pod among its live ones, as the placement record of their newest

@@ -1,0 +1,107 @@
+"""The Kubernetes client's models are built before a worker's first claim, not inside it
+(``api.load_models``, called by ``wiring.worker_app`` before the pool processes fork)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from controller import wiring
+from controller.config import PREFIX, Settings
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A fresh interpreter (the test process may have built the models already): the answers a
+# claim reads -- a pool's pod list (a warm pod, as the API server returns it: managed fields,
+# owner references, status), the patched pod, a lease, an event, a workspace claim, a status --
+# deserialized by the client; prints the client's model modules that deserializing imported.
+_SCRIPT = """
+import json, sys
+from kubernetes import client
+from controller.model import SandboxSpec
+from controller.runners.kubernetes import api
+from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc, make_warm_pod
+
+if sys.argv[1] == "load":
+    api.load_models()
+template, settings = SandboxTemplate(name="day", warm_pool_size=2), PodSettings(namespace="sandboxes")
+spec = SandboxSpec("sess_1", "env_1", "https://api.example.test/v1", "/workspace")
+stamp = "2026-12-01T22:00:00Z"
+status = {
+    "phase": "Running",
+    "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": stamp}],
+    "containerStatuses": [
+        {"name": "executor", "ready": True, "restartCount": 0, "image": "i", "imageID": "d",
+         "state": {"running": {"startedAt": stamp}}, "lastState": {"terminated": {"exitCode": 0}}}
+    ],
+}
+meta = {"uid": "u", "resourceVersion": "1", "creationTimestamp": stamp,
+        "managedFields": [{"manager": "m", "operation": "Update", "fieldsType": "FieldsV1", "fieldsV1": {}}],
+        "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": "p", "uid": "u"}]}
+pods = [make_warm_pod(template, settings), make_pod(spec, 1, template, settings)]
+for pod in pods:
+    pod["metadata"].update(meta, name=pod["metadata"].get("name", "warm-day-x"))
+    pod["status"] = status
+answers = {
+    "V1PodList": {"metadata": {"resourceVersion": "1"}, "items": pods},
+    "V1Pod": pods[0],
+    "V1Lease": {"metadata": meta, "spec": {"holderIdentity": "p", "acquireTime": "2026-12-01T22:00:00.000000Z"}},
+    "CoreV1Event": {"metadata": meta, "involvedObject": {"kind": "Pod", "name": "p"}, "reason": "r"},
+    "V1PersistentVolumeClaim": {**make_pvc(spec, template, settings), "status": {"phase": "Bound"}},
+    "V1Status": {"status": "Failure", "reason": "Conflict", "details": {"causes": [{"reason": "r"}]}, "code": 409},
+}
+before = {m for m in sys.modules if m.startswith("kubernetes.client.models.")}
+reader = client.ApiClient()
+for kind, answer in answers.items():
+    reader.deserialize(json.dumps(answer), kind, "application/json")
+print(json.dumps(sorted({m for m in sys.modules if m.startswith("kubernetes.client.models.")} - before)))
+"""
+
+
+def _imported_by_answers(load: bool) -> list[str]:
+    found = subprocess.run(
+        [sys.executable, "-c", _SCRIPT, "load" if load else "lazy"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return list(json.loads(found.stdout.strip().splitlines()[-1]))
+
+
+def test_after_load_models_a_claims_answers_build_no_model_of_the_client() -> None:
+    """Deserializing what a claim reads (pods, a lease, an event, a claim, a status) after
+    ``load_models`` imports none of the client's model modules: each was built beforehand.
+    Without it the same answers import dozens (the control: the test can see them)."""
+    assert _imported_by_answers(load=False), "the client built its models eagerly: nothing left to load"
+    assert _imported_by_answers(load=True) == []
+
+
+@pytest.mark.parametrize(("runner", "loads"), [("kubernetes", True), ("local", False)])
+def test_the_worker_builds_the_clients_models_before_its_processes_fork(
+    runner: str, loads: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``worker_app`` (the worker's main process, before the pool forks) loads the models with
+    the Kubernetes runner, and never imports the client with the local runner."""
+    from controller.runners.kubernetes import api
+
+    loaded: list[bool] = []
+    monkeypatch.setattr(api, "load_models", lambda: loaded.append(True) or 0)
+    settings = Settings.from_env(
+        {
+            PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
+            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret-of-24-bytes",
+            PREFIX + "API_KEY": "sk-test-api-key",
+            PREFIX + "EXECUTOR_KEY": "envkey-test",
+            PREFIX + "RUNNER": runner,
+            PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+            PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
+        }
+    )
+    wiring.worker_app(settings)
+    assert loaded == ([True] if loads else [])
