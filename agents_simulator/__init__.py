@@ -62,6 +62,8 @@ Admin (no auth; loopback only)
                delete_webhook_endpoint, rotate_webhook_secret, test_webhook_endpoint,
                list_webhook_event_types
     DELETE /admin/faults                             disarm all
+    GET    /admin/held                               calls a ``timeout`` fault holds now: target,
+                                                    object_id, client (host:port), since
     GET    /admin/sessions                           every session: status, wants_connection, since
     GET    /admin/sessions/{id}/history              every change of its state, with its time
     POST   /admin/sessions/{id}/fail  {"error"}      force a session to ``failed`` (+ webhook)

@@ -63,6 +63,9 @@ def routes(sim: Simulator) -> list[Route]:
                 raise bad_request(str(exc)) from exc
         return _listing(sim.faults.to_json())
 
+    async def held(request: Request) -> Response:
+        return _listing(h.to_json() for h in sim.faults.held)
+
     async def hold(request: Request) -> Response:
         body = await json_body(request)
         try:
@@ -137,6 +140,7 @@ def routes(sim: Simulator) -> list[Route]:
         Route("/admin/sessions", sessions, methods=["GET"]),
         Route("/admin/sessions/{session_id}/history", history, methods=["GET"]),
         Route("/admin/faults", faults, methods=["GET", "POST", "DELETE"]),
+        Route("/admin/held", held, methods=["GET"]),
         Route("/admin/sessions/{session_id}/fail", fail, methods=["POST"]),
         Route("/admin/sessions/{session_id}/remote_url", remote_url, methods=["POST"]),
         Route("/admin/environments", environments, methods=["GET"]),

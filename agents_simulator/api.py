@@ -23,7 +23,12 @@ def routes(sim: Simulator) -> list[Route]:
         if fault is None:
             return
         if fault.kind == "timeout":
-            await asyncio.sleep(fault.hold_seconds)  # then answer as usual: the client gave up by now
+            client = f"{request.client.host}:{request.client.port}" if request.client else ""
+            held = sim.faults.holding(target, object_id, client)
+            try:
+                await asyncio.sleep(fault.hold_seconds)  # then answer as usual: the client gave up by now
+            finally:
+                sim.faults.release(held)
             return
         raise injected(fault.status, fault.retry_after)
 

@@ -11,6 +11,9 @@ for ``seconds`` from the moment it is armed. Its ``kind`` says what those calls 
 ``object_id`` narrows a fault to calls about one session (session targets) or one environment
 (``retrieve_environment``); a narrowed fault wins over a fault on the whole target. Arming a
 fault for a (target, object) that already has one replaces it.
+
+While a ``timeout`` fault holds a call's answer, the call is listed in ``Faults.held`` with the
+client's address (``GET /admin/held``): a test can tell which process is waiting for it.
 """
 
 from __future__ import annotations
@@ -72,12 +75,38 @@ class Fault:
         }
 
 
+@dataclass(frozen=True)
+class Held:
+    """A call whose answer a ``timeout`` fault holds back right now."""
+
+    target: str
+    object_id: str | None
+    client: str
+    """The caller's address, ``host:port`` (empty when the server does not know it)."""
+    since: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"target": self.target, "object_id": self.object_id, "client": self.client, "since": self.since}
+
+
 class Faults:
     """Armed faults by (target, object); expired ones are dropped as they are looked at."""
 
     def __init__(self, clock: Clock) -> None:
         self._clock = clock
         self._armed: dict[tuple[str, str | None], Fault] = {}
+        self.held: list[Held] = []
+        """Calls being held by a ``timeout`` fault now, oldest first."""
+
+    def holding(self, target: str, object_id: str | None, client: str) -> Held:
+        """Note a call held from now on; ``release`` it when its answer goes out."""
+        held = Held(target, object_id, client, self._clock.now())
+        self.held.append(held)
+        return held
+
+    def release(self, held: Held) -> None:
+        if held in self.held:
+            self.held.remove(held)
 
     def arm(
         self,

@@ -23,7 +23,9 @@ How each is seen from outside:
    carried must have been resolved (the simulator clears it only when an executor connects),
    for a session deleted or failed later too, unless it ended within 30 s of asking (the
    simulator's own connect deadline is set past the run, so a lost request cannot turn into
-   "failed" and escape); and a deleted or failed session's executor must be gone by the end.
+   "failed" and escape); a deleted or failed session's executor must be gone by the end; and
+   none may start more than ``STALE_START_SECONDS`` after its session was deleted or failed
+   (only a worker acting on a read from before that end, its lease lost, could start it).
 6. After the teardown, no executor and no process of the run is left.
 7. An executor ending while its session was idle: not before the idle timeout (L11); and an
    idle session's executor still running 15 s past the timeout, with nothing disturbing the
@@ -56,7 +58,8 @@ INVARIANTS = {
     2: "a session that asks for a connection has one connected executor within 30 s of the faults ending",
     3: "no live executor is replaced (or stopped) for a link down less than the grace",
     4: "no workspace of a session that still exists is discarded",
-    5: "every acknowledged delivery's work is done; a failed or deleted session's executor is gone by the end",
+    5: "every acknowledged delivery's work is done; a failed or deleted session's executor is gone by the end, "
+    "and none starts after it ended",
     6: "nothing is left running",
     7: "an idle sandbox stops at its idle timeout: not before it, and not long after it",
     8: "pre-started sandboxes nobody asked for stay within the pre-start budget",
@@ -65,6 +68,10 @@ SAMPLE_SECONDS = 0.5
 ASK_SECONDS = 30.0
 REPLACEMENT_SECONDS = 10.0
 """An executor that ends is judged once a replacement showed up, or this long after it ended."""
+STALE_START_SECONDS = 8.0
+"""An executor that first shows up this long after its session was deleted or failed started on
+a read from before that end: a worker that read the session and then acted with its lease gone
+(a round holding its lease reads and starts within a second or two)."""
 GRACE_MARGIN_SECONDS = 0.5
 EARLY_MARGIN_SECONDS = 2.0
 """The API's ``last_active_at`` is whole seconds, and ``/proc`` is sampled: an idle stop up to
@@ -278,6 +285,7 @@ class Checker:
                 if executor is None or executor.gone_seen is not None:
                     executor = self.executors[key] = Executor(environment_id, sid, now, now, pids)
                     self.log.add("note", f"executor {sid} of {self.name(environment_id)} appeared")
+                    self._judge_start(executor)
                 executor.last_seen, executor.pids = now, pids
                 seen.append(executor)
         for executor in self.executors.values():
@@ -285,6 +293,21 @@ class Checker:
                 executor.gone_seen = now
                 self.log.add("note", f"executor {executor.sid} of {self.name(executor.environment_id)} is gone")
         return seen
+
+    def _judge_start(self, executor: Executor) -> None:
+        """5: an executor that starts long after its session was deleted or failed."""
+        session = self.book.by_environment(executor.environment_id)
+        ended = session.ended_at if session is not None else None
+        if session is None or ended is None or executor.first_seen - ended <= STALE_START_SECONDS:
+            return
+        how = "deleted" if session.deleted_at is not None else "failed"
+        self.violate(
+            ("5stale", executor.environment_id, executor.sid),
+            5,
+            f"{session.name} ({session.id})",
+            f"an executor (process session {executor.sid}) started at +{executor.first_seen - self.log.t0:.1f}s, "
+            f"{executor.first_seen - ended:.1f}s after the session was {how}",
+        )
 
     def _replacement(self, ended: Executor) -> Executor | None:
         assert ended.gone_seen is not None

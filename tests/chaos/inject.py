@@ -37,6 +37,25 @@ def marker_command(token: str) -> list[str]:
     return ["sh", "-c", f"cat {MARKER} 2>/dev/null; echo {token} >> {MARKER}"]
 
 
+STALE_HOLD_SECONDS = 1.0
+"""How long the simulator holds the read the stale-worker fault freezes a worker in (less than
+the controller's API timeout: the frozen round gets its answer, the session as it stood)."""
+STALE_AFTER_END_SECONDS = 10.0
+"""The frozen worker is thawed this long after its session ended (checker.STALE_START_SECONDS
+is less): an executor it would start then cannot be a start racing the session's end."""
+STALE_SETTLE_SECONDS = 3.0
+
+
+def _until(condition: Callable[[], bool], deadline: float, every: float = 0.1) -> bool:
+    """Poll ``condition`` until it holds (True) or the monotonic ``deadline`` passes (False)."""
+    while True:
+        if condition():
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(every)
+
+
 class Injector:
     def __init__(
         self,
@@ -162,6 +181,7 @@ class Injector:
             "redis-pause": self._redis_pause,
             "role-flip": self._role_flip,
             "skew": self._skew,
+            "stale-worker": self._stale_worker,
             "webhook-duplicate": self._duplicate,
             "webhook-hold": self._hold,
         }
@@ -230,6 +250,83 @@ class Injector:
             self._release("executor")
         self.log.ended(window)
         self.log.add("restore", "executor binary back")
+
+    def _stale_worker(self, step: Step) -> None:
+        """A worker frozen mid-round, past its lease, then thawed after its session ended.
+
+        The session made for it (``step.subject``) is created with the webhooks held a moment,
+        so that its first read can be armed to be held (``timeout``, ``STALE_HOLD_SECONDS``) before
+        any worker makes it. The pool process that waits for that read (found by its socket,
+        ``GET /admin/held``) is SIGSTOPped: it has read the session wanting a connection and not
+        yet started anything. Its lease expires; another worker takes the session and starts its
+        executor. Once that executor is connected the session is failed, and once the executor
+        is gone the frozen process waits ``STALE_AFTER_END_SECONDS`` more before SIGCONT. Whatever
+        it does next comes from a read made before the session ended, by a worker whose lease is
+        long gone: it must start nothing (invariant 5 fails an executor that starts that late)."""
+        name = step.subject
+        deadline = time.monotonic() + step.seconds
+        window = self.log.disturbed(step.describe())
+        frozen: tuple[str, int] | None = None
+        try:
+            self.world.admin("POST", "/admin/webhooks/hold", {"seconds": 1.0}).raise_for_status()
+            session = self.create(name)
+            held = {"target": "retrieve_session", "kind": "timeout", "count": 1, "object_id": session.id}
+            self.world.admin("POST", "/admin/faults", {**held, "hold_seconds": STALE_HOLD_SECONDS}).raise_for_status()
+            self.give_input(session)
+            frozen = self._freeze_reader(session, step)
+            if frozen is None:
+                return
+            worker, pid = frozen
+            self.log.add("fault", f"SIGSTOP of {worker}'s pool process {pid}, in its round of {name} after the read")
+            if not _until(lambda: self._connected(session), deadline):
+                self.log.add("note", f"{step.describe()}: no other worker connected {name} in time")
+                return
+            answer = self.world.admin("POST", f"/admin/sessions/{session.id}/fail", {"error": "failed by chaos"})
+            session.failed_at = time.time()
+            self.log.add("session", f"fail {name} ({session.id}): {answer.status_code}")
+            if not _until(lambda: not self._executors_of(session), deadline):
+                self.log.add("note", f"{step.describe()}: the executor of {name} was not released in time")
+            time.sleep(max(0.0, session.failed_at + STALE_AFTER_END_SECONDS - time.time()))
+        finally:
+            if frozen is not None:
+                os.kill(frozen[1], signal.SIGCONT)
+                self.log.add("restore", f"SIGCONT of {frozen[0]}'s pool process {frozen[1]}")
+                time.sleep(STALE_SETTLE_SECONDS)  # what it does next happens inside the window
+                self._release(frozen[0])
+            self.log.ended(window)
+
+    def _freeze_reader(self, session: Session, step: Step) -> tuple[str, int] | None:
+        """SIGSTOP the worker pool process whose read of ``session`` the simulator holds; the
+        worker's name and the pid, or None (said in the log) when it cannot be done."""
+        found: list[dict[str, Any]] = []
+
+        def held() -> bool:
+            calls = self.world.admin("GET", "/admin/held").json()["data"]
+            found[:] = [h for h in calls if h["object_id"] == session.id]
+            return bool(found)
+
+        if not _until(held, time.monotonic() + 15.0):
+            self.log.add("note", f"skipped {step.describe()}: no read of {session.name} was held")
+            return None
+        host, _, port = str(found[0]["client"]).rpartition(":")
+        pid = observe.socket_owner(host, int(port))
+        owner = observe.parent(pid) if pid is not None else None
+        worker = next((f"worker{i}" for i, w in enumerate(self.world.workers) if w.alive() and w.pid == owner), None)
+        if pid is None or worker is None:
+            self.log.add("note", f"skipped {step.describe()}: the read's caller ({found[0]['client']}) is no worker's")
+            return None
+        if not self._claim(worker, step):
+            return None
+        os.kill(pid, signal.SIGSTOP)
+        return worker, pid
+
+    def _connected(self, session: Session) -> bool:
+        environments = self.world.admin("GET", "/admin/environments").json()["data"]
+        return any(e["id"] == session.environment_id and e["status"] == "connected" for e in environments)
+
+    def _executors_of(self, session: Session) -> list[observe.Process]:
+        processes = observe.executor_processes(self.world.simulator_url)
+        return [p for p in processes if p.environment_id == session.environment_id]
 
     def _link_drop(self, step: Step) -> None:
         session = self.book.get(step.subject)

@@ -78,6 +78,48 @@ def executors(remote_url: str) -> dict[str, dict[int, list[int]]]:
     return grouped
 
 
+def socket_owner(host: str, port: int) -> int | None:
+    """The pid of the process holding the TCP socket whose own address is ``host:port`` (IPv4
+    loopback: the caller of a call the simulator holds, ``GET /admin/held``), or None."""
+    wanted = f"{_hex_ipv4(host)}:{port:04X}"
+    inode = None
+    with open("/proc/net/tcp") as table:
+        for line in table.readlines()[1:]:
+            fields = line.split()
+            if fields[1] == wanted and fields[9] != "0":
+                inode = fields[9]
+                break
+    if inode is None:
+        return None
+    target = f"socket:[{inode}]"
+    for pid in (name for name in os.listdir("/proc") if name.isdigit()):
+        try:
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for descriptor in descriptors:
+            try:
+                if os.readlink(f"/proc/{pid}/fd/{descriptor}") == target:
+                    return int(pid)
+            except OSError:
+                continue
+    return None
+
+
+def parent(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat") as file:
+            text = file.read()
+    except OSError:
+        return None
+    return int(text[text.rindex(")") + 2 :].split()[1])
+
+
+def _hex_ipv4(host: str) -> str:
+    """``/proc/net/tcp``'s spelling of an IPv4 address: its four bytes, little-endian, in hex."""
+    return "".join(f"{int(part):02X}" for part in reversed(host.split(".")))
+
+
 class Simulator:
     """The simulator's admin endpoints (loopback, never faulted)."""
 

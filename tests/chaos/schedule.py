@@ -129,6 +129,8 @@ SKEW_FOR = (15.0, 40.0)
 HOLD = (1.0, 8.0)
 """Webhooks held, then sent late."""
 BINARY_MISSING = (3.0, 12.0)
+STALE_WORKER_SECONDS = 45.0
+"""The stale-worker fault ends by then (it usually takes 20–30 s)."""
 MADE_LIVES = (60.0, 75.0)
 """The session made for a binary gap is deleted this long after its creation."""
 RANGES = (
@@ -251,8 +253,8 @@ class _Story:
         self.no_404_before = 0.0
 
     def create(self, at: float, agent: str = "", fresh: bool = False) -> str:
-        name = f"s{len(self.born)}"
-        self.born[name] = at
+        name = self.made_by_fault(at)
+        self.fresh.discard(name)
         self.steps.append(Step(at, "create", name, value=agent))
         if fresh:
             self.fresh.add(name)
@@ -260,6 +262,13 @@ class _Story:
             self.burst.add(name)
         else:
             self.steps.append(Step(at + 0.2, "input", name))
+        return name
+
+    def made_by_fault(self, at: float) -> str:
+        """A session the fault itself creates, at ``at`` (no create step: its handler does it)."""
+        name = f"s{len(self.born)}"
+        self.born[name] = at
+        self.fresh.add(name)
         return name
 
     def end(self, at: float, name: str, how: str) -> None:
@@ -443,6 +452,18 @@ def _executor_missing(rng: random.Random, at: float, story: _Story) -> list[Step
     return [Step(at, "executor-missing", "", seconds)]
 
 
+def _stale_worker(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """A session made for it, whose first read freezes the worker making it (SIGSTOP) past its
+    lease; the session is failed once another worker connected it, and the frozen worker
+    thawed well after that (``inject.Injector._stale_worker``); at most ``STALE_WORKER_SECONDS``
+    in all. One at a time with the other sessions made for faults."""
+    if story.fresh_pending(at):
+        return []
+    name = story.made_by_fault(at)
+    story.gone[name] = at + STALE_WORKER_SECONDS
+    return [Step(at, "stale-worker", name, STALE_WORKER_SECONDS)]
+
+
 def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     name = _session(rng, story, at)
     if name is None:
@@ -546,7 +567,7 @@ FAULTS: dict[str, Fault] = {
         Fault("executor-missing", 0.4, _executor_missing),
     )
 }
-OPT_IN_FAULTS = frozenset({"api-404-partial", "delete-several"})
+OPT_IN_FAULTS = frozenset({"api-404-partial", "delete-several", "stale-worker"})
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
 FAULTS.update(
     {
@@ -554,6 +575,7 @@ FAULTS.update(
         for f in (
             Fault("api-404-partial", 0.7, _partial_404),
             Fault("delete-several", 0.5, _delete_several),
+            Fault("stale-worker", 0.5, _stale_worker),
         )
     }
 )

@@ -5,6 +5,7 @@ checker reads."""
 
 from __future__ import annotations
 
+import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -81,6 +82,36 @@ def test_a_timeout_fault_holds_the_answer_past_the_clients_timeout(start_simulat
     assert time.monotonic() - began >= 1.4
     refused = httpx.post(sim.base_url + "/admin/faults", json={**fault, "target": "register"}, timeout=10)
     assert refused.status_code == 400 and "timeout" in refused.json()["error"]["message"]
+
+
+def test_a_held_call_is_listed_with_its_callers_address_until_its_answer_goes_out(
+    start_simulator: StartSimulator,
+) -> None:
+    """``GET /admin/held``: while a ``timeout`` fault holds a session read, the call is listed
+    with the caller's own address (its socket's port: the chaos tier finds the process that
+    waits for it that way); once the answer has gone out, nothing is listed."""
+    sim = start_simulator()
+    with sim.http() as client:
+        session = _create(client)
+    fault = {"target": "retrieve_session", "kind": "timeout", "hold_seconds": 1.5, "count": 1}
+    sim.admin("POST", "/admin/faults", {**fault, "object_id": session["id"]})
+    host, port = httpx.URL(sim.base_url).host, httpx.URL(sim.base_url).port
+    with socket.create_connection((host, port), timeout=10) as caller:
+        request = (
+            f"GET /v1/agents/sessions/{session['id']} HTTP/1.1\r\nHost: {host}\r\n"
+            f"Authorization: Bearer {sim.api_key}\r\nConnection: close\r\n\r\n"
+        )
+        caller.sendall(request.encode())
+        wait_for(lambda: sim.admin("GET", "/admin/held")["data"], 5, "the read to be held")
+        held = sim.admin("GET", "/admin/held")["data"]
+        assert [(h["target"], h["object_id"], h["client"]) for h in held] == [
+            ("retrieve_session", session["id"], f"127.0.0.1:{caller.getsockname()[1]}")
+        ]
+        answer = b""
+        while chunk := caller.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 200")
+    assert sim.admin("GET", "/admin/held")["data"] == []
 
 
 def test_a_link_outage_refuses_upgrades_with_503_and_codex_comes_back_without_registering(

@@ -12,7 +12,7 @@ import pytest
 
 from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
-from tests.chaos.checker import Checker, Violation
+from tests.chaos.checker import STALE_START_SECONDS, Checker, Violation
 from tests.chaos.eventlog import EventLog, Window
 from tests.chaos.run import require_codex, teardown
 
@@ -449,3 +449,23 @@ def test_a_run_under_ci_without_codex_fails() -> None:
         require_codex(False, {"CI": "true"})
     require_codex(False, {})
     require_codex(True, {"CI": "true"})
+
+
+def test_an_executor_that_starts_long_after_its_session_ended_breaks_5() -> None:
+    """5 (the stale-worker fault's judge): an executor first seen more than ``STALE_START_SECONDS``
+    after its session failed (or was deleted) came from a read made before that end, by a worker
+    whose lease was gone; one that shows up just after the end (a round that read the session
+    and started it as it ended) does not break it."""
+    world = World()
+    stale = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "requires_action", True)])
+    racing = world.sim.session(world.book, "s1", [(0, "idle", False), (1, "requires_action", True)])
+    stale.failed_at = T0 + 2
+    racing.deleted_at = T0 + 2
+    world.at(3)
+    world.run("env_s1", 300)
+    world.at(2 + STALE_START_SECONDS)
+    assert world.violations() == []
+    world.run("env_s0", 301)
+    world.at(2 + STALE_START_SECONDS + 0.5)
+    [found] = world.violations()
+    assert found.invariant == 5 and found.subject.startswith("s0") and "after the session was failed" in found.text

@@ -21,6 +21,7 @@ from tests.chaos.schedule import (
     OPT_IN_FAULTS,
     QUIET_EVERY_SECONDS,
     QUIET_SECONDS,
+    STALE_WORKER_SECONDS,
     Step,
     draw,
     select,
@@ -47,7 +48,7 @@ def test_every_step_names_a_session_that_exists_then(seed: int) -> None:
     gone: dict[str, float] = {}
     bursts: set[str] = set()
     for step in schedule.steps:
-        if step.kind == "create":
+        if step.kind in ("create", "stale-worker"):  # a stale-worker fault creates its own session
             assert step.subject not in born
             born[step.subject] = step.at
             if step.value == "prestart":
@@ -97,8 +98,9 @@ def test_no_session_reads_404_for_as_long_as_the_deletion_confirmation(seed: int
 
 def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_switched_by_name() -> None:
     assert set(FAULTS) - OPT_IN_FAULTS == DEFAULT_FAULTS and "role-flip" in DEFAULT_FAULTS
-    assert {"api-404-partial", "delete-several"} == OPT_IN_FAULTS and not OPT_IN_FAULTS & DEFAULT_FAULTS
-    assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | OPT_IN_FAULTS
+    assert {"api-404-partial", "delete-several", "stale-worker"} == OPT_IN_FAULTS
+    assert not OPT_IN_FAULTS & DEFAULT_FAULTS
+    assert select("+api-404-partial,+delete-several,+stale-worker") == DEFAULT_FAULTS | OPT_IN_FAULTS
     assert select(None) == select("") == select("default") == DEFAULT_FAULTS
     assert select("-role-flip") == DEFAULT_FAULTS - {"role-flip"}
     assert select("-role-flip,-skew,+skew") == DEFAULT_FAULTS - {"role-flip"}
@@ -289,3 +291,26 @@ def test_the_binary_goes_missing_while_a_session_is_created(seed: int) -> None:
     for gap in gaps:  # its own session, or the one of an earlier gap is still to come or alive
         earlier = [m for g in gaps if g.at < gap.at for m in made_in(g) if deleted[m.subject] > gap.at]
         assert made_in(gap) or earlier, gap
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_a_stale_worker_fault_makes_its_own_session_one_at_a_time(seed: int) -> None:
+    """``stale-worker`` (opt-in) names a session of its own, which no step creates (the fault's
+    handler creates it, its first read armed to be held), and nothing else made for a fault is
+    alive meanwhile; the sessions' own story is the same as without it."""
+    schedule = draw(seed, 5, {"stale-worker", "executor-missing"})
+    story = [s for s in draw(seed, 5, set()).steps if s.kind in ("create", "input", "delete", "fail")]
+    stale = [s for s in schedule.steps if s.kind == "stale-worker"]
+    created = {s.subject for s in schedule.steps if s.kind == "create"}
+    assert stale and "stale-worker" in OPT_IN_FAULTS
+    assert all(s.seconds == STALE_WORKER_SECONDS and s.subject not in created for s in stale)
+    assert set(story) <= set(schedule.steps)
+    made = sorted(
+        [(s.at, s.at + s.seconds) for s in stale]
+        + [
+            (s.at, next(d.at for d in schedule.steps if d.kind == "delete" and d.subject == s.subject))
+            for s in schedule.steps
+            if s.kind == "create" and s not in story
+        ]
+    )
+    assert all(a[1] <= b[0] for a, b in itertools.pairwise(made))  # one at a time
