@@ -1,8 +1,8 @@
 """Mutants of the product that the chaos judge must catch (``scripts/test chaos --mutants``).
 
 Each mutant is a small text replacement in one product file that brings back a defect class
-issue 25 names. ``main`` applies them one at a time, runs CI's fixed seeds (``schedule.CI_SEEDS``,
-``CI_MINUTES`` each; the next seed only while none caught it) against the mutated product, and
+issue 25 names. ``main`` applies them one at a time, runs CI's fixed runs (``schedule.CI_RUNS``:
+seed, faults and minutes; the next run only while none caught it) against the mutated product, and
 reports for each whether it was caught and by which invariants (``checker.INVARIANTS``),
 keeping each run's event log in a directory it names; it exits 1 when any mutant survived.
 
@@ -227,7 +227,7 @@ def _terminated(signum: int, frame: FrameType | None) -> None:
 
 def main() -> int:
     from tests.chaos.run import run
-    from tests.chaos.schedule import CI_MINUTES, CI_SEEDS, DEFAULT_FAULTS
+    from tests.chaos.schedule import CI_RUNS, select
 
     signal.signal(signal.SIGTERM, _terminated)
     kept = Path(tempfile.mkdtemp(prefix="chaos-mutants-"))  # each run's event log, for a survivor's story
@@ -245,9 +245,9 @@ def main() -> int:
         started = time.time()
         with applied(mutant), tempfile.TemporaryDirectory(prefix=f"mutant-{mutant.name}-") as scratch:
             print(f"\n==> mutant {mutant.name}: {mutant.defect}", flush=True)
-            for seed in CI_SEEDS:
+            for seed, faults, minutes in CI_RUNS:
                 seeds_run.append(seed)
-                result = run(Path(scratch) / f"seed-{seed}", seed, CI_MINUTES, DEFAULT_FAULTS)
+                result = run(Path(scratch) / f"seed-{seed}", seed, minutes, select(faults))
                 print(result.report(), flush=True)
                 events = Path(scratch) / f"seed-{seed}" / "events.log"
                 if events.exists():
