@@ -385,3 +385,9 @@ def test_cis_deletion_run_draws_what_each_deletion_mutant_needs() -> None:
     kinds = [s.kind for s in schedule.fault_steps()]
     assert kinds[0] == "lone-404" and "api-404-recheck" in kinds and "wrong-key" in kinds
     assert schedule.seconds < 120  # CI's chaos tier stays near 4 minutes in all
+
+
+def test_invariant_9_states_the_time_the_injector_gives_the_operators_release() -> None:
+    from tests.chaos.checker import INVARIANTS
+
+    assert f"within {OPERATOR_RELEASE_SECONDS:g} s" in INVARIANTS[9]
