@@ -32,6 +32,12 @@ How each is seen from outside:
    system meanwhile, is a late stop (issue 16's item 3: a skewed clock stops early or late).
 8. The sessions of the pre-start burst (never given input) hold no more live executors than
    the pre-start budget.
+9. While every session read answers 404 (``wrong-key``), the harness deletes one session at the
+   API and, once its hold shows, runs ``sandbox-controller release SID --yes`` as an operator
+   would: the command must be taken, and that session's executor gone and its workspace (the
+   local runner's ``sessions/<id>-<hash>/workspace``) discarded within
+   ``schedule.OPERATOR_RELEASE_SECONDS`` (10 s; the injector passes it), judged before the window ends (after it, the
+   sessions found again would confirm the deletion anyway and hide a release that was ignored).
 """
 
 from __future__ import annotations
@@ -63,6 +69,8 @@ INVARIANTS = {
     6: "nothing is left running",
     7: "an idle sandbox stops at its idle timeout: not before it, and not long after it",
     8: "pre-started sandboxes nobody asked for stay within the pre-start budget",
+    9: "an operator's release of a held deletion ends its sandbox (executor, workspace) within 10 s, "
+    "even while every read answers 404",
 }
 SAMPLE_SECONDS = 0.5
 ASK_SECONDS = 30.0
@@ -389,6 +397,43 @@ class Checker:
                 name,
                 f"executor {executor.sid} {what} at {at} while its session was {state['status']} "
                 f"(since +{float(state['at']) - self.log.t0:.1f}s{earlier}; {link}; grace {self.grace:g}s)",
+            )
+
+    # -- an operator's release ----------------------------------------------------------------
+
+    def judge_release(
+        self, session: Session, workspace: Path, asked_at: float, within: float, refused: str | None
+    ) -> None:
+        """9: ``sandbox-controller release SID --yes`` ran at ``asked_at`` for a held deletion
+        (``refused``: what the command said when it exited non-zero); within ``within`` seconds
+        the session's executor must be gone and its ``workspace`` discarded (the executor of a
+        session deleted at the API may end by itself; the workspace stays while the hold does).
+        Waits (bounded) and judges."""
+        name = f"{session.name} ({session.id})"
+        if refused is not None:
+            self.violate(("9", session.id), 9, name, f"the operator's release was refused: {refused}")
+            return
+
+        def left() -> list[str]:
+            running = self.live_executors(session.environment_id)
+            return ([f"executor (process sessions {running})"] if running else []) + (
+                [f"workspace {workspace}"] if workspace.exists() else []
+            )
+
+        deadline = asked_at + within
+        while self.clock() < deadline:
+            if not left():
+                self.log.add("note", f"{name}: released {self.clock() - asked_at:.1f}s after the operator asked")
+                return
+            time.sleep(SAMPLE_SECONDS / 2)
+        still = left()
+        if still:
+            self.violate(
+                ("9", session.id),
+                9,
+                name,
+                f"released by an operator at +{asked_at - self.log.t0:.1f}s; its {' and '.join(still)} still "
+                f"there {within:g}s later, while every read answers 404",
             )
 
     # -- at the end ---------------------------------------------------------------------------

@@ -13,23 +13,41 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import threading
 import time
 import zlib
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 import redis
 
 from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.eventlog import EventLog
-from tests.chaos.schedule import Schedule, Step
+from tests.chaos.schedule import OPERATOR_RELEASE_SECONDS, STALE_AFTER_END_SECONDS, Schedule, Step
 from tests.chaos.world import API_HOLD_SECONDS, MARKER, PRESTART_AGENT, ChaosWorld
 from tests.support import faketime
+from tests.support.processes import python_module
 
 SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
 SKEW_TOLERANCE_SECONDS = 2.0
+OPENINGS = frozenset({"lone-404"})
+"""Faults carried out in the schedule's own thread: the steps after them wait until they end."""
+READY_SECONDS = 60.0
+"""How long a fault waits for its session's executor to run (and its turn to end) before it
+starts; past that it is not carried out (a harness error: what it would judge goes unjudged)."""
+
+
+class Judge(Protocol):
+    """What the injector asks of the checker (``checker.Checker``)."""
+
+    def live_executors(self, environment_id: str) -> list[int]: ...
+
+    def judge_release(
+        self, session: Session, workspace: Path, asked_at: float, within: float, refused: str | None
+    ) -> None: ...
 
 
 def marker_command(token: str) -> list[str]:
@@ -40,9 +58,6 @@ def marker_command(token: str) -> list[str]:
 STALE_HOLD_SECONDS = 1.0
 """How long the simulator holds the read the stale-worker fault freezes a worker in (less than
 the controller's API timeout: the frozen round gets its answer, the session as it stood)."""
-STALE_AFTER_END_SECONDS = 10.0
-"""The frozen worker is thawed this long after its session ended (checker.STALE_START_SECONDS
-is less): an executor it would start then cannot be a start racing the session's end."""
 STALE_SETTLE_SECONDS = 3.0
 
 
@@ -64,8 +79,11 @@ class Injector:
         log: EventLog,
         can_skew: bool,
         before_deletion: Callable[[Session], None] | None = None,
+        judge: Judge | None = None,
     ) -> None:
-        """``before_deletion`` is called with a session just before the harness deletes it."""
+        """``before_deletion`` is called with a session just before the harness deletes it;
+        ``judge`` (the checker) says which executors run, and judges an operator's release."""
+        self.judge = judge
         self.world = world
         self.book = book
         self.log = log
@@ -87,6 +105,8 @@ class Injector:
                 time.sleep(delay)
             if step.kind in ("create", "input", "delete", "fail"):
                 self._guarded(step, self._session_action)
+            elif step.kind in OPENINGS:
+                self._guarded(step, self._fault)
             else:
                 thread = threading.Thread(target=self._guarded, args=(step, self._fault), daemon=True)
                 thread.start()
@@ -129,16 +149,20 @@ class Injector:
         if step.kind == "input":
             self.give_input(session)
         elif step.kind == "delete":
-            if self.before_deletion is not None:
-                self.before_deletion(session)
-            with self.world.api() as client:
-                answer = client.delete(f"/v1/agents/sessions/{session.id}")
-            session.deleted_at = time.time()
-            self.log.add("session", f"delete {session.name} ({session.id}): {answer.status_code}")
+            self.delete(session)
         elif step.kind == "fail":
             answer = self.world.admin("POST", f"/admin/sessions/{session.id}/fail", {"error": "failed by chaos"})
             session.failed_at = time.time()
             self.log.add("session", f"fail {session.name} ({session.id}): {answer.status_code}")
+
+    def delete(self, session: Session) -> None:
+        """The API's DELETE of ``session`` (its markers and history read just before)."""
+        if self.before_deletion is not None:
+            self.before_deletion(session)
+        with self.world.api() as client:
+            answer = client.delete(f"/v1/agents/sessions/{session.id}")
+        session.deleted_at = time.time()
+        self.log.add("session", f"delete {session.name} ({session.id}): {answer.status_code}")
 
     def create(self, name: str, prestart: bool = False) -> Session:
         body: dict[str, Any] = {"environment": SELF_HOSTED}
@@ -173,6 +197,9 @@ class Injector:
         handlers = {
             "api-fault": self._api_fault,
             "api-flap": self._api_flap,
+            "api-404-recheck": self._recheck,
+            "lone-404": self._lone_404,
+            "wrong-key": self._wrong_key,
             "executor-missing": self._executor_missing,
             "link-drop": self._link_drop,
             "kill-executor": self._kill_executor,
@@ -230,6 +257,147 @@ class Injector:
         time.sleep(2.0)
         self.log.ended(window)
         self.log.add("restore", f"{session.name} reads again")
+
+    # -- the deletion faults (issue 25, defects 1, 2 and 5) ------------------------------------
+
+    def _armed(self, session_id: str) -> bool:
+        """Whether a fault narrowed to this session's reads is still armed at the simulator."""
+        listed = self.world.admin("GET", "/admin/faults").json()["data"]
+        return any(f.get("object_id") == session_id and f.get("target") == "retrieve_session" for f in listed)
+
+    def _wait(self, check: Callable[[], bool], seconds: float) -> bool:
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            if check():
+                return True
+            time.sleep(0.25)
+        return check()
+
+    def _ready(self, session: Session, idle: bool) -> bool:
+        """Wait (bounded) until ``session``'s executor runs (and, with ``idle``, its turn ended)."""
+        assert self.judge is not None
+        judge = self.judge
+
+        def ready() -> bool:
+            if not judge.live_executors(session.environment_id):
+                return False
+            if not idle:
+                return True
+            listed = self.world.admin("GET", "/admin/sessions").json()["data"]
+            return any(s["id"] == session.id and s["status"] == "idle" for s in listed)
+
+        return self._wait(ready, READY_SECONDS)
+
+    def _held(self, session: Session) -> bool:
+        """Whether a worker logged the deletion of ``session`` as held."""
+        return any(
+            line.get("event") == "deletions held" and line.get("session_id") == session.id
+            for worker in self.world.workers
+            for line in worker.log_lines()
+        )
+
+    def _recheck(self, step: Step) -> None:
+        """One-shot 404, reads answering 503 for ``step.seconds``, one more one-shot 404 on the
+        re-check past the confirmation period, then readable (issue 25, defect 1). Each one-shot
+        is armed only once the previous fault of that session is taken or over; the second one
+        replaces the 503s a moment before they end, so no read lands between them."""
+        session = self.book.get(step.subject)
+        if session is None or session.ended_at is not None:
+            self.log.add("note", f"skipped {step.describe()}: no such session now")
+            return
+        window = self.log.disturbed(step.describe())
+        one_shot = {"target": "retrieve_session", "status": 404, "count": 1, "object_id": session.id}
+        self.world.admin("POST", "/admin/faults", one_shot).raise_for_status()
+        self.log.add("fault", f"the next read of {session.name} ({session.id}) answers 404 (one-shot 1 of 2)")
+        if not self._wait(lambda: not self._armed(session.id), 15.0):
+            self.errors.append(f"{step.describe()}: the first one-shot 404 was not taken within 15 s")
+        failing = {"target": "retrieve_session", "status": 503, "seconds": step.seconds, "object_id": session.id}
+        self.world.admin("POST", "/admin/faults", failing).raise_for_status()
+        self.log.add("fault", f"reads of {session.name} answer 503 for {step.seconds:.1f}s")
+        time.sleep(max(0.0, step.seconds - 0.3))
+        self.world.admin("POST", "/admin/faults", one_shot).raise_for_status()  # replaces the 503s
+        self.log.add("fault", f"the next read of {session.name} answers 404 (one-shot 2 of 2, the re-check)")
+        if not self._wait(lambda: not self._armed(session.id), 15.0):
+            self.errors.append(f"{step.describe()}: the second one-shot 404 was not taken within 15 s")
+        time.sleep(2.0)
+        self.log.ended(window)
+        self.log.add("restore", f"{session.name} reads again")
+
+    def _lone_404(self, step: Step) -> None:
+        """The opening of ``lone-404``: once the one session's executor runs and its turn ended,
+        every read of it answers 404 for ``step.seconds`` (no other session is mapped to compare
+        with): it must be held (issue 25, defect 2). Carried out in the schedule's own thread,
+        so the story waits for it."""
+        session = self.book.get(step.subject)
+        if session is None or self.judge is None:
+            self.errors.append(f"{step.describe()}: no session or no judge to carry it out")
+            return
+        if not self._ready(session, idle=True):
+            self.errors.append(f"{step.describe()}: {session.name} had no executor, idle, within {READY_SECONDS:g}s")
+            return
+        window = self.log.disturbed(step.describe())
+        body = {"target": "retrieve_session", "status": 404, "seconds": step.seconds, "object_id": session.id}
+        self.world.admin("POST", "/admin/faults", body).raise_for_status()
+        self.log.add(
+            "fault",
+            f"every read of {session.name} ({session.id}), the one session, answers 404 for {step.seconds:.1f}s",
+        )
+        time.sleep(step.seconds)
+        self.log.ended(window)
+        held = "its deletion was held" if self._held(session) else "no hold was logged"
+        self.log.add("restore", f"{session.name} reads again ({held})")
+
+    def _wrong_key(self, step: Step) -> None:
+        """Every session read answers 404 for ``step.seconds``; ``step.subject`` (its executor
+        running) is deleted at the API, and once its hold shows in the worker log the operator's
+        ``sandbox-controller release SID --yes`` runs; the checker judges 9 during the window."""
+        session = self.book.get(step.subject)
+        if session is None or session.ended_at is not None or self.judge is None:
+            self.log.add("note", f"skipped {step.describe()}: no such session now")
+            return
+        if not self._ready(session, idle=False):
+            self.errors.append(f"{step.describe()}: {session.name} had no executor within {READY_SECONDS:g}s")
+            return
+        window = self.log.disturbed(step.describe())
+        body = {"target": "retrieve_session", "status": 404, "seconds": step.seconds}
+        self.world.admin("POST", "/admin/faults", body).raise_for_status()
+        ends = time.time() + step.seconds
+        self.log.add("fault", f"every session read answers 404 for {step.seconds:.1f}s (a wrong key)")
+        try:
+            time.sleep(1.0)
+            self.delete(session)
+            latest = ends - OPERATOR_RELEASE_SECONDS - 2.0  # judged before the window ends
+            if not self._wait(lambda: self._held(session), max(0.0, latest - time.time())):
+                self.errors.append(
+                    f"{step.describe()}: no hold of {session.name} logged in time: the operator's release is unjudged"
+                )
+                return
+            self._operator_release(session)
+        finally:
+            time.sleep(max(0.0, ends - time.time()))
+            self.log.ended(window)
+            self.log.add("restore", "session reads answer again")
+
+    def _operator_release(self, session: Session) -> None:
+        """``sandbox-controller release SID --yes``, as an operator would run it (the world's
+        settings), written down; then 9 is judged."""
+        assert self.judge is not None
+        # The local runner's layout: sessions/<id (path-safe, 40 chars)>-<hash>/workspace.
+        found = sorted((self.world.state_directory / "sessions").glob(f"{session.id[:40]}-*/workspace"))
+        if len(found) != 1 or not found[0].is_dir():
+            self.errors.append(f"operator's release of {session.name}: its workspace is not there to judge ({found})")
+            return
+        command = [*python_module("controller", "release", session.id, "--yes")]
+        asked = time.time()
+        done = subprocess.run(command, env=self.world.controller_env(), capture_output=True, text=True, timeout=60)
+        said = (done.stdout or done.stderr).strip().splitlines()
+        line = said[-1] if said else ""
+        self.log.add(
+            "operator",
+            f"sandbox-controller release {session.name} ({session.id}) --yes: exit {done.returncode}: {line}",
+        )
+        refused = None if done.returncode == 0 else line
+        self.judge.judge_release(session, found[0], asked, OPERATOR_RELEASE_SECONDS, refused)
 
     def _executor_missing(self, step: Step) -> None:
         """The executor binary is away for ``step.seconds`` (renamed), then back."""

@@ -120,7 +120,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         idle_timeout_seconds=IDLE_TIMEOUT_SECONDS,
         prestart_budget=PRESTART_BUDGET,
     )
-    injector = Injector(world, book, log, can_skew, before_deletion=checker.before_deletion)
+    injector = Injector(world, book, log, can_skew, before_deletion=checker.before_deletion, judge=checker)
     checked_commands = checked_deliveries = 0
     try:
         world.start()

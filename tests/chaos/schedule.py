@@ -53,11 +53,33 @@ api-404-partial     (opt-in: ``+api-404-partial``) a partial 404 storm: the read
 delete-several      (opt-in: ``+delete-several``) 2–3 sessions deleted at the same moment, never
                     more than half of those alive (so the others, still readable, outvote them):
                     each must be released by the end (5), the others' work kept (4)
+api-404-recheck     (opt-in) one session's next read answers 404, then its reads answer 503 for
+                    7.5–10 s (a partial incident: no read finds it), then one more one-shot 404
+                    lands on the re-check past the confirmation period, then it is readable: two
+                    404 reads, not three spread over the period, so never a deletion (4, 7)
+lone-404            (opt-in) an opening before the story: one session created alone and, once
+                    its executor runs and its turn is done, every read of it answers 404 for
+                    10–14 s (a wrong key with one mapped session, nothing to compare with): it
+                    must be held, not released (4, 7); the story starts 32 s later than usual
+wrong-key           (opt-in) every session read answers 404 for 28–34 s (a wrong key or base
+                    URL); one session, given input just before, is deleted at the API once the
+                    window opens, and once its hold shows in the worker log the harness runs
+                    ``sandbox-controller release SID --yes`` as an operator would: its executor
+                    must be gone within 10 s, during the window (9); nothing else released (4)
+stale-worker        (opt-in) a session made for it, whose first read the simulator holds 1 s
+                    while the worker pool process waiting for it (found by its socket) is
+                    frozen with SIGSTOP; its lease lapses, another worker connects the session,
+                    the session is failed, and 10 s later the frozen process is thawed: acting
+                    on its stale read, it must start nothing (5: no executor starts more than
+                    8 s after its session ended)
 ==================  =============================================================================
 
 The opt-in faults are not in ``DEFAULT_FAULTS``: adding them to the default set would change
 what CI's fixed seeds draw (a seed's faults are drawn from the weights of the whole set), so
 they are named with ``--faults +api-404-partial,+delete-several`` until CI's seeds are moved.
+CI's third run (``CI_RUNS``) names ``lone-404``, ``api-404-recheck`` and ``wrong-key`` alone:
+they reach the deletion defects the default set cannot (issue 25, defects 1, 2 and 5); its
+fourth names ``stale-worker`` alone (the lease checked before a start).
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -75,12 +97,29 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 CI_SEEDS = (93, 2)
-"""The seeds CI runs (``tests/chaos/test_chaos.py``), ``CI_MINUTES`` of faults each. Chosen so
-that together they draw each fault a mutant of ``tests/chaos/mutants.py`` needs to be seen:
-two link drops in one turn, the executor binary missing while a session is created, a
-pre-start burst, one-shot and flapping 404s, deletions (``tests/unit/test_chaos_schedule.py``
-fails when a change to the catalogue takes one of them away)."""
+"""The seeds CI runs with the default faults (``tests/chaos/test_chaos.py``), ``CI_MINUTES`` of
+faults each. Chosen so that together they draw each fault a mutant of ``tests/chaos/mutants.py``
+needs to be seen: two link drops in one turn, the executor binary missing while a session is
+created, a pre-start burst, one-shot and flapping 404s, deletions
+(``tests/unit/test_chaos_schedule.py`` fails when a change to the catalogue takes one of them
+away)."""
 CI_MINUTES = 0.75
+DELETION_SEED = 0
+DELETION_MINUTES = 0.5
+DELETION_FAULTS = "lone-404,api-404-recheck,wrong-key"
+"""The faults of CI's third run: the deletion defects the default set cannot reach."""
+STALE_SEED = 1
+STALE_MINUTES = 0.25
+STALE_FAULTS = "stale-worker"
+"""The fault of CI's fourth run: a worker that lost its lease mid-round (the lease mutant)."""
+CI_RUNS: tuple[tuple[int, str, float], ...] = (
+    (93, "default", CI_MINUTES),
+    (2, "default", CI_MINUTES),
+    (DELETION_SEED, DELETION_FAULTS, DELETION_MINUTES),
+    (STALE_SEED, STALE_FAULTS, STALE_MINUTES),
+)
+"""Every run CI makes, and ``scripts/test chaos --mutants`` too: (seed, ``--faults`` value,
+minutes of faults)."""
 MAX_LIVE_SESSIONS = 5
 """Sessions given input at once at most (each is a codex executor on a 2-core machine)."""
 FIRST_SESSIONS = 3
@@ -129,10 +168,23 @@ SKEW_FOR = (15.0, 40.0)
 HOLD = (1.0, 8.0)
 """Webhooks held, then sent late."""
 BINARY_MISSING = (3.0, 12.0)
+STALE_AFTER_END_SECONDS = 10.0
+"""The stale-worker fault thaws the frozen worker this long after its session failed."""
 STALE_WORKER_SECONDS = 45.0
 """The stale-worker fault ends by then (it usually takes 20–30 s)."""
 MADE_LIVES = (60.0, 75.0)
 """The session made for a binary gap is deleted this long after its creation."""
+RECHECK_FAILS = (7.5, 10.0)
+"""After a one-shot 404, one session's reads answer 503 this long (longer than the deletion
+confirmation plus a margin, so that the next one-shot 404 lands on a re-check past its end)."""
+LONE_404 = (10.0, 14.0)
+"""The lone session's reads answering 404 (longer than the deletion confirmation)."""
+LONE_OPENING_SECONDS = 32.0
+"""With ``lone-404``, the story and the other faults start this much later."""
+WRONG_KEY = (28.0, 34.0)
+"""Every session read answering 404 (a wrong key or base URL)."""
+OPERATOR_RELEASE_SECONDS = 10.0
+"""An operator's release of a held deletion must end its executor within this (invariant 9)."""
 RANGES = (
     ONE_404,
     ALL_404,
@@ -149,6 +201,9 @@ RANGES = (
     SKEW_FOR,
     HOLD,
     BINARY_MISSING,
+    RECHECK_FAILS,
+    LONE_404,
+    WRONG_KEY,
 )
 
 
@@ -179,7 +234,15 @@ def catalogue_text() -> str:
         f"{_span(SKEW_FOR)}; webhooks delivered again, or held {_span(HOLD)} and sent late, in "
         f"order, reversed or shuffled; {BURST_SESSIONS} sessions of a pre-started agent created at "
         "once. Opt-in (`--faults +name`): a partial 404 storm (some sessions' reads, never all, "
-        f"{_span(PARTIAL_404)} at once) and 2–3 sessions deleted at one moment."
+        f"{_span(PARTIAL_404)} at once) and 2–3 sessions deleted at one moment; one session's read "
+        f"answering 404, then its reads 503 for {_span(RECHECK_FAILS)}, then one more 404 on the "
+        "re-check past the confirmation period (two 404s, not three spread over it); an opening with "
+        f"one session alone whose reads answer 404 for {_span(LONE_404)}; every session read answering "
+        f"404 for {_span(WRONG_KEY)} (a wrong key) while one session is deleted at the API and, once "
+        "its hold shows, released by the harness with `sandbox-controller release SESSION_ID --yes` "
+        "as an operator would; a worker frozen (SIGSTOP) between its first read of a session made "
+        f"for it and its start, past its lease, and thawed {STALE_AFTER_END_SECONDS:g} s after that "
+        "session, connected by another worker meanwhile, failed."
     )
 
 
@@ -225,11 +288,13 @@ class Schedule:
     minutes: float
     faults: frozenset[str]
     steps: tuple[Step, ...]
+    opening: float = 0.0
+    """Seconds before the story and the drawn faults start (``lone-404``'s opening)."""
 
     @property
     def seconds(self) -> float:
         """When the last fault is over (the quiet end of the run starts then)."""
-        return max([self.minutes * 60, *(s.at + s.seconds for s in self.steps)])
+        return max([self.opening + self.minutes * 60, *(s.at + s.seconds for s in self.steps)])
 
     def fault_steps(self) -> list[Step]:
         return [s for s in self.steps if s.kind not in SESSION_ACTIONS]
@@ -275,15 +340,19 @@ class _Story:
         self.gone[name] = at
         self.steps.append(Step(at, how, name))
 
-    def end_now(self, at: float, name: str) -> None:
+    def end_now(self, at: float, name: str, step: bool = True) -> None:
         """Delete ``name`` at ``at``, before the end its story had for it (then dropped: a
-        session ends once; its later inputs are refused by the API and logged as not taken)."""
+        session ends once; its later inputs are refused by the API and logged as not taken).
+        ``step=False``: a fault deletes it itself (the story only learns it is gone)."""
         later = self.gone.get(name)
         if later is not None:
             self.steps = [
                 s for s in self.steps if not (s.subject == name and s.at == later and s.kind in ("delete", "fail"))
             ]
-        self.end(at, name, "delete")
+        if step:
+            self.end(at, name, "delete")
+        else:
+            self.gone[name] = at
 
     def copy(self) -> _Story:
         """A copy to go back to (its steps are immutable; the containers are copied)."""
@@ -312,14 +381,18 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
     unknown = chosen - FAULTS.keys()
     if unknown:
         raise ValueError(f"unknown faults: {', '.join(sorted(unknown))}")
-    duration = minutes * 60.0
-    story = _story(random.Random(f"{seed}:sessions"), duration)
-    rng = random.Random(f"{seed}:faults")
-    names = sorted(chosen)
-    weights = [FAULTS[n].weight for n in names]
+    opening = LONE_OPENING_SECONDS if "lone-404" in chosen else 0.0
+    duration = opening + minutes * 60.0
+    story = _Story()
     steps: list[Step] = []
-    at = rng.uniform(3.0, 6.0)
-    quiet_after = QUIET_EVERY_SECONDS if minutes >= QUIET_FROM_MINUTES else float("inf")
+    if opening:
+        steps.append(_lone(random.Random(f"{seed}:lone"), story))
+    _story(random.Random(f"{seed}:sessions"), duration, story, opening)
+    rng = random.Random(f"{seed}:faults")
+    names = [n for n in sorted(chosen) if FAULTS[n].weight > 0]  # an opening is not drawn
+    weights = [FAULTS[n].weight for n in names]
+    at = opening + rng.uniform(3.0, 6.0)
+    quiet_after = opening + QUIET_EVERY_SECONDS if minutes >= QUIET_FROM_MINUTES else float("inf")
     while names and at < duration:
         name = rng.choices(names, weights)[0]
         before = story.copy()
@@ -334,14 +407,13 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
             busy_until = max([at, *(s.at + s.seconds for s in steps)])
             at = busy_until + QUIET_SECONDS
             quiet_after = at + QUIET_EVERY_SECONDS
-    return Schedule(seed, minutes, chosen, tuple(sorted(steps + story.steps)))
+    return Schedule(seed, minutes, chosen, tuple(sorted(steps + story.steps)), opening)
 
 
-def _story(rng: random.Random, duration: float) -> _Story:
-    story = _Story()
+def _story(rng: random.Random, duration: float, story: _Story, start: float = 0.0) -> _Story:
     for index in range(FIRST_SESSIONS):
-        story.create(round(0.5 * index, 2))
-    at = 4.0
+        story.create(round(start + 0.5 * index, 2))
+    at = start + 4.0
     while True:
         at = round(at + rng.uniform(2.5, 7.0), 2)
         if at >= duration:
@@ -360,6 +432,14 @@ def _story(rng: random.Random, duration: float) -> _Story:
             story.steps.append(Step(at, "input", rng.choice(alive)))
         elif action in ("delete", "fail"):
             story.end(at, rng.choice(alive), action)
+
+
+def _lone(rng: random.Random, story: _Story) -> Step:
+    """``lone-404``'s opening: one session alone (``s0``, given input), then every read of it
+    answering 404 for longer than the deletion confirmation; the injector starts the window
+    once its executor runs and its turn is done, and holds the story back until it is over."""
+    name = story.create(0.0)
+    return Step(1.0, "lone-404", name, _seconds(rng, *LONE_404), "retrieve_session:404")
 
 
 # -- the faults -------------------------------------------------------------------------------
@@ -425,6 +505,33 @@ def _partial_404(rng: random.Random, at: float, story: _Story) -> list[Step]:
         return []  # drawn all the same, so that the steps after it do not change
     story.no_404_before = at + seconds + NO_404_SECONDS
     return [Step(at, "api-fault", name, seconds, "retrieve_session:404") for name in chosen]
+
+
+def _recheck(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """One session's next read answers 404, its reads then answer 503 for 7.5–10 s, and one
+    more one-shot 404 lands on the re-check past the confirmation period (issue 25, defect 1:
+    two 404 reads a period apart are not three spread over it); the session outlives it."""
+    one = _session(rng, story, at)
+    fails = _seconds(rng, *RECHECK_FAILS)
+    if one is None or at < story.no_404_before or story.gone.get(one, float("inf")) < at + fails + 15.0:
+        return []
+    story.no_404_before = at + fails + 5.0 + NO_404_SECONDS  # the second one-shot, then readable
+    return [Step(at, "api-404-recheck", one, fails, "retrieve_session:503")]
+
+
+def _wrong_key(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """Every session read answers 404 for 28–34 s; one session (given input just before, so
+    that its executor runs) is deleted at the API once the window opens, and released by the
+    operator once its hold shows (the injector does both: the story only learns it is gone)."""
+    alive = story.alive(at)
+    seconds = _seconds(rng, *WRONG_KEY)
+    if len(alive) < 2 or at < story.no_404_before:
+        return []
+    victim = rng.choice(alive)
+    opens = round(at + 0.5, 2)
+    story.end_now(opens, victim, step=False)
+    story.no_404_before = opens + seconds + NO_404_SECONDS
+    return [Step(at, "input", victim), Step(opens, "wrong-key", victim, seconds, "retrieve_session:404")]
 
 
 def _delete_several(rng: random.Random, at: float, story: _Story) -> list[Step]:
@@ -567,7 +674,9 @@ FAULTS: dict[str, Fault] = {
         Fault("executor-missing", 0.4, _executor_missing),
     )
 }
-OPT_IN_FAULTS = frozenset({"api-404-partial", "delete-several", "stale-worker"})
+OPT_IN_FAULTS = frozenset(
+    {"api-404-partial", "delete-several", "api-404-recheck", "lone-404", "wrong-key", "stale-worker"}
+)
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
 FAULTS.update(
     {
@@ -575,6 +684,9 @@ FAULTS.update(
         for f in (
             Fault("api-404-partial", 0.7, _partial_404),
             Fault("delete-several", 0.5, _delete_several),
+            Fault("api-404-recheck", 1.0, _recheck),
+            Fault("lone-404", 0.0, lambda rng, at, story: []),  # an opening (``_lone``), never drawn
+            Fault("wrong-key", 1.0, _wrong_key),
             Fault("stale-worker", 0.5, _stale_worker),
         )
     }

@@ -1,7 +1,8 @@
 """The seeded fault schedule against the whole system (``tests/chaos/__init__.py``).
 
-Without ``CHAOS_SEED`` this runs CI's fixed seeds, ``CI_MINUTES`` of faults each (about three
-minutes in all with start-up and the quiet end). ``scripts/test chaos --seed N --minutes M
+Without ``CHAOS_SEED`` this runs CI's fixed runs (``schedule.CI_RUNS``: two seeds of the default
+faults for ``CI_MINUTES`` each, and one of the deletion faults; about four minutes in all with
+start-up and the quiet ends). ``scripts/test chaos --seed N --minutes M
 --faults SPEC`` sets ``CHAOS_SEED``, ``CHAOS_MINUTES`` and ``CHAOS_FAULTS``. A failing run
 prints its seed, the command that replays it, its violations and its whole event log.
 """
@@ -14,23 +15,33 @@ from pathlib import Path
 import pytest
 
 from tests.chaos.run import run
-from tests.chaos.schedule import CI_MINUTES, CI_SEEDS, select
+from tests.chaos.schedule import CI_MINUTES, CI_RUNS, select
 from tests.chaos.world import SKEW_VARIABLES, clock_offsets
 from tests.support import faketime
 
-MINUTES = float(os.environ.get("CHAOS_MINUTES") or CI_MINUTES)
-SEEDS = [int(os.environ["CHAOS_SEED"])] if os.environ.get("CHAOS_SEED") else list(CI_SEEDS)
-FAULTS = select(os.environ.get("CHAOS_FAULTS"))
+RUNS = (
+    [
+        (
+            int(os.environ["CHAOS_SEED"]),
+            os.environ.get("CHAOS_FAULTS") or "default",
+            float(os.environ.get("CHAOS_MINUTES") or CI_MINUTES),
+        )
+    ]
+    if os.environ.get("CHAOS_SEED")
+    else list(CI_RUNS)
+)
+"""(seed, faults, minutes) of each run: the one ``--seed`` names, or CI's (``schedule.CI_RUNS``)."""
+LONGEST = max(minutes for _, _, minutes in RUNS)
 
-pytestmark = [pytest.mark.system, pytest.mark.timeout(int(600 + 2 * 60 * MINUTES))]
+pytestmark = [pytest.mark.system, pytest.mark.timeout(int(600 + 2 * 60 * LONGEST))]
 
 
-@pytest.mark.parametrize("seed", SEEDS)
-def test_a_seeded_fault_schedule_keeps_every_invariant(seed: int, tmp_path: Path) -> None:
-    """L1, L5, L9, L11, L12, L14, L16, L17, L18: the whole system under a seeded schedule of faults
+@pytest.mark.parametrize(("seed", "faults", "minutes"), RUNS, ids=[f"{s}-{f}" for s, f, _ in RUNS])
+def test_a_seeded_fault_schedule_keeps_every_invariant(seed: int, faults: str, minutes: float, tmp_path: Path) -> None:
+    """L1, L5, L7, L9, L11, L12, L14, L16, L17, L18: the whole system under a seeded schedule of faults
     (``schedule.FAULTS``) keeps the checker's invariants (``checker.INVARIANTS``) throughout
     and at the end; a failure prints the seed and the event log to replay it."""
-    result = run(tmp_path, seed, MINUTES, FAULTS)
+    result = run(tmp_path, seed, minutes, select(faults))
     print("\n" + result.report())
     assert not result.errors, result.failure()
     assert not result.violations, result.failure()

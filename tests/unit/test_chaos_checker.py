@@ -469,3 +469,50 @@ def test_an_executor_that_starts_long_after_its_session_ended_breaks_5() -> None
     world.at(2 + STALE_START_SECONDS + 0.5)
     [found] = world.violations()
     assert found.invariant == 5 and found.subject.startswith("s0") and "after the session was failed" in found.text
+
+
+# -- 9: an operator's release ---------------------------------------------------------------------
+
+
+def _released_later(world: World, monkeypatch: pytest.MonkeyPatch, gone_after: float | None, workspace: Path) -> None:
+    """The clock moves a second a look; the executor (and the workspace) go ``gone_after``
+    seconds after the operator asked (never, with None)."""
+    monkeypatch.setattr("tests.chaos.checker.time.sleep", lambda seconds: None)
+    asked = world.now
+
+    def clock() -> float:
+        world.now += 1.0
+        if gone_after is not None and world.now - asked >= gone_after:
+            world.run("env_s0", None)
+            if workspace.exists():
+                workspace.rmdir()
+        return world.now
+
+    world.checker.clock = clock
+
+
+@pytest.mark.parametrize(("gone_after", "caught"), [(3.0, False), (None, True), (12.0, True)])
+def test_an_operators_release_must_end_the_sandbox_within_its_time(
+    gone_after: float | None, caught: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """9: after ``sandbox-controller release --yes`` of a held deletion, the session's executor
+    must be gone and its workspace discarded within the time given (10 s); still there then
+    (the worker ignored the release, or it was never noted) is a violation."""
+    world = World()
+    session = world.sim.session(world.book, "s0", [(0.0, "idle", False)])
+    world.run("env_s0", 4242)
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    _released_later(world, monkeypatch, gone_after, workspace)
+    world.checker.judge_release(session, workspace, world.now, 10.0, None)
+    assert [v.subject for v in world.violations(9)] == (["s0 (sess_s0)"] if caught else [])
+    if caught:
+        assert "still there 10s later" in world.violations(9)[0].text
+
+
+def test_an_operators_release_refused_by_the_command_is_a_violation(tmp_path: Path) -> None:
+    """9: the command itself refused the release (exit status not 0) of a held deletion."""
+    world = World()
+    session = world.sim.session(world.book, "s0", [(0.0, "idle", False)])
+    world.checker.judge_release(session, tmp_path, world.now, 10.0, "session sess_s0 no longer answers 404")
+    assert "refused" in world.violations(9)[0].text

@@ -73,10 +73,9 @@ def test_a_file_left_mutated_by_a_killed_run_is_restored_from_its_backup(tmp_pat
     assert restore_leftovers(tmp_path) == []
 
 
-@pytest.mark.parametrize("mutant", [m for m in MUTANTS if m.guard], ids=[m.name for m in MUTANTS if m.guard])
-def test_a_guarded_mutant_names_a_test_that_exists_and_says_why_chaos_cannot_reach_it(mutant: Mutant) -> None:
-    """A guard that names no test would make pytest exit 4 or 5, never 1: the mutant would be
-    reported as surviving its guard, but a typo should be seen here first."""
-    assert mutant.guard is not None and mutant.why_not_chaos
-    path, name = mutant.guard.split("::")
-    assert f"\ndef {name}(" in (mutants.ROOT / path).read_text()
+def test_no_mutant_is_left_to_a_guard() -> None:
+    """Issue 25: CI's chaos runs (``schedule.CI_RUNS``) must catch every mutant; a guard (a
+    targeted test run instead) reports a mutant as "not caught by chaos". None has one since the
+    fourth run's stale-worker fault reached ``lease-not-checked``; a mutant given one again fails
+    here, and so would a guard that names no test."""
+    assert [m.name for m in MUTANTS if m.guard or m.why_not_chaos] == []
