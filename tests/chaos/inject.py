@@ -61,16 +61,6 @@ the controller's API timeout: the frozen round gets its answer, the session as i
 STALE_SETTLE_SECONDS = 3.0
 
 
-def _until(condition: Callable[[], bool], deadline: float, every: float = 0.1) -> bool:
-    """Poll ``condition`` until it holds (True) or the monotonic ``deadline`` passes (False)."""
-    while True:
-        if condition():
-            return True
-        if time.monotonic() >= deadline:
-            return False
-        time.sleep(every)
-
-
 class Injector:
     def __init__(
         self,
@@ -446,13 +436,13 @@ class Injector:
                 return
             worker, pid = frozen
             self.log.add("fault", f"SIGSTOP of {worker}'s pool process {pid}, in its round of {name} after the read")
-            if not _until(lambda: self._connected(session), deadline):
+            if not self._wait(lambda: self._connected(session), deadline - time.monotonic()):
                 self.log.add("note", f"{step.describe()}: no other worker connected {name} in time")
                 return
             answer = self.world.admin("POST", f"/admin/sessions/{session.id}/fail", {"error": "failed by chaos"})
             session.failed_at = time.time()
             self.log.add("session", f"fail {name} ({session.id}): {answer.status_code}")
-            if not _until(lambda: not self._executors_of(session), deadline):
+            if not self._wait(lambda: not self._executors_of(session), deadline - time.monotonic()):
                 self.log.add("note", f"{step.describe()}: the executor of {name} was not released in time")
             time.sleep(max(0.0, session.failed_at + STALE_AFTER_END_SECONDS - time.time()))
         finally:
@@ -473,7 +463,7 @@ class Injector:
             found[:] = [h for h in calls if h["object_id"] == session.id]
             return bool(found)
 
-        if not _until(held, time.monotonic() + 15.0):
+        if not self._wait(held, 15.0):
             self.log.add("note", f"skipped {step.describe()}: no read of {session.name} was held")
             return None
         host, _, port = str(found[0]["client"]).rpartition(":")
