@@ -184,7 +184,8 @@ class Observation:
     """The API says an executor held the link and lost it (``Link.DROPPED``): it had connected."""
     now: float
     """The round's one reading of the clock, made after its reads: everything it decides and
-    stores uses it."""
+    stores uses it (only a sandbox adopted without a creation time of its own is stamped by a
+    reading made as it is found)."""
     missing: Missing | None = None
     """What is known of a session whose read answered 404 (None: it was found)."""
 
