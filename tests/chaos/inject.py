@@ -183,6 +183,15 @@ class Injector:
 
     # -- faults -------------------------------------------------------------------------------
 
+    def _alive(self, step: Step) -> Session | None:
+        """The session ``step`` names, or None (noted as skipped) when it was never created or
+        has ended by now."""
+        session = self.book.get(step.subject)
+        if session is None or session.ended_at is not None:
+            self.log.add("note", f"skipped {step.describe()}: no such session now")
+            return None
+        return session
+
     def _fault(self, step: Step) -> None:
         handlers = {
             "api-fault": self._api_fault,
@@ -233,9 +242,8 @@ class Injector:
     def _api_flap(self, step: Step) -> None:
         """Two one-shot 404s of one session's reads, ``step.seconds`` apart: each is taken by the
         next read of that session, whichever process makes it."""
-        session = self.book.get(step.subject)
-        if session is None or session.ended_at is not None:
-            self.log.add("note", f"skipped {step.describe()}: no such session now")
+        session = self._alive(step)
+        if session is None:
             return
         window = self.log.disturbed(step.describe())
         body = {"target": "retrieve_session", "status": 404, "count": 1, "object_id": session.id}
@@ -291,9 +299,8 @@ class Injector:
         re-check past the confirmation period, then readable (issue 25, defect 1). Each one-shot
         is armed only once the previous fault of that session is taken or over; the second one
         replaces the 503s a moment before they end, so no read lands between them."""
-        session = self.book.get(step.subject)
-        if session is None or session.ended_at is not None:
-            self.log.add("note", f"skipped {step.describe()}: no such session now")
+        session = self._alive(step)
+        if session is None:
             return
         window = self.log.disturbed(step.describe())
         one_shot = {"target": "retrieve_session", "status": 404, "count": 1, "object_id": session.id}
@@ -341,9 +348,11 @@ class Injector:
         """Every session read answers 404 for ``step.seconds``; ``step.subject`` (its executor
         running) is deleted at the API, and once its hold shows in the worker log the operator's
         ``sandbox-controller release SID --yes`` runs; the checker judges 9 during the window."""
-        session = self.book.get(step.subject)
-        if session is None or session.ended_at is not None or self.judge is None:
+        if self.judge is None:
             self.log.add("note", f"skipped {step.describe()}: no such session now")
+            return
+        session = self._alive(step)
+        if session is None:
             return
         if not self._ready(session, idle=False):
             self.errors.append(f"{step.describe()}: {session.name} had no executor within {READY_SECONDS:g}s")
@@ -487,9 +496,8 @@ class Injector:
         return [p for p in processes if p.environment_id == session.environment_id]
 
     def _link_drop(self, step: Step) -> None:
-        session = self.book.get(step.subject)
-        if session is None or session.ended_at is not None:
-            self.log.add("note", f"skipped {step.describe()}: no such session now")
+        session = self._alive(step)
+        if session is None:
             return
         window = self.log.disturbed(step.describe())
         answer = self.world.admin(
@@ -505,12 +513,7 @@ class Injector:
         session = self.book.get(step.subject)
         if session is None:
             return
-        processes = [
-            p
-            for p in observe.executor_processes(self.world.simulator_url)
-            if p.environment_id == session.environment_id
-        ]
-        sids = sorted({p.sid for p in processes})
+        sids = sorted({p.sid for p in self._executors_of(session)})
         if not sids:
             self.log.add("note", f"{step.describe()}: {session.name} has no executor now")
             return
