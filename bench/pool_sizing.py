@@ -181,9 +181,12 @@ def office_day(rng: random.Random) -> tuple[list[tuple[float, str]], float]:
     the rest of the day one every 1-3 hours. Its recent past says much about the next hour."""
     arrivals: list[tuple[float, str]] = []
     now, end = 0.0, 24 * 3600.0
+    opens, closes = 9 * 3600.0, 17 * 3600.0
     while True:
-        busy = 9 * 3600 <= now < 17 * 3600
-        now += rng.uniform(60, 600) if busy else rng.uniform(3600, 3 * 3600)
+        step = rng.uniform(60, 600) if opens <= now < closes else rng.uniform(3600, 3 * 3600)
+        if now < opens < now + step:  # the night ends at opening time: the first event comes 1-10 minutes after it
+            step = opens - now + rng.uniform(60, 600)
+        now += step
         if now >= end:
             return sorted(arrivals), end
         now = event(rng, now, arrivals)

@@ -47,3 +47,6 @@ def test_an_office_day_is_quiet_outside_its_working_hours() -> None:
     assert seconds == 24 * 3600
     busy = [at for at, _ in arrivals if 9 * 3600 <= at < 17 * 3600 + 3600]
     assert len(busy) > 0.8 * len(arrivals)
+    for seed in range(20):  # the night ends at 09:00: the first event of the working hours within 10 minutes
+        arrivals, _ = pool_sizing.office_day(random.Random(seed))
+        assert min(at for at, _ in arrivals if at >= 9 * 3600) <= 9 * 3600 + 600
