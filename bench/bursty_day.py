@@ -81,21 +81,27 @@ def main() -> int:
     parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
     parser.add_argument("--label", default="", help="keep the run under this name (default: the pool's)")
     parser.add_argument("--worker-replicas", type=int, default=0, help="worker pods (default: the chart's, 2 of 2)")
+    parser.add_argument(
+        "--phases", type=int, default=0, help="replay only the day's first N phases, one pool (2: quiet, burst of 10)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/bursty_day.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
         return 2
     pools = args.pools.split(",")
+    if args.phases and len(pools) > 1:
+        print("--phases runs one pool (its pod-seconds are not a day's: no comparison)", file=sys.stderr)
+        return 2
     if len(pools) > 1:
         if pools != list(POOLS):
             print(f"several pools run as {','.join(POOLS)} (fixed is sized from demand)", file=sys.stderr)
             return 2
         return same_run(args.label or "same-run", args.fixed_size, args.worker_replicas)
     [pool] = pools
-    return one_pool(pool, args.label or pool, args.fixed_size, args.worker_replicas)
+    return one_pool(pool, args.label or pool, args.fixed_size, args.worker_replicas, args.phases)
 
 
-def one_pool(pool: str, label: str, fixed: int, worker_replicas: int) -> int:
+def one_pool(pool: str, label: str, fixed: int, worker_replicas: int, phases: int = 0) -> int:
     """One pool's day, in this process, added to the results under ``label``."""
     from tests.node.node import load_images
 
@@ -106,7 +112,7 @@ def one_pool(pool: str, label: str, fixed: int, worker_replicas: int) -> int:
         fixed = fixed_size(demand) if demand else 3
     warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
     began, load_before = _now(), os.getloadavg()
-    runs[label] = day(images, warm_pool, worker_replicas)
+    runs[label] = day(images, warm_pool, worker_replicas, phases)
     runs[label].update(pool=label, began=began, ended=_now(), load_average_before=load_before)
     runs[label]["load_average_after"] = os.getloadavg()
     print_run(runs[label])
@@ -235,7 +241,9 @@ def _name(pool: str, run: dict[str, Any]) -> str:
     return f"{pool} ({size})" if size else pool
 
 
-def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0) -> dict[str, Any]:
+def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0, first: int = 0) -> dict[str, Any]:
+    """The day (``DAY``) against one pool; ``first``: only its first N phases, the last one's
+    quiet spell cut short (a shortened day: its pod-seconds are not a day's)."""
     from tests.node.conftest import NODE_DNS_NAMES, SANDBOX_RESOURCES, WARM_TEMPLATE, install
     from tests.node.node import real_node, say
 
@@ -259,12 +267,14 @@ def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0)
             waiting = Waiting(world)
             phases = []
             start = time.monotonic()
-            for name, count, spacing, quiet in DAY:
+            replayed = DAY[:first] if first else DAY
+            for at, (name, count, spacing, quiet) in enumerate(replayed):
                 rows = arrivals(world, sim, count, spacing) if count else []
                 phases.append({"phase": name, "sessions": rows})
                 if rows:
                     say(f"{name}: {summary(rows)}")
-                time.sleep(quiet)
+                if not first or at < len(replayed) - 1:
+                    time.sleep(quiet)
             seconds = time.monotonic() - start
             pod_seconds = waiting.stop()
             changes = [(round(at - start, 1), count) for at, count in waiting.changes]
@@ -273,6 +283,7 @@ def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0)
     return {
         "warm_pool": warm_pool,
         "worker_replicas": worker_replicas or "chart default (2)",
+        **({"phases_replayed": first} if first else {}),
         "phases": phases,
         "day_seconds": round(seconds, 1),
         "warm_pod_seconds": round(pod_seconds, 1),
