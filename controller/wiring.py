@@ -55,7 +55,7 @@ from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.redis_client import Endpoint
-from controller.runners.base import DemandLog, Runner
+from controller.runners.base import Connects, DemandLog, Runner
 from controller.runners.host_sandbox import codex_sandbox_problem
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.pool import SETTLE_LONGEST_SECONDS
@@ -396,6 +396,8 @@ class ProcessDeps:
 
     def on_process_init(self, **_: Any) -> None:
         self._deps = self._build()
+        if isinstance(self._deps.runner, Connects):
+            self._deps.runner.connect()  # before its first job, not inside it
 
     def __call__(self) -> Deps:
         if self._deps is None:
@@ -423,6 +425,7 @@ def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
         from controller.runners.kubernetes import api
 
         api.load_models()  # here, before the fork: every pool process inherits them built
+        api.load_verbs()  # so with the client's argument validators
     counted = metrics if metrics is not None else Metrics()
     deps = ProcessDeps(lambda: worker_deps(settings, counted))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)
