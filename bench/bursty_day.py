@@ -33,8 +33,11 @@ the comparison under ``comparisons``.
 adds its pool to the results under its name, and ``fixed`` alone takes its size from the
 results' ``demand`` run (or ``--fixed-size N``; ``--label`` keeps such a run beside the others,
 e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a ready pool of ten;
-``--worker-replicas 5``: ten worker processes, one job each). Real-node runs are serialized
-with the other users of the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python
+``--worker-replicas 5``: ten worker processes, one job each; ``--phases 2``: only the day's
+first two phases, the quiet 30 s and the burst of ten, its pod-seconds no day's). Each
+session's placing is split at the worker's ``session looked up`` line: looking up (the lease,
+the session read, its record and live sandbox looked for) and claiming (to the pod placed).
+Real-node runs are serialized with the other users of the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python
 bench/bursty_day.py``.
 """
 
@@ -420,13 +423,19 @@ def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE
 
 def worker_stamps(world: Any) -> dict[str, dict[str, float]]:
     """Per session, from the workers' logs (their clock; this machine's, as the simulator's): the
-    job taken (its first ``task started``) and the pod placed (``warm pod claimed`` or ``pod
-    created``)."""
+    job taken (its first ``task started``), the session looked up (``session looked up``: the
+    lease taken, the session read from the Agents API, its record and its live sandbox looked
+    for, the decision made) and the pod placed (``warm pod claimed`` or ``pod created``)."""
     from bench.cold_burst import worker_log
     from tests.node.conftest import NAMESPACE
 
     found: dict[str, dict[str, float]] = {}
-    events = {"task started": "taken", "warm pod claimed": "placed", "pod created": "placed"}
+    events = {
+        "task started": "taken",
+        "session looked up": "looked",
+        "warm pod claimed": "placed",
+        "pod created": "placed",
+    }
     for line in worker_log(world, NAMESPACE):
         stamp, sid = events.get(str(line.get("event"))), line.get("session_id")
         if stamp and sid:
@@ -442,7 +451,11 @@ def stage_seconds(delivered: float, stamps: dict[str, float], registered: float)
     taken, placed = stamps.get("taken"), stamps.get("placed")
     if taken is None or placed is None:
         return {}
-    return {"queued_s": taken - delivered, "placing_s": placed - taken, "placed_to_registered_s": registered - placed}
+    found = {"queued_s": taken - delivered, "placing_s": placed - taken, "placed_to_registered_s": registered - placed}
+    looked = stamps.get("looked")
+    if looked is not None and taken <= looked <= placed:  # placing, split: looking up, then claiming
+        found.update(looking_s=looked - taken, claiming_s=placed - looked)
+    return found
 
 
 def delivered_at(sim: httpx.Client) -> dict[str, float]:
@@ -464,8 +477,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if staged:
             parts = ", ".join(
                 f"{stage} p50 {statistics.median(values):.2f} / max {max(values):.2f}"
-                for stage in ("queued_s", "placing_s", "placed_to_registered_s")
-                for values in [[r[stage] for r in staged]]
+                for stage in ("queued_s", "placing_s", "looking_s", "claiming_s", "placed_to_registered_s")
+                for values in [[r[stage] for r in staged if stage in r]]
+                if values
             )
             line += f"; {'warm' if kind else 'cold'}: {parts}"
     return line
