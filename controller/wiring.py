@@ -15,6 +15,7 @@ import pwd
 import shlex
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -388,6 +389,9 @@ class ProcessDeps:
 
     Celery logs and swallows an exception raised in that signal; the first task then builds
     again, so it fails with the real cause (a bad templates file, no kubeconfig) and retries.
+    A runner that ``Connects`` opens its connections then, on a thread of its own: the signal
+    waits for no network (Celery gives a new pool process a few seconds to come up, and an
+    API server away would hold it longer).
     """
 
     def __init__(self, build: Callable[[], Deps]) -> None:
@@ -396,8 +400,8 @@ class ProcessDeps:
 
     def on_process_init(self, **_: Any) -> None:
         self._deps = self._build()
-        if isinstance(self._deps.runner, Connects):
-            self._deps.runner.connect()  # before its first job, not inside it
+        if isinstance(self._deps.runner, Connects):  # before its first job, not inside it
+            threading.Thread(target=self._deps.runner.connect, name="connect", daemon=True).start()
 
     def __call__(self) -> Deps:
         if self._deps is None:

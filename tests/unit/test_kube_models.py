@@ -15,6 +15,7 @@ import pytest
 
 from controller import wiring
 from controller.config import PREFIX, Settings
+from tests.support.processes import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +177,8 @@ def test_after_load_verbs_a_claims_calls_build_no_argument_validator_of_the_clie
 
 def test_a_pool_process_connects_its_runner_at_its_start() -> None:
     """``ProcessDeps.on_process_init`` (Celery's ``worker_process_init``, after the fork) builds
-    the process's dependencies and connects a runner that ``Connects``, before any job."""
+    the process's dependencies and connects a runner that ``Connects``, before any job (on a
+    thread: the signal waits for no network)."""
 
     class Runner:
         connected = 0
@@ -187,5 +189,5 @@ def test_a_pool_process_connects_its_runner_at_its_start() -> None:
     runner = Runner()
     deps = wiring.ProcessDeps(lambda: SimpleNamespace(runner=runner))  # type: ignore[arg-type,return-value]
     deps.on_process_init()
-    assert runner.connected == 1
+    wait_for(lambda: runner.connected == 1, 10, "the runner to connect")  # on a thread of its own
     assert deps().runner is runner and runner.connected == 1  # built once, connected once
