@@ -33,8 +33,11 @@ the comparison under ``comparisons``.
 adds its pool to the results under its name, and ``fixed`` alone takes its size from the
 results' ``demand`` run (or ``--fixed-size N``; ``--label`` keeps such a run beside the others,
 e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a ready pool of ten;
-``--worker-replicas 5``: ten worker processes, one job each). Real-node runs are serialized
-with the other users of the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python
+``--worker-replicas 5``: ten worker processes, one job each; ``--phases 2``: only the day's
+first two phases, the quiet 30 s and the burst of ten, its pod-seconds no day's). Each
+session's placing is split at the worker's ``session looked up`` line: looking up (the lease,
+the session read, its record and live sandbox looked for) and claiming (to the pod placed).
+Real-node runs are serialized with the other users of the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python
 bench/bursty_day.py``.
 """
 
@@ -81,21 +84,27 @@ def main() -> int:
     parser.add_argument("--fixed-size", type=int, default=0, help="the fixed pool's size (default: demand's mean)")
     parser.add_argument("--label", default="", help="keep the run under this name (default: the pool's)")
     parser.add_argument("--worker-replicas", type=int, default=0, help="worker pods (default: the chart's, 2 of 2)")
+    parser.add_argument(
+        "--phases", type=int, default=0, help="replay only the day's first N phases, one pool (2: quiet, burst of 10)"
+    )
     args = parser.parse_args()
     if os.geteuid() != 0:
         print("bench/bursty_day.py needs root (it runs a real node; see tests/node)", file=sys.stderr)
         return 2
     pools = args.pools.split(",")
+    if args.phases and len(pools) > 1:
+        print("--phases runs one pool (its pod-seconds are not a day's: no comparison)", file=sys.stderr)
+        return 2
     if len(pools) > 1:
         if pools != list(POOLS):
             print(f"several pools run as {','.join(POOLS)} (fixed is sized from demand)", file=sys.stderr)
             return 2
         return same_run(args.label or "same-run", args.fixed_size, args.worker_replicas)
     [pool] = pools
-    return one_pool(pool, args.label or pool, args.fixed_size, args.worker_replicas)
+    return one_pool(pool, args.label or pool, args.fixed_size, args.worker_replicas, args.phases)
 
 
-def one_pool(pool: str, label: str, fixed: int, worker_replicas: int) -> int:
+def one_pool(pool: str, label: str, fixed: int, worker_replicas: int, phases: int = 0) -> int:
     """One pool's day, in this process, added to the results under ``label``."""
     from tests.node.node import load_images
 
@@ -106,7 +115,7 @@ def one_pool(pool: str, label: str, fixed: int, worker_replicas: int) -> int:
         fixed = fixed_size(demand) if demand else 3
     warm_pool = {"demand": DEMAND_POOL, "fixed": {"size": fixed}, "none": None}[pool]
     began, load_before = _now(), os.getloadavg()
-    runs[label] = day(images, warm_pool, worker_replicas)
+    runs[label] = day(images, warm_pool, worker_replicas, phases)
     runs[label].update(pool=label, began=began, ended=_now(), load_average_before=load_before)
     runs[label]["load_average_after"] = os.getloadavg()
     print_run(runs[label])
@@ -235,7 +244,9 @@ def _name(pool: str, run: dict[str, Any]) -> str:
     return f"{pool} ({size})" if size else pool
 
 
-def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0) -> dict[str, Any]:
+def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0, first: int = 0) -> dict[str, Any]:
+    """The day (``DAY``) against one pool; ``first``: only its first N phases, the last one's
+    quiet spell cut short (a shortened day: its pod-seconds are not a day's)."""
     from tests.node.conftest import NODE_DNS_NAMES, SANDBOX_RESOURCES, WARM_TEMPLATE, install
     from tests.node.node import real_node, say
 
@@ -259,12 +270,14 @@ def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0)
             waiting = Waiting(world)
             phases = []
             start = time.monotonic()
-            for name, count, spacing, quiet in DAY:
+            replayed = DAY[:first] if first else DAY
+            for at, (name, count, spacing, quiet) in enumerate(replayed):
                 rows = arrivals(world, sim, count, spacing) if count else []
                 phases.append({"phase": name, "sessions": rows})
                 if rows:
                     say(f"{name}: {summary(rows)}")
-                time.sleep(quiet)
+                if not first or at < len(replayed) - 1:
+                    time.sleep(quiet)
             seconds = time.monotonic() - start
             pod_seconds = waiting.stop()
             changes = [(round(at - start, 1), count) for at, count in waiting.changes]
@@ -273,6 +286,7 @@ def day(images: Any, warm_pool: dict[str, Any] | None, worker_replicas: int = 0)
     return {
         "warm_pool": warm_pool,
         "worker_replicas": worker_replicas or "chart default (2)",
+        **({"phases_replayed": first} if first else {}),
         "phases": phases,
         "day_seconds": round(seconds, 1),
         "warm_pod_seconds": round(pod_seconds, 1),
@@ -409,13 +423,19 @@ def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE
 
 def worker_stamps(world: Any) -> dict[str, dict[str, float]]:
     """Per session, from the workers' logs (their clock; this machine's, as the simulator's): the
-    job taken (its first ``task started``) and the pod placed (``warm pod claimed`` or ``pod
-    created``)."""
+    job taken (its first ``task started``), the session looked up (``session looked up``: the
+    lease taken, the session read from the Agents API, its record and its live sandbox looked
+    for, the decision made) and the pod placed (``warm pod claimed`` or ``pod created``)."""
     from bench.cold_burst import worker_log
     from tests.node.conftest import NAMESPACE
 
     found: dict[str, dict[str, float]] = {}
-    events = {"task started": "taken", "warm pod claimed": "placed", "pod created": "placed"}
+    events = {
+        "task started": "taken",
+        "session looked up": "looked",
+        "warm pod claimed": "placed",
+        "pod created": "placed",
+    }
     for line in worker_log(world, NAMESPACE):
         stamp, sid = events.get(str(line.get("event"))), line.get("session_id")
         if stamp and sid:
@@ -431,7 +451,11 @@ def stage_seconds(delivered: float, stamps: dict[str, float], registered: float)
     taken, placed = stamps.get("taken"), stamps.get("placed")
     if taken is None or placed is None:
         return {}
-    return {"queued_s": taken - delivered, "placing_s": placed - taken, "placed_to_registered_s": registered - placed}
+    found = {"queued_s": taken - delivered, "placing_s": placed - taken, "placed_to_registered_s": registered - placed}
+    looked = stamps.get("looked")
+    if looked is not None and taken <= looked <= placed:  # placing, split: looking up, then claiming
+        found.update(looking_s=looked - taken, claiming_s=placed - looked)
+    return found
 
 
 def delivered_at(sim: httpx.Client) -> dict[str, float]:
@@ -453,8 +477,9 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if staged:
             parts = ", ".join(
                 f"{stage} p50 {statistics.median(values):.2f} / max {max(values):.2f}"
-                for stage in ("queued_s", "placing_s", "placed_to_registered_s")
-                for values in [[r[stage] for r in staged]]
+                for stage in ("queued_s", "placing_s", "looking_s", "claiming_s", "placed_to_registered_s")
+                for values in [[r[stage] for r in staged if stage in r]]
+                if values
             )
             line += f"; {'warm' if kind else 'cold'}: {parts}"
     return line

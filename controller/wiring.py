@@ -15,6 +15,7 @@ import pwd
 import shlex
 import shutil
 import tempfile
+import threading
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -55,7 +56,7 @@ from controller.model import PoolState
 from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.redis_client import Endpoint
-from controller.runners.base import DemandLog, Runner
+from controller.runners.base import Connects, DemandLog, Runner
 from controller.runners.host_sandbox import codex_sandbox_problem
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.pool import SETTLE_LONGEST_SECONDS
@@ -388,6 +389,9 @@ class ProcessDeps:
 
     Celery logs and swallows an exception raised in that signal; the first task then builds
     again, so it fails with the real cause (a bad templates file, no kubeconfig) and retries.
+    A runner that ``Connects`` opens its connections then, on a thread of its own: the signal
+    waits for no network (Celery gives a new pool process a few seconds to come up, and an
+    API server away would hold it longer).
     """
 
     def __init__(self, build: Callable[[], Deps]) -> None:
@@ -396,6 +400,8 @@ class ProcessDeps:
 
     def on_process_init(self, **_: Any) -> None:
         self._deps = self._build()
+        if isinstance(self._deps.runner, Connects):  # before its first job, not inside it
+            threading.Thread(target=self._deps.runner.connect, name="connect", daemon=True).start()
 
     def __call__(self) -> Deps:
         if self._deps is None:
@@ -423,6 +429,7 @@ def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
         from controller.runners.kubernetes import api
 
         api.load_models()  # here, before the fork: every pool process inherits them built
+        api.load_verbs()  # so with the client's argument validators
     counted = metrics if metrics is not None else Metrics()
     deps = ProcessDeps(lambda: worker_deps(settings, counted))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)

@@ -94,6 +94,16 @@ class Starts(Protocol):
 
 
 @runtime_checkable
+class Connects(Protocol):
+    """A runner that opens its connections ahead of its first placement (each worker pool
+    process, at its start): else a process's first placement pays for them inside its job."""
+
+    def connect(self) -> None:
+        """Open them now; best effort (a failure is logged: the first placement connects)."""
+        ...
+
+
+@runtime_checkable
 class Suspends(Protocol):
     """A runner that can stop an idle sandbox with its memory kept (issue 29): ``suspend``
     checkpoints the sandbox and frees it (or releases it when it cannot: then it is a plain

@@ -505,3 +505,76 @@ def test_a_claim_of_a_ready_warm_pod_makes_exactly_its_six_requests(kube_world: 
     calls.clear()
     assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, no claim
     assert "patch_namespaced_pod" not in calls
+
+
+def test_a_claim_reads_its_answers_as_json_and_builds_no_model_of_the_client(
+    kube_world: KubeWorld, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L1: a new session's look (``find``) and claim of a ready warm pod read every answer as
+    the API server's JSON (``objects.pod_from_json``): the client deserializes none into its
+    models (a pool's list of ten pods cost 3.4 ms of CPU that way, 0.5 ms as JSON; on the 2-core
+    node ten claims at once), and the pod returned is the claimed one, alive and recorded."""
+    size = 10
+    template = _template(size)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == size, 120, "the warm pods to run")
+    api_client = kube_world.api.api_client()  # the runner's own (the test kubelet reads on the world's)
+    runner = KubernetesRunner(
+        KubeApi(client.CoreV1Api(api_client)), PodSettings(namespace=namespace), lambda name: template, [template]
+    )
+    spec = new_session(kube_world)
+    built: list[str] = []
+    real = api_client.deserialize
+
+    def deserialize(text: str, kind: str, content_type: str | None) -> Any:
+        built.append(kind)
+        return real(text, kind, content_type)
+
+    monkeypatch.setattr(api_client, "deserialize", deserialize)
+    try:
+        assert runner.find(spec.session_id) is None
+        handle = runner.ensure(spec, 1)
+    finally:
+        api_client.close()
+    assert built == [], built
+    pod = pod_of(kube_world.core.read_namespaced_pod(handle.name, namespace))
+    assert pod.claimed and pod.alive and pod.uid == handle.uid
+    assert _pools(kube_world, namespace, template).holder(spec.session_id, 1) == PodRef(handle.name, handle.uid)
+    told = kube_world.core.list_namespaced_event(namespace, field_selector=f"involvedObject.uid={handle.uid}").items
+    assert [(e.reason, e.source.component) for e in told] == [("SandboxClaimed", "sandbox-controller")]
+
+
+def _connections(api_client: client.ApiClient) -> int:
+    """Connections the client's pool has opened to the API server so far."""
+    pools = api_client.rest_client.pool_manager.pools
+    return sum(pools[key].num_connections for key in pools.keys())  # noqa: SIM118 (it refuses iteration)
+
+
+def test_a_runner_connected_at_its_start_claims_on_that_connection(kube_world: KubeWorld, namespace: str) -> None:
+    """A runner that ``connect``ed (a worker pool process, at its start) makes its first claim
+    on the connection it opened then: the claim opens none (a TLS handshake on each side,
+    inside the first claim of each of ten fresh processes at once on the 2-core node). The
+    control: a runner that did not connect opens one inside its first claim."""
+    template = _template(2)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the warm pods to run")
+    for connected in (True, False):
+        api_client = kube_world.api.api_client()
+        try:
+            runner = KubernetesRunner(
+                KubeApi(client.CoreV1Api(api_client)),
+                PodSettings(namespace=namespace),
+                lambda name: template,
+                [template],
+            )
+            if connected:
+                runner.connect()
+            before = _connections(api_client)
+            spec = new_session(kube_world)
+            assert runner.find(spec.session_id) is None
+            assert runner.placement(spec.session_id) is None
+            runner.ensure(spec, 1)
+            assert runner.placement(spec.session_id) == ("fast", "warm")
+            assert (before, _connections(api_client)) == ((1, 1) if connected else (0, 1))
+        finally:
+            api_client.close()

@@ -52,7 +52,11 @@ class _Core:
 
 
 class _Pods:
+    """An empty list, as a model (``items``) and as the raw answer the door reads for pods,
+    leases and events (``data``: asked for with ``_preload_content=False``)."""
+
     items: list[Any] = []
+    data = b'{"items": []}'
 
 
 def _kube(core: _Core) -> KubeApi:

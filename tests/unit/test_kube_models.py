@@ -1,5 +1,7 @@
-"""The Kubernetes client's models are built before a worker's first claim, not inside it
-(``api.load_models``, called by ``wiring.worker_app`` before the pool processes fork)."""
+"""The Kubernetes client's models and argument validators are built before a worker's first
+claim, not inside it (``api.load_models`` and ``api.load_verbs``, called by ``wiring.worker_app``
+before the pool processes fork), and each pool process connects at its start
+(``ProcessDeps.on_process_init``)."""
 
 from __future__ import annotations
 
@@ -7,11 +9,13 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from controller import wiring
 from controller.config import PREFIX, Settings
+from tests.support.processes import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -92,6 +96,7 @@ def test_the_worker_builds_the_clients_models_before_its_processes_fork(
 
     loaded: list[bool] = []
     monkeypatch.setattr(api, "load_models", lambda: loaded.append(True) or 0)
+    monkeypatch.setattr(api, "load_verbs", lambda: loaded.append(True) or 0)
     settings = Settings.from_env(
         {
             PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
@@ -104,4 +109,85 @@ def test_the_worker_builds_the_clients_models_before_its_processes_fork(
         }
     )
     wiring.worker_app(settings)
-    assert loaded == ([True] if loads else [])
+    assert loaded == ([True, True] if loads else [])
+
+
+# A fresh interpreter: the verbs a claim calls (and a release's delete, a cold start's create and
+# read), each called once with its arguments on a client whose requests are stubbed (nothing is
+# sent); prints how many argument validators of the client those calls built.
+_VERBS = """
+import sys
+from kubernetes import client
+from pydantic._internal import _validate_call
+from controller.runners.kubernetes import api
+
+if sys.argv[1] == "load":
+    api.load_verbs()
+built = []
+real = _validate_call.ValidateCallWrapper._create_validators
+def counted(self):
+    built.append(self.qualname)
+    real(self)
+_validate_call.ValidateCallWrapper._create_validators = counted
+class Unsent(Exception):
+    pass
+def unsent(*args, **kwargs):
+    raise Unsent()
+client.ApiClient.call_api = unsent
+core = client.CoreV1Api(client.ApiClient())
+leases = client.CoordinationV1Api(core.api_client)
+calls = [
+    lambda: core.list_namespaced_pod("ns", label_selector="a=b", _preload_content=False),
+    lambda: core.read_namespaced_pod("p", "ns", _preload_content=False),
+    lambda: core.create_namespaced_pod("ns", {"metadata": {"name": "p"}}, _preload_content=False),
+    lambda: core.patch_namespaced_pod("p", "ns", [{"op": "test", "path": "/a", "value": 1}], _preload_content=False),
+    lambda: core.delete_namespaced_pod("p", "ns", _preload_content=False),
+    lambda: core.create_namespaced_event("ns", {"metadata": {}, "involvedObject": {}}, _preload_content=False),
+    lambda: leases.read_namespaced_lease("l", "ns", _preload_content=False),
+    lambda: leases.create_namespaced_lease("ns", {"metadata": {"name": "l"}}, _preload_content=False),
+]
+for call in calls:
+    try:
+        call()
+    except Unsent:
+        pass
+print(len(built))
+"""
+
+
+def _validators_built(load: bool) -> int:
+    found = subprocess.run(
+        [sys.executable, "-c", _VERBS, "load" if load else "lazy"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=120,
+    )
+    return int(found.stdout.strip().splitlines()[-1])
+
+
+def test_after_load_verbs_a_claims_calls_build_no_argument_validator_of_the_client() -> None:
+    """The verbs a worker calls on pods, events and leases build no argument validator of the
+    client once ``load_verbs`` ran (the client builds one on each verb's first call: 2-5 ms of
+    CPU each). Without it the same calls build eight (the control: the test can see them)."""
+    assert _validators_built(load=False) == 8
+    assert _validators_built(load=True) == 0
+
+
+def test_a_pool_process_connects_its_runner_at_its_start() -> None:
+    """``ProcessDeps.on_process_init`` (Celery's ``worker_process_init``, after the fork) builds
+    the process's dependencies and connects a runner that ``Connects``, before any job (on a
+    thread: the signal waits for no network)."""
+
+    class Runner:
+        connected = 0
+
+        def connect(self) -> None:
+            self.connected += 1
+
+    runner = Runner()
+    deps = wiring.ProcessDeps(lambda: SimpleNamespace(runner=runner))  # type: ignore[arg-type,return-value]
+    deps.on_process_init()
+    wait_for(lambda: runner.connected == 1, 10, "the runner to connect")  # on a thread of its own
+    assert deps().runner is runner and runner.connected == 1  # built once, connected once

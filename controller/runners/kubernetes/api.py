@@ -46,7 +46,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 
 from controller import logs
 from controller.errors import KubernetesError, KubernetesUnavailable, RunnerRejected, UsageError
-from controller.runners.kubernetes.objects import Claim, Pod, PodRef
+from controller.runners.kubernetes.objects import Claim, Pod, PodRef, pod_from_json
 
 log = logs.get(__name__)
 T = TypeVar("T")
@@ -90,20 +90,37 @@ class KubeApi:
         self._leases = leases if leases is not None else k8s.CoordinationV1Api(core.api_client)
         self._grantee = grantee
 
+    def connect(self, namespace: str, selector: str) -> None:
+        """Open the connection to the API server now, with one list of at most one pod (tried
+        once; a failure is logged, never raised): a TLS handshake on each side. A worker pool
+        process makes it at its start, not inside its first claim (on the 2-core node, ten
+        fresh processes' first claims at once)."""
+        try:
+            _json(self._core.list_namespaced_pod(namespace, label_selector=selector, limit=1, _preload_content=False))
+        except (ApiException, Urllib3Error, OSError, ValueError) as exc:
+            log.warning("could not connect to Kubernetes ahead of a placement", extra={"reason": type(exc).__name__})
+
     # -- pods -------------------------------------------------------------------------------
 
     def list_pods(self, namespace: str, selector: str) -> list[Pod]:
         found = self._call(
-            "list", "pods", namespace, lambda: self._core.list_namespaced_pod(namespace, label_selector=selector)
+            "list",
+            "pods",
+            namespace,
+            lambda: _json(self._core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)),
         )
-        return [pod_of(item) for item in found.items]
+        return [pod_from_json(item) for item in found.get("items") or []]
 
     def read_pod(self, namespace: str, name: str) -> Pod | None:
         """The pod ``name``, or None when there is none."""
         found = self._unless(
-            "get", "pods", namespace, lambda: self._core.read_namespaced_pod(name, namespace), signals=(404, 410)
+            "get",
+            "pods",
+            namespace,
+            lambda: _json(self._core.read_namespaced_pod(name, namespace, _preload_content=False)),
+            signals=(404, 410),
         )
-        return None if found is None else pod_of(found)
+        return None if found is None else pod_from_json(found)
 
     def create_pod(self, namespace: str, manifest: dict[str, Any]) -> Pod | None:
         """The pod created from ``manifest``, or None when its name is taken (409)."""
@@ -112,12 +129,12 @@ class KubeApi:
                 "create",
                 "pods",
                 namespace,
-                lambda: self._core.create_namespaced_pod(namespace, manifest),  # type: ignore[arg-type]
+                lambda: _json(self._core.create_namespaced_pod(namespace, manifest, _preload_content=False)),  # type: ignore[arg-type]
                 signals=(409,),
             )
         except KubernetesError as exc:
             raise RunnerRejected(f"Kubernetes refused pod {_named(manifest)}: {exc.reason}") from exc
-        return None if created is None else pod_of(created)
+        return None if created is None else pod_from_json(created)
 
     def patch_pod_if(self, namespace: str, name: str, json_patch: list[dict[str, Any]]) -> Pod | None:
         """The pod after a JSON patch whose ``test`` operations guard it; None when they failed
@@ -126,10 +143,10 @@ class KubeApi:
             "patch",
             "pods",
             namespace,
-            lambda: self._core.patch_namespaced_pod(name, namespace, json_patch),
+            lambda: _json(self._core.patch_namespaced_pod(name, namespace, json_patch, _preload_content=False)),
             signals=(404, 409, 410, 422),
         )
-        return None if patched is None else pod_of(patched)
+        return None if patched is None else pod_from_json(patched)
 
     def delete_pod(self, namespace: str, name: str, uid: str, resource_version: str | None = None) -> bool:
         """Delete the pod ``name`` if it still has ``uid`` (and ``resource_version``, when given);
@@ -141,7 +158,7 @@ class KubeApi:
             "delete",
             "pods",
             namespace,
-            lambda: self._core.delete_namespaced_pod(name, namespace, body=body),
+            lambda: _json(self._core.delete_namespaced_pod(name, namespace, body=body, _preload_content=False)),
             signals=(404, 409, 410),
         )
         return deleted is not None
@@ -197,22 +214,26 @@ class KubeApi:
     def note(self, namespace: str, pod: PodRef, reason: str, message: str) -> None:
         """Best effort, tried once: an Event on the pod for ``kubectl describe`` (ids only,
         never a secret). A failure is logged, never raised."""
-        now = datetime.now(UTC)
-        event = k8s.CoreV1Event(
-            metadata=k8s.V1ObjectMeta(generate_name=f"{pod.name}."),
-            involved_object=k8s.V1ObjectReference(
-                api_version="v1", kind="Pod", name=pod.name, namespace=namespace, uid=pod.uid
-            ),
-            reason=reason,
-            message=message,
-            type="Normal",
-            first_timestamp=now,
-            last_timestamp=now,
-            count=1,
-            source=k8s.V1EventSource(component="sandbox-controller"),
-        )
+        now = _stamp(datetime.now(UTC))
+        event = {
+            "metadata": {"generateName": f"{pod.name}."},
+            "involvedObject": {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "name": pod.name,
+                "namespace": namespace,
+                "uid": pod.uid,
+            },
+            "reason": reason,
+            "message": message,
+            "type": "Normal",
+            "firstTimestamp": now,
+            "lastTimestamp": now,
+            "count": 1,
+            "source": {"component": "sandbox-controller"},
+        }
         try:
-            self._core.create_namespaced_event(namespace, event)
+            _json(self._core.create_namespaced_event(namespace, event, _preload_content=False))  # type: ignore[arg-type]
         except (ApiException, Urllib3Error, OSError) as exc:
             log.info("could not record a pod event", extra={"pod": pod.name, "reason": type(exc).__name__})
 
@@ -223,20 +244,20 @@ class KubeApi:
     ) -> bool:
         """Create the Lease ``name``, held by ``owner`` and owned by it (the garbage collector
         deletes it once the pod is gone); False when a Lease of that name exists (409)."""
-        lease = k8s.V1Lease(
-            metadata=k8s.V1ObjectMeta(
-                name=name,
-                labels=dict(labels),
-                annotations=dict(annotations),
-                owner_references=[k8s.V1OwnerReference(api_version="v1", kind="Pod", name=owner.name, uid=owner.uid)],
-            ),
-            spec=k8s.V1LeaseSpec(holder_identity=owner.name, acquire_time=datetime.now(UTC)),
-        )
+        lease = {
+            "metadata": {
+                "name": name,
+                "labels": dict(labels),
+                "annotations": dict(annotations),
+                "ownerReferences": [{"apiVersion": "v1", "kind": "Pod", "name": owner.name, "uid": owner.uid}],
+            },
+            "spec": {"holderIdentity": owner.name, "acquireTime": _stamp(datetime.now(UTC), micro=True)},
+        }
         created = self._unless(
             "create",
             LEASES,
             namespace,
-            lambda: self._leases.create_namespaced_lease(namespace, lease),
+            lambda: _json(self._leases.create_namespaced_lease(namespace, lease, _preload_content=False)),  # type: ignore[arg-type]
             signals=(409,),
         )
         return created is not None
@@ -244,12 +265,16 @@ class KubeApi:
     def lease_owner(self, namespace: str, name: str) -> PodRef | None:
         """The pod that owns the Lease ``name``, or None when there is no such Lease."""
         found = self._unless(
-            "get", LEASES, namespace, lambda: self._leases.read_namespaced_lease(name, namespace), signals=(404, 410)
+            "get",
+            LEASES,
+            namespace,
+            lambda: _json(self._leases.read_namespaced_lease(name, namespace, _preload_content=False)),
+            signals=(404, 410),
         )
         if found is None:
             return None
-        owners = [o for o in (found.metadata.owner_references if found.metadata else None) or [] if o.kind == "Pod"]
-        return PodRef(str(owners[0].name), str(owners[0].uid)) if owners else None
+        owners = [o for o in (found.get("metadata") or {}).get("ownerReferences") or [] if o.get("kind") == "Pod"]
+        return PodRef(str(owners[0].get("name", "")), str(owners[0].get("uid", ""))) if owners else None
 
     # -- secrets (``webhook --kube-secret``) ------------------------------------------------
 
@@ -290,12 +315,15 @@ class KubeApi:
             "list",
             "pods",
             namespace,
-            lambda: self._core.list_namespaced_pod(
-                namespace, label_selector=selector, _request_timeout=timeout_seconds
+            lambda: _json(
+                self._core.list_namespaced_pod(
+                    namespace, label_selector=selector, _request_timeout=timeout_seconds, _preload_content=False
+                )
             ),
             retry=False,
         )
-        return [pod_of(item) for item in found.items], (found.metadata.resource_version if found.metadata else None)
+        items = [pod_from_json(item) for item in found.get("items") or []]
+        return items, (found.get("metadata") or {}).get("resourceVersion")
 
     def watch_pods(
         self, namespace: str, selector: str, resource_version: str | None, timeout_seconds: int
@@ -414,7 +442,7 @@ class PodStream:
         try:
             for event in stream:
                 kind = str(event["type"])
-                yield kind, (None if kind == "BOOKMARK" else pod_of(event["object"]))
+                yield kind, (None if kind == "BOOKMARK" else pod_from_json(event["raw_object"]))
         except ApiException as exc:
             if exc.status == 410:
                 raise Expired(f"the pods' resource version expired: {exc.reason}") from exc
@@ -424,35 +452,23 @@ class PodStream:
 
 
 def pod_of(pod: Any) -> Pod:
-    """The project's ``Pod`` from the client's ``V1Pod``."""
-    meta, status = pod.metadata, pod.status
-    containers = (status.container_statuses if status else None) or []
-    conditions = (status.conditions if status else None) or []
-    return Pod(
-        name=meta.name or "",
-        uid=meta.uid or "",
-        resource_version=meta.resource_version or "",
-        created_at=meta.creation_timestamp.timestamp() if meta.creation_timestamp else 0.0,
-        deleting=meta.deletion_timestamp is not None,
-        labels=dict(meta.labels or {}),
-        annotations=dict(meta.annotations or {}),
-        phase=status.phase if status else None,
-        terminated=any(c.state is not None and c.state.terminated is not None for c in containers),
-        ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
-        restarts=sum(c.restart_count or 0 for c in containers),
-        scheduled_at=next(
-            (_seconds(c.last_transition_time) for c in conditions if c.type == "PodScheduled" and c.status == "True"),
-            0.0,
-        ),
-        container_started_at=next(
-            (_seconds(c.state.running.started_at) for c in containers if c.state and c.state.running), 0.0
-        ),
-    )
+    """The project's ``Pod`` from the client's ``V1Pod`` (a model a caller built: the verbs
+    above read the API server's JSON, ``pod_from_json``, and build none)."""
+    return pod_from_json(k8s.ApiClient().sanitize_for_serialization(pod))  # type: ignore[no-untyped-call]
 
 
-def _seconds(stamp: Any) -> float:
-    """A client's datetime as Unix seconds (0 when missing)."""
-    return float(stamp.timestamp()) if stamp is not None else 0.0
+def _json(answer: Any) -> Any:
+    """An answer asked for with ``_preload_content=False`` (the client builds no model of it),
+    read and parsed here, inside ``_call``'s attempt: a connection lost while its body is read
+    is retried as a failed request is."""
+    body = answer.data
+    return json.loads(body) if body else {}
+
+
+def _stamp(at: datetime, micro: bool = False) -> str:
+    """A time as the API server writes it: RFC 3339 in UTC, to the second (an Event's
+    ``firstTimestamp``) or the microsecond (a Lease's ``acquireTime``, a ``MicroTime``)."""
+    return at.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ" if micro else "%Y-%m-%dT%H:%M:%SZ")
 
 
 def _claim(claim: Any) -> Claim:
@@ -508,6 +524,33 @@ def load_models(roots: Collection[str] = ANSWERS_READ) -> int:
         done.add(name)
         todo += getattr(k8s.models, name).openapi_types.values()
     return len(done)
+
+
+def load_verbs() -> int:
+    """Build now the client's argument validators of the verbs a worker uses on pods, events
+    and leases; returns how many. The client (v37) checks each call's arguments with a
+    validator it builds on the verb's first call: 2-5 ms of CPU each, about 16 ms for a claim's
+    five, paid inside a process's first claim. Each verb is called here with no arguments,
+    which its validator refuses before any request is made (each needs its namespace). The
+    worker calls this before its pool processes fork, as it does ``load_models``."""
+    with k8s.ApiClient() as unused:  # never sends: no call below passes its validator
+        core, leases = k8s.CoreV1Api(unused), k8s.CoordinationV1Api(unused)
+        verbs = (
+            core.list_namespaced_pod,
+            core.read_namespaced_pod,
+            core.create_namespaced_pod,
+            core.patch_namespaced_pod,
+            core.delete_namespaced_pod,
+            core.create_namespaced_event,
+            leases.read_namespaced_lease,
+            leases.create_namespaced_lease,
+        )
+        for verb in verbs:
+            try:
+                verb()  # type: ignore[call-arg]
+            except ValueError:  # the validator's refusal (pydantic's ValidationError)
+                pass
+    return len(verbs)
 
 
 def _model_name(kind: str) -> str | None:

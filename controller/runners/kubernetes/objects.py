@@ -5,14 +5,18 @@ protocol and the pod watch read only these, never the client's models. A ``Pod``
 they look at: its name and uid, its resource version, its labels and annotations (the session,
 generation and pool that ``names`` defines), whether it is being deleted, and its status (phase,
 a terminated container, the Ready condition, restarts, when it was scheduled and its container
-started). Its properties say what those mean:
+started), read from the API server's JSON (``pod_from_json``: the client's models are never
+built on a claim's path). Its properties say what those mean:
 its ``health`` as the runner reports it, its ``generation``, and when it began to serve its
 session (``started_at``: its claim for a warm pod, else its creation).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
 
 from controller.model import Health
 from controller.runners.kubernetes import names
@@ -110,3 +114,50 @@ def newest(live: list[Pod]) -> tuple[int, list[Pod]]:
     """The newest generation among a session's live pods, and its pods, earliest placed first."""
     generation = max((p.generation for p in live), default=0)
     return generation, sorted((p for p in live if p.generation == generation), key=lambda p: p.started_at)
+
+
+def pod_from_json(pod: Mapping[str, Any]) -> Pod:
+    """The project's ``Pod`` from a pod as the API server's JSON has it (camelCase fields)."""
+    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    containers = status.get("containerStatuses") or []
+    conditions = status.get("conditions") or []
+    return Pod(
+        name=meta.get("name") or "",
+        uid=meta.get("uid") or "",
+        resource_version=meta.get("resourceVersion") or "",
+        created_at=_seconds(meta.get("creationTimestamp")),
+        deleting=meta.get("deletionTimestamp") is not None,
+        labels=dict(meta.get("labels") or {}),
+        annotations=dict(meta.get("annotations") or {}),
+        phase=status.get("phase"),
+        terminated=any((c.get("state") or {}).get("terminated") is not None for c in containers),
+        ready=any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions),
+        restarts=sum(c.get("restartCount") or 0 for c in containers),
+        scheduled_at=next(
+            (
+                _seconds(c.get("lastTransitionTime"))
+                for c in conditions
+                if c.get("type") == "PodScheduled" and c.get("status") == "True"
+            ),
+            0.0,
+        ),
+        container_started_at=next(
+            (
+                _seconds(running.get("startedAt"))
+                for c in containers
+                if (running := (c.get("state") or {}).get("running")) is not None
+            ),
+            0.0,
+        ),
+    )
+
+
+def _seconds(stamp: str | None) -> float:
+    """An API server's time (RFC 3339: ``2026-12-01T22:00:00Z``, maybe with a fraction or an
+    offset) as Unix seconds; 0 when missing or unreadable."""
+    if not stamp:
+        return 0.0
+    try:
+        return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return 0.0

@@ -64,6 +64,10 @@ class KubernetesRunner:
         pod = self._placement.ensure(spec, generation, template)
         return _handle(spec.session_id, pod)
 
+    def connect(self) -> None:
+        """Open the connection to the API server now (``runners.base.Connects``)."""
+        self._kube.connect(self._ns, names.managed_selector())
+
     def placement(self, session_id: str) -> tuple[str, str] | None:
         """The template and source (``warm``: a claimed pod, else ``cold``) of the pod this
         runner's last ``ensure`` for the session returned; None when this process placed none
