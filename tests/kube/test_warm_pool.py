@@ -367,7 +367,7 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
         image=RUNNER_IMAGE,
         warm_pool_min=0,
         warm_pool_max=3,
-        warm_window_seconds=40,
+        warm_window_seconds=25,  # the pool fills within ~10 s of the first burst (5 s of it settling)
         warm_interval_seconds=5,
         warm_headroom_percent=0,
     )
@@ -435,7 +435,7 @@ def test_a_pool_sized_by_demand_serves_a_burst_warm_after_the_first_and_drains_t
             left = kube_world.core.list_namespaced_pod(namespace, label_selector=names.pool_selector("fast")).items
             return pool.size == 0 and not [p for p in left if p.metadata.deletion_timestamp is None]
 
-        # Down once the last placement has left the window (40 s), well before the notes' key
+        # Down once the last placement has left the window (25 s), well before the notes' key
         # would expire by itself (a minute later): the window, not the key's TTL, drains it.
         deadline = last_placed + template.warm_window_seconds + 25
         wait_for(drained, deadline - time.monotonic(), "the pool to drain to zero once demand stopped", interval=1.0)

@@ -306,8 +306,17 @@ class ReplicatedRedis:
 
     def start(self) -> ReplicatedRedis:
         self.primary.start()
+        # The first sync need not wait Redis's diskless-sync delay (5 s by default, for more
+        # replicas to share one transfer): with one replica it is idle time. The delay is put
+        # back before the sentinels start, so every later sync (after a failover, a role flip)
+        # waits as an operator's Redis would.
+        with self.primary.client(timeout=5) as client:
+            delay = client.config_get("repl-diskless-sync-delay")["repl-diskless-sync-delay"]
+            client.config_set("repl-diskless-sync-delay", 0)
         self.replica.start()
         wait_for(self.replica.in_sync, 30, "the replica to sync")
+        with self.primary.client(timeout=5) as client:
+            client.config_set("repl-diskless-sync-delay", delay)
         self.sentinels.start()
         return self
 

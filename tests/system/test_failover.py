@@ -7,8 +7,8 @@ sentinels (``CONTROLLER_REDIS_SENTINELS``).
 - the primary is SIGKILLed in the middle of a burst: the sentinels promote the replica, every
   process follows it, and nothing a receiver acknowledged is lost;
 - the primary is made a replica for 3 s (``REPLICAOF``) and back: the workers live on;
-- two schedulers whose round takes 20 s never act as leaders at once, even when the leader is
-  frozen past its lease in the middle of a round.
+- two schedulers whose round takes 12 s (four leases) never act as leaders at once, even when
+  the leader is frozen past its lease in the middle of a round.
 
 Each test builds its own world: it breaks parts of it. ``FIGURE`` lines give the measurements
 RELIABILITY.md quotes (``pytest -s``).
@@ -192,7 +192,9 @@ def test_a_role_flip_leaves_the_workers_running_and_serves_every_session(world: 
 
 # --- leadership ------------------------------------------------------------------------------
 
-ROUND_SECONDS = 20.0
+ROUND_SECONDS = 12.0
+"""Four leases (``scheduler.LEASE_SECONDS``): a leader that renewed only once a round would lose
+its lease 3 s into each one."""
 SLOW_SCHEDULER = "tests.support.slow_scheduler"
 
 
@@ -223,11 +225,11 @@ def _session_of(message: str | bytes) -> str:
     return str(json.loads(base64.b64decode(body))[0][0])
 
 
-def test_two_schedulers_whose_round_takes_20_seconds_never_lead_at_once(tmp_path: Path) -> None:
-    """L17, L18: two real schedulers through the sentinels; each round's sweep takes 20 s (a slow
-    listing of the sandboxes; ``tests.support.slow_scheduler``), far longer than the 3 s lease.
+def test_two_schedulers_whose_round_takes_12_seconds_never_lead_at_once(tmp_path: Path) -> None:
+    """L17, L18: two real schedulers through the sentinels; each round's sweep takes 12 s (a slow
+    listing of the sandboxes; ``tests.support.slow_scheduler``), four times the 3 s lease.
     The leader renews on its own thread, so for two whole rounds the other stands by and queues
-    nothing. Then the leader is frozen (SIGSTOP) in the middle of its round for 6 s: its lease
+    nothing. Then the leader is frozen (SIGSTOP) a quarter into its round for 6 s: its lease
     lapses and the other takes over; thawed, the old leader's round goes on, but its term is over:
     it queues nothing more (its renew deadline passed; its pushes are fenced) and stands by.
     Every job on the maintenance queue, in the order Redis took them, came from the process that
@@ -274,14 +276,16 @@ def test_two_schedulers_whose_round_takes_20_seconds_never_lead_at_once(tmp_path
         assert _leading_since(second) == [], "the standby led during the leader's long rounds"
         assert {sid.split("-")[0] for _, sid in arrivals} == {"first"}
 
-        time.sleep(ROUND_SECONDS / 2)  # the middle of the leader's third round
+        # A quarter into the leader's third round (it began at most a second after the second
+        # listing ended), so that after a freeze of two leases the round still has 2-4 s to go.
+        time.sleep(ROUND_SECONDS / 4)
         os.killpg(first.pid, signal.SIGSTOP)
         frozen_at = time.time()
         time.sleep(6)  # two leases: the standby takes over meanwhile
         os.killpg(first.pid, signal.SIGCONT)
         wait_for(lambda: _leading_since(second), 30, "the standby to take over")
         took_over = _leading_since(second)[0]
-        # The thawed leader finishes its listing (about half a round), finds its term over and stops.
+        # The thawed leader finishes its listing (its last 2-4 s), finds its term over and stops.
         wait_for(lambda: _stopped(first), 2 * ROUND_SECONDS, "the thawed leader to stop acting")
         wait_for(
             lambda: any(sid.startswith("second") for _, sid in arrivals), 3 * ROUND_SECONDS, "the new leader's jobs"
@@ -305,7 +309,7 @@ def test_two_schedulers_whose_round_takes_20_seconds_never_lead_at_once(tmp_path
     assert _stopped(first), first.output()[-3000:]
     assert_no_process_left(tmp_path)
     print(
-        f"\nFIGURE two schedulers, 20 s rounds: {len(by_first)} jobs from the first leader, none from the standby "
+        f"\nFIGURE two schedulers, 12 s rounds: {len(by_first)} jobs from the first leader, none from the standby "
         f"during its rounds; first frozen mid-round, the other led {took_over - frozen_at:.1f}s later; the thawed "
         f"first queued nothing after that ({len(by_second)} jobs from the new leader)"
     )
