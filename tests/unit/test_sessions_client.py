@@ -12,6 +12,7 @@ import pytest
 from controller.errors import ApiRejected, ApiUnavailable, ControllerError
 from controller.model import DEFAULT_WORKSPACE, Environment, Link, RequiredAction, SessionStatus
 from controller.sessions import HttpSessions, parse_session
+from tests.support.processes import wait_for
 
 API_KEY = "sk-controller-secret-0123456789"
 BASE = "https://api.example.test"
@@ -304,6 +305,7 @@ class _ClosingServer:
         self.close = close
         self.connections = 0
         self.answered = 0
+        self.closed = 0
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
         self._thread = threading.Thread(target=self._serve, daemon=True)
@@ -335,10 +337,15 @@ class _ClosingServer:
                     self.answered += 1
                     if self.close == "idle":
                         break
+            self.closed += 1
 
     def stop(self) -> None:
+        import socket
+
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone does not)
         self._listener.close()
         self._thread.join(timeout=5)
+        assert not self._thread.is_alive()
 
 
 @pytest.mark.parametrize(
@@ -360,7 +367,8 @@ def test_a_pooled_connection_the_server_closed_never_fails_a_read(close: str, an
     )
     try:
         assert sessions.get("sess_1") is not None
-        time.sleep(0.2)  # the server's close reaches the client's pooled connection
+        if close == "idle":  # closed (its FIN on loopback is in the client's socket once close returns)
+            wait_for(lambda: server.closed == 1, 5, "the server to close the idle connection")
         session = sessions.get("sess_1")
         assert session is not None and session.id == "sess_1"
         assert seen == answers
