@@ -74,6 +74,14 @@ class HttpSessions:
     ) -> None:
         self._on_response = on_response or (lambda operation, status: None)
         """Told (operation, status) after every request: the status code, ``timeout`` or ``transport_error``."""
+        # httpx's keep-alive expiry (an idle connection kept 5 s) is kept on purpose. A longer one
+        # would be safe: httpcore does not reuse a pooled connection the server closed while idle
+        # (its socket is readable), and a close that crosses a request fails that attempt as a
+        # transport error, which the retry below repeats on a new connection (both tested). It
+        # would buy nothing measured: ten reads at once cost as much on a new connection as on a
+        # kept one (plain HTTP on loopback, as the bench's workers read the simulator), each
+        # worker process's first read opens one anyway, and the simulator (uvicorn) closes idle
+        # connections after 5 s itself (BENCHMARKS.md, goal 1).
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={

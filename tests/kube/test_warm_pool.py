@@ -19,7 +19,7 @@ from kubernetes import client
 from controller import wiring
 from controller.metrics import COLD_STARTS_TOTAL, PLACEMENTS_TOTAL, Metrics
 from controller.model import Handle, Health, PoolState, SandboxSpec
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import names, placement
 from controller.runners.kubernetes.api import KubeApi, pod_of
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod
 from controller.runners.kubernetes.objects import PodRef
@@ -465,36 +465,45 @@ class _Counted:
 
 
 CLAIM_CALLS = [
-    "list_namespaced_pod",  # the session's live pods: none yet (L1: its pod, if it has one)
+    "list_namespaced_pod",  # the session's live pods: none yet (L1: its pod, if it has one), the round's look (find)
     "read_namespaced_lease",  # the generation's placement record: none yet
     "list_namespaced_pod",  # the pool: what there is to claim
     "patch_namespaced_pod",  # the claim (its test operation: only while unclaimed)
     "create_namespaced_lease",  # the placement record naming the claimed pod
     "create_namespaced_event",  # SandboxClaimed, for kubectl describe
 ]
-"""What a claim of a ready warm pod for a new session asks of the API server, in order."""
+"""What a new session's round (its look, ``find``, then ``ensure``) asks of the API server to
+claim a ready warm pod, in order."""
 
 
-def test_a_claim_of_a_ready_warm_pod_makes_exactly_its_six_requests(kube_world: KubeWorld, namespace: str) -> None:
-    """L1: a session's claim of a ready warm pod is six requests to the API server, in order
-    (``CLAIM_CALLS``): its live pods, its placement record, the pool, the claim, the record
-    written, the Event. The pod the claim's patch returned is the session's pod: it is not read
-    back after the record is written (a seventh request, once on every claim's path, on the
-    2-core node ten of them at once). The pod returned is the claimed one, alive and recorded."""
-    template = _template(1)
-    _pools(kube_world, namespace, template).tend()
-    wait_for(lambda: len(_ready(kube_world, namespace)) == 1, 60, "the warm pod to run")
-    [warm] = _ready(kube_world, namespace)
-    calls: list[str] = []
-    core = _Counted(kube_world.core, calls)
-    leases = _Counted(client.CoordinationV1Api(kube_world.core.api_client), calls)
-    runner = KubernetesRunner(
+def _counted_runner(world: KubeWorld, namespace: str, template: SandboxTemplate, calls: list[str]) -> KubernetesRunner:
+    """A runner of the test's pool whose every request to the API server is noted in ``calls``."""
+    core = _Counted(world.core, calls)
+    leases = _Counted(client.CoordinationV1Api(world.core.api_client), calls)
+    return KubernetesRunner(
         KubeApi(core, leases=leases),  # type: ignore[arg-type]
         PodSettings(namespace=namespace),
         lambda name: template,
         [template],
     )
+
+
+def test_a_claim_of_a_ready_warm_pod_makes_exactly_its_six_requests(kube_world: KubeWorld, namespace: str) -> None:
+    """L1: a new session's round, its look (``find``: no live pod) and its claim of a ready warm
+    pod (``ensure``), is six requests to the API server, in order (``CLAIM_CALLS``): its live
+    pods, its placement record, the pool, the claim, the record written, the Event. ``ensure``
+    does not list the session's live pods again right after the look saw none (a seventh
+    request, once on every new session's path, on the 2-core node ten of them at once); nor is
+    the pod the claim's patch returned read back after the record is written. The pod returned
+    is the claimed one, alive and recorded."""
+    template = _template(1)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 1, 60, "the warm pod to run")
+    [warm] = _ready(kube_world, namespace)
+    calls: list[str] = []
+    runner = _counted_runner(kube_world, namespace, template, calls)
     spec = new_session(kube_world)
+    assert runner.find(spec.session_id) is None
     handle = runner.ensure(spec, 1)
     assert calls == CLAIM_CALLS, calls
     assert (handle.name, handle.uid, handle.generation) == (warm.metadata.name, warm.metadata.uid, 1)
@@ -504,7 +513,48 @@ def test_a_claim_of_a_ready_warm_pod_makes_exactly_its_six_requests(kube_world: 
     assert _pools(kube_world, namespace, template).holder(spec.session_id, 1) == PodRef(handle.name, handle.uid)
     calls.clear()
     assert runner.ensure(spec, 1) == handle  # looked up again: the same pod, no claim
+    assert calls[0] == "list_namespaced_pod"  # the look was used once: this ensure lists for itself
     assert "patch_namespaced_pod" not in calls
+
+
+def test_an_ensure_lists_the_sessions_pods_itself_unless_a_look_just_saw_none(
+    kube_world: KubeWorld, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """L1: ``ensure`` lists the session's live pods itself when no look (``find``) came before
+    it, and when the look is older than ``NONE_SEEN_FRESH_SECONDS``: only a look made moments
+    before, under the same lease, stands in for the list."""
+    template = _template(2)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the warm pods to run")
+    calls: list[str] = []
+    runner = _counted_runner(kube_world, namespace, template, calls)
+    runner.ensure(new_session(kube_world), 1)  # no look before it
+    assert calls == CLAIM_CALLS, calls
+    calls.clear()
+    monkeypatch.setattr(placement, "NONE_SEEN_FRESH_SECONDS", 0.0)  # every look is stale at once
+    spec = new_session(kube_world)
+    assert runner.find(spec.session_id) is None
+    runner.ensure(spec, 1)
+    assert calls == ["list_namespaced_pod", *CLAIM_CALLS], calls
+
+
+def test_a_look_that_saw_no_pod_still_defers_to_a_rival_that_placed_one_since(
+    kube_world: KubeWorld, namespace: str
+) -> None:
+    """L1: a round whose look (``find``) saw no live pod, and whose ``ensure`` therefore does
+    not list them again, still returns the pod a rival placed for the session in between (its
+    lease lapsed, say): the placement record decides, and no second warm pod is claimed."""
+    template = _template(2)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the warm pods to run")
+    spec = new_session(kube_world)
+    late = _runner(kube_world, namespace, template)
+    assert late.find(spec.session_id) is None
+    rival = _runner(kube_world, namespace, template).ensure(spec, 1)
+    mine = late.ensure(spec, 1)
+    assert (mine.name, mine.uid) == (rival.name, rival.uid)
+    assert [p.metadata.uid for p in _live(kube_world, namespace, spec)] == [rival.uid]
+    assert len(_ready(kube_world, namespace)) == 1  # the other warm pod was not claimed
 
 
 def test_a_claim_reads_its_answers_as_json_and_builds_no_model_of_the_client(

@@ -12,6 +12,7 @@ import pytest
 from controller.errors import ApiRejected, ApiUnavailable, ControllerError
 from controller.model import DEFAULT_WORKSPACE, Environment, Link, RequiredAction, SessionStatus
 from controller.sessions import HttpSessions, parse_session
+from tests.support.processes import wait_for
 
 API_KEY = "sk-controller-secret-0123456789"
 BASE = "https://api.example.test"
@@ -289,3 +290,89 @@ def test_not_self_hosted_never_wants_connection() -> None:
     """L6/L7: an openai_hosted session with an environment_connection entry is not ours to start."""
     data = {**FULL_SESSION, "environment": {"type": "openai_hosted", "id": "env_1"}}
     assert not parse_session(data).wants_connection
+
+
+class _ClosingServer:
+    """A loopback HTTP/1.1 server (real sockets) answering the session's JSON with keep-alive,
+    then closing each connection as ``close`` says: ``idle`` right after its first answer (the
+    server's idle timeout, while the client keeps it pooled), ``racing`` when that connection's
+    second request arrives, unanswered (a close that crosses the client's reuse)."""
+
+    def __init__(self, close: str) -> None:
+        import socket
+        import threading
+
+        self.close = close
+        self.connections = 0
+        self.answered = 0
+        self.closed = 0
+        self._listener = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._listener.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import json
+
+        body = json.dumps(FULL_SESSION).encode()
+        head = b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n" % len(body)
+        answer = head + body
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn:
+                for request in range(2):
+                    data = b""
+                    while b"\r\n\r\n" not in data:
+                        chunk = conn.recv(65536)
+                        if not chunk:
+                            break
+                        data += chunk
+                    if not data or (self.close == "racing" and request == 1):
+                        break  # closed with the request unanswered
+                    conn.sendall(answer)
+                    self.answered += 1
+                    if self.close == "idle":
+                        break
+            self.closed += 1
+
+    def stop(self) -> None:
+        import socket
+
+        self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept (a close alone does not)
+        self._listener.close()
+        self._thread.join(timeout=5)
+        assert not self._thread.is_alive()
+
+
+@pytest.mark.parametrize(
+    ("close", "answers"), [("idle", ["200", "200"]), ("racing", ["200", "transport_error", "200"])]
+)
+def test_a_pooled_connection_the_server_closed_never_fails_a_read(close: str, answers: list[str]) -> None:
+    """L7: the session is read whatever became of the kept-alive connection of the previous
+    read: one the server closed while idle is not reused (httpcore sees its socket readable
+    before reusing it: no attempt fails), and one the server closes as the request arrives fails
+    that attempt as a transport error, retried on a new connection (``agents_api.call``, tenacity)."""
+    server = _ClosingServer(close)
+    seen: list[str] = []
+    sessions = HttpSessions(
+        server.url,
+        API_KEY,
+        timeout_seconds=5.0,
+        backoff_initial_seconds=0.01,
+        on_response=lambda operation, status: seen.append(status),
+    )
+    try:
+        assert sessions.get("sess_1") is not None
+        if close == "idle":  # closed (its FIN on loopback is in the client's socket once close returns)
+            wait_for(lambda: server.closed == 1, 5, "the server to close the idle connection")
+        session = sessions.get("sess_1")
+        assert session is not None and session.id == "sess_1"
+        assert seen == answers
+        assert (server.connections, server.answered) == (2, 2)
+    finally:
+        sessions.close()
+        server.stop()

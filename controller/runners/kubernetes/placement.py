@@ -34,7 +34,9 @@ generation, as a cold pod's terminating name does (once the collector has delete
 with its pod, that generation is free again, as a cold pod's name is). So does a cold name taken
 by a pod that is dying, unless the record, read again, names a live pod (a rival's claim won
 while this placement's cold pod lost). So ``ensure`` calls racing for one session (possible only
-once its lease lapsed) all return the same pod.
+once its lease lapsed) all return the same pod. A round's ``find`` that saw no live pod stands
+in for its ``ensure``'s own list moments later (``NONE_SEEN_FRESH_SECONDS``): the record and the
+cold pod's name settle a rival placing in between, as they do between the list and the claim.
 
 A claim adds no pod in its place: ``tend`` (the scheduler's leader, every few seconds) replaces
 dead, misshapen and too old warm pods and fills each pool up to its size once its sessions are
@@ -73,6 +75,12 @@ _MAX_CLAIM_TRIES = 10
 (``claim_order``'s spread), so a burst's claims lose few races; with 3, ten at once lost three."""
 _PLACEMENTS_KEPT = 1000
 """Sessions whose last placement ``Placement.last`` remembers (per process; a worker asks at once)."""
+NONE_SEEN_FRESH_SECONDS = 1.0
+"""How long a ``find`` that saw no live pod of a session stands in for ``ensure``'s own list of
+them (once): a round looks (``find``) and then places (``ensure``) under the session's lease,
+milliseconds apart; far less than the lease's time to live (10 s by default), and a rival
+placing meanwhile (only possible once a lease lapsed) is settled by the placement record or
+the cold pod's name, as it is between the list and the claim."""
 
 
 class Placement:
@@ -96,6 +104,8 @@ class Placement:
         self._pools = tuple(t for t in pools if t.pooled)
         self._on_placed = on_placed
         self._last: OrderedDict[str, tuple[str, str]] = OrderedDict()
+        self._none_seen: OrderedDict[str, float] = OrderedDict()
+        """Sessions whose last ``find`` saw no live pod, and when (monotonic): ``ensure`` lists once less."""
 
     # -- the choice ------------------------------------------------------------------------
 
@@ -114,12 +124,20 @@ class Placement:
         return self._last.get(session_id)
 
     def find(self, session_id: str) -> Pod | None:
-        """The session's pod, only looked at (``chosen``); None when it has no live one."""
+        """The session's pod, only looked at (``chosen``); None when it has no live one (noted:
+        the session's next ``ensure``, within ``NONE_SEEN_FRESH_SECONDS``, does not list again)."""
+        self._none_seen.pop(session_id, None)
         live = live_pods(self._kube, self._ns, session_id)
+        if not live:
+            self._none_seen[session_id] = time.monotonic()
+            while len(self._none_seen) > _PLACEMENTS_KEPT:
+                self._none_seen.popitem(last=False)
         return self.chosen(session_id, live) if live else None
 
     def _choose(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
-        live = live_pods(self._kube, self._ns, spec.session_id)
+        seen = self._none_seen.pop(spec.session_id, None)
+        fresh = seen is not None and time.monotonic() - seen < NONE_SEEN_FRESH_SECONDS
+        live = [] if fresh else live_pods(self._kube, self._ns, spec.session_id)
         if live and not template.pooled:
             return self.chosen(spec.session_id, live)
         if live:
