@@ -36,7 +36,11 @@ e.g. ``--pools fixed --fixed-size 10 --label ready-10``: ten at once from a read
 ``--worker-replicas 5``: ten worker processes, one job each; ``--phases 2``: only the day's
 first two phases, the quiet 30 s and the burst of ten, its pod-seconds no day's). Each
 session's placing is split at the worker's ``session looked up`` line: looking up (the lease,
-the session read, its record and live sandbox looked for) and claiming (to the pod placed).
+the session read, its record and live sandbox looked for) and claiming (to the pod placed);
+a warm session's placed → registered at its entrypoint's ``claimed:`` line, read from the pod's
+log (with the runtime's timestamps) before the session is failed: placed → bound (the kubelet's
+rewrite of the binding files) and bound → registered (codex; ``executor_retries``: how many
+times the entrypoint restarted it after a failed registration).
 Real-node runs are serialized with the other users of the machine: ``flock /tmp/node-tier.lock sudo .venv/bin/python
 bench/bursty_day.py``.
 """
@@ -405,13 +409,15 @@ def sessions(world: Any, sim: httpx.Client, count: int, template: str = TEMPLATE
     for session in created:
         sid = session["id"]
         name = pod_of[sid]
+        stamps = {**placing.get(sid, {}), **entrypoint_stamps(pod_log(world, name))}  # before the pod goes
         rows.append(
             {
                 "session_id": sid,
                 "pod": name,
                 "warm": name.startswith("warm-"),
                 "delivered_to_registered_s": registered_at[sid] - delivered[sid],
-                **stage_seconds(delivered[sid], placing.get(sid, {}), registered_at[sid]),
+                **stage_seconds(delivered[sid], stamps, registered_at[sid]),
+                **({"executor_retries": int(stamps["retries"])} if "retries" in stamps else {}),
             }
         )
     for session in created:
@@ -447,7 +453,10 @@ def worker_stamps(world: Any) -> dict[str, dict[str, float]]:
 def stage_seconds(delivered: float, stamps: dict[str, float], registered: float) -> dict[str, float]:
     """Where one session's time went: queued (delivery → job taken), placing (→ pod claimed or
     created) and placed → its executor registered (a warm pod: the binding, codex's start and
-    its registration; a cold one: the pod's whole start besides)."""
+    its registration; a cold one: the pod's whole start besides). A warm pod's placed →
+    registered is split at its entrypoint's ``claimed:`` line (``entrypoint_stamps``): placed →
+    bound (the kubelet's rewrite of the pod's downward-API files, and the entrypoint's poll)
+    and bound → registered (codex's start, its registration, and any retry of it)."""
     taken, placed = stamps.get("taken"), stamps.get("placed")
     if taken is None or placed is None:
         return {}
@@ -455,7 +464,49 @@ def stage_seconds(delivered: float, stamps: dict[str, float], registered: float)
     looked = stamps.get("looked")
     if looked is not None and taken <= looked <= placed:  # placing, split: looking up, then claiming
         found.update(looking_s=looked - taken, claiming_s=placed - looked)
+    bound = stamps.get("bound")
+    if bound is not None:
+        found.update(placed_to_bound_s=bound - placed, bound_to_registered_s=registered - bound)
     return found
+
+
+CLAIMED_LINE = "runner-entrypoint: claimed:"
+RETRY_LINE = "runner-entrypoint: executor exited with status 1 (registration failed); retry"
+
+
+def entrypoint_stamps(log: str) -> dict[str, float]:
+    """From a sandbox's container log read with the runtime's timestamps (``timestamps=True``:
+    each line prefixed with its RFC 3339 time, this machine's clock): ``bound``, when a warm
+    pod's entrypoint saw its binding (its ``claimed:`` line; none for a cold pod), and
+    ``retries``, how many times it restarted an executor whose registration failed."""
+    found: dict[str, float] = {}
+    retries = 0
+    for line in log.splitlines():
+        stamp, _, text = line.partition(" ")
+        if text.startswith(CLAIMED_LINE) and "bound" not in found:
+            found["bound"] = _log_time(stamp)
+        elif text.startswith(RETRY_LINE):
+            retries += 1
+    if log:
+        found["retries"] = retries
+    return found
+
+
+def _log_time(stamp: str) -> float:
+    """``2026-12-02T03:01:53.813630308Z`` (nanoseconds, UTC) as a Unix time."""
+    whole, _, fraction = stamp.removesuffix("Z").partition(".")
+    return datetime.fromisoformat(whole).replace(tzinfo=UTC).timestamp() + float(f"0.{fraction or 0}")
+
+
+def pod_log(world: Any, name: str) -> str:
+    """The sandbox pod's container log with the runtime's timestamps ("" if it cannot be read:
+    the pod already stopped)."""
+    from tests.node.conftest import SANDBOX_NAMESPACE
+
+    try:
+        return str(world.core.read_namespaced_pod_log(name, SANDBOX_NAMESPACE, timestamps=True))
+    except Exception:
+        return ""
 
 
 def delivered_at(sim: httpx.Client) -> dict[str, float]:
@@ -477,11 +528,20 @@ def summary(rows: list[dict[str, Any]]) -> str:
         if staged:
             parts = ", ".join(
                 f"{stage} p50 {statistics.median(values):.2f} / max {max(values):.2f}"
-                for stage in ("queued_s", "placing_s", "looking_s", "claiming_s", "placed_to_registered_s")
+                for stage in (
+                    "queued_s",
+                    "placing_s",
+                    "looking_s",
+                    "claiming_s",
+                    "placed_to_registered_s",
+                    "placed_to_bound_s",
+                    "bound_to_registered_s",
+                )
                 for values in [[r[stage] for r in staged if stage in r]]
                 if values
             )
-            line += f"; {'warm' if kind else 'cold'}: {parts}"
+            retried = sum(1 for r in staged if r.get("executor_retries"))
+            line += f"; {'warm' if kind else 'cold'}: {parts}" + (f", {retried} retried an executor" if retried else "")
     return line
 
 

@@ -23,7 +23,8 @@ enforced, codex dialling https://api.openai.com over TLS by name (tests/node/con
 ``--kubelet-defaults`` runs the node's kubelet with its own periods (``syncFrequency`` and
 ``fileCheckFrequency`` 1 minute) instead of the tier's 10 s, as users' nodes run it: the binding
 still arrives with the pod update the claim makes (the kubelet syncs a pod when its annotations
-change, and each sync rewrites its downward-API volumes), not at a periodic resync.
+change, and each sync rewrites its downward-API volumes), not at a periodic resync (claims one
+at a time; in bursts of claims a kubelet race can make a pod miss it: BENCHMARKS.md).
 """
 
 from __future__ import annotations

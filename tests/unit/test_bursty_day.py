@@ -89,3 +89,48 @@ def test_one_invocation_runs_demand_then_fixed_of_its_mean_then_none_and_keeps_t
     assert comparison["totals"]["demand"]["warm"] == 19 and comparison["totals"]["fixed"]["warm"] == 20
     assert comparison["goal_met"] is False
     assert kept["runs"]["demand"] == earlier  # the earlier run stays beside this one's
+
+
+# A warm pod's container log as the runtime keeps it (read with timestamps=True): its binding
+# seen 14.2 s after the claim (the kubelet's rewrite of its downward-API files missed), then one
+# failed registration retried.
+SLOW_BINDING_LOG = """\
+2026-12-02T03:01:05.002166739Z runner-entrypoint: warm: waiting for a session to claim this sandbox
+2026-12-02T03:01:53.813630308Z runner-entrypoint: claimed: starting the executor for environment env_1
+2026-12-02T03:01:53.825023953Z WARNING: proceeding, even though we could not create PATH aliases
+2026-12-02T03:01:54.900000000Z Error: environment registry request failed (503 Service Unavailable)
+2026-12-02T03:01:54.900100000Z runner-entrypoint: executor exited with status 1 (registration failed); retry 1 in 0.612s
+"""
+
+
+def test_a_warm_pods_log_says_when_its_binding_was_seen_and_how_often_codex_was_retried() -> None:
+    """The entrypoint's ``claimed:`` line, at the runtime's nanosecond stamp (UTC, this machine's
+    clock, as the simulator's and the workers' stamps), is when the pod was bound; its ``retry``
+    lines count the executor's failed registrations. A cold pod's log has no ``claimed:`` line; an
+    unreadable log (the pod already gone) gives nothing."""
+    stamps = bursty_day.entrypoint_stamps(SLOW_BINDING_LOG)
+    assert stamps["bound"] == pytest.approx(1796180513.813630308, abs=1e-6)  # 03:01:53.813630308 UTC
+    assert stamps["retries"] == 1
+    cold = "2026-12-02T03:01:05.100000000Z Error: environment registry request failed\n"
+    assert bursty_day.entrypoint_stamps(cold) == {"retries": 0}
+    assert bursty_day.entrypoint_stamps("") == {}
+
+
+def test_a_warm_sessions_placed_to_registered_is_split_at_its_binding() -> None:
+    """Placed → registered, split where the entrypoint saw its binding: placed → bound (the
+    kubelet) and bound → registered (codex); without the entrypoint's stamp (a cold pod) it stays
+    whole. The summary names both stages and the sessions whose executor was retried."""
+    bound = bursty_day.entrypoint_stamps(SLOW_BINDING_LOG)["bound"]
+    placed = bound - 14.2
+    stamps = {"taken": placed - 0.5, "looked": placed - 0.3, "placed": placed, "bound": bound}
+    stages = bursty_day.stage_seconds(placed - 0.52, stamps, bound + 1.3)
+    assert stages["placed_to_registered_s"] == pytest.approx(15.5)
+    assert stages["placed_to_bound_s"] == pytest.approx(14.2)
+    assert stages["bound_to_registered_s"] == pytest.approx(1.3)
+    cold = bursty_day.stage_seconds(placed - 0.52, {k: v for k, v in stamps.items() if k != "bound"}, bound + 1.3)
+    assert "placed_to_bound_s" not in cold and cold["placed_to_registered_s"] == pytest.approx(15.5)
+    row = {"warm": True, "delivered_to_registered_s": 16.0, "executor_retries": 1, **stages}
+    line = bursty_day.summary([row])
+    assert "placed_to_bound_s p50 14.20 / max 14.20" in line
+    assert "bound_to_registered_s p50 1.30 / max 1.30" in line
+    assert "1 retried an executor" in line
