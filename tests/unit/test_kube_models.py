@@ -66,16 +66,22 @@ print(json.dumps(sorted({m for m in sys.modules if m.startswith("kubernetes.clie
 """
 
 
-def _imported_by_answers(load: bool) -> list[str]:
+def _last_line(script: str, load: bool) -> str:
+    """The last line ``script`` printed, run in a fresh interpreter (its modules not yet
+    imported), told ``load`` or ``lazy``."""
     found = subprocess.run(
-        [sys.executable, "-c", _SCRIPT, "load" if load else "lazy"],
+        [sys.executable, "-c", script, "load" if load else "lazy"],
         cwd=ROOT,
         capture_output=True,
         text=True,
         check=True,
         timeout=120,
     )
-    return list(json.loads(found.stdout.strip().splitlines()[-1]))
+    return found.stdout.strip().splitlines()[-1]
+
+
+def _imported_by_answers(load: bool) -> list[str]:
+    return list(json.loads(_last_line(_SCRIPT, load)))
 
 
 def test_after_load_models_a_claims_answers_build_no_model_of_the_client() -> None:
@@ -156,15 +162,7 @@ print(len(built))
 
 
 def _validators_built(load: bool) -> int:
-    found = subprocess.run(
-        [sys.executable, "-c", _VERBS, "load" if load else "lazy"],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-        timeout=120,
-    )
-    return int(found.stdout.strip().splitlines()[-1])
+    return int(_last_line(_VERBS, load))
 
 
 def test_after_load_verbs_a_claims_calls_build_no_argument_validator_of_the_client() -> None:
