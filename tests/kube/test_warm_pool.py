@@ -303,6 +303,47 @@ def test_the_pool_replaces_dead_and_old_pods_and_never_deletes_a_claimed_one(
     wait_for(lambda: _registered(kube_world, spec), 60, "the claimed pod's executor to register")
 
 
+def test_the_tending_refreshes_a_claimed_pods_binding_once_when_the_claim_is_old_enough(
+    kube_world: KubeWorld, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pool's tending updates a claimed pod once its claim is ``BINDING_REFRESH_AFTER_SECONDS``
+    old (the kubelet, which may have rewritten the binding from the pod as it was before the
+    claim, syncs it again): a label on that pod, none on a ready one; a younger claim is left
+    alone, and a refreshed pod is not patched again."""
+    template = _template(2)
+    _pools(kube_world, namespace, template).tend()
+    wait_for(lambda: len(_ready(kube_world, namespace)) == 2, 60, "the warm pods to run")
+    spec = new_session(kube_world)
+    handle = _runner(kube_world, namespace, template).ensure(spec, 1)
+    calls: list[str] = []
+    tending = Placement(
+        KubeApi(_Counted(kube_world.core, calls)),  # type: ignore[arg-type]
+        PodSettings(namespace=namespace),
+        [template],
+        lambda *placed: None,
+    )
+
+    def refreshed() -> list[str]:
+        pods = kube_world.core.list_namespaced_pod(namespace, label_selector=names.managed_selector()).items
+        return [p.metadata.name for p in pods if (p.metadata.labels or {}).get(names.BINDING_REFRESHED_LABEL)]
+
+    after = "controller.runners.kubernetes.pool.BINDING_REFRESH_AFTER_SECONDS"
+    monkeypatch.setattr(after, 3600.0)  # the claim is too young
+    tending.tend()
+    assert "patch_namespaced_pod" not in calls
+    assert refreshed() == []
+    monkeypatch.setattr(after, 0.0)
+    tending.tend()
+    assert calls.count("patch_namespaced_pod") == 1, calls
+    assert refreshed() == [handle.name]
+    pod = kube_world.core.read_namespaced_pod(handle.name, namespace)
+    assert pod.metadata.uid == handle.uid and pod.metadata.labels[names.POOL_STATE_LABEL] == names.CLAIMED
+    calls.clear()
+    tending.tend()
+    assert "patch_namespaced_pod" not in calls, calls
+    wait_for(lambda: _registered(kube_world, spec), 60, "the claimed pod's executor to register")
+
+
 def test_a_session_with_another_workspace_directory_gets_a_cold_pod(kube_world: KubeWorld, namespace: str) -> None:
     """L8: warm pods mount the configured workspace directory; a session naming another one
     (which routing would not serve) is never bound to one: it gets a cold pod of its own shape,

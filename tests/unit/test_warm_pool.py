@@ -14,12 +14,24 @@ from controller.runners.kubernetes.manifests import (
     BINDING_DIRECTORY,
     PodSettings,
     SandboxTemplate,
+    binding_refresh_patch,
     claim_patch,
     make_pod,
     make_warm_pod,
     shape,
 )
-from controller.runners.kubernetes.pool import WarmPod, census, claim_order, peak, plan, settling, target
+from controller.runners.kubernetes.objects import Pod
+from controller.runners.kubernetes.pool import (
+    BINDING_REFRESH_AFTER_SECONDS,
+    WarmPod,
+    binding_refresh_due,
+    census,
+    claim_order,
+    peak,
+    plan,
+    settling,
+    target,
+)
 from controller.runners.kubernetes.templates import parse
 
 NOW = 10_000.0
@@ -267,6 +279,43 @@ def test_a_claim_applies_only_to_a_ready_pod_and_binds_the_session() -> None:
         assert applied[f"/metadata/annotations/{key.replace('/', '~1')}"] == cold["annotations"][key]
     assert applied["/metadata/annotations/sandbox-controller.dev~1remote-url"] == SPEC.remote_url
     assert applied["/metadata/labels/sandbox-controller.dev~1pool-state"] == "claimed"
+
+
+def test_a_claims_binding_is_refreshed_once_the_claim_is_old_enough() -> None:
+    """A claimed pod's binding is refreshed once its claim is ``BINDING_REFRESH_AFTER_SECONDS``
+    old, not before (by then the kubelet has the claimed pod); a claim whose time is unknown
+    (unreadable, or a pod claimed before its stamp existed) at once."""
+    after = BINDING_REFRESH_AFTER_SECONDS
+    assert not binding_refresh_due(NOW, NOW)
+    assert not binding_refresh_due(NOW - after + 0.01, NOW)
+    assert binding_refresh_due(NOW - after, NOW)
+    assert binding_refresh_due(NOW - 3600, NOW)
+    assert not binding_refresh_due(NOW + 1, NOW)  # the claiming worker's clock ahead: it waits
+    assert binding_refresh_due(None, NOW)
+
+
+def test_a_pods_claim_time_is_its_stamp_when_readable() -> None:
+    """``claimed_at`` reads the claim's stamp (``claim_patch``); an unclaimed pod's, or an
+    unreadable one, is None, and such a pod started when it was created."""
+    stamp = {names.CLAIMED_AT_ANNOTATION: "1234.500"}
+    assert Pod("p", "u", annotations=stamp, created_at=7.0).claimed_at == 1234.5
+    assert Pod("p", "u", annotations=stamp, created_at=7.0).started_at == 1234.5
+    for unread in ({}, {names.CLAIMED_AT_ANNOTATION: ""}, {names.CLAIMED_AT_ANNOTATION: "soon"}):
+        assert Pod("p", "u", annotations=unread, created_at=7.0).claimed_at is None
+        assert Pod("p", "u", annotations=unread, created_at=7.0).started_at == 7.0
+
+
+def test_a_binding_refresh_applies_only_to_that_pod_while_claimed_and_marks_it() -> None:
+    """The refresh's patch tests the pod's UID (not a newer pod of its name) and that it is
+    still claimed, then adds the label that keeps it out of the next tending's list."""
+    assert binding_refresh_patch("uid-1") == [
+        {"op": "test", "path": "/metadata/uid", "value": "uid-1"},
+        {"op": "test", "path": "/metadata/labels/sandbox-controller.dev~1pool-state", "value": "claimed"},
+        {"op": "add", "path": "/metadata/labels/sandbox-controller.dev~1binding-refreshed", "value": "true"},
+    ]
+    assert names.unrefreshed_selector("fast").endswith(
+        f"{names.POOL_STATE_LABEL}=claimed,!{names.BINDING_REFRESHED_LABEL}"
+    )
 
 
 # -- the template field ------------------------------------------------------------------------

@@ -177,20 +177,32 @@ def claim_patch(spec: SandboxSpec, generation: int, claimed_at: float) -> list[d
     ``ready`` (the ``test`` operation, checked by the API server on the current object), so of
     two claims of one pod exactly one succeeds. It gives the pod the session's labels and
     annotations (as ``make_pod`` does) and the binding its entrypoint waits for; never the key."""
-
-    def at(kind: str, key: str) -> str:
-        return f"/metadata/{kind}/{key.replace('~', '~0').replace('/', '~1')}"
-
     return [
-        {"op": "test", "path": at("labels", names.POOL_STATE_LABEL), "value": names.READY},
-        {"op": "replace", "path": at("labels", names.POOL_STATE_LABEL), "value": names.CLAIMED},
-        {"op": "add", "path": at("labels", names.SESSION_HASH_LABEL), "value": names.session_hash(spec.session_id)},
-        {"op": "add", "path": at("labels", names.GENERATION_LABEL), "value": str(generation)},
-        {"op": "add", "path": at("annotations", names.SESSION_ID_ANNOTATION), "value": spec.session_id},
-        {"op": "add", "path": at("annotations", names.ENVIRONMENT_ID_ANNOTATION), "value": spec.environment_id},
-        {"op": "add", "path": at("annotations", names.REMOTE_URL_ANNOTATION), "value": spec.remote_url},
-        {"op": "add", "path": at("annotations", names.CLAIMED_AT_ANNOTATION), "value": f"{claimed_at:.3f}"},
+        {"op": "test", "path": _path("labels", names.POOL_STATE_LABEL), "value": names.READY},
+        {"op": "replace", "path": _path("labels", names.POOL_STATE_LABEL), "value": names.CLAIMED},
+        {"op": "add", "path": _path("labels", names.SESSION_HASH_LABEL), "value": names.session_hash(spec.session_id)},
+        {"op": "add", "path": _path("labels", names.GENERATION_LABEL), "value": str(generation)},
+        {"op": "add", "path": _path("annotations", names.SESSION_ID_ANNOTATION), "value": spec.session_id},
+        {"op": "add", "path": _path("annotations", names.ENVIRONMENT_ID_ANNOTATION), "value": spec.environment_id},
+        {"op": "add", "path": _path("annotations", names.REMOTE_URL_ANNOTATION), "value": spec.remote_url},
+        {"op": "add", "path": _path("annotations", names.CLAIMED_AT_ANNOTATION), "value": f"{claimed_at:.3f}"},
     ]
+
+
+def binding_refresh_patch(uid: str) -> list[dict[str, Any]]:
+    """The JSON patch that refreshes a claimed pod's binding (``pool.binding_refresh_due``): a
+    label, which makes the kubelet sync the pod again; applied only to that pod (its UID) while
+    it is still claimed."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": uid},
+        {"op": "test", "path": _path("labels", names.POOL_STATE_LABEL), "value": names.CLAIMED},
+        {"op": "add", "path": _path("labels", names.BINDING_REFRESHED_LABEL), "value": "true"},
+    ]
+
+
+def _path(kind: str, key: str) -> str:
+    """The JSON pointer of a label or an annotation (``~`` and ``/`` escaped)."""
+    return f"/metadata/{kind}/{key.replace('~', '~0').replace('/', '~1')}"
 
 
 def _annotation(key: str) -> str:

@@ -8,7 +8,8 @@ A warm pod (a template's warm pool) is named ``warm-<template slug>-<random>`` b
 server (``generateName``) and carries the pool's labels: ``pool`` (a hash of the template
 name) and ``pool-state`` (``ready`` until a session claims it, then ``claimed``). A claim adds
 the session's labels and annotations (as a cold pod has them) plus the remote URL, which the
-pod reads through a downward-API volume (late binding).
+pod reads through a downward-API volume (late binding). A claimed pod whose binding the pool's
+tending has refreshed once (``pool.binding_refresh_due``) also carries ``binding-refreshed``.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ CLAIMED_AT_ANNOTATION = f"{PREFIX}/claimed-at"
 SHAPE_ANNOTATION = f"{PREFIX}/shape"
 POOL_LABEL = f"{PREFIX}/pool"
 POOL_STATE_LABEL = f"{PREFIX}/pool-state"
+BINDING_REFRESHED_LABEL = f"{PREFIX}/binding-refreshed"
 READY = "ready"
 CLAIMED = "claimed"
 MANAGED_BY = "sandbox-controller"
@@ -102,6 +104,12 @@ def pool_labels(template: str) -> dict[str, str]:
 def pool_selector(template: str) -> str:
     """The warm pods of a template's pool that no session has claimed."""
     return f"{managed_selector()},{POOL_LABEL}={pool_hash(template)},{POOL_STATE_LABEL}={READY}"
+
+
+def unrefreshed_selector(template: str) -> str:
+    """The claimed pods of a template's pool whose binding has not been refreshed yet."""
+    pool = f"{POOL_LABEL}={pool_hash(template)},{POOL_STATE_LABEL}={CLAIMED}"
+    return f"{managed_selector()},{pool},!{BINDING_REFRESHED_LABEL}"
 
 
 def placement_name(session_id: str, generation: int) -> str:

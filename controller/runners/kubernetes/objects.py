@@ -90,15 +90,19 @@ class Pod:
         return self.labels.get(names.POOL_STATE_LABEL) == names.CLAIMED
 
     @property
+    def claimed_at(self) -> float | None:
+        """When a session claimed this warm pod (the claiming worker's clock); None when it was
+        not claimed, or its stamp is unreadable."""
+        try:
+            return float(self.annotations[names.CLAIMED_AT_ANNOTATION])
+        except (KeyError, ValueError):
+            return None
+
+    @property
     def started_at(self) -> float:
         """When the pod began to serve its session: its claim (a warm pod), else its creation."""
-        claimed = self.annotations.get(names.CLAIMED_AT_ANNOTATION)
-        if claimed:
-            try:
-                return float(claimed)
-            except ValueError:
-                pass
-        return self.created_at
+        claimed = self.claimed_at
+        return self.created_at if claimed is None else claimed
 
 
 @dataclass(frozen=True)

@@ -41,7 +41,8 @@ cold pod's name settle a rival placing in between, as they do between the list a
 A claim adds no pod in its place: ``tend`` (the scheduler's leader, every few seconds) replaces
 dead, misshapen and too old warm pods and fills each pool up to its size once its sessions are
 no longer being placed (``pool.settling``), deleting only with the resource version it saw (a
-pod claimed since is left to its session).
+pod claimed since is left to its session). It also refreshes each claimed pod's binding once
+(``pool.binding_refresh_due``: the kubelet can miss the claim's update).
 """
 
 from __future__ import annotations
@@ -58,6 +59,7 @@ from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import (
     PodSettings,
     SandboxTemplate,
+    binding_refresh_patch,
     claim_patch,
     make_pod,
     make_pvc,
@@ -65,7 +67,7 @@ from controller.runners.kubernetes.manifests import (
     shape,
 )
 from controller.runners.kubernetes.objects import Pod, PodRef, newest
-from controller.runners.kubernetes.pool import WarmPod, census, claim_order, plan
+from controller.runners.kubernetes.pool import WarmPod, binding_refresh_due, census, claim_order, plan
 
 log = logs.get(__name__)
 MAX_GENERATION_SKIPS = 5
@@ -327,8 +329,8 @@ class Placement:
     def tend(self, sizes: Mapping[str, int] | None = None, settling: Collection[str] = ()) -> list[PoolState]:
         """Keep every pool at its size (``sizes[template]`` when given, a pool sized by demand;
         else the template's ``warmPool.size``): replace dead, misshapen and too old warm pods,
-        add the missing ones (none to a pool in ``settling``), remove the excess. Returns each
-        pool as this tending found it."""
+        add the missing ones (none to a pool in ``settling``), remove the excess; then refresh
+        the binding of each pod claimed long enough ago. Returns each pool as this tending found it."""
         found = []
         for template in self._pools:
             pods, wanted, now = self.warm_pods(template), self._shape(template), time.time()
@@ -340,7 +342,19 @@ class Placement:
                 self.delete_unclaimed(pod)
             for _ in range(todo.create):
                 self._add(template)
+            self._refresh_bindings(template)
         return found
+
+    def _refresh_bindings(self, template: SandboxTemplate) -> None:
+        """Update each pod of the pool claimed at least ``BINDING_REFRESH_AFTER_SECONDS`` ago
+        whose binding was not refreshed yet, once (``pool``: the kubelet may have missed the
+        claim's update); a younger claim is left to a later tending."""
+        now = time.time()
+        for pod in self._kube.list_pods(self._ns, names.unrefreshed_selector(template.name)):
+            if not binding_refresh_due(pod.claimed_at, now):
+                continue
+            if self._kube.patch_pod_if(self._ns, pod.name, binding_refresh_patch(pod.uid)) is not None:
+                log.info("claimed pod's binding refreshed", extra={"session_id": pod.session_id, "pod": pod.name})
 
     def warm_pods(self, template: SandboxTemplate) -> list[WarmPod]:
         """The template's pool as ``pool`` decides on it: its pods no session has claimed."""

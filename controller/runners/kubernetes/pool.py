@@ -17,6 +17,15 @@ note: the most of them within any one interval of that window (``peak``: a burst
 wherever it falls), plus the headroom, within [min, max]. It follows a burst up at the next
 tending and comes down only once the burst has left the window (as the Horizontal Pod
 Autoscaler's scale-down stabilization window does), to ``min`` (0 allowed) when demand stops.
+
+A claimed pod learns its session from its downward-API volume, which the kubelet rewrites when
+it syncs the pod after the claim's update. It can miss that update: its volume manager rewrote
+the volume from the pod as it was before the claim (on the 2-core node, 7 of 400 claims made ten
+at once), and the executor then waited for the kubelet's next periodic sync (``syncFrequency``,
+one minute by default). So the tending refreshes each claimed pod's binding once, as soon as it
+is ``BINDING_REFRESH_AFTER_SECONDS`` old (``binding_refresh_due``): one more update of the pod, a
+label, which makes the kubelet sync it again, by then from the claimed pod. A binding already
+written is left as it was (the kubelet writes nothing when the files would not change).
 """
 
 from __future__ import annotations
@@ -34,6 +43,10 @@ claims arrive within a second or two, and their executors start in a few."""
 SETTLE_LONGEST_SECONDS = 30.0
 """...but it waits at most this long from the first placement of a run of them (each within
 ``SETTLE_SECONDS`` of the last): a steady stream of sessions never starves its pool's refills."""
+BINDING_REFRESH_AFTER_SECONDS = 2.0
+"""How old a claim is before the tending refreshes its pod's binding: a claimed executor usually
+registers within a second, and the kubelet has long had the claimed pod by then; the refresh's
+sync comes after the burst's executors started, not beside them."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +107,12 @@ def census(template: str, pods: list[WarmPod], size: int, shape: str, now: float
     usable = [p for p in pods if _usable(p, shape, now, max_age)]
     ready = sum(1 for p in usable if p.running)
     return PoolState(template=template, size=size, ready=ready, starting=len(usable) - ready)
+
+
+def binding_refresh_due(claimed_at: float | None, now: float) -> bool:
+    """A claimed pod's binding is refreshed once its claim is ``BINDING_REFRESH_AFTER_SECONDS``
+    old (``claimed_at`` on the claiming worker's clock; unknown: at once)."""
+    return claimed_at is None or now - claimed_at >= BINDING_REFRESH_AFTER_SECONDS
 
 
 def peak(stamps: Sequence[float], now: float, interval: float, window: float) -> int:
