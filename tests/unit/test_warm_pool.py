@@ -281,17 +281,19 @@ def test_a_claim_applies_only_to_a_ready_pod_and_binds_the_session() -> None:
     assert applied["/metadata/labels/sandbox-controller.dev~1pool-state"] == "claimed"
 
 
-def test_a_claims_binding_is_refreshed_once_the_claim_is_old_enough() -> None:
+def test_a_claims_binding_is_refreshed_once_the_claim_is_old_enough_unless_its_pod_is_going() -> None:
     """A claimed pod's binding is refreshed once its claim is ``BINDING_REFRESH_AFTER_SECONDS``
     old, not before (by then the kubelet has the claimed pod); a claim whose time is unknown
-    (unreadable, or a pod claimed before its stamp existed) at once."""
+    (unreadable, or a pod claimed before its stamp existed) at once; a pod being deleted never."""
     after = BINDING_REFRESH_AFTER_SECONDS
-    assert not binding_refresh_due(NOW, NOW)
-    assert not binding_refresh_due(NOW - after + 0.01, NOW)
-    assert binding_refresh_due(NOW - after, NOW)
-    assert binding_refresh_due(NOW - 3600, NOW)
-    assert not binding_refresh_due(NOW + 1, NOW)  # the claiming worker's clock ahead: it waits
-    assert binding_refresh_due(None, NOW)
+    assert not binding_refresh_due(NOW, False, NOW)
+    assert not binding_refresh_due(NOW - after + 0.01, False, NOW)
+    assert binding_refresh_due(NOW - after, False, NOW)
+    assert binding_refresh_due(NOW - 3600, False, NOW)
+    assert not binding_refresh_due(NOW + 1, False, NOW)  # the claiming worker's clock ahead: it waits
+    assert binding_refresh_due(None, False, NOW)
+    assert not binding_refresh_due(NOW - 3600, True, NOW)
+    assert not binding_refresh_due(None, True, NOW)
 
 
 def test_a_pods_claim_time_is_its_stamp_when_readable() -> None:

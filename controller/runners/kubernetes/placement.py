@@ -351,7 +351,7 @@ class Placement:
         claim's update); a younger claim is left to a later tending."""
         now = time.time()
         for pod in self._kube.list_pods(self._ns, names.unrefreshed_selector(template.name)):
-            if not binding_refresh_due(pod.claimed_at, now):
+            if not binding_refresh_due(pod.claimed_at, pod.deleting, now):
                 continue
             if self._kube.patch_pod_if(self._ns, pod.name, binding_refresh_patch(pod.uid)) is not None:
                 log.info("claimed pod's binding refreshed", extra={"session_id": pod.session_id, "pod": pod.name})

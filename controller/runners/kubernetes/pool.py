@@ -109,9 +109,12 @@ def census(template: str, pods: list[WarmPod], size: int, shape: str, now: float
     return PoolState(template=template, size=size, ready=ready, starting=len(usable) - ready)
 
 
-def binding_refresh_due(claimed_at: float | None, now: float) -> bool:
+def binding_refresh_due(claimed_at: float | None, deleting: bool, now: float) -> bool:
     """A claimed pod's binding is refreshed once its claim is ``BINDING_REFRESH_AFTER_SECONDS``
-    old (``claimed_at`` on the claiming worker's clock; unknown: at once)."""
+    old (``claimed_at`` on the claiming worker's clock; unknown: at once); a pod being deleted
+    (its session done within that time) never."""
+    if deleting:
+        return False
     return claimed_at is None or now - claimed_at >= BINDING_REFRESH_AFTER_SECONDS
 
 
