@@ -21,6 +21,13 @@ a reply as a lost connection: it drops the connection and raises ``redis.Connect
 which the store reports as ``StoreUnavailable`` and Celery takes as a reason to reconnect; the
 next connection goes to the master the sentinels name then (or that the URL's host resolves
 to, for a managed Redis whose failover moves a DNS name).
+
+A refused password. redis-py reports it as ``redis.AuthenticationError``, a kind of
+``ConnectionError``, so its retries (ten, with backoff) and its walk over the sentinels would
+take it for a lost connection and report it seconds later as Redis being away. Every client made
+here raises ``errors.RedisPasswordRefused`` (a ``ConfigError``) at the first refusal instead,
+naming the setting (``CONTROLLER_REDIS_URL`` or ``CONTROLLER_REDIS_SENTINEL_PASSWORD``) and the
+server, never the password; a lost, refused or timed-out connection is retried as before.
 """
 
 from __future__ import annotations
@@ -34,10 +41,24 @@ import redis
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from controller.config import QueueSettings
+from controller.config import PREFIX, QueueSettings
+from controller.errors import RedisPasswordRefused
 from controller.store.pipelined import PipelinedRedis, not_the_master
 
 DEFAULT_TIMEOUT_SECONDS = 3.0
+
+
+def _sentinel_handshake(connection: Any) -> None:
+    """redis-py's handshake for a connection to a sentinel (``redis_connect_func``), with a
+    refused password raised as ``RedisPasswordRefused``: redis-py would take its
+    ``AuthenticationError`` as a lost connection, retry it with backoff and then ask the next
+    sentinel, and the next, only to report "no master found" seconds later."""
+    try:
+        connection.on_connect()
+    except redis.AuthenticationError as exc:
+        connection.disconnect()
+        where = f"the sentinel at {connection._host_error()}"
+        raise RedisPasswordRefused(f"{PREFIX}REDIS_SENTINEL_PASSWORD", where, str(exc)) from exc
 
 
 class _FollowsMaster:
@@ -46,10 +67,14 @@ class _FollowsMaster:
     connection; both raise ``redis.ConnectionError`` (the next command connects again)."""
 
     def on_connect_check_health(self, check_health: bool = True) -> None:
-        super().on_connect_check_health(check_health=check_health)  # type: ignore[misc]
-        self.send_command("ROLE", check_health=False)  # type: ignore[attr-defined]
         try:
+            super().on_connect_check_health(check_health=check_health)  # type: ignore[misc]
+            self.send_command("ROLE", check_health=False)  # type: ignore[attr-defined]
             role = self.read_response()
+        except redis.AuthenticationError as exc:  # AUTH refused, or NOAUTH: only the URL can fix it
+            self.disconnect()  # type: ignore[attr-defined]
+            where = f"Redis at {self._host_error()}"  # type: ignore[attr-defined]
+            raise RedisPasswordRefused(f"{PREFIX}REDIS_URL", where, str(exc)) from exc
         except redis.ResponseError:  # ROLE refused (some managed services): take the server's word
             return
         if not (isinstance(role, list) and role and role[0] in ("master", b"master")):
@@ -146,9 +171,8 @@ class Endpoint:
             assert self.master_name is not None  # config derives it
             for where in ("host", "port", "connection_class"):
                 options.pop(where, None)
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                self.sentinels, sentinel_kwargs=self._sentinel_options(timeout_seconds), **common
-            )
+            asking = {**self._sentinel_options(timeout_seconds), "redis_connect_func": _sentinel_handshake}
+            sentinel = Sentinel(self.sentinels, sentinel_kwargs=asking, **common)  # type: ignore[no-untyped-call]
             connection = SentinelMasterSSLConnection if self.tls else SentinelMasterConnection
             master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
                 self.master_name, connection_class=connection, **options

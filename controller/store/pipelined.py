@@ -21,7 +21,10 @@ Errors are redis-py's, so the store translates them as it does any other
 - an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``), except one
   saying the server is not the master (``READONLY``, ``UNBLOCKED``, ``MASTERDOWN``: a failover or
   role change happened): that closes the connection, and its commands fail with
-  ``redis.ConnectionError``.
+  ``redis.ConnectionError``;
+- credentials refused by Redis or a sentinel (``AUTH`` refused, or ``NOAUTH``) raise
+  ``errors.RedisPasswordRefused`` (a ``ConfigError`` naming the setting, never the password) at
+  once: no other sentinel is asked, since only the setting can fix it.
 
 The master: each connection asks ``ROLE`` first and is used only if the server says it is the
 master. With sentinels (``sentinels``, ``master_name``), the address is asked of them at each
@@ -51,6 +54,9 @@ from typing import Any, cast
 import redis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
+
+from controller.config import PREFIX
+from controller.errors import RedisPasswordRefused
 
 Arg = str | int | float | bytes
 ROLE_REFRESH_SECONDS = 1.0
@@ -325,13 +331,14 @@ class PipelinedRedis:
             if self._connection is not None and not self._connection.closed:
                 return self._connection  # another caller connected meanwhile
             host, port = await self._master_address()
+            where = f"{host}:{port}" if not self._path else str(self._path)
             try:
                 async with asyncio.timeout(self._timeout):
                     connection = await self._open(host, port)
                     try:
                         if self._password:
                             credentials = [self._username, self._password] if self._username else [self._password]
-                            await connection.send(command("AUTH", *credentials))
+                            await _authenticate(connection, credentials, f"{PREFIX}REDIS_URL", f"Redis at {where}")
                         if self._db:
                             await connection.send(command("SELECT", self._db))
                         role = await _role(connection)
@@ -342,9 +349,11 @@ class PipelinedRedis:
                 raise redis.TimeoutError(f"Redis did not answer within {self._timeout:g} seconds") from exc
             except OSError as exc:
                 raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
-            except redis.ResponseError as exc:  # AUTH or SELECT refused
-                raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc
-            _check_master(role, connection, f"{host}:{port}" if not self._path else str(self._path))
+            except redis.ResponseError as exc:
+                if refuses_credentials(exc):  # NOAUTH: a password is required and the URL gives none
+                    raise RedisPasswordRefused(f"{PREFIX}REDIS_URL", f"Redis at {where}", str(exc)) from exc
+                raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc  # SELECT
+            _check_master(role, connection, where)
             connection.role_asked_at = asyncio.get_running_loop().time()
             self._connection = connection
             return connection
@@ -377,10 +386,16 @@ class PipelinedRedis:
                 async with asyncio.timeout(each):
                     sentinel = await self._open(host, port)
                     try:
+                        setting, where = f"{PREFIX}REDIS_SENTINEL_PASSWORD", f"the sentinel at {host}:{port}"
                         if self._sentinel_password:
-                            await sentinel.send(command("AUTH", self._sentinel_password))
+                            await _authenticate(sentinel, [self._sentinel_password], setting, where)
                         asked = command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name)
-                        address = await sentinel.send(asked)
+                        try:
+                            address = await sentinel.send(asked)
+                        except redis.ResponseError as exc:
+                            if refuses_credentials(exc):  # NOAUTH: it wants a password and none is set
+                                raise RedisPasswordRefused(setting, where, str(exc)) from exc
+                            raise
                     finally:
                         sentinel.close()
             except (OSError, redis.RedisError) as exc:  # TimeoutError is an OSError
@@ -392,6 +407,25 @@ class PipelinedRedis:
             self._sentinels.insert(0, self._sentinels.pop(index))
             return str(address[0]), int(address[1])
         raise redis.ConnectionError(f"no sentinel named the master: {'; '.join(problems)}")
+
+
+def refuses_credentials(error: redis.ResponseError) -> bool:
+    """Whether an error reply refuses the connection's credentials: a wrong password or user
+    (``WRONGPASS``; ``ERR invalid password`` before Redis 6), a password where none is set, or
+    none where one is required (``NOAUTH``) -- what redis-py raises ``AuthenticationError`` for."""
+    text = str(error)
+    return text.startswith(("WRONGPASS", "NOAUTH")) or any(
+        phrase in text for phrase in ("invalid password", "no password is set", "without any password configured")
+    )
+
+
+async def _authenticate(connection: _Connection, credentials: Sequence[Arg], setting: str, where: str) -> None:
+    """``AUTH``; a refusal is ``RedisPasswordRefused`` (naming ``setting``, never the password):
+    a configuration error, which no reconnection can fix."""
+    try:
+        await connection.send(command("AUTH", *credentials))
+    except redis.ResponseError as exc:
+        raise RedisPasswordRefused(setting, where, str(exc)) from exc
 
 
 async def _role(connection: _Connection) -> Any:
