@@ -157,8 +157,13 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
+        """SIGTERM, sent again every 0.1 s until the server exits (SIGKILL after 10 s). Redis
+        drops a SIGTERM that comes while it writes its first append-only file ("Writing initial
+        AOF, can't exit": a replica just after a full sync, as a test's fixture or failover leaves
+        it) instead of acting on it once that is written; a SIGTERM during a shutdown already
+        under way is ignored."""
         if self.process is not None:
-            self.process.stop()
+            self.process.stop(repeat_seconds=0.1)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last write to its replicas."""
