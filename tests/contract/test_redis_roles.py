@@ -21,8 +21,8 @@ from controller.inbox import Job, Outcome
 from controller.redis_client import Endpoint
 from controller.store.pipelined import PipelinedRedis, ReplicaTimeout
 from controller.store.redis import RedisInbox
-from tests.support.processes import assert_no_process_left, free_port, wait_for
-from tests.support.redis_server import RedisServer
+from tests.support.processes import assert_no_process_left, free_port
+from tests.support.redis_server import RedisServer, start_in_sync
 
 WRITE = "return redis.call('SET', KEYS[1], ARGV[1])"
 
@@ -31,9 +31,9 @@ WRITE = "return redis.call('SET', KEYS[1], ARGV[1])"
 def pair(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
     """A primary and its replica, in sync."""
     primary = RedisServer(tmp_path / "primary").start()
-    replica = RedisServer(tmp_path / "replica", replica_of=primary).start()
+    replica = RedisServer(tmp_path / "replica", replica_of=primary)
     try:
-        wait_for(replica.in_sync, 30, "the replica to sync")
+        start_in_sync(replica)
         yield primary, replica
     finally:
         replica.stop()
