@@ -24,7 +24,8 @@ Errors are redis-py's, so the store translates them as it does any other
   ``redis.ConnectionError``;
 - credentials refused by Redis or a sentinel (``AUTH`` refused, or ``NOAUTH``) raise
   ``errors.RedisPasswordRefused`` (a ``ConfigError`` naming the setting, never the password) at
-  once: no other sentinel is asked, since only the setting can fix it.
+  once: no other sentinel is asked, since only the setting can fix it; so does a certificate
+  that does not verify against the CA bundle (``errors.RedisCertificateRefused``).
 
 The master: each connection asks ``ROLE`` first and is used only if the server says it is the
 master. With sentinels (``sentinels``, ``master_name``), the address is asked of them at each
@@ -56,7 +57,7 @@ from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
 
 from controller.config import PREFIX
-from controller.errors import RedisPasswordRefused
+from controller.errors import RedisCertificateRefused, RedisPasswordRefused
 
 Arg = str | int | float | bytes
 ROLE_REFRESH_SECONDS = 1.0
@@ -358,7 +359,9 @@ class PipelinedRedis:
             self._connection = connection
             return connection
 
-    async def _open(self, host: str, port: int) -> _Connection:
+    async def _open(self, host: str, port: int, server: str = "Redis") -> _Connection:
+        """A connection to ``server`` (Redis, or a sentinel) at ``host:port``; a certificate that
+        does not verify is ``RedisCertificateRefused``: no reconnection can fix it."""
         loop = asyncio.get_running_loop()
         connection = _Connection(loop, self._timeout)
         try:
@@ -369,6 +372,10 @@ class PipelinedRedis:
                 await loop.create_connection(
                     lambda: connection, host, port, ssl=self._tls, server_hostname=server_hostname
                 )
+        except ssl.SSLCertVerificationError as exc:
+            connection.close()
+            where = f"{server} at {host}:{port}"
+            raise RedisCertificateRefused(f"{PREFIX}REDIS_CA_FILE", where, exc.verify_message or str(exc)) from exc
         except BaseException:
             connection.close()
             raise
@@ -384,7 +391,7 @@ class PipelinedRedis:
         for index, (host, port) in enumerate(list(self._sentinels)):
             try:
                 async with asyncio.timeout(each):
-                    sentinel = await self._open(host, port)
+                    sentinel = await self._open(host, port, "the sentinel")
                     try:
                         setting, where = f"{PREFIX}REDIS_SENTINEL_PASSWORD", f"the sentinel at {host}:{port}"
                         if self._sentinel_password:

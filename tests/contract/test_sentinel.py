@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import socket
-import ssl
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import redis
 
 from controller import queue
 from controller.config import Settings
-from controller.errors import ConfigError, RedisPasswordRefused
+from controller.errors import ConfigError, RedisCertificateRefused, RedisPasswordRefused
 from controller.inbox import Job
 from controller.redis_client import Endpoint
 from tests.support.processes import assert_no_process_left, wait_for
@@ -191,7 +190,9 @@ def test_wrong_passwords_are_refused_at_once_as_a_config_error(ha: ReplicatedRed
 def test_tls_to_the_sentinels_and_the_master_is_verified_against_the_ca_file(ha_tls: ReplicatedRedis) -> None:
     """``rediss://`` with ``CONTROLLER_REDIS_CA_FILE``: every client speaks TLS to the sentinels
     and the master and checks their certificates against that CA; without it (the system's CAs,
-    which never signed the test CA's certificates) the connection is refused."""
+    which never signed the test CA's certificates) the connection is refused at the first
+    handshake, as a configuration error naming ``CONTROLLER_REDIS_CA_FILE`` (redis-py's
+    retries took it for a lost connection: 11 handshakes at each sentinel, about 12 s)."""
     settings, target = endpoint(ha_tls)
     client = target.client(timeout_seconds=2)
     try:
@@ -207,15 +208,18 @@ def test_tls_to_the_sentinels_and_the_master_is_verified_against_the_ca_file(ha_
 
     unverified = {k: v for k, v in ha_tls.settings().items() if k != "CONTROLLER_REDIS_CA_FILE"}
     untrusted = Endpoint.from_settings(Settings.from_env(unverified).queue)
-    with pytest.raises(redis.ConnectionError):
+    refused = "CONTROLLER_REDIS_CA_FILE: the sentinel at 127.0.0.1:"
+    with pytest.raises(RedisCertificateRefused, match=refused):
         untrusted.client(timeout_seconds=2).ping()
-    with pytest.raises((redis.ConnectionError, ssl.SSLError)):
+    with pytest.raises(RedisCertificateRefused, match=refused):
         asyncio.run(pipelined_write(untrusted, "tls:x", "x"))
 
 
 def test_tls_without_sentinels_as_a_managed_redis_offers_it(tmp_path: Path) -> None:
     """One ``rediss://`` URL (a managed Redis's primary endpoint) and ``CONTROLLER_REDIS_CA_FILE``:
-    the store's client, the receiver's and the broker reach it over TLS, checked against the CA."""
+    the store's client, the receiver's and the broker reach it over TLS, checked against the CA;
+    without the CA file the store's and the receiver's clients refuse it (a configuration error
+    naming ``CONTROLLER_REDIS_CA_FILE``)."""
     tls = Tls.create(tmp_path / "tls")
     server = RedisServer(tmp_path / "redis", password="tls-test-password", tls=tls).start()
     try:
@@ -234,6 +238,12 @@ def test_tls_without_sentinels_as_a_managed_redis_offers_it(tmp_path: Path) -> N
                 "yes",
                 1,
             )
+        untrusted = Endpoint.from_settings(Settings.from_env({"CONTROLLER_REDIS_URL": server.url}).queue)
+        refused = "CONTROLLER_REDIS_CA_FILE: Redis at 127.0.0.1:"
+        with pytest.raises(RedisCertificateRefused, match=refused):
+            untrusted.client(timeout_seconds=2).ping()
+        with pytest.raises(RedisCertificateRefused, match=refused):
+            asyncio.run(pipelined_write(untrusted, "tls:x", "x"))
     finally:
         server.stop()
     assert_no_process_left(tmp_path)
