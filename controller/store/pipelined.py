@@ -441,7 +441,7 @@ async def _role(connection: _Connection) -> Any:
     try:
         return await connection.send(command("ROLE"))
     except redis.ResponseError as exc:
-        if not_the_master(exc):
+        if not_the_master(exc) or refuses_credentials(exc):  # NOAUTH is no refusal of ROLE alone
             raise
         return ["master", 0, []]
 
