@@ -2,6 +2,10 @@
 
     ControllerError
     ├── ConfigError          bad settings: report all problems at start-up, exit 2
+    │   ├── RedisPasswordRefused  Redis or a sentinel refused the password a setting gives:
+    │   │                    raised at the first refusal, never retried (only the setting can fix it)
+    │   └── RedisCertificateRefused  a Redis or sentinel certificate the CA file does not
+    │                        verify: the same, at the first TLS handshake
     ├── UsageError           a command's input (an argument, a file or place it names) cannot
     │                        be used: say so in one line, exit 2, change nothing
     ├── RejectDelivery       the webhook delivery is bad: answer 4xx, change nothing
@@ -47,6 +51,29 @@ class ConfigError(ControllerError):
     def __init__(self, problems: list[str]) -> None:
         self.problems = list(problems)
         super().__init__("invalid configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+
+class RedisPasswordRefused(ConfigError):
+    """Redis, or a sentinel, refused the credentials ``setting`` gives (a wrong password, or none
+    where one is required). Retrying cannot help, so the clients raise it at the first refusal
+    instead of retrying it as a lost connection. The message names the setting and the server,
+    never the password."""
+
+    def __init__(self, setting: str, where: str, reply: str) -> None:
+        self.setting = setting
+        super().__init__(
+            [f"{setting}: {where} refused its credentials ({reply}); fix the setting, retrying cannot help"]
+        )
+
+
+class RedisCertificateRefused(ConfigError):
+    """A ``rediss://`` server (Redis or a sentinel) presented a certificate that does not verify
+    against the CA bundle ``setting`` names (or the system's): retrying cannot help, so the
+    clients raise it at the first handshake instead of retrying it as a lost connection."""
+
+    def __init__(self, setting: str, where: str, reason: str) -> None:
+        self.setting = setting
+        super().__init__([f"{setting}: {where} presented a certificate it does not verify ({reason}); fix it"])
 
 
 class UsageError(ControllerError):

@@ -21,6 +21,15 @@ a reply as a lost connection: it drops the connection and raises ``redis.Connect
 which the store reports as ``StoreUnavailable`` and Celery takes as a reason to reconnect; the
 next connection goes to the master the sentinels name then (or that the URL's host resolves
 to, for a managed Redis whose failover moves a DNS name).
+
+A refused password. redis-py reports it as ``redis.AuthenticationError``, a kind of
+``ConnectionError``, so its retries (ten, with backoff) and its walk over the sentinels would
+take it for a lost connection and report it seconds later as Redis being away. Every client made
+here raises ``errors.RedisPasswordRefused`` (a ``ConfigError``) at the first refusal instead,
+naming the setting (``CONTROLLER_REDIS_URL`` or ``CONTROLLER_REDIS_SENTINEL_PASSWORD``) and the
+server, never the password. Likewise a certificate that does not verify against
+``CONTROLLER_REDIS_CA_FILE`` (``errors.RedisCertificateRefused``). A lost, refused or timed-out
+connection is retried as before. (Celery's broker connection is kombu's: not these.)
 """
 
 from __future__ import annotations
@@ -34,10 +43,54 @@ import redis
 from redis.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.sentinel import Sentinel, SentinelManagedConnection
 
-from controller.config import QueueSettings
+from controller.config import PREFIX, QueueSettings
+from controller.errors import RedisCertificateRefused, RedisPasswordRefused
 from controller.store.pipelined import PipelinedRedis, not_the_master
 
 DEFAULT_TIMEOUT_SECONDS = 3.0
+
+
+CA_FILE = f"{PREFIX}REDIS_CA_FILE"
+
+
+class _VerifiesCertificate:
+    """For redis-py's TLS connection classes: a certificate that does not verify against the CA
+    bundle raises ``RedisCertificateRefused`` at the handshake; redis-py would take it for a
+    lost connection and retry it."""
+
+    server = "Redis"
+
+    def _connect(self) -> Any:
+        try:
+            return super()._connect()  # type: ignore[misc]
+        except ssl.SSLCertVerificationError as exc:
+            where = f"{self.server} at {self._host_error()}"  # type: ignore[attr-defined]
+            raise RedisCertificateRefused(CA_FILE, where, exc.verify_message or str(exc)) from exc
+
+
+class _AsksSentinel:
+    """For the connections to the sentinels: a refused password raises ``RedisPasswordRefused``.
+    redis-py would take its ``AuthenticationError`` for a lost connection, retry it with backoff
+    (ten times) and then ask the next sentinel, and the next, to report "no master found" some
+    ten seconds later."""
+
+    server = "the sentinel"
+
+    def on_connect_check_health(self, check_health: bool = True) -> None:
+        try:
+            super().on_connect_check_health(check_health=check_health)  # type: ignore[misc]
+        except redis.AuthenticationError as exc:
+            self.disconnect()  # type: ignore[attr-defined]
+            where = f"the sentinel at {self._host_error()}"  # type: ignore[attr-defined]
+            raise RedisPasswordRefused(f"{PREFIX}REDIS_SENTINEL_PASSWORD", where, str(exc)) from exc
+
+
+class SentinelConnection(_AsksSentinel, redis.Connection):
+    pass
+
+
+class SentinelSSLConnection(_AsksSentinel, _VerifiesCertificate, SSLConnection):
+    pass
 
 
 class _FollowsMaster:
@@ -46,10 +99,14 @@ class _FollowsMaster:
     connection; both raise ``redis.ConnectionError`` (the next command connects again)."""
 
     def on_connect_check_health(self, check_health: bool = True) -> None:
-        super().on_connect_check_health(check_health=check_health)  # type: ignore[misc]
-        self.send_command("ROLE", check_health=False)  # type: ignore[attr-defined]
         try:
+            super().on_connect_check_health(check_health=check_health)  # type: ignore[misc]
+            self.send_command("ROLE", check_health=False)  # type: ignore[attr-defined]
             role = self.read_response()
+        except redis.AuthenticationError as exc:  # AUTH refused, or NOAUTH: only the URL can fix it
+            self.disconnect()  # type: ignore[attr-defined]
+            where = f"Redis at {self._host_error()}"  # type: ignore[attr-defined]
+            raise RedisPasswordRefused(f"{PREFIX}REDIS_URL", where, str(exc)) from exc
         except redis.ResponseError:  # ROLE refused (some managed services): take the server's word
             return
         if not (isinstance(role, list) and role and role[0] in ("master", b"master")):
@@ -72,7 +129,7 @@ class MasterConnection(_FollowsMaster, redis.Connection):
     pass
 
 
-class MasterSSLConnection(_FollowsMaster, SSLConnection):
+class MasterSSLConnection(_FollowsMaster, _VerifiesCertificate, SSLConnection):
     pass
 
 
@@ -86,7 +143,7 @@ class SentinelMasterConnection(_FollowsMaster, SentinelManagedConnection):
     only ``READONLY`` as redis-py's own does)."""
 
 
-class SentinelMasterSSLConnection(_FollowsMaster, SentinelManagedConnection, SSLConnection):
+class SentinelMasterSSLConnection(_FollowsMaster, _VerifiesCertificate, SentinelManagedConnection, SSLConnection):
     pass
 
 
@@ -149,6 +206,8 @@ class Endpoint:
             sentinel = Sentinel(  # type: ignore[no-untyped-call]
                 self.sentinels, sentinel_kwargs=self._sentinel_options(timeout_seconds), **common
             )
+            for asked in sentinel.sentinels:  # redis-py picks their class (SSLConnection for ssl=True)
+                asked.connection_pool.connection_class = SentinelSSLConnection if self.tls else SentinelConnection
             connection = SentinelMasterSSLConnection if self.tls else SentinelMasterConnection
             master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
                 self.master_name, connection_class=connection, **options

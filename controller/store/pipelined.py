@@ -21,7 +21,11 @@ Errors are redis-py's, so the store translates them as it does any other
 - an error reply raises ``redis.ResponseError`` (``NoScriptError`` for ``NOSCRIPT``), except one
   saying the server is not the master (``READONLY``, ``UNBLOCKED``, ``MASTERDOWN``: a failover or
   role change happened): that closes the connection, and its commands fail with
-  ``redis.ConnectionError``.
+  ``redis.ConnectionError``;
+- credentials refused by Redis or a sentinel (``AUTH`` refused, or ``NOAUTH``) raise
+  ``errors.RedisPasswordRefused`` (a ``ConfigError`` naming the setting, never the password) at
+  once: no other sentinel is asked, since only the setting can fix it; so does a certificate
+  that does not verify against the CA bundle (``errors.RedisCertificateRefused``).
 
 The master: each connection asks ``ROLE`` first and is used only if the server says it is the
 master. With sentinels (``sentinels``, ``master_name``), the address is asked of them at each
@@ -51,6 +55,9 @@ from typing import Any, cast
 import redis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
+
+from controller.config import PREFIX
+from controller.errors import RedisCertificateRefused, RedisPasswordRefused
 
 Arg = str | int | float | bytes
 ROLE_REFRESH_SECONDS = 1.0
@@ -325,13 +332,14 @@ class PipelinedRedis:
             if self._connection is not None and not self._connection.closed:
                 return self._connection  # another caller connected meanwhile
             host, port = await self._master_address()
+            where = f"{host}:{port}" if not self._path else str(self._path)
             try:
                 async with asyncio.timeout(self._timeout):
                     connection = await self._open(host, port)
                     try:
                         if self._password:
                             credentials = [self._username, self._password] if self._username else [self._password]
-                            await connection.send(command("AUTH", *credentials))
+                            await _authenticate(connection, credentials, f"{PREFIX}REDIS_URL", f"Redis at {where}")
                         if self._db:
                             await connection.send(command("SELECT", self._db))
                         role = await _role(connection)
@@ -342,14 +350,18 @@ class PipelinedRedis:
                 raise redis.TimeoutError(f"Redis did not answer within {self._timeout:g} seconds") from exc
             except OSError as exc:
                 raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
-            except redis.ResponseError as exc:  # AUTH or SELECT refused
-                raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc
-            _check_master(role, connection, f"{host}:{port}" if not self._path else str(self._path))
+            except redis.ResponseError as exc:
+                if refuses_credentials(exc):  # NOAUTH: a password is required and the URL gives none
+                    raise RedisPasswordRefused(f"{PREFIX}REDIS_URL", f"Redis at {where}", str(exc)) from exc
+                raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc  # SELECT
+            _check_master(role, connection, where)
             connection.role_asked_at = asyncio.get_running_loop().time()
             self._connection = connection
             return connection
 
-    async def _open(self, host: str, port: int) -> _Connection:
+    async def _open(self, host: str, port: int, server: str = "Redis") -> _Connection:
+        """A connection to ``server`` (Redis, or a sentinel) at ``host:port``; a certificate that
+        does not verify is ``RedisCertificateRefused``: no reconnection can fix it."""
         loop = asyncio.get_running_loop()
         connection = _Connection(loop, self._timeout)
         try:
@@ -360,6 +372,10 @@ class PipelinedRedis:
                 await loop.create_connection(
                     lambda: connection, host, port, ssl=self._tls, server_hostname=server_hostname
                 )
+        except ssl.SSLCertVerificationError as exc:
+            connection.close()
+            where = f"{server} at {host}:{port}"
+            raise RedisCertificateRefused(f"{PREFIX}REDIS_CA_FILE", where, exc.verify_message or str(exc)) from exc
         except BaseException:
             connection.close()
             raise
@@ -375,12 +391,18 @@ class PipelinedRedis:
         for index, (host, port) in enumerate(list(self._sentinels)):
             try:
                 async with asyncio.timeout(each):
-                    sentinel = await self._open(host, port)
+                    sentinel = await self._open(host, port, "the sentinel")
                     try:
+                        setting, where = f"{PREFIX}REDIS_SENTINEL_PASSWORD", f"the sentinel at {host}:{port}"
                         if self._sentinel_password:
-                            await sentinel.send(command("AUTH", self._sentinel_password))
+                            await _authenticate(sentinel, [self._sentinel_password], setting, where)
                         asked = command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name)
-                        address = await sentinel.send(asked)
+                        try:
+                            address = await sentinel.send(asked)
+                        except redis.ResponseError as exc:
+                            if refuses_credentials(exc):  # NOAUTH: it wants a password and none is set
+                                raise RedisPasswordRefused(setting, where, str(exc)) from exc
+                            raise
                     finally:
                         sentinel.close()
             except (OSError, redis.RedisError) as exc:  # TimeoutError is an OSError
@@ -394,13 +416,32 @@ class PipelinedRedis:
         raise redis.ConnectionError(f"no sentinel named the master: {'; '.join(problems)}")
 
 
+def refuses_credentials(error: redis.ResponseError) -> bool:
+    """Whether an error reply refuses the connection's credentials: a wrong password or user
+    (``WRONGPASS``; ``ERR invalid password`` before Redis 6), a password where none is set, or
+    none where one is required (``NOAUTH``) -- what redis-py raises ``AuthenticationError`` for."""
+    text = str(error)
+    return text.startswith(("WRONGPASS", "NOAUTH")) or any(
+        phrase in text for phrase in ("invalid password", "no password is set", "without any password configured")
+    )
+
+
+async def _authenticate(connection: _Connection, credentials: Sequence[Arg], setting: str, where: str) -> None:
+    """``AUTH``; a refusal is ``RedisPasswordRefused`` (naming ``setting``, never the password):
+    a configuration error, which no reconnection can fix."""
+    try:
+        await connection.send(command("AUTH", *credentials))
+    except redis.ResponseError as exc:
+        raise RedisPasswordRefused(setting, where, str(exc)) from exc
+
+
 async def _role(connection: _Connection) -> Any:
     """``ROLE``'s reply; a server that refuses the command (some managed services rename or
     forbid it) counts as a master without known replicas."""
     try:
         return await connection.send(command("ROLE"))
     except redis.ResponseError as exc:
-        if not_the_master(exc):
+        if not_the_master(exc) or refuses_credentials(exc):  # NOAUTH is no refusal of ROLE alone
             raise
         return ["master", 0, []]
 

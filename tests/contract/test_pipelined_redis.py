@@ -13,6 +13,8 @@ import pytest
 import redis
 import uvloop
 
+from controller.errors import RedisPasswordRefused
+from controller.redis_client import Endpoint
 from controller.store.pipelined import PipelinedRedis
 from tests.support.redis_server import RedisServer
 
@@ -78,7 +80,9 @@ def test_a_script_redis_does_not_have_is_sent_whole(server: RedisServer, run: An
 
 
 def test_password_and_database_come_from_the_url(server: RedisServer, run: Any) -> None:
-    """L5: AUTH and SELECT are sent on connecting; a wrong password is a connection failure (→ 503)."""
+    """L5: AUTH and SELECT are sent on connecting; a wrong password is a configuration error
+    naming the URL's variable (``RedisPasswordRefused``, never the password), which the receiver
+    answers 503 like any error it did not expect: never a 2xx."""
     with server.client() as admin:
         admin.config_set("requirepass", "pipelined-test-pass")
     host = f"127.0.0.1:{server.port}"
@@ -93,9 +97,19 @@ def test_password_and_database_come_from_the_url(server: RedisServer, run: Any) 
             finally:
                 await client.aclose()
             wrong = PipelinedRedis(f"redis://:not-the-password@{host}/0")
-            with pytest.raises(redis.ConnectionError):
-                await wrong.ping()
-            await wrong.aclose()
+            none = PipelinedRedis(f"redis://{host}/0")  # no password where one is required: NOAUTH
+            try:
+                with pytest.raises(RedisPasswordRefused, match="CONTROLLER_REDIS_URL") as refused:
+                    await wrong.ping()
+                assert "not-the-password" not in str(refused.value)
+                with pytest.raises(RedisPasswordRefused, match="CONTROLLER_REDIS_URL"):
+                    await none.ping()
+            finally:  # a connection left open keeps uvloop's run from returning
+                await wrong.aclose()
+                await none.aclose()
+
+        with pytest.raises(RedisPasswordRefused, match="CONTROLLER_REDIS_URL"):
+            Endpoint(f"redis://{host}/0").client(timeout_seconds=1).ping()  # the store's client: the same
 
         run(main())
         with redis.Redis(port=server.port, db=3, password="pipelined-test-pass", decode_responses=True) as c:

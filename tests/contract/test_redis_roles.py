@@ -21,8 +21,8 @@ from controller.inbox import Job, Outcome
 from controller.redis_client import Endpoint
 from controller.store.pipelined import PipelinedRedis, ReplicaTimeout
 from controller.store.redis import RedisInbox
-from tests.support.processes import assert_no_process_left, free_port, wait_for
-from tests.support.redis_server import RedisServer
+from tests.support.processes import assert_no_process_left, free_port
+from tests.support.redis_server import RedisServer, start_in_sync
 
 WRITE = "return redis.call('SET', KEYS[1], ARGV[1])"
 
@@ -31,9 +31,9 @@ WRITE = "return redis.call('SET', KEYS[1], ARGV[1])"
 def pair(tmp_path: Path) -> Iterator[tuple[RedisServer, RedisServer]]:
     """A primary and its replica, in sync."""
     primary = RedisServer(tmp_path / "primary").start()
-    replica = RedisServer(tmp_path / "replica", replica_of=primary).start()
+    replica = RedisServer(tmp_path / "replica", replica_of=primary)
     try:
-        wait_for(replica.in_sync, 30, "the replica to sync")
+        start_in_sync(replica)
         yield primary, replica
     finally:
         replica.stop()
@@ -169,3 +169,25 @@ def test_a_duplicate_is_acknowledged_only_once_the_first_delivery_is_on_a_replic
     asyncio.run(main())
     with replica.client(timeout=1) as on_replica:
         assert on_replica.llen("roles:queue") == 2
+
+
+def test_a_server_writing_its_first_append_only_file_is_stopped_not_killed(tmp_path: Path) -> None:
+    """Test support: Redis drops a SIGTERM that comes while it writes its first append-only file
+    ("Writing initial AOF, can't exit"), as a replica does just after a full sync (the pair
+    above, when a test ends right after one); ``RedisServer.stop`` sends it again until the
+    server exits by itself, never waiting out the 10 s before a SIGKILL. The rewrite is held
+    (``rdb-key-save-delay``: 5 s a key, one key; the SIGTERM to the group ends the child's
+    sleep) so that the first SIGTERM certainly comes while it runs."""
+    server = RedisServer(tmp_path / "redis").start()
+    assert server.process is not None
+    try:
+        with server.client(timeout=2) as admin:
+            admin.set("roles:aof", "kept")
+            admin.config_set("rdb-key-save-delay", 5_000_000)
+            admin.config_set("appendonly", "no")
+            admin.config_set("appendonly", "yes")  # its first append-only file, again
+        server.stop()
+    finally:
+        server.process.kill()
+    assert "Writing initial AOF, can't exit" in server.process.output()  # the first SIGTERM was dropped
+    assert server.process.proc is not None and server.process.proc.returncode == 0  # exited by itself

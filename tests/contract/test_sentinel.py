@@ -7,8 +7,9 @@ all with passwords, as the settings name them (``CONTROLLER_REDIS_SENTINELS`` an
 from __future__ import annotations
 
 import asyncio
-import ssl
-from collections.abc import Iterator
+import socket
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,7 @@ import redis
 
 from controller import queue
 from controller.config import Settings
+from controller.errors import ConfigError, RedisCertificateRefused, RedisPasswordRefused
 from controller.inbox import Job
 from controller.redis_client import Endpoint
 from tests.support.processes import assert_no_process_left, wait_for
@@ -101,26 +103,96 @@ def test_every_client_finds_the_master_through_the_sentinels_and_follows_a_failo
         assert new_master.llen("test:sentinel-queue") == 2  # the job queued before the kill survived
 
 
-def test_wrong_passwords_are_refused(ha: ReplicatedRedis) -> None:
-    """The sentinels' password and the master's are each checked where they belong."""
+def refused_logins(client: redis.Redis) -> int:
+    """How many logins the server refused so far (its ACL log counts each failed AUTH/HELLO)."""
+    return sum(int(entry["count"]) for entry in client.execute_command("ACL", "LOG") if entry["reason"] == "auth")
+
+
+def refused_at_sentinels(servers: ReplicatedRedis) -> int:
+    total = 0
+    for port in servers.sentinels.ports:
+        with servers.sentinels.client(port) as client:
+            total += refused_logins(client)
+    return total
+
+
+def test_wrong_passwords_are_refused_at_once_as_a_config_error(ha: ReplicatedRedis) -> None:
+    """The sentinels' password and the master's are each checked where they belong, and a wrong
+    one is a configuration error (``RedisPasswordRefused``, a ``ConfigError``) naming the
+    setting, never the password, raised at the first refusal: each client logs in once (the
+    servers' ACL logs count one refused login per client) where redis-py's retries and its walk
+    over the sentinels would take the refusal for a lost connection, try again dozens of times
+    and report Redis as away (a ``ConnectionError``, ten seconds later). A sentinel that drops
+    the connection is still retried as before."""
+
+    def refused_once(target: Endpoint, setting: str, wrong: str, count: Callable[[], int]) -> None:
+        for attempt in (
+            lambda: target.client(timeout_seconds=1).ping(),
+            lambda: asyncio.run(pipelined_write(target, "sentinel:x", "x")),
+        ):
+            before = count()
+            with pytest.raises(RedisPasswordRefused) as refused:
+                attempt()
+            assert isinstance(refused.value, ConfigError) and refused.value.setting == setting
+            assert setting in str(refused.value) and wrong not in str(refused.value)
+            assert count() - before == 1
+
     wrong_sentinel = {**ha.settings(), "CONTROLLER_REDIS_SENTINEL_PASSWORD": "not-the-sentinel-password"}
     target = Endpoint.from_settings(Settings.from_env(wrong_sentinel).queue)
-    with pytest.raises(redis.ConnectionError):
-        target.client(timeout_seconds=1).ping()
-    with pytest.raises(redis.ConnectionError):
-        asyncio.run(pipelined_write(target, "sentinel:x", "x"))
+    refused_once(
+        target, "CONTROLLER_REDIS_SENTINEL_PASSWORD", "not-the-sentinel-password", lambda: refused_at_sentinels(ha)
+    )
+
+    def refused_at_master() -> int:
+        with ha.primary.client(timeout=1) as client:
+            return refused_logins(client)
+
     wrong_master = {**ha.settings(), "CONTROLLER_REDIS_URL": "redis://:not-the-password@mymaster/0"}
     target = Endpoint.from_settings(Settings.from_env(wrong_master).queue)
-    with pytest.raises(redis.AuthenticationError):
-        target.client(timeout_seconds=1).ping()
-    with pytest.raises(redis.AuthenticationError):
-        asyncio.run(pipelined_write(target, "sentinel:x", "x"))
+    refused_once(target, "CONTROLLER_REDIS_URL", "not-the-password", refused_at_master)
+
+    # A lost connection is not a refused password: it is still retried as before. The first
+    # sentinel named accepts each connection and closes it at once (a sentinel restarting, a
+    # proxy resetting): redis-py asks it again and again (its retries, with backoff), then the
+    # next sentinel, which names the master.
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)
+    done = threading.Event()
+    accepted = 0
+
+    def reset() -> None:
+        nonlocal accepted
+        while not done.is_set():
+            try:
+                connection, _ = listener.accept()
+            except TimeoutError:
+                continue
+            accepted += 1
+            connection.close()
+
+    resetting = threading.Thread(target=reset)
+    resetting.start()
+    try:
+        sentinels = f"127.0.0.1:{listener.getsockname()[1]},{ha.sentinels.addresses}"
+        settings = Settings.from_env({**ha.settings(), "CONTROLLER_REDIS_SENTINELS": sentinels})
+        client = Endpoint.from_settings(settings.queue).client(timeout_seconds=1)
+        try:
+            assert client.ping()
+        finally:
+            client.close()
+    finally:
+        done.set()
+        resetting.join(timeout=10)
+        listener.close()
+    assert accepted > 1
 
 
 def test_tls_to_the_sentinels_and_the_master_is_verified_against_the_ca_file(ha_tls: ReplicatedRedis) -> None:
     """``rediss://`` with ``CONTROLLER_REDIS_CA_FILE``: every client speaks TLS to the sentinels
     and the master and checks their certificates against that CA; without it (the system's CAs,
-    which never signed the test CA's certificates) the connection is refused."""
+    which never signed the test CA's certificates) the connection is refused at the first
+    handshake, as a configuration error naming ``CONTROLLER_REDIS_CA_FILE`` (redis-py's
+    retries took it for a lost connection: 11 handshakes at each sentinel, about 12 s)."""
     settings, target = endpoint(ha_tls)
     client = target.client(timeout_seconds=2)
     try:
@@ -136,15 +208,18 @@ def test_tls_to_the_sentinels_and_the_master_is_verified_against_the_ca_file(ha_
 
     unverified = {k: v for k, v in ha_tls.settings().items() if k != "CONTROLLER_REDIS_CA_FILE"}
     untrusted = Endpoint.from_settings(Settings.from_env(unverified).queue)
-    with pytest.raises(redis.ConnectionError):
+    refused = "CONTROLLER_REDIS_CA_FILE: the sentinel at 127.0.0.1:"
+    with pytest.raises(RedisCertificateRefused, match=refused):
         untrusted.client(timeout_seconds=2).ping()
-    with pytest.raises((redis.ConnectionError, ssl.SSLError)):
+    with pytest.raises(RedisCertificateRefused, match=refused):
         asyncio.run(pipelined_write(untrusted, "tls:x", "x"))
 
 
 def test_tls_without_sentinels_as_a_managed_redis_offers_it(tmp_path: Path) -> None:
     """One ``rediss://`` URL (a managed Redis's primary endpoint) and ``CONTROLLER_REDIS_CA_FILE``:
-    the store's client, the receiver's and the broker reach it over TLS, checked against the CA."""
+    the store's client, the receiver's and the broker reach it over TLS, checked against the CA;
+    without the CA file the store's and the receiver's clients refuse it (a configuration error
+    naming ``CONTROLLER_REDIS_CA_FILE``)."""
     tls = Tls.create(tmp_path / "tls")
     server = RedisServer(tmp_path / "redis", password="tls-test-password", tls=tls).start()
     try:
@@ -163,6 +238,12 @@ def test_tls_without_sentinels_as_a_managed_redis_offers_it(tmp_path: Path) -> N
                 "yes",
                 1,
             )
+        untrusted = Endpoint.from_settings(Settings.from_env({"CONTROLLER_REDIS_URL": server.url}).queue)
+        refused = "CONTROLLER_REDIS_CA_FILE: Redis at 127.0.0.1:"
+        with pytest.raises(RedisCertificateRefused, match=refused):
+            untrusted.client(timeout_seconds=2).ping()
+        with pytest.raises(RedisCertificateRefused, match=refused):
+            asyncio.run(pipelined_write(untrusted, "tls:x", "x"))
     finally:
         server.stop()
     assert_no_process_left(tmp_path)

@@ -54,12 +54,23 @@ class Managed:
             os.killpg(self.proc.pid, sig)
             self.proc.wait(timeout=10)
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, repeat_seconds: float | None = None) -> None:
+        """SIGTERM to the group; SIGKILL if the process has not exited ``timeout`` seconds later.
+        ``repeat_seconds``: send the SIGTERM again at that interval meanwhile, for a process that
+        drops a SIGTERM it cannot act on yet rather than acting on it later (redis-server)."""
         if self.proc is None or self.proc.poll() is not None:
             return
+        deadline = time.monotonic() + timeout
         try:
-            os.killpg(self.proc.pid, signal.SIGTERM)
-            self.proc.wait(timeout=timeout)
+            while True:
+                os.killpg(self.proc.pid, signal.SIGTERM)
+                left = deadline - time.monotonic()
+                try:
+                    self.proc.wait(timeout=max(0.0, min(left, repeat_seconds or left)))
+                    return
+                except subprocess.TimeoutExpired:
+                    if time.monotonic() >= deadline:
+                        raise
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait(timeout=5)

@@ -157,8 +157,13 @@ class RedisServer:
         return self
 
     def stop(self) -> None:
+        """SIGTERM, sent again every 0.1 s until the server exits (SIGKILL after 10 s). Redis
+        drops a SIGTERM that comes while it writes its first append-only file ("Writing initial
+        AOF, can't exit": a replica just after a full sync, as a test's fixture or failover leaves
+        it) instead of acting on it once that is written; a SIGTERM during a shutdown already
+        under way is ignored."""
         if self.process is not None:
-            self.process.stop()
+            self.process.stop(repeat_seconds=0.1)
 
     def kill(self) -> None:
         """SIGKILL: no shutdown, no last write to its replicas."""
@@ -284,6 +289,24 @@ class Sentinels:
         return len(self.master_ports()) == 1
 
 
+def start_in_sync(replica: RedisServer) -> RedisServer:
+    """Start ``replica`` (of its running ``replica_of``) and wait until it is in sync. The first
+    sync need not wait Redis's diskless-sync delay (5 s by default, for more replicas to share
+    one transfer): with one replica it is idle time. The delay is put back once the replica is
+    in sync, so every later sync (after a failover, a role flip) waits as an operator's Redis
+    would."""
+    primary = replica.replica_of
+    assert primary is not None
+    with primary.client(timeout=5) as client:
+        delay = client.config_get("repl-diskless-sync-delay")["repl-diskless-sync-delay"]
+        client.config_set("repl-diskless-sync-delay", 0)
+    replica.start()
+    wait_for(replica.in_sync, 30, "the replica to sync")
+    with primary.client(timeout=5) as client:
+        client.config_set("repl-diskless-sync-delay", delay)
+    return replica
+
+
 def _conf_pairs(args: list[str]) -> list[str]:
     """``--name value`` command-line options as config-file lines."""
     return [f"{name.removeprefix('--')} {value}" for name, value in zip(args[::2], args[1::2], strict=True)]
@@ -306,17 +329,7 @@ class ReplicatedRedis:
 
     def start(self) -> ReplicatedRedis:
         self.primary.start()
-        # The first sync need not wait Redis's diskless-sync delay (5 s by default, for more
-        # replicas to share one transfer): with one replica it is idle time. The delay is put
-        # back before the sentinels start, so every later sync (after a failover, a role flip)
-        # waits as an operator's Redis would.
-        with self.primary.client(timeout=5) as client:
-            delay = client.config_get("repl-diskless-sync-delay")["repl-diskless-sync-delay"]
-            client.config_set("repl-diskless-sync-delay", 0)
-        self.replica.start()
-        wait_for(self.replica.in_sync, 30, "the replica to sync")
-        with self.primary.client(timeout=5) as client:
-            client.config_set("repl-diskless-sync-delay", delay)
+        start_in_sync(self.replica)
         self.sentinels.start()
         return self
 
