@@ -57,6 +57,7 @@ from controller.errors import (
     BadPayload,
     BodyTimeout,
     BodyTooLarge,
+    ConfigError,
     RejectDelivery,
     SignatureError,
     Transient,
@@ -346,6 +347,10 @@ async def _queued(services: ReceiverServices, verified: Verified, event: events.
         return _rejected(services, exc)
     try:
         outcome = await services.inbox.submit(job)
+    except ConfigError as exc:  # e.g. Redis refused the password: the operator must fix a setting
+        log.error("webhook.unavailable", extra={"outcome": "unavailable", "reason": "config", "error": str(exc)})
+        services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="config")
+        return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS)
     except Transient as exc:
         seconds = retry_after_seconds(exc.retry_after)
         log.warning(

@@ -16,6 +16,7 @@ from starlette.testclient import TestClient
 from controller import logs
 from controller import receiver as receiver_module
 from controller.config import Secret, WebhookSettings
+from controller.errors import RedisPasswordRefused
 from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
 from controller.receiver import MAX_SESSION_ID_CHARS, ReceiverServices, create_app, retry_after_seconds
@@ -304,6 +305,29 @@ def test_a_bug_answers_503_and_is_logged(clock: FakeClock, log_output: io.String
     (line,) = [line for line in lines_of(log_output) if line["event"] == "webhook.error"]
     assert "RuntimeError: a bug in our code" in line["traceback"]
     assert (line["webhook_id"], line["session_id"], line["level"]) == ("msg_bug", "sess_1", "error")
+
+
+class RefusedInbox(FakeInbox):
+    async def submit(self, job: Job) -> Any:
+        raise RedisPasswordRefused("CONTROLLER_REDIS_URL", "the Redis master at redis:6379", "WRONGPASS")
+
+
+def test_a_setting_the_store_refuses_answers_503_and_says_which(clock: FakeClock, log_output: io.StringIO) -> None:
+    """L5: a store that refuses the configured password loses no event (503, the sender retries
+    once the setting is fixed), and the line says it is the configuration, naming the setting: no
+    traceback, not counted as a bug."""
+    metrics = Metrics()
+    app = create_app(ReceiverServices(Verifier([SECRET]), RefusedInbox(), clock, LIMIT, metrics))
+    with TestClient(app) as client:
+        response = post(client, "environment_connection", webhook_id="msg_cfg")
+    assert response.status_code == 503
+    assert response.headers["retry-after"] == "5"
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="config") == 1
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="error", reason="bug") == 0
+    (line,) = [line for line in lines_of(log_output) if line["event"].startswith("webhook.")]
+    assert (line["event"], line["reason"], line["level"]) == ("webhook.unavailable", "config", "error")
+    assert "CONTROLLER_REDIS_URL" in line["error"] and "traceback" not in line
+    assert (line["webhook_id"], line["session_id"]) == ("msg_cfg", "sess_1")
 
 
 def test_readyz_follows_the_inbox(client: TestClient, inbox: FakeInbox) -> None:
