@@ -21,6 +21,18 @@ refuses its writes with ``READONLY``; kombu passes those on as errors Celery doe
 from, and the worker used to exit. The connections here are ``redis_client``'s, which take
 such a reply as a lost connection: Celery reconnects (through the sentinels, to the new master)
 and the worker goes on.
+
+An acknowledgement Redis refuses must still give the worker its credit back. kombu's Redis
+transport (5.7.0, ``kombu/transport/redis.py``, ``QoS.ack`` and ``QoS.reject``) removes the
+job from the broker's unacked index first and forgets the delivery locally only if that
+worked. When the removal fails (the master made a replica: ``READONLY``; or unreachable),
+Celery logs "Couldn't ack" (or "Couldn't reject") and goes on, but the channel still counts the
+job as one it holds. A worker holds at most ``concurrency`` jobs (``prefetch_multiplier=1``), so
+once that many acknowledgements have failed the channel never asks Redis for a job again;
+its connection is not broken, so Celery never reconnects either: the worker sits idle until it
+is restarted. Here the delivery is forgotten locally whatever Redis answered (``_QoS``): the
+job stays in the unacked index, and the visibility timeout puts it back on the queue, as for
+any job a worker took and could not acknowledge.
 """
 
 from __future__ import annotations
@@ -29,6 +41,7 @@ from typing import Any
 
 import redis
 from kombu.transport import redis as kombu_redis
+from kombu.transport import virtual
 
 from controller.redis_client import (
     MasterConnection,
@@ -36,6 +49,26 @@ from controller.redis_client import (
     SentinelMasterConnection,
     SentinelMasterSSLConnection,
 )
+
+
+class _QoS(kombu_redis.QoS):
+    """kombu's Redis ack emulation, where a delivery is forgotten locally (its prefetch credit
+    returned) even when Redis refuses to remove it from the unacked index; the error is raised
+    as before (Celery logs it), and the visibility timeout puts the job back on the queue."""
+
+    def ack(self, delivery_tag: str) -> None:
+        try:
+            super().ack(delivery_tag)  # type: ignore[no-untyped-call]
+        except Exception:
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]
+            raise
+
+    def reject(self, delivery_tag: str, requeue: bool = False) -> None:
+        try:
+            super().reject(delivery_tag, requeue=requeue)  # type: ignore[no-untyped-call]
+        except Exception:
+            virtual.QoS.ack(self, delivery_tag)  # type: ignore[no-untyped-call]  # forgotten here only
+            raise
 
 
 class _DetachedIsLost:
@@ -48,6 +81,7 @@ class _DetachedIsLost:
 
 
 class Channel(_DetachedIsLost, kombu_redis.Channel):
+    QoS = _QoS
     connection_class = MasterConnection
     connection_class_ssl = MasterSSLConnection
 
@@ -57,6 +91,7 @@ class Transport(kombu_redis.Transport):
 
 
 class SentinelChannel(_DetachedIsLost, kombu_redis.SentinelChannel):
+    QoS = _QoS
     connection_class = SentinelMasterConnection
     connection_class_ssl = SentinelMasterSSLConnection  # type: ignore[assignment]
 

@@ -12,6 +12,12 @@ A role change (the master made a replica for a few seconds, as a failover or an 
 ``REPLICAOF`` does) used to end the worker the same way, with status 0 ("Unrecoverable error:
 ReadOnlyError", or ``UNBLOCKED`` for its waiting ``BRPOP``): it now reconnects until the server
 is the master again and goes on.
+
+A job that ends while the server is a replica cannot be acknowledged (or rejected): Redis refuses
+to take it out of the unacked index. kombu 5.7.0 then still counted it as held, so a worker whose
+every pool process had ended a job during the flip never asked for another one, and, its
+connection being fine, never reconnected: it sat idle for good. ``controller.broker`` gives the
+credit back whatever Redis answered; the job comes back once its visibility timeout passes.
 """
 
 from __future__ import annotations
@@ -26,7 +32,7 @@ import pytest
 from controller import queue
 from controller.config import PREFIX, Settings
 from controller.inbox import Job
-from tests.support.order_worker import CONCURRENCY, GATE, ORDER
+from tests.support.order_worker import CONCURRENCY, FILE_GATE, FILE_REJECT, GATE, ORDER, RELEASED
 from tests.support.processes import Managed, assert_no_process_left, free_port, python_module, wait_for
 from tests.support.redis_server import RedisServer
 
@@ -67,13 +73,14 @@ def test_a_worker_holding_a_job_survives_a_redis_restart(tmp_path: Path) -> None
     assert_no_process_left(tmp_path)
 
 
-def order_worker(server: RedisServer, directory: Path) -> Managed:
+def order_worker(server: RedisServer, directory: Path, concurrency: int = 2) -> Managed:
+    """By default two pool processes: one holds the job, the consumer waits for the next."""
     env = {
         **os.environ,
         PREFIX + "REDIS_URL": server.url,
         PREFIX + "QUEUE_VISIBILITY_TIMEOUT_SECONDS": str(VISIBILITY_TIMEOUT),
         "PYTHONPATH": str(Path(__file__).resolve().parents[2]),
-        CONCURRENCY: "2",  # one process holds the job, the consumer waits for the next
+        CONCURRENCY: str(concurrency),
     }
     return Managed("worker", python_module("tests.support.order_worker"), env, directory / "worker.log", cwd=directory)
 
@@ -107,6 +114,40 @@ def test_a_worker_holding_a_job_outlives_a_role_change(tmp_path: Path) -> None:
         publish(Job("after", "msg_after", "agent.session.action_required"))
         wait_for(lambda: "after" in client.lrange(ORDER, 0, -1), 60, "the worker to work a job queued after the flip")
         wait_for(lambda: client.lrange(ORDER, 0, -1).count(GATE) >= 2, 60, "the held job to come back")
+        assert worker.alive(), worker.output()[-3000:]
+        assert "Unrecoverable error" not in worker.output()
+    finally:
+        worker.stop()
+        client.close()
+        server.stop()
+    assert_no_process_left(tmp_path)
+
+
+@pytest.mark.parametrize(("job", "refused"), [(FILE_GATE, "Couldn't ack"), (FILE_REJECT, "Couldn't reject")])
+def test_a_worker_whose_job_ended_while_redis_was_a_replica_takes_jobs_again(
+    tmp_path: Path, job: str, refused: str
+) -> None:
+    """L17: a worker with one pool process holds a job (so it holds all it may: it waits for no
+    other, and nothing ends its connection); the master becomes a replica, and the job ends
+    meanwhile: its acknowledgement (or rejection) is refused (READONLY). Once the server is the
+    master again the worker works a job queued then; a job whose acknowledgement was refused
+    comes back after its visibility timeout (not lost). kombu alone kept counting the refused
+    job as held, and the worker never asked Redis for a job again."""
+    server = RedisServer(tmp_path / "redis").start()
+    client = server.client()
+    publish = queue.publisher(queue.make_app(Settings.from_env({PREFIX + "REDIS_URL": server.url})), queue.QUEUE)
+    worker = order_worker(server, tmp_path, concurrency=1).start()
+    try:
+        publish(Job(job, "msg_held", "agent.session.action_required"))
+        wait_for(lambda: job in client.lrange(ORDER, 0, -1), 60, "the worker to take the held job")
+        demote(server)
+        (tmp_path / RELEASED).touch()  # the job ends while the server is a replica
+        wait_for(lambda: refused in worker.output(), 30, f"the worker to log {refused!r}")
+        promote(server)
+        publish(Job("after", "msg_after", "agent.session.action_required"))
+        wait_for(lambda: "after" in client.lrange(ORDER, 0, -1), 60, "the worker to work a job queued after the flip")
+        if job == FILE_GATE:
+            wait_for(lambda: client.lrange(ORDER, 0, -1).count(job) >= 2, 60, "the unacknowledged job to come back")
         assert worker.alive(), worker.output()[-3000:]
         assert "Unrecoverable error" not in worker.output()
     finally:

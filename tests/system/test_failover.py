@@ -6,7 +6,8 @@ sentinels (``CONTROLLER_REDIS_SENTINELS``).
 
 - the primary is SIGKILLed in the middle of a burst: the sentinels promote the replica, every
   process follows it, and nothing a receiver acknowledged is lost;
-- the primary is made a replica for 3 s (``REPLICAOF``) and back: the workers live on;
+- the primary is made a replica for 3 s (``REPLICAOF``) and back: the workers live on, and
+  each takes jobs again;
 - two schedulers whose round takes 12 s (four leases) never act as leaders at once, even when
   the leader is frozen past its lease in the middle of a round.
 
@@ -157,8 +158,9 @@ def test_primary_sigkilled_mid_burst_loses_nothing(world: Loop) -> None:
 def test_a_role_flip_leaves_the_workers_running_and_serves_every_session(world: Loop) -> None:
     """L1, L17: 12 sessions in a burst; 4 in, the primary is made a replica (``REPLICAOF`` an
     address where nothing listens) for 3 s, then the master again: the workers' waiting BRPOPs
-    are ended (UNBLOCKED) and their writes refused (READONLY) meanwhile. Both workers are still
-    running afterwards (the same processes), and every session gets exactly one executor."""
+    are ended (UNBLOCKED) and their writes refused (READONLY) meanwhile, acknowledgements too.
+    Both workers are still running afterwards (the same processes), each takes jobs again, and
+    every session gets exactly one executor."""
     loop = world
     assert loop.ha is not None
     primary = loop.ha.primary
@@ -177,17 +179,44 @@ def test_a_role_flip_leaves_the_workers_running_and_serves_every_session(world: 
 
     sessions, _, _ = _burst(loop, 12, 4, flip)
     wait_for(lambda: flipped, 30, "the primary to be the master again")
+    master_again = flipped[0]
     last = _all_registered(loop, sessions, 110)
-    lost, duplicated = loop.lost_and_duplicated(sessions)
+    # Each worker takes jobs again, not only one of them. A worker whose pool processes all
+    # ended a job during the flip had every acknowledgement refused; kombu alone then counted
+    # those jobs as held for good and the worker never asked for another (its connection was
+    # fine, so it never reconnected either). More sessions, a few, give each worker work.
+    extra: list[dict[str, Any]] = []
+    with loop.api() as client:
+
+        def each_worker_took_a_job() -> bool:
+            if all(_jobs_taken_since(w, master_again) for w in workers):
+                return True
+            if len(extra) < EXTRA_SESSIONS:
+                extra.append(loop.create_session(client))
+            return False
+
+        wait_for(each_worker_took_a_job, 60, "each worker to take a job once the primary was the master again", 2)
+    if extra:
+        last = max(last, _all_registered(loop, [*sessions, *extra], 110))
+    lost, duplicated = loop.lost_and_duplicated([*sessions, *extra])
     assert (lost, duplicated) == (0, 0)
     assert loop.workers == workers and all(w.alive() for w in workers), [w.output()[-2000:] for w in workers]
     assert "Unrecoverable error" not in loop.all_output()
-    master_again = flipped[0]
+    taken = ", ".join(f"{w.name} {_jobs_taken_since(w, master_again)}" for w in workers)
     print(
         f"\nFIGURE Redis primary made a replica for 3 s, 4 sessions into a 12-session burst: both workers still "
         f"running; last executor registered {last - master_again:.1f}s after it was the master again; "
-        f"lost {lost}, duplicated {duplicated}"
+        f"jobs taken since then: {taken}; {len(extra)} more sessions; lost {lost}, duplicated {duplicated}"
     )
+
+
+EXTRA_SESSIONS = 4
+"""At most this many sessions are added after a role flip until each worker has taken a job."""
+
+
+def _jobs_taken_since(worker: Managed, since: float) -> int:
+    """How many jobs ``worker`` began (``task started``) after ``since`` (Unix seconds)."""
+    return sum(1 for line in _lines(worker, "task started") if float(str(line["time"])) > since)
 
 
 # --- leadership ------------------------------------------------------------------------------
