@@ -389,24 +389,51 @@ class ProcessDeps:
 
     Celery logs and swallows an exception raised in that signal; the first task then builds
     again, so it fails with the real cause (a bad templates file, no kubeconfig) and retries.
-    A runner that ``Connects`` opens its connections then, on a thread of its own: the signal
-    waits for no network (Celery gives a new pool process a few seconds to come up, and an
-    API server away would hold it longer).
+    The process's connections are opened then, on a thread of its own: the signal waits for no
+    network (Celery gives a new pool process a few seconds to come up, and an API server away
+    would hold it longer). First a runner that ``Connects``, then ``warm`` (``connect_redis``:
+    the store's connection and the watch jobs' producer); each is best effort, a failure one
+    warning line, and a job never waits for them.
     """
 
-    def __init__(self, build: Callable[[], Deps]) -> None:
+    def __init__(self, build: Callable[[], Deps], warm: Callable[[Deps], None] | None = None) -> None:
         self._build = build
+        self._warm = warm
         self._deps: Deps | None = None
 
     def on_process_init(self, **_: Any) -> None:
         self._deps = self._build()
-        if isinstance(self._deps.runner, Connects):  # before its first job, not inside it
-            threading.Thread(target=self._deps.runner.connect, name="connect", daemon=True).start()
+        # Before its first job, not inside it.
+        threading.Thread(target=self._connect, args=(self._deps,), name="connect", daemon=True).start()
+
+    def _connect(self, deps: Deps) -> None:
+        if isinstance(deps.runner, Connects):
+            deps.runner.connect()
+        if self._warm is not None:
+            self._warm(deps)
 
     def __call__(self) -> Deps:
         if self._deps is None:
             self._deps = self._build()
         return self._deps
+
+
+def connect_redis(producer: worker.KeptProducer) -> Callable[[Deps], None]:
+    """``ProcessDeps``' ``warm``: open a pool process's connections to Redis at its start, the
+    store's (the lease, the record, the clock, the demand log: one client) and the producer's
+    that queues the watch jobs. Without it the process's first job opened both (on the 2-core
+    node, ten fresh processes' first jobs at once, beside the sandboxes they had just placed).
+    Redis away: one warning line, and each job connects as it would have."""
+
+    def warm(deps: Deps) -> None:
+        try:
+            if isinstance(deps.store, RedisSessionStore):
+                deps.store.connect()
+            producer.connect()
+        except StoreUnavailable as exc:
+            log.warning("could not connect to Redis ahead of a job", extra={"reason": str(exc)})
+
+    return warm
 
 
 def count_api_requests(counters: Counters) -> Callable[[str, str], None]:
@@ -430,12 +457,17 @@ def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
 
         api.load_models()  # here, before the fork: every pool process inherits them built
         api.load_verbs()  # so with the client's argument validators
+    # Celery's result backend (none: results are ignored), built by a process's first publish
+    # (the name resolved through every installed package's entry points): here, before the fork.
+    queue.build_backend(app)
     counted = metrics if metrics is not None else Metrics()
-    deps = ProcessDeps(lambda: worker_deps(settings, counted))
+    producer = worker.KeptProducer(app)
+    deps = ProcessDeps(lambda: worker_deps(settings, counted), warm=connect_redis(producer))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)
     signals.worker_process_shutdown.connect(_pool_process_exited, weak=False)
     signals.worker_ready.connect(worker.announce_ready, weak=False)
-    worker.register(app, settings.queue.task_max_retries, deps, counted, watch_connections=bool(settings.metrics.port))
+    watch = bool(settings.metrics.port)
+    worker.register(app, settings.queue.task_max_retries, deps, counted, watch_connections=watch, producer=producer)
     return app
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 import random
+import threading
 import time
 from collections.abc import Callable
 from typing import Any
@@ -81,16 +82,63 @@ def backoff_seconds(retries: int, hint: float | None) -> float:
     return max(hint or 0.0, random.uniform(ceiling / 2, ceiling))
 
 
+class KeptProducer:
+    """One producer (and its channel to the broker) for every watch job a pool process queues.
+
+    Celery's own pool hands out a producer per publish and drops its channel on release: on
+    Redis each publish then opened a connection (a DNS lookup, a PING) of its own. The kept one
+    reconnects by itself when the broker goes away (kombu's ``ensure``). ``connect`` opens it
+    ahead of the process's first job (``wiring.ProcessDeps``, on the process's connect thread):
+    else the first watch job queued, right after the process's first placement, opened it (the
+    connection, its channel, the queue's declaration) while the sandbox it placed was starting.
+    """
+
+    def __init__(self, app: Celery) -> None:
+        self._app = app
+        self._kept: Any = None  # acquired after the fork, never released
+        self._lock = threading.Lock()  # held for no network: a job never waits on ``connect``
+
+    def get(self) -> Any:
+        with self._lock:
+            if self._kept is None:
+                self._kept = self._app.producer_pool.acquire(block=True)
+            return self._kept
+
+    def connect(self) -> None:
+        """Open the producer's connection and channel, and declare the queue the watch jobs go
+        to (``StoreUnavailable`` when the broker cannot be reached: tried twice, kombu's
+        ``connect``). A producer of its own, kept only if no job took one meanwhile (a job does
+        not wait for it, and two threads never share one)."""
+        with self._lock:
+            if self._kept is not None:
+                return
+            producer = self._app.producer_pool.acquire(block=True)
+        try:
+            producer.connection.connect()
+            producer.maybe_declare(self._app.amqp.queues[queue.QUEUE])
+        except (*producer.connection.connection_errors, *producer.connection.channel_errors, OSError) as exc:
+            producer.release()
+            raise StoreUnavailable(f"could not connect to the broker ({type(exc).__name__})") from exc
+        with self._lock:
+            if self._kept is None:
+                self._kept, producer = producer, None
+        if producer is not None:
+            producer.release()
+
+
 def register(
     app: Celery,
     max_retries: int,
     deps: Callable[[], lifecycle.Deps],
     metrics: Metrics | None = None,
     watch_connections: bool = False,
+    producer: KeptProducer | None = None,
 ) -> None:
     """Add the tasks to ``app``; ``deps()`` gives the worker process's dependencies; ``metrics``
     counts busy leases and observes delivery → sandbox start, and, with ``watch_connections``
-    (metrics are served), delivery → executor connected."""
+    (metrics are served), delivery → executor connected; ``producer`` queues the watch jobs
+    (``wiring`` connects it at each pool process's start)."""
+    kept = producer if producer is not None else KeptProducer(app)
 
     # shared=False: the tasks are this app's only (Celery would otherwise add them to every app
     # the process finalizes later, each bound to this app's ``deps``).
@@ -142,17 +190,6 @@ def register(
                 _started(session_id, received_at or 0.0, taken)
             log.info("task done", extra={"rounds": len(result)})
 
-    kept: list[Any] = []  # this process's producer: acquired after the fork, never released
-
-    def _producer() -> Any:
-        """One producer (and its channel to the broker) for every watch job this process queues.
-        Celery's own pool hands out a producer per publish and drops its channel on release: on
-        Redis each publish then opened a connection (a DNS lookup, a PING) of its own. The kept
-        one reconnects by itself when the broker goes away (kombu's ``ensure``)."""
-        if not kept:
-            kept.append(app.producer_pool.acquire(block=True))
-        return kept[0]
-
     def _ask_later(
         environment_id: str, received_at: float, deadline: float, asked: int, start: dict[str, Any] | None
     ) -> None:
@@ -161,7 +198,7 @@ def register(
             kwargs={"asked": asked, **({"start": start} if start else {})},
             countdown=watch_delay(asked),
             queue=queue.QUEUE,
-            producer=_producer(),
+            producer=kept.get(),
         )
 
     def _started(session_id: str, received_at: float, taken: float) -> None:

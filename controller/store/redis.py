@@ -346,6 +346,14 @@ class RedisSessionStore:
     def lease_ttl_seconds(self) -> float:
         return self._ttl_ms / 1000
 
+    def connect(self) -> None:
+        """Open the client's first connection now, with a ``PING`` (``StoreUnavailable`` when
+        Redis cannot be reached): a worker pool process makes it at its start, not inside its
+        first job (the connection's set-up is CPU on each side: the name's lookup, the
+        handshake, ``ROLE``, the client reading its own version from the package's metadata)."""
+        with _translated("connect"):
+            self._r.ping()
+
     def want(self, session_id: str) -> int:
         with _translated("want"):
             return int(self._want(keys=[f"sc:want:{session_id}", PENDING_KEY], args=[session_id, self._requeue_ms]))

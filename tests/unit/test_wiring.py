@@ -4,31 +4,36 @@ from __future__ import annotations
 
 import io
 import logging
+import threading
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from controller import logs, queue, task_message, wiring
+from controller import logs, queue, task_message, wiring, worker
 from controller.config import PREFIX, Settings
 from controller.decide import Decision, Verdict
 from controller.lifecycle import Deps
 from controller.metrics import DECISIONS_TOTAL, Metrics
 from controller.model import SandboxSpec
 from tests.support.fakes import World, make_session
+from tests.support.processes import free_port, wait_for
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    return {
+        PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
+        PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret-of-24-bytes",
+        PREFIX + "API_KEY": "sk-test-api-key",
+        PREFIX + "EXECUTOR_KEY": "envkey-test",
+        PREFIX + "RUNNER": "local",
+        PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",  # the executor user is not what this tests
+    }
 
 
 def settings(tmp_path: Path) -> Settings:
-    return Settings.from_env(
-        {
-            PREFIX + "REDIS_URL": "redis://127.0.0.1:1/0",  # never dialled: clients connect lazily
-            PREFIX + "WEBHOOK_SECRETS": "a-webhook-secret-of-24-bytes",
-            PREFIX + "API_KEY": "sk-test-api-key",
-            PREFIX + "EXECUTOR_KEY": "envkey-test",
-            PREFIX + "RUNNER": "local",
-            PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
-            PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",  # the executor user is not what this tests
-        }
-    )
+    return Settings.from_env(_env(tmp_path))
 
 
 def test_decisions_are_counted_by_verdict() -> None:
@@ -130,3 +135,49 @@ def test_the_ca_bundle_setting_reaches_the_pods_the_kubernetes_runner_builds(mon
     pod = make_pod(spec, 1, SandboxTemplate(), runner._placement._settings)  # placement builds the pods
     [volume] = [v for v in pod["spec"]["volumes"] if v["name"] == "ca-bundle"]
     assert volume["configMap"]["name"] == "proxy-ca"
+
+
+def test_a_pool_process_connects_its_runner_then_redis_at_its_start_on_its_connect_thread() -> None:
+    """``ProcessDeps.on_process_init`` starts the process's connect thread: the runner's
+    ``connect`` first, then ``warm`` (``connect_redis`` in the worker) with the process's
+    dependencies; the signal itself waits for neither."""
+    done: list[tuple[str, str]] = []
+
+    class Runner:
+        def connect(self) -> None:
+            done.append(("runner", threading.current_thread().name))
+
+    world = SimpleNamespace(runner=Runner())
+    deps = wiring.ProcessDeps(
+        lambda: world,  # type: ignore[arg-type,return-value]
+        warm=lambda found: done.append(("redis" if found is world else "other", threading.current_thread().name)),
+    )
+    deps.on_process_init()
+    wait_for(lambda: len(done) == 2, 10, "the connect thread")
+    assert done == [("runner", "connect"), ("redis", "connect")]
+
+
+def test_redis_away_at_a_pool_process_start_is_one_warning_line_and_no_error(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``connect_redis`` with nothing listening at Redis's address: one warning line (the
+    store's connection failed; the producer is not tried), no exception (the process lives,
+    and its first job connects as it would have), and no producer kept for the jobs."""
+    found = Settings.from_env({**_env(tmp_path), PREFIX + "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    producer = worker.KeptProducer(queue.make_app(found))
+    with caplog.at_level(logging.WARNING):
+        wiring.connect_redis(producer)(SimpleNamespace(store=wiring.store(found)))  # type: ignore[arg-type]
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in lines] == ["could not connect to Redis ahead of a job"]
+    assert producer._kept is None
+
+
+def test_a_producer_a_job_already_took_is_never_connected_by_the_connect_thread(tmp_path: Path) -> None:
+    """``KeptProducer.connect`` leaves alone the producer a job took first (two threads never
+    share one): it returns without connecting anything (here: nothing listens at Redis's
+    address, and it raises nothing)."""
+    found = Settings.from_env({**_env(tmp_path), PREFIX + "REDIS_URL": f"redis://127.0.0.1:{free_port()}/0"})
+    producer = worker.KeptProducer(queue.make_app(found))
+    taken = producer.get()
+    producer.connect()
+    assert producer.get() is taken
