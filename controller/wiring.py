@@ -423,14 +423,15 @@ def connect_redis(producer: worker.KeptProducer) -> Callable[[Deps], None]:
     store's (the lease, the record, the clock, the demand log: one client) and the producer's
     that queues the watch jobs. Without it the process's first job opened both (on the 2-core
     node, ten fresh processes' first jobs at once, beside the sandboxes they had just placed).
-    Redis away: one warning line, and each job connects as it would have."""
+    Redis away, or refusing the configured credentials: one warning line, and each job connects
+    as it would have (and reports a refusal as it would have)."""
 
     def warm(deps: Deps) -> None:
         try:
             if isinstance(deps.store, RedisSessionStore):
                 deps.store.connect()
             producer.connect()
-        except StoreUnavailable as exc:
+        except (StoreUnavailable, ConfigError) as exc:
             log.warning("could not connect to Redis ahead of a job", extra={"reason": str(exc)})
 
     return warm

@@ -10,15 +10,17 @@ the queue's declaration), right beside the ten sandboxes they had just placed.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
-from controller import queue, wiring
+from controller import queue, wiring, worker
 from controller.config import PREFIX, Settings
 from tests.support.redis_server import RedisServer
 from tests.support.simulator import StartSimulator
@@ -120,3 +122,23 @@ def server(tmp_path: Path) -> Iterator[RedisServer]:  # a server of its own: the
         yield started
     finally:
         started.stop()
+
+
+def test_redis_refusing_the_password_at_a_pool_process_start_is_one_warning_line(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``connect_redis`` against a Redis that refuses the configured password: one warning line
+    and no exception (the connect thread ends quietly, the process lives; its first job meets
+    the refusal and reports it as it would have), and the password is in no line."""
+    server = RedisServer(tmp_path / "redis-auth", password="the-right-password").start()
+    try:
+        url = server.url.replace("the-right-password", "a-wrong-password")
+        found = Settings.from_env({PREFIX + "REDIS_URL": url})
+        producer = worker.KeptProducer(queue.make_app(found))
+        with caplog.at_level(logging.WARNING):
+            wiring.connect_redis(producer)(SimpleNamespace(store=wiring.store(found)))  # type: ignore[arg-type]
+    finally:
+        server.stop()
+    lines = [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert [r.getMessage() for r in lines] == ["could not connect to Redis ahead of a job"]
+    assert "a-wrong-password" not in caplog.text
