@@ -29,7 +29,9 @@ here raises ``errors.RedisPasswordRefused`` (a ``ConfigError``) at the first ref
 naming the setting (``CONTROLLER_REDIS_URL`` or ``CONTROLLER_REDIS_SENTINEL_PASSWORD``) and the
 server, never the password. Likewise a certificate that does not verify against
 ``CONTROLLER_REDIS_CA_FILE`` (``errors.RedisCertificateRefused``). A lost, refused or timed-out
-connection is retried as before. (Celery's broker connection is kombu's: not these.)
+connection is retried as before. The worker's broker connection (``controller.broker``) uses
+these connection classes too: a refused password ends the worker at its start (Celery's
+"Unrecoverable error", status 1) instead of a reconnect loop that cannot succeed.
 """
 
 from __future__ import annotations

@@ -208,3 +208,37 @@ def test_a_worker_that_gives_up_exits_non_zero(tmp_path: Path) -> None:
     assert "Unrecoverable error" in worker.output()
     assert code == 1, worker.output()[-2000:]
     assert_no_process_left(tmp_path)
+
+
+def test_a_worker_whose_redis_refuses_the_password_exits_at_once_naming_the_setting(tmp_path: Path) -> None:
+    """A wrong password in ``CONTROLLER_REDIS_URL`` is a configuration error for the worker's
+    broker connection too (``redis_client``'s connections, which ``controller.broker`` uses):
+    the real ``sandbox-controller worker`` exits non-zero at its start, its line naming the
+    setting and never the password, so its pod restarts (with the Secret's new value, once it is
+    fixed) instead of looping on reconnects that cannot succeed."""
+    server = RedisServer(tmp_path / "redis", password="the-right-one").start()
+    wrong = server.url.replace(":the-right-one@", ":not-the-password@")
+    assert wrong != server.url
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)},
+        PREFIX + "REDIS_URL": wrong,
+        PREFIX + "API_KEY": "sk-worker-password-test",
+        PREFIX + "EXECUTOR_KEY": "envkey-worker-password-test",
+        PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
+        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
+    }
+    worker = Managed("worker", python_module("controller", "worker", "--concurrency", "1"), env, tmp_path / "w.log")
+    worker.start()
+    try:
+        assert worker.proc is not None
+        code = worker.proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        worker.stop()
+        server.stop()
+    output = worker.output()
+    assert code == 1, output[-2000:]
+    assert "RedisPasswordRefused" in output and PREFIX + "REDIS_URL" in output
+    assert "not-the-password" not in output
+    assert_no_process_left(tmp_path)
