@@ -180,33 +180,43 @@ def test_a_worker_started_while_redis_is_read_only_works_once_it_is_the_master(t
 
 
 @pytest.mark.timeout(120)
+def _worker_exit(directory: Path, redis_url: str, timeout: float) -> tuple[int | None, str]:
+    """Run the real ``sandbox-controller worker`` (the local runner) against ``redis_url`` until
+    it exits by itself: its status (None if it was still running after ``timeout`` seconds, then
+    stopped) and its output."""
+    env = {
+        **{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)},
+        PREFIX + "REDIS_URL": redis_url,
+        PREFIX + "API_KEY": "sk-worker-exit-test",
+        PREFIX + "EXECUTOR_KEY": "envkey-worker-exit-test",
+        PREFIX + "LOCAL_STATE_DIRECTORY": str(directory / "sandboxes"),
+        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
+    }
+    worker = Managed("worker", python_module("controller", "worker", "--concurrency", "1"), env, directory / "w.log")
+    worker.start()
+    try:
+        assert worker.proc is not None
+        code: int | None = worker.proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        code = None
+    finally:
+        worker.stop()
+    return code, worker.output()
+
+
 def test_a_worker_that_gives_up_exits_non_zero(tmp_path: Path) -> None:
     """A worker that cannot go on (here the webhook queue's key holds a string, not a list:
     Celery's "Unrecoverable error") exits with a non-zero status, so a supervisor that restarts
     on failure brings it back (it used to exit 0). The real ``sandbox-controller worker``."""
     server = RedisServer(tmp_path / "redis").start()
-    with server.client() as client:
-        client.set(queue.QUEUE, "not a list")
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)},
-        PREFIX + "REDIS_URL": server.url,
-        PREFIX + "API_KEY": "sk-worker-exit-test",
-        PREFIX + "EXECUTOR_KEY": "envkey-worker-exit-test",
-        PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
-        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
-    }
-    worker = Managed("worker", python_module("controller", "worker", "--concurrency", "1"), env, tmp_path / "w.log")
-    worker.start()
     try:
-        assert worker.proc is not None
-        code = worker.proc.wait(timeout=90)
-    except subprocess.TimeoutExpired:
-        code = None
+        with server.client() as client:
+            client.set(queue.QUEUE, "not a list")
+        code, output = _worker_exit(tmp_path, server.url, 90)
     finally:
-        worker.stop()
         server.stop()
-    assert "Unrecoverable error" in worker.output()
-    assert code == 1, worker.output()[-2000:]
+    assert "Unrecoverable error" in output
+    assert code == 1, output[-2000:]
     assert_no_process_left(tmp_path)
 
 
@@ -219,25 +229,10 @@ def test_a_worker_whose_redis_refuses_the_password_exits_at_once_naming_the_sett
     server = RedisServer(tmp_path / "redis", password="the-right-one").start()
     wrong = server.url.replace(":the-right-one@", ":not-the-password@")
     assert wrong != server.url
-    env = {
-        **{k: v for k, v in os.environ.items() if not k.startswith(PREFIX)},
-        PREFIX + "REDIS_URL": wrong,
-        PREFIX + "API_KEY": "sk-worker-password-test",
-        PREFIX + "EXECUTOR_KEY": "envkey-worker-password-test",
-        PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / "sandboxes"),
-        PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
-    }
-    worker = Managed("worker", python_module("controller", "worker", "--concurrency", "1"), env, tmp_path / "w.log")
-    worker.start()
     try:
-        assert worker.proc is not None
-        code = worker.proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        code = None
+        code, output = _worker_exit(tmp_path, wrong, 60)
     finally:
-        worker.stop()
         server.stop()
-    output = worker.output()
     assert code == 1, output[-2000:]
     assert "RedisPasswordRefused" in output and PREFIX + "REDIS_URL" in output
     assert "not-the-password" not in output
