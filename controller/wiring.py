@@ -418,19 +418,21 @@ class ProcessDeps:
         return self._deps
 
 
-def connect_redis(producer: worker.KeptProducer) -> Callable[[Deps], None]:
+def connect_redis(producer: worker.KeptProducer | None) -> Callable[[Deps], None]:
     """``ProcessDeps``' ``warm``: open a pool process's connections to Redis at its start, the
     store's (the lease, the record, the clock, the demand log: one client) and the producer's
-    that queues the watch jobs. Without it the process's first job opened both (on the 2-core
-    node, ten fresh processes' first jobs at once, beside the sandboxes they had just placed).
-    Redis away, or refusing the configured credentials: one warning line, and each job connects
-    as it would have (and reports a refusal as it would have)."""
+    that queues the watch jobs (None: the process queues none, its metrics not served). Without
+    it the process's first job opened both (on the 2-core node, ten fresh processes' first jobs
+    at once, beside the sandboxes they had just placed). Redis away, or refusing the configured
+    credentials: one warning line, and each job connects as it would have (and reports a
+    refusal as it would have)."""
 
     def warm(deps: Deps) -> None:
         try:
             if isinstance(deps.store, RedisSessionStore):
                 deps.store.connect()
-            producer.connect()
+            if producer is not None:
+                producer.connect()
         except (StoreUnavailable, ConfigError) as exc:
             log.warning("could not connect to Redis ahead of a job", extra={"reason": str(exc)})
 
@@ -463,11 +465,11 @@ def worker_app(settings: Settings, metrics: Metrics | None = None) -> Celery:
     queue.build_backend(app)
     counted = metrics if metrics is not None else Metrics()
     producer = worker.KeptProducer(app)
-    deps = ProcessDeps(lambda: worker_deps(settings, counted), warm=connect_redis(producer))
+    watch = bool(settings.metrics.port)  # watch jobs observe a start's last stages: only when served
+    deps = ProcessDeps(lambda: worker_deps(settings, counted), warm=connect_redis(producer if watch else None))
     signals.worker_process_init.connect(deps.on_process_init, weak=False)
     signals.worker_process_shutdown.connect(_pool_process_exited, weak=False)
     signals.worker_ready.connect(worker.announce_ready, weak=False)
-    watch = bool(settings.metrics.port)
     worker.register(app, settings.queue.task_max_retries, deps, counted, watch_connections=watch, producer=producer)
     return app
 

@@ -38,22 +38,26 @@ from celery import signals
 from controller import wiring
 from controller.config import Settings
 
+admin = redis.Redis.from_url(os.environ["CONTROLLER_REDIS_URL"])
+accepted = lambda: int(admin.info("stats")["total_connections_received"])
 app = wiring.worker_app(Settings.from_env(os.environ))
+started = accepted()
 if os.environ["WARM"] == "1":
     signals.worker_process_init.send(sender=None)
     deadline = time.monotonic() + 30
     while any(t.name == "connect" for t in threading.enumerate()) and time.monotonic() < deadline:
         time.sleep(0.05)
-admin = redis.Redis.from_url(os.environ["CONTROLLER_REDIS_URL"])
-accepted = lambda: int(admin.info("stats")["total_connections_received"])
 before = accepted()
 app.tasks["controller.sync_session"].run("sess_unknown_to_the_api")
-app.tasks["controller.watch_connection"].run("env_unknown_to_the_api", 0.0, time.time() + 300)
-print(json.dumps({"opened": accepted() - before}))
+if os.environ.get("CONTROLLER_METRICS_PORT"):  # watch jobs are queued only then
+    app.tasks["controller.watch_connection"].run("env_unknown_to_the_api", 0.0, time.time() + 300)
+print(json.dumps({"at_start": before - started, "opened": accepted() - before}))
 """
 
 
-def _first_jobs(server: RedisServer, api_url: str, api_key: str, tmp_path: Path, warm: bool) -> dict[str, object]:
+def _first_jobs(
+    server: RedisServer, api_url: str, api_key: str, tmp_path: Path, warm: bool, watch: bool = True
+) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(PREFIX)}
     env.update(
         {
@@ -66,6 +70,7 @@ def _first_jobs(server: RedisServer, api_url: str, api_key: str, tmp_path: Path,
             PREFIX + "LOCAL_STATE_DIRECTORY": str(tmp_path / f"sandboxes-{int(warm)}"),
             PREFIX + "LOCAL_EXECUTOR_SAME_USER": "true",
             "WARM": "1" if warm else "0",
+            **({PREFIX + "METRICS_PORT": "9090"} if watch else {}),  # never served here: it turns on watch jobs
             "PYTHONPATH": str(ROOT),
         }
     )
@@ -91,6 +96,23 @@ def test_a_pool_process_first_jobs_open_no_connection_to_redis(
     cold = _first_jobs(server, simulator.base_url, simulator.api_key, tmp_path, warm=False)
     assert warm["opened"] == 0
     assert isinstance(cold["opened"], int) and cold["opened"] >= 2
+    print(f"\nFIGURE connections at a pool process's start: {warm['at_start']}")
+
+
+def test_a_pool_process_that_queues_no_watch_jobs_opens_no_producer_at_its_start(
+    server: RedisServer, start_simulator: StartSimulator, tmp_path: Path
+) -> None:
+    """Without metrics served (no ``CONTROLLER_METRICS_PORT``) a worker queues no watch jobs, so
+    a pool process's start opens the store's connection only, not the producer's (a connection,
+    a channel and the queue's declaration it would never use); its first job still opens none.
+    The control: with metrics served its start opens more."""
+    simulator = start_simulator()
+    assert simulator.api_key is not None
+    quiet = _first_jobs(server, simulator.base_url, simulator.api_key, tmp_path, warm=True, watch=False)
+    watched = _first_jobs(server, simulator.base_url, simulator.api_key, tmp_path, warm=True, watch=True)
+    assert quiet["opened"] == 0
+    assert quiet["at_start"] == 1, quiet
+    assert isinstance(watched["at_start"], int) and watched["at_start"] > 1, watched
 
 
 def test_the_worker_app_builds_celerys_result_backend_before_the_fork(tmp_path: Path) -> None:
