@@ -15,8 +15,15 @@
 # nothing is written at run time except /tmp (an emptyDir in the chart, whose root filesystem
 # is read-only).
 #
-# Offline builds: PIP_FIND_LINKS names a directory of wheels (the project's dependencies and
-# setuptools) mounted into the build, e.g. `podman build -v "$PWD/wheels:/wheels:ro"
+# Dependencies: exactly the product's share of the Python lock, lock/product.txt (README,
+# "Reproducible installs"), with every file's sha256 checked (pip's --require-hashes refuses a
+# file that differs and any package the lock does not pin), then the package itself with no
+# dependency resolution and no build isolation (its build backend is in the lock too). So the
+# image runs the versions the tests ran.
+#
+# Offline builds: PIP_FIND_LINKS names a directory of wheels (lock/product.txt's files, e.g.
+# `pip download --no-deps --only-binary=:all: --require-hashes -r lock/product.txt -d wheels`)
+# mounted into the build, e.g. `podman build -v "$PWD/wheels:/wheels:ro"
 # --build-arg PIP_FIND_LINKS=/wheels`; pip then reads nothing but that directory.
 ARG PYTHON_IMAGE=python:3.11.13-slim-bookworm
 FROM ${PYTHON_IMAGE} AS base
@@ -38,10 +45,12 @@ RUN groupadd --gid 10001 controller \
 # Test tier only: the controller plus the simulator (`sandbox-controller simulator ...`).
 FROM base AS simulator
 WORKDIR /src
+COPY lock/product.txt ./lock/product.txt
+RUN pip install ${PIP_FIND_LINKS:+--no-index} --require-hashes -r lock/product.txt
 COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
 COPY agents_simulator ./agents_simulator
-RUN pip install ${PIP_FIND_LINKS:+--no-index} . \
+RUN pip install ${PIP_FIND_LINKS:+--no-index} --no-deps --no-build-isolation . \
  && rm -rf /src \
  && sandbox-controller simulator --help >/dev/null
 ENV HOME=/tmp
@@ -53,9 +62,11 @@ CMD ["simulator", "--help"]
 # The production image (the default target): the controller package alone.
 FROM base AS controller
 WORKDIR /src
+COPY lock/product.txt ./lock/product.txt
+RUN pip install ${PIP_FIND_LINKS:+--no-index} --require-hashes -r lock/product.txt
 COPY pyproject.toml README.md LICENSE ./
 COPY controller ./controller
-RUN pip install ${PIP_FIND_LINKS:+--no-index} . \
+RUN pip install ${PIP_FIND_LINKS:+--no-index} --no-deps --no-build-isolation . \
  && rm -rf /src \
  && sandbox-controller --version
 

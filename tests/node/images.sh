@@ -8,9 +8,9 @@
 #
 # How: Debian packages from apt (podman, buildah, runc, mmdebstrap, gcc, ...); base root
 # filesystems bootstrapped with mmdebstrap from the host's apt sources and `podman import`ed;
-# the controller's Python dependencies built as wheels on the host (pip) and mounted into a
-# `podman build --network=none`; the pinned codex fetched and integrity-checked by
-# runner_image/fetch-codex.sh; the pause binary compiled from the k8s.io/kubernetes module.
+# the controller's Python dependencies, lock/product.txt's wheels, downloaded on the host (pip,
+# hashes checked) and mounted into a `podman build --network=none`; the pinned codex fetched
+# and integrity-checked by runner_image/fetch-codex.sh; the pause binary compiled from the k8s.io/kubernetes module.
 # Each image is saved as an OCI archive under the cache, named by a hash of its inputs, so a
 # warm run only checks that the archives exist.
 #
@@ -145,21 +145,26 @@ if [ ! -x "${pause_ctx}/pause" ] || [ "$(cat "${pause_ctx}/key" 2>/dev/null)" !=
 fi
 image pause localhost/pause:1 "$pause_key" -f "${root}/tests/node/pause.Dockerfile" "$pause_ctx"
 
-# controller: Python 3.11 (Debian bookworm's) with venv; dependencies as wheels built on the host.
+# controller: Python 3.11 (Debian bookworm's) with venv; its dependencies are the files
+# lock/product.txt pins, downloaded here (wheels only, hashes checked) and checked again by the
+# image's own `pip install --require-hashes` in a build with no network.
 controller_base=$(base controller python3,python3-venv)
-wheels_key=$(hash_of "${root}/pyproject.toml")
+wheels_key=$(hash_of "${root}/lock/product.txt")
 wheels="${node_cache}/wheels/${wheels_key}"
 if [ ! -f "${wheels}/.complete" ]; then
-  say "pip wheel: the controller's dependencies -> ${wheels}"
+  say "pip download: lock/product.txt's wheels -> ${wheels}"
   rm -rf "$wheels" && mkdir -p "$wheels"
-  # pip resolves on the host's Python; Debian's 3.11.2 also needs what redis asks of Pythons
-  # before 3.11.3 (async-timeout).
-  python3 -m pip wheel --quiet --wheel-dir "$wheels" "${root}" "setuptools>=68" wheel "async-timeout>=4.0.3" >&2
-  rm -f "${wheels}"/sandbox_controller-*.whl
+  # Every pin is fetched whatever its marker: pip would judge the markers by this host's Python,
+  # and the image's (Debian's 3.11.2) needs what redis asks of Pythons before 3.11.3
+  # (async-timeout). The image's pip applies the markers.
+  sed -E 's/ ; [^\\]*//' "${root}/lock/product.txt" >"${wheels}.txt"
+  python3 -m pip download --quiet --disable-pip-version-check --no-deps --only-binary=:all: \
+    --require-hashes -r "${wheels}.txt" -d "$wheels" >&2
+  rm -f "${wheels}.txt"
   touch "${wheels}/.complete"
 fi
 controller_key=$(hash_of "$controller_base" "$wheels_key" "${root}/Dockerfile" "${root}/.dockerignore" \
-  "${root}/pyproject.toml" "${root}/README.md" "${root}/controller")
+  "${root}/lock/product.txt" "${root}/pyproject.toml" "${root}/README.md" "${root}/controller")
 image sandbox-controller localhost/sandbox-controller:node "$controller_key" \
   --build-arg PYTHON_IMAGE="$controller_base" --build-arg PIP_FIND_LINKS=/wheels \
   -v "${wheels}:/wheels:ro" -f "${root}/Dockerfile" "${root}"

@@ -52,7 +52,8 @@ def _find(where: Path) -> list[str]:
 
 def test_the_default_image_target_copies_the_controller_package_only() -> None:
     copied = _default_target_copies()
-    assert sorted(copied) == ["LICENSE", "README.md", "controller", "pyproject.toml"]  # LICENSE: pyproject names it
+    # LICENSE: pyproject names it; lock/product.txt: the dependencies, pinned with hashes
+    assert sorted(copied) == ["LICENSE", "README.md", "controller", "lock/product.txt", "pyproject.toml"]
     assert not any(SIMULATOR in source for source in copied)
 
 
@@ -62,6 +63,7 @@ def test_pip_install_of_the_image_build_files_installs_no_simulator(tmp_path: Pa
         if path.is_dir():
             shutil.copytree(path, tmp_path / source, ignore=shutil.ignore_patterns("__pycache__"))
         else:
+            (tmp_path / source).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy(path, tmp_path / source)
     packages = _find(tmp_path)
     assert "controller" in packages
@@ -73,3 +75,32 @@ def test_development_installs_have_the_simulator_and_no_tests() -> None:
     packages = _find(ROOT)
     assert {"controller", SIMULATOR} <= set(packages)
     assert not [p for p in packages if p.split(".")[0] not in ("controller", SIMULATOR)]
+
+
+def _pip_installs() -> list[list[str]]:
+    """The words of each ``pip install`` the Dockerfile runs (continuation lines joined)."""
+    text = (ROOT / "Dockerfile").read_text().replace("\\\n", " ")
+    installs: list[list[str]] = []
+    for line in text.splitlines():
+        if not line.startswith("RUN "):
+            continue
+        for command in line.removeprefix("RUN ").split("&&"):
+            words = command.split()
+            if words[:2] == ["pip", "install"]:
+                installs.append(words[2:])
+    return installs
+
+
+def test_every_image_installs_its_dependencies_from_the_lock_with_hashes_checked() -> None:
+    """Each target installs lock/product.txt with ``--require-hashes`` (pip then refuses a file
+    whose sha256 differs and any dependency the lock does not pin) and the package itself with
+    ``--no-deps``: nothing is resolved from the package index at build time."""
+    installs = _pip_installs()
+    from_lock = [words for words in installs if "--require-hashes" in words]
+    package = [words for words in installs if "--require-hashes" not in words]
+    stages = [name for name, _, _ in _stages() if name and name != "base"]
+    assert len(from_lock) == len(stages) == len(package), (installs, stages)
+    for words in from_lock:
+        assert words[words.index("-r") + 1] == "lock/product.txt"
+    for words in package:
+        assert words[-1] == "." and "--no-deps" in words and "--no-build-isolation" in words, words
