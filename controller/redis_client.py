@@ -205,15 +205,11 @@ class Endpoint:
             assert self.master_name is not None  # config derives it
             for where in ("host", "port", "connection_class"):
                 options.pop(where, None)
-            sentinel = Sentinel(  # type: ignore[no-untyped-call]
-                self.sentinels, sentinel_kwargs=self._sentinel_options(timeout_seconds), **common
-            )
+            sentinel = Sentinel(self.sentinels, sentinel_kwargs=self._sentinel_options(timeout_seconds), **common)
             for asked in sentinel.sentinels:  # redis-py picks their class (SSLConnection for ssl=True)
                 asked.connection_pool.connection_class = SentinelSSLConnection if self.tls else SentinelConnection
             connection = SentinelMasterSSLConnection if self.tls else SentinelMasterConnection
-            master: redis.Redis = sentinel.master_for(  # type: ignore[no-untyped-call]
-                self.master_name, connection_class=connection, **options
-            )
+            master: redis.Redis = sentinel.master_for(self.master_name, connection_class=connection, **options)
             return master
         given = options.get("connection_class")
         options["connection_class"] = (
