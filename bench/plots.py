@@ -1,7 +1,7 @@
 """Shared by the benchmark scripts: where results go, and a PNG writer (matplotlib, headless).
 
-``pip install '.[bench]'`` provides matplotlib; each script also prints its table, so a run
-without it still gives the numbers.
+The ``bench`` extra provides matplotlib (``scripts/venv`` installs it from the lock); each
+script also prints its table, so a run without it still gives the numbers.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def save_png(name: str, draw: Callable[[Any], None], title: str) -> Path | None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        print("matplotlib is not installed (pip install '.[bench]'): no plot, the table above is the result")
+        print("matplotlib is not installed (scripts/venv installs it): no plot, the table above is the result")
         return None
     RESULTS.mkdir(exist_ok=True)
     figure, axes = plt.subplots(figsize=(7, 4.2), dpi=110)

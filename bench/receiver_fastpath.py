@@ -37,8 +37,9 @@ freshly signed with a fresh webhook-id (so every ``serve`` and handler request i
 
     .venv/bin/python bench/receiver_fastpath.py [--rounds 3] [--clients 16,64] [--seconds 5] [--profile 10]
 
-``pip install '.[bench]'`` provides ``standardwebhooks``. Figures from different runs or
-machines are not comparable; the ratios of one run are the result.
+The ``bench`` extra provides ``standardwebhooks`` (``scripts/venv`` installs it from the
+lock). Figures from different runs or machines are not comparable; the ratios of one run are
+the result.
 """
 
 from __future__ import annotations

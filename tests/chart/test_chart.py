@@ -53,7 +53,9 @@ def _helm() -> Any:
     try:
         import helm_python
     except ImportError as exc:
-        message = f"helm-python-sdk (Helm 4's engine) is not installed: `.venv/bin/pip install helm-python-sdk` ({exc})"
+        message = (
+            f"helm-python-sdk (Helm 4's engine) is not installed: `scripts/venv` installs it from the lock ({exc})"
+        )
         if os.environ.get("CI") == "true":
             pytest.fail(message)
         pytest.skip(message)
