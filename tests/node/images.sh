@@ -168,6 +168,12 @@ controller_key=$(hash_of "$controller_base" "$wheels_key" "${root}/Dockerfile" "
 image sandbox-controller localhost/sandbox-controller:node "$controller_key" \
   --build-arg PYTHON_IMAGE="$controller_base" --build-arg PIP_FIND_LINKS=/wheels \
   -v "${wheels}:/wheels:ro" -f "${root}/Dockerfile" "${root}"
+# What the image installed is exactly the lock (tests/node/lock_check.py, run in the image).
+if have_image localhost/sandbox-controller:node; then
+  podman run --rm --network=none --entrypoint /opt/venv/bin/python \
+    -v "${root}/lock/product.txt:/lock/product.txt:ro" -v "${root}/tests/node/lock_check.py:/lock/check.py:ro" \
+    localhost/sandbox-controller:node /lock/check.py /lock/product.txt >&2
+fi
 
 # runner: the pinned codex (integrity-checked) on a Debian base with tini and ca-certificates.
 runner_base=$(base runner tini,ca-certificates)
