@@ -25,6 +25,16 @@ executor reconnects by itself, as after any lost link (L14). **Restore** (``rest
 first process; the images are then removed by the caller. Errors are ``CheckpointFailed`` with
 the reason (the end of CRIU's log): the caller falls back to a fresh start.
 
+**Room** (``Room``, ``refusal``): images live on the state directory's volume, beside the live
+sessions' workspaces. Before a dump the runner estimates the image from the tree's memory
+(``tree_memory``: each process's anonymous and shared resident pages and its swap, an upper
+bound of what CRIU writes) and makes no dump that would take the sum of images past
+``max_percent`` of the volume's size (``cap``) or leave less than ``reserve_percent`` of it free
+(``reserve``); the same check runs on the written images (``refusal`` with their real size), which
+are removed when they pass it after all. An image that does not fit is not written: the sandbox
+is stopped the ordinary way and keeps its workspace; images already there are never dropped for
+it (docs/lifecycle.md: the rule and its cost).
+
 ``host_can_checkpoint`` runs ``criu check``: whether this host can checkpoint at all, with the
 reason in one line (``check-config`` prints it).
 """
@@ -42,12 +52,17 @@ from pathlib import Path
 __all__ = [
     "CheckpointFailed",
     "Dumped",
+    "Room",
     "dump",
     "has_sys_resource",
     "host_can_checkpoint",
     "image_size",
+    "namespace_processes",
     "pid_namespace_argv",
+    "refusal",
     "restore",
+    "tree_memory",
+    "volume",
 ]
 
 _CHECK_SECONDS = 30.0
@@ -131,6 +146,69 @@ def image_size(images: Path) -> int:
         return sum(entry.stat().st_size for entry in images.iterdir() if entry.is_file())
     except OSError:
         return 0
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the state volume holds for checkpoints: its size and free bytes (``volume``), and
+    the sum of every checkpoint's images on it now."""
+
+    size_bytes: int
+    free_bytes: int
+    images_bytes: int
+
+
+def volume(path: Path) -> tuple[int, int]:
+    """(size, free bytes an unprivileged writer may use) of the filesystem holding ``path``."""
+    found = os.statvfs(path)
+    return found.f_blocks * found.f_frsize, found.f_bavail * found.f_frsize
+
+
+def refusal(room: Room, image_bytes: int, max_percent: float, reserve_percent: float) -> str | None:
+    """Why an image of ``image_bytes`` must not be (or stay) written, or None when it fits:
+    ``cap`` (every image together would pass ``max_percent`` of the volume) or ``reserve`` (less
+    than ``reserve_percent`` of the volume would be left free for live workspaces). ``room``
+    counts neither the image nor its space as used yet."""
+    if room.images_bytes + image_bytes > room.size_bytes * max_percent / 100:
+        return "cap"
+    if room.free_bytes - image_bytes < room.size_bytes * reserve_percent / 100:
+        return "reserve"
+    return None
+
+
+def namespace_processes(leader: int) -> list[int]:
+    """Every process in the pid namespace whose pid 1 is ``leader`` (as seen here): the tree a
+    dump writes, processes that left the executor's session (``setsid``) included."""
+    try:
+        namespace = os.readlink(f"/proc/{leader}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+_MEMORY_FIELDS = ("RssAnon:", "RssShmem:", "VmSwap:")
+
+
+def tree_memory(pids: Sequence[int]) -> int:
+    """Bytes of memory of ``pids`` an image holds at most: anonymous and shared resident pages
+    and swap, each process counted whole (pages shared after a fork counted in each: an upper
+    bound), plus 1 MiB per process for what CRIU writes beside the pages."""
+    total = 0
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += 2**20 + sum(int(line.split()[1]) * 1024 for line in lines if line.startswith(_MEMORY_FIELDS))
+    return total
 
 
 def _log_tail(log: Path, lines: int = 3) -> str:
