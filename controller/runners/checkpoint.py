@@ -19,8 +19,22 @@ are always free there: no clash with whatever took the old numbers meanwhile.
 
 **Dump** (``dump``): ``criu dump -t <pid 1 of the namespace>`` writes the images and kills the
 tree (nothing of the sandbox runs after it; its memory is freed). Established TCP connections
-are not kept (``--tcp-close``): the executor's link to the API is restored closed and the
-executor reconnects by itself, as after any lost link (L14). **Restore** (``restore``):
+are not kept (``--tcp-close``): the executor reconnects by itself, as after any lost link (L14).
+
+**The reconnect after a restore** (issue 37): codex 0.171.0 waits a backoff before each
+reconnect that grows with every drop (about 1, 2, 3–5, 6–8, 10–15, then 15–30 s) and is never
+reset, not by a link up for 70 s nor by a new registration (measured: RELIABILITY.md). Dumped
+with its link up, each restore made it see one more drop, and wait longer than the last time.
+So the runner shuts the executor's link down just before the dump (``close_links``): the
+executor is dumped asleep in its backoff, and the restore moves the sandbox's clocks on
+(``advance_clocks``; the sandbox has a time namespace of its own) by as long as it was
+suspended and at least ``CLOCK_CATCH_UP_SECONDS`` (``runners/local.py``), more than codex's
+longest backoff: the restored executor finds its backoff over and reconnects at once, however
+many suspensions came before and however short they were. What every process of the sandbox
+sees: its monotonic and boot-time clocks jump by that much at each restore (a ``sleep`` due
+meanwhile ends at once); wall-clock time is the host's.
+
+**Restore** (``restore``):
 ``criu restore --restore-detached`` brings the tree back and returns the new outer pid of its
 first process; the images are then removed by the caller. Errors are ``CheckpointFailed`` with
 the reason (the end of CRIU's log): the caller falls back to a fresh start.
@@ -41,8 +55,10 @@ reason in one line (``check-config`` prints it).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -53,6 +69,8 @@ __all__ = [
     "CheckpointFailed",
     "Dumped",
     "Room",
+    "advance_clocks",
+    "close_links",
     "dump",
     "has_sys_resource",
     "host_can_checkpoint",
@@ -129,15 +147,16 @@ def has_sys_resource() -> bool:
 
 def pid_namespace_argv(argv: Sequence[str], identity: tuple[int, int] | None) -> list[str]:
     """``argv`` run as pid 2 of a new pid namespace (pid 1: a root ``unshare --fork`` waiting
-    for it, session leader there), as ``identity`` (uid, gid; None: this process's own), its
-    stderr joined to its stdout."""
+    for it, session leader there), and of a new time namespace where the kernel has them, as
+    ``identity`` (uid, gid; None: this process's own), its stderr joined to its stdout."""
     drop = (
         []
         if identity is None
         else ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
     )
     redirect = ["sh", "-c", 'exec "$@" 2>&1', "sh"]
-    return ["unshare", "--pid", "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
+    time = ["--time"] if Path("/proc/self/ns/time").exists() else []  # its clocks, moved on at restore
+    return ["unshare", "--pid", *time, "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
 
 
 def image_size(images: Path) -> int:
@@ -209,6 +228,124 @@ def tree_memory(pids: Sequence[int]) -> int:
             continue
         total += 2**20 + sum(int(line.split()[1]) * 1024 for line in lines if line.startswith(_MEMORY_FIELDS))
     return total
+
+
+_ESTABLISHED = "01"
+_PIDFD_GETFD = 438  # the syscall's number on x86-64 and arm64 alike (Linux 5.6)
+
+
+def _established_sockets() -> set[int]:
+    """Inodes of the TCP sockets established in this network namespace (the sandbox's)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == _ESTABLISHED:
+                found.add(int(fields[9]))
+    return found
+
+
+def close_links(pids: Sequence[int], executable: str) -> int:
+    """Shut down every established TCP connection the processes of ``pids`` running
+    ``executable`` (a file name: the executor's own processes, not the commands it runs) hold:
+    the executor's link to the API, and its registration's keep-alive connection. Each is taken
+    with ``pidfd_getfd`` and shut down both ways, so the executor sees its link lost now, as
+    after any drop (L14), and sleeps its reconnect backoff; the number shut down."""
+    established = _established_sockets()
+    libc = ctypes.CDLL(None, use_errno=True)
+    closed = 0
+    for pid in pids:
+        try:
+            if os.path.basename(os.readlink(f"/proc/{pid}/exe")) != executable:
+                continue
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in descriptors:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if not target.startswith("socket:[") or int(target[8:-1]) not in established:
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                copy = libc.syscall(_PIDFD_GETFD, pidfd, int(name), 0)
+                if copy < 0:
+                    continue
+                with socket.socket(fileno=copy) as taken:
+                    taken.shutdown(socket.SHUT_RDWR)
+                closed += 1
+            except OSError:
+                continue
+            finally:
+                os.close(pidfd)
+    return closed
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _advanced_timespec(data: bytes, seconds: int) -> bytes:
+    """A ``timespec`` message (1: tv_sec, 2: tv_nsec, varints) with ``seconds`` added to tv_sec."""
+    out, at = bytearray(), 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        value, at = _varint(data, at)
+        out += _encode_varint(key) + _encode_varint(value + seconds if key >> 3 == 1 else value)
+    return bytes(out)
+
+
+def advance_clocks(images: Path, seconds: int) -> bool:
+    """Move the monotonic and boot-time clocks of the checkpoint's time namespace forward by
+    ``seconds``: CRIU restores that namespace's clocks where they stood at the dump, so without
+    this the tree sees no time pass while suspended. False when the checkpoint has no time
+    namespace image (or an unreadable one): its clocks are then left as they are."""
+    for image in images.glob("timens-*.img"):
+        raw = image.read_bytes()
+        if len(raw) < 12:
+            return False
+        size = int.from_bytes(raw[8:12], "little")
+        entry, out, at = raw[12 : 12 + size], bytearray(), 0
+        try:
+            while at < len(entry):
+                key, at = _varint(entry, at)
+                length, at = _varint(entry, at)
+                field = entry[at : at + length]
+                at += length
+                if key & 7 != 2:
+                    return False
+                field = _advanced_timespec(field, seconds)  # 1: monotonic, 2: boottime
+                out += _encode_varint(key) + _encode_varint(len(field)) + field
+        except IndexError:
+            return False
+        image.write_bytes(raw[:8] + len(out).to_bytes(4, "little") + bytes(out) + raw[12 + size :])
+        return True
+    return False
 
 
 def _log_tail(log: Path, lines: int = 3) -> str:

@@ -96,6 +96,14 @@ log = logs.get(__name__)
 _SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _STOP_WAIT_SECONDS = 5.0
 _KILL_WAIT_SECONDS = 5.0
+EXECUTOR_EXECUTABLE = "codex"
+"""The executor's own binary (codex's native one): its link is shut down before a dump."""
+LINK_NOTICE_SECONDS = 0.1
+"""How long the executor is given to see its link shut down before the dump (codex's first
+reconnect comes 0.5 s or more after a drop, so the dump finds it asleep in its backoff)."""
+CLOCK_CATCH_UP_SECONDS = 60
+"""A restored sandbox's clocks are moved on by at least this much (more when it was suspended
+longer: as long as it was), so a reconnect backoff it slept in (codex's: 30 s at most) is over."""
 
 
 def session_key(session_id: str) -> str:
@@ -395,6 +403,9 @@ class LocalRunner:
         if refused is not None:
             self._refused(refused, estimate, False, where)
             return False
+        tree = checkpoint.namespace_processes(pid)
+        if checkpoint.close_links(tree, EXECUTOR_EXECUTABLE):  # dumped asleep in its backoff, not linked
+            time.sleep(LINK_NOTICE_SECONDS)
         try:
             dumped = checkpoint.dump(self._criu or "criu", pid, images)
         except checkpoint.CheckpointFailed as exc:
@@ -634,6 +645,8 @@ class LocalRunner:
                     f"its lineage started {time.time() - lineage:.0f}s ago, past the maximum lifetime "
                     f"({self._max_lifetime:g}s): a fresh sandbox starts its own"
                 )
+            suspended_for = time.time() - float(saved.get("suspended_at", time.time()))
+            checkpoint.advance_clocks(images, max(CLOCK_CATCH_UP_SECONDS, round(suspended_for)))
             pid = checkpoint.restore(self._criu, images)
             found = proc_stat(pid)
             if found is None or not found.running:

@@ -18,7 +18,7 @@ import pytest
 from controller.model import Handle, SandboxSpec
 from controller.runners.checkpoint import has_sys_resource
 from controller.runners.checkpoint import volume as checkpoint_volume
-from controller.runners.local import LocalRunner, proc_stat, session_key
+from controller.runners.local import CLOCK_CATCH_UP_SECONDS, LocalRunner, proc_stat, session_key
 from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
 from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
@@ -445,3 +445,35 @@ def test_a_restored_sandbox_carries_its_lineages_first_start_and_one_past_its_li
         assert ask(directory)[0] != token
     finally:
         other.stop_all()
+
+
+# The executor of the clock test: writes its monotonic clock into its workspace every 50 ms.
+CLOCK = """
+import os, time
+while True:
+    with open("clock.partial", "w") as f:
+        f.write(repr(time.monotonic()))
+    os.rename("clock.partial", "clock")
+    time.sleep(0.05)
+"""
+
+
+def test_a_restored_sandbox_finds_its_clocks_moved_on_past_any_reconnect_backoff(tmp_path: Path) -> None:
+    """Issue 37 (8): the sandbox runs in a time namespace of its own, and a restore moves its
+    monotonic clock on by at least ``CLOCK_CATCH_UP_SECONDS`` (longer than codex's longest
+    reconnect backoff), even after a suspension of a second: a backoff it was dumped asleep in
+    is over when it wakes."""
+    script = tmp_path / "clock.py"
+    script.write_text(CLOCK)
+    runner = LocalRunner(tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary())
+    clock = tmp_path / "state" / "sessions" / session_key("sess_1") / "workspace" / "clock"
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(clock.exists, 15, "the executor to write its clock")
+        runner.suspend(first)
+        before = float(clock.read_text())
+        runner.ensure(spec(), 2)
+        wait_for(lambda: float(clock.read_text()) != before, 15, "the restored executor to write its clock")
+        assert float(clock.read_text()) - before >= CLOCK_CATCH_UP_SECONDS
+    finally:
+        runner.stop_all()
