@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -188,3 +189,70 @@ def test_each_of_many_short_suspensions_resumes_an_executor_that_reconnects_at_o
     assert len(registered) == 1  # one lineage, one registration
     figures = ", ".join(f"{s:.2f}" for s in reconnects)
     print(f"\nFIGURE reconnect after each of {CYCLES} restores (s, from the restore's start): {figures}")
+
+
+LIFETIME = 40  # CONTROLLER_MAX_LIFETIME_SECONDS in the short-lived world
+ANSWERS = 'import socket; socket.create_connection(("127.0.0.1", int(open("port").read())), timeout=2)'
+KEEP_ONE = f"python3 -c '{ANSWERS}' 2>/dev/null || {{ rm -f port; setsid -f python3 -c '{KEEPER}' >/dev/null 2>&1; }}"
+"""A command that starts a background keeper unless one (restored) answers already."""
+LIFETIME_BOUND = 30  # the lineage ends within this long after its lifetime (looks, an idle round, a turn)
+
+
+@pytest.fixture(scope="module")
+def short_lived(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
+    criu = criu_binary()
+    world = Loop(
+        tmp_path_factory.mktemp("suspend-lifetime"),
+        codex_binary(),
+        extra_env={
+            "CONTROLLER_IDLE_TIMEOUT_SECONDS": str(TIMEOUT),
+            "CONTROLLER_IDLE_SUSPEND": "checkpoint",
+            "CONTROLLER_CRIU": criu,
+            "CONTROLLER_MAX_LIFETIME_SECONDS": str(LIFETIME),
+        },
+    )
+    try:
+        world.start()
+        yield world
+    finally:
+        world.stop()
+
+
+def test_suspensions_and_restores_do_not_renew_the_lineages_maximum_lifetime(short_lived: Loop) -> None:
+    """Issue 37 (7), L11: a lifetime of 40 s and an idle timeout of 3 s: the session is
+    suspended when idle and restored by each next turn. Before, each restore counted as a
+    sandbox started now, and the same process tree ran 131.9 s over 8 restores. Now restores
+    keep the memory only within the lineage's lifetime: once it is past (plus a bound for the
+    looks), every turn meets a fresh process tree, and the first lineage's background process
+    runs no more."""
+    loop = short_lived
+    with loop.api() as client:
+        session = loop.create_session(client, input_text=None)
+    sid = session["id"]
+    workspace = workspace_of(loop, sid)
+    first = run_turn(loop.simulator_url, sid, [["sh", "-c", f"setsid -f python3 -c '{KEEPER}' >/dev/null 2>&1"]])
+    assert first["commands"][0]["exit_code"] == 0, first
+    wait_for(lambda: (workspace / "port").exists(), 30, "the background process to listen")
+    [started] = loop.worker_lines("executor process started", sid)
+    token, _ = ask(loop, sid)
+    [keeper] = keeper_pids(workspace)
+    kept_after_restore = ended_at = None
+    for cycle in range(1, 16):
+        wait_idle(loop, sid)
+        suspended = lambda n=cycle: len(stops(loop, sid)) >= n  # noqa: E731
+        wait_for(suspended, 60, f"idle stop {cycle}")
+        answer = run_turn(loop.simulator_url, sid, [["sh", "-c", KEEP_ONE]])  # restores, or starts afresh
+        assert answer["commands"][0]["exit_code"] == 0, answer
+        wait_for(lambda: (workspace / "port").exists(), 30, "the background process to listen")
+        again, _ = ask(loop, sid)
+        age = time.time() - started["time"]
+        if again == token:
+            assert age <= LIFETIME + LIFETIME_BOUND, f"the first lineage still runs {age:.1f}s after its start"
+            kept_after_restore = age
+        else:
+            ended_at = age
+            break
+    assert kept_after_restore is not None, "no restore kept the memory within the lifetime"
+    assert ended_at is not None and LIFETIME <= ended_at <= LIFETIME + LIFETIME_BOUND, ended_at
+    assert keeper not in keeper_pids(workspace)
+    print(f"\nFIGURE lineage of {LIFETIME}s: kept by a restore at {kept_after_restore:.1f}s, ended by {ended_at:.1f}s")
