@@ -24,7 +24,7 @@ from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
 from tests.support.processes import python_module, wait_for
 from tests.support.simulator import run_turn
-from tests.system.loop import Loop, stops, wait_idle, workspace_of
+from tests.system.loop import Loop, scrape, stops, total, wait_idle, workspace_of
 
 pytestmark = [
     pytest.mark.system,
@@ -256,3 +256,84 @@ def test_suspensions_and_restores_do_not_renew_the_lineages_maximum_lifetime(sho
     assert ended_at is not None and LIFETIME <= ended_at <= LIFETIME + LIFETIME_BOUND, ended_at
     assert keeper not in keeper_pids(workspace)
     print(f"\nFIGURE lineage of {LIFETIME}s: kept by a restore at {kept_after_restore:.1f}s, ended by {ended_at:.1f}s")
+
+
+VOLUME_MIB = 256  # the small state volume of the bounded world (a tmpfs)
+CAP_PERCENT = 50  # CONTROLLER_CHECKPOINT_MAX_PERCENT there: 128 MiB of images at most
+HOLD = "import os, time; kept = bytearray(os.urandom(48 * 2**20)); open(chr(104), chr(119)).close(); time.sleep(10**9)"
+"""A command's background process holding 48 MiB; it writes the file ``h`` once they are filled."""
+
+
+@pytest.fixture(scope="module")
+def bounded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Loop]:
+    criu = criu_binary()
+    base = tmp_path_factory.mktemp("suspend-bounded")
+    volume = base / "volume"
+    volume.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", f"size={VOLUME_MIB}m,mode=0700", "tmpfs", str(volume)],
+        capture_output=True,
+        text=True,
+    )
+    if mounted.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    world = Loop(
+        base,
+        codex_binary(),
+        extra_env={
+            "CONTROLLER_IDLE_TIMEOUT_SECONDS": str(TIMEOUT),
+            "CONTROLLER_IDLE_SUSPEND": "checkpoint",
+            "CONTROLLER_CRIU": criu,
+            "CONTROLLER_CHECKPOINT_MAX_PERCENT": str(CAP_PERCENT),
+        },
+    )
+    world.state_directory = volume / "sandboxes"
+    try:
+        world.start()
+        yield world
+    finally:
+        world.stop()
+        subprocess.run(["umount", "-l", str(volume)], check=False)
+
+
+def test_checkpoint_images_stay_under_their_cap_and_the_one_that_does_not_fit_is_a_plain_stop(bounded: Loop) -> None:
+    """Issue 37 (6), L11, L16: two idle sessions whose commands hold 48 MiB each, on a 256 MiB
+    state volume whose images may take half. The first is suspended with its memory; the
+    second's image would pass the cap, so it is not written: that sandbox is stopped (its
+    workspace kept), the workers count it (``reason="cap"``), and the images the scheduler
+    reports (``controller_checkpoint_bytes``, and ``status``) stay under the cap. Its next turn
+    starts afresh on its workspace; the first's restores its memory."""
+    loop = bounded
+    sids = []
+    with loop.api() as client:
+        for _ in range(2):
+            sids.append(loop.create_session(client, input_text=None)["id"])
+    first, second = sids
+    for sid in sids:  # one after the other: the first is suspended before the second goes idle
+        turn = run_turn(loop.simulator_url, sid, [["sh", "-c", f"setsid -f python3 -c '{HOLD}' >/dev/null 2>&1"]])
+        assert turn["commands"][0]["exit_code"] == 0, turn
+        (workspace_of(loop, sid) / "kept.txt").write_text(sid)
+        wait_for(lambda s=sid: (workspace_of(loop, s) / "h").exists(), 30, "the holder to fill its memory")
+        if sid == first:
+            wait_for(lambda: loop.worker_lines("executor suspended", first), 60, "the first suspension")
+    wait_for(lambda: loop.worker_lines("checkpoint refused, executor stopped instead", second), 60, "the refusal")
+    [refused] = loop.worker_lines("checkpoint refused, executor stopped instead", second)
+    assert refused["reason"] == "cap", refused
+    wait_for(lambda: loop.live_executors()[second] == 0, 30, "the second sandbox to be gone")
+    assert not (workspace_of(loop, second).parent / "checkpoint").exists()
+    assert loop.worker_metric("controller_checkpoints_refused_total", reason="cap") == 1
+    images = total(scrape(loop.metrics_ports["scheduler"]), "controller_checkpoint_bytes")
+    assert 0 < images <= VOLUME_MIB * 2**20 * CAP_PERCENT / 100
+    shown = subprocess.run(
+        python_module("controller", "status", "--json"), env=loop.controller_env(), capture_output=True, text=True
+    )
+    assert json.loads(shown.stdout)["totals"]["checkpoint_bytes"] == images
+
+    ask_holder = [["sh", "-c", "test -e h && echo kept"]]
+    again = run_turn(loop.simulator_url, second, ask_holder)  # a fresh start on the kept workspace
+    assert (workspace_of(loop, second) / "kept.txt").read_text() == second
+    assert again["commands"][0]["status"] == "completed"
+    assert len(loop.worker_lines("executor process started", second)) == 2
+    run_turn(loop.simulator_url, first, ask_holder)
+    assert loop.worker_lines("executor restored", first)
+    assert loop.worker_metric("controller_sandbox_resumes_total", outcome="restored") == 1
