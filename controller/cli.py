@@ -199,6 +199,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     health = ", ".join(f"{k} {v}" for k, v in totals["by_health"].items()) or "none"
     verdicts = ", ".join(f"{k} {v}" for k, v in totals["by_last_verdict"].items()) or "none"
     print(f"{totals['sessions']} session(s) with a sandbox; health: {health}; last decisions: {verdicts}")
+    if totals["checkpoint_bytes"]:
+        print(f"checkpoint images: {totals['checkpoint_bytes'] / 1e6:.1f} MB on the state volume")
     if missing:
         confirm = _duration(settings.lifecycle.deletion_confirm_seconds)
         print(f"{len(missing)} session(s) answer 404; each counts as deleted only after {confirm} of 404s")

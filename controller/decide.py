@@ -232,7 +232,9 @@ def decide(
         return Decision(Verdict.IGNORE, "session failed; no compute to release", gone=True)
     if record is not None and record.stopped:
         return _stopped(session, record, now, grace_seconds, retention_seconds, policy)
-    deadline = record.started_at + max_lifetime_seconds if record is not None and max_lifetime_seconds else None
+    deadline = (  # a restored sandbox's lifetime counts from its lineage's first start
+        record.lifetime_started_at + max_lifetime_seconds if record is not None and max_lifetime_seconds else None
+    )
     past_lifetime = deadline is not None and now > deadline
     lifetime_check = deadline + MARGIN_SECONDS if deadline is not None else None
     if not session.wants_connection:

@@ -109,6 +109,7 @@ def totals(rows: list[Row]) -> dict[str, Any]:
         "by_health": dict(sorted(Counter(r.health for r in rows).items())),
         "by_last_verdict": dict(sorted(Counter(r.last.verdict if r.last else "none" for r in rows).items())),
         "deletions_held": sum(1 for r in rows if r.last is not None and r.last.held),
+        "checkpoint_bytes": int(sum(r.suspended["size_bytes"] for r in rows if r.suspended is not None)),
     }
 
 

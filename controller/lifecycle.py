@@ -205,7 +205,13 @@ def observe(sid: str, deps: Deps) -> Observation:
     if record is None:
         found = deps.runner.find(sid)
         if found is not None:
-            record = Record(sid, found.environment_id, found, found.created_at or deps.clock.now())
+            record = Record(
+                sid,
+                found.environment_id,
+                found,
+                found.created_at or deps.clock.now(),
+                lineage_started_at=found.lineage_started_at or None,
+            )
             adopted = True
     health = deps.runner.status(record.handle) if record else None
     link = None
@@ -437,6 +443,7 @@ def _start(lease: Lease, session: Session, record: Record | None, now: float, pr
             started_at=now,
             disconnected_at=now,  # not seen connected yet: the grace period starts now
             prestarted=prestart,
+            lineage_started_at=handle.lineage_started_at or None,  # restored: its lifetime goes on
         ),
     )
     log.info("sandbox started", extra={"sandbox": handle.name, "generation": handle.generation})

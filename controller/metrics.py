@@ -76,6 +76,14 @@ each worker or switch to prometheus_client's multiprocess mode.
         local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: starts of a session that had
         a checkpoint; outcome: ``restored`` (its processes and memory came back) |
         ``fresh_start`` (the restore was impossible: a new executor on the same workspace)
+    controller_checkpoints_refused_total{reason}
+        local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: suspensions whose image did not
+        fit, so the sandbox was stopped instead (its workspace kept); reason: ``cap`` (every image
+        together would pass ``CONTROLLER_CHECKPOINT_MAX_PERCENT`` of the state volume) |
+        ``reserve`` (less than ``CONTROLLER_CHECKPOINT_RESERVE_PERCENT`` of it would stay free)
+    controller_checkpoint_bytes (gauge, the scheduler, read at scrape)
+        local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: bytes of every checkpoint's
+        images on the state volume
     controller_cold_starts_total{template, reason}
         the cold ones among them, by why: ``pool_empty`` (the template's pool had no pod to
         claim) | ``no_pool`` (the template has none) | ``workspace_directory`` (the session
@@ -145,6 +153,8 @@ WORK_PENDING = "controller_work_pending"
 TIMERS_PENDING = "controller_timers_pending"
 PLACEMENTS_TOTAL = "controller_sandbox_placements_total"
 RESUMES_TOTAL = "controller_sandbox_resumes_total"
+CHECKPOINTS_REFUSED_TOTAL = "controller_checkpoints_refused_total"
+CHECKPOINT_BYTES = "controller_checkpoint_bytes"
 WARM_PODS = "controller_warm_pods"
 WARM_POOL_TARGET = "controller_warm_pool_target"
 WARM_POD_SECONDS_TOTAL = "controller_warm_pod_seconds_total"
@@ -242,6 +252,13 @@ class Metrics:
                 ("outcome",),
                 registry=self.registry,
             ),
+            CHECKPOINTS_REFUSED_TOTAL: Counter(
+                CHECKPOINTS_REFUSED_TOTAL,
+                "Suspensions whose checkpoint image did not fit on the state volume (so the sandbox was "
+                "stopped), by reason: cap or reserve.",
+                ("reason",),
+                registry=self.registry,
+            ),
             START_FAILURES_TOTAL: Counter(
                 START_FAILURES_TOTAL,
                 "Sandbox starts that failed, by kind: transient (retried while the session asks) or "
@@ -297,7 +314,10 @@ class Metrics:
         (histogram.labels(**labels) if labels else histogram).observe(value)
 
 
-GAUGE_HELP = {SANDBOXES_RUNNING: "Sandboxes the runner manages, as the active scheduler last counted them."}
+GAUGE_HELP = {
+    SANDBOXES_RUNNING: "Sandboxes the runner manages, as the active scheduler last counted them.",
+    CHECKPOINT_BYTES: "Bytes of every checkpoint's images on the local runner's state volume.",
+}
 
 
 def _operations_counters(registry: CollectorRegistry) -> dict[str, Counter]:
@@ -336,6 +356,20 @@ class QueueCollector(Collector):
             except Exception:
                 continue
             yield GaugeMetricFamily(name, help_text, value=value)
+
+
+class ReadGauge(Collector):
+    """One gauge read when scraped (left out of a scrape whose read fails)."""
+
+    def __init__(self, name: str, help_text: str, read: Callable[[], float]) -> None:
+        self._name, self._help, self._read = name, help_text, read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        try:
+            value = self._read()
+        except Exception:
+            return
+        yield GaugeMetricFamily(self._name, self._help, value=value)
 
 
 class WarmPoolCollector(Collector):

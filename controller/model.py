@@ -122,6 +122,9 @@ class Handle:
     uid: str = ""  # pod UID or process id: distinguishes two sandboxes of one name
     environment_id: str = ""  # the environment its executor serves
     created_at: float = 0.0  # when the sandbox was created (Unix seconds; 0 when unknown)
+    lineage_started_at: float = 0.0
+    """A sandbox restored from a checkpoint: when the first sandbox of its lineage started (Unix
+    seconds), its maximum lifetime's start; 0: this sandbox started its lineage."""
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,10 @@ class Record:
     """A look could not read the link (the API failed) while the grace clock ran: the next look
     that sees it down starts the clock again (``decide._looked``)."""
     link_looked_at: float | None = None
+    lineage_started_at: float | None = None
+    """A sandbox restored from a checkpoint (``Handle.lineage_started_at``): when its lineage's
+    first sandbox started; its maximum lifetime counts from there, not from this restore. None:
+    from ``started_at``."""
     """When the last look that saw the link down while the grace clock ran was made: a look
     that comes much later than the looks' cadence (its reads retried past an API incident, say)
     may have missed the link coming back, so it starts the clock again (``decide._looked``)."""
@@ -175,6 +182,11 @@ class Record:
     @property
     def stopped(self) -> bool:
         return self.stopped_at is not None
+
+    @property
+    def lifetime_started_at(self) -> float:
+        """When its maximum lifetime counts from: its lineage's first start (restored), or its own."""
+        return self.started_at if self.lineage_started_at is None else self.lineage_started_at
 
 
 @dataclass(frozen=True)

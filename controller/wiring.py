@@ -33,9 +33,12 @@ from controller.errors import ConfigError, StoreUnavailable
 from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
+    CHECKPOINT_BYTES,
+    CHECKPOINTS_REFUSED_TOTAL,
     COLD_STARTS_TOTAL,
     DECISIONS_TOTAL,
     DELETIONS_HELD_TOTAL,
+    GAUGE_HELP,
     PLACEMENTS_TOTAL,
     PRESTARTS_SKIPPED_TOTAL,
     RESUMES_TOTAL,
@@ -46,6 +49,7 @@ from controller.metrics import (
     Counters,
     Metrics,
     QueueCollector,
+    ReadGauge,
     WarmPoolCollector,
     multiprocess_registry,
     process_exited,
@@ -155,7 +159,8 @@ def local_runner(settings: Settings, counters: Counters | None = None) -> LocalR
     """Child processes on this machine; raises ConfigError (exit 2) for an unsafe state
     directory or an executor user it cannot switch to (``preflight`` said so already). With
     ``CONTROLLER_IDLE_SUSPEND=checkpoint``, idle sandboxes are checkpointed with CRIU; with
-    ``counters``, each start of a session that had a checkpoint is counted by outcome."""
+    ``counters``, each start of a session that had a checkpoint is counted by outcome, and each
+    suspension whose image did not fit by reason."""
     assert settings.runner.executor_key is not None  # Settings.require checked it
     checkpointing = settings.runner.local_idle_suspend == "checkpoint"
     return LocalRunner(
@@ -165,6 +170,12 @@ def local_runner(settings: Settings, counters: Counters | None = None) -> LocalR
         run_as=executor_identity(settings),
         criu=settings.runner.criu if checkpointing else None,
         on_resume=(lambda outcome: counters.inc(RESUMES_TOTAL, outcome=outcome)) if counters else lambda outcome: None,
+        max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
+        checkpoint_max_percent=settings.runner.checkpoint_max_percent,
+        checkpoint_reserve_percent=settings.runner.checkpoint_reserve_percent,
+        on_checkpoint_refused=(
+            (lambda reason: counters.inc(CHECKPOINTS_REFUSED_TOTAL, reason=reason)) if counters else lambda reason: None
+        ),
     )
 
 
@@ -492,10 +503,14 @@ def _pool_process_exited(pid: int | None = None, **_: Any) -> None:
 
 
 def scheduler_metrics(settings: Settings, parts: SchedulerParts) -> Metrics:
-    """The scheduler's registry: the standard process metrics plus the queue gauges, read at scrape."""
+    """The scheduler's registry: the standard process metrics plus the queue gauges, read at
+    scrape (and, local runner checkpointing, the checkpoint images' bytes on its state volume)."""
     found = parts.metrics  # the registry ``on_sweep`` sets the running-sandboxes gauge in
     depth = partial(parts.client.llen, queue.QUEUE)
     found.registry.register(QueueCollector(depth, parts.store.pending_count, parts.store.timer_count))
+    if isinstance(parts.runner, LocalRunner) and settings.runner.local_idle_suspend == "checkpoint":
+        images = ReadGauge(CHECKPOINT_BYTES, GAUGE_HELP[CHECKPOINT_BYTES], parts.runner.checkpoint_bytes)
+        found.registry.register(images)
     return found
 
 

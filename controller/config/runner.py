@@ -51,6 +51,13 @@ class RunnerSettings(Printable):
     ``runners/checkpoint.py``; a fresh start whenever that is impossible)."""
     criu: str = "criu"
     """The CRIU binary (``CONTROLLER_CRIU``: a path, or a name on PATH) for ``checkpoint``."""
+    checkpoint_max_percent: float = 25.0
+    """Local runner, ``checkpoint``: the sum of every session's checkpoint images may take at
+    most this share of the state directory's volume (its size); a dump that would pass it is
+    not made: the sandbox is stopped instead (``runners/checkpoint.py``: ``Room``)."""
+    checkpoint_reserve_percent: float = 20.0
+    """Local runner, ``checkpoint``: the share of the state directory's volume that must stay
+    free after a dump, for live workspaces; a dump that would leave less is not made."""
     local_allow_redis_without_password: bool = False
     """Local runner: allow executors of another uid beside a Redis URL without a password (only
     when Redis is out of their reach: another host behind a firewall, a socket they cannot
@@ -90,6 +97,12 @@ def runner(r: Reader, runner: str, suspend: str) -> RunnerSettings:
         ),
         local_idle_suspend=suspend,
         criu=r.text("CRIU", RunnerSettings.criu),
+        checkpoint_max_percent=r.number(
+            "CHECKPOINT_MAX_PERCENT", RunnerSettings.checkpoint_max_percent, float, 0.0, 100.0
+        ),
+        checkpoint_reserve_percent=r.number(
+            "CHECKPOINT_RESERVE_PERCENT", RunnerSettings.checkpoint_reserve_percent, float, 0.0, 100.0
+        ),
     )
 
 

@@ -19,11 +19,35 @@ are always free there: no clash with whatever took the old numbers meanwhile.
 
 **Dump** (``dump``): ``criu dump -t <pid 1 of the namespace>`` writes the images and kills the
 tree (nothing of the sandbox runs after it; its memory is freed). Established TCP connections
-are not kept (``--tcp-close``): the executor's link to the API is restored closed and the
-executor reconnects by itself, as after any lost link (L14). **Restore** (``restore``):
+are not kept (``--tcp-close``): the executor reconnects by itself, as after any lost link (L14).
+
+**The reconnect after a restore** (issue 37): codex 0.171.0 waits a backoff before each
+reconnect that grows with every drop (about 1, 2, 3–5, 6–8, 10–15, then 15–30 s) and is never
+reset, not by a link up for 70 s nor by a new registration (measured: RELIABILITY.md). Dumped
+with its link up, each restore made it see one more drop, and wait longer than the last time.
+So the runner shuts the executor's link down just before the dump (``close_links``): the
+executor is dumped asleep in its backoff, and the restore moves the sandbox's clocks on
+(``advance_clocks``; the sandbox has a time namespace of its own) by as long as it was
+suspended and at least ``CLOCK_CATCH_UP_SECONDS`` (``runners/local.py``), more than codex's
+longest backoff: the restored executor finds its backoff over and reconnects at once, however
+many suspensions came before and however short they were. What every process of the sandbox
+sees: its monotonic and boot-time clocks jump by that much at each restore (a ``sleep`` due
+meanwhile ends at once); wall-clock time is the host's.
+
+**Restore** (``restore``):
 ``criu restore --restore-detached`` brings the tree back and returns the new outer pid of its
 first process; the images are then removed by the caller. Errors are ``CheckpointFailed`` with
 the reason (the end of CRIU's log): the caller falls back to a fresh start.
+
+**Room** (``Room``, ``refusal``): images live on the state directory's volume, beside the live
+sessions' workspaces. Before a dump the runner estimates the image from the tree's memory
+(``tree_memory``: each process's anonymous and shared resident pages and its swap, an upper
+bound of what CRIU writes) and makes no dump that would take the sum of images past
+``max_percent`` of the volume's size (``cap``) or leave less than ``reserve_percent`` of it free
+(``reserve``); the same check runs on the written images (``refusal`` with their real size), which
+are removed when they pass it after all. An image that does not fit is not written: the sandbox
+is stopped the ordinary way and keeps its workspace; images already there are never dropped for
+it (docs/lifecycle.md: the rule and its cost).
 
 ``host_can_checkpoint`` runs ``criu check``: whether this host can checkpoint at all, with the
 reason in one line (``check-config`` prints it).
@@ -31,8 +55,10 @@ reason in one line (``check-config`` prints it).
 
 from __future__ import annotations
 
+import ctypes
 import os
 import shutil
+import socket
 import subprocess
 import time
 from collections.abc import Sequence
@@ -42,12 +68,19 @@ from pathlib import Path
 __all__ = [
     "CheckpointFailed",
     "Dumped",
+    "Room",
+    "advance_clocks",
+    "close_links",
     "dump",
     "has_sys_resource",
     "host_can_checkpoint",
     "image_size",
+    "namespace_processes",
     "pid_namespace_argv",
+    "refusal",
     "restore",
+    "tree_memory",
+    "volume",
 ]
 
 _CHECK_SECONDS = 30.0
@@ -114,15 +147,16 @@ def has_sys_resource() -> bool:
 
 def pid_namespace_argv(argv: Sequence[str], identity: tuple[int, int] | None) -> list[str]:
     """``argv`` run as pid 2 of a new pid namespace (pid 1: a root ``unshare --fork`` waiting
-    for it, session leader there), as ``identity`` (uid, gid; None: this process's own), its
-    stderr joined to its stdout."""
+    for it, session leader there), and of a new time namespace where the kernel has them, as
+    ``identity`` (uid, gid; None: this process's own), its stderr joined to its stdout."""
     drop = (
         []
         if identity is None
         else ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
     )
     redirect = ["sh", "-c", 'exec "$@" 2>&1', "sh"]
-    return ["unshare", "--pid", "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
+    time = ["--time"] if Path("/proc/self/ns/time").exists() else []  # its clocks, moved on at restore
+    return ["unshare", "--pid", *time, "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
 
 
 def image_size(images: Path) -> int:
@@ -131,6 +165,187 @@ def image_size(images: Path) -> int:
         return sum(entry.stat().st_size for entry in images.iterdir() if entry.is_file())
     except OSError:
         return 0
+
+
+@dataclass(frozen=True)
+class Room:
+    """What the state volume holds for checkpoints: its size and free bytes (``volume``), and
+    the sum of every checkpoint's images on it now."""
+
+    size_bytes: int
+    free_bytes: int
+    images_bytes: int
+
+
+def volume(path: Path) -> tuple[int, int]:
+    """(size, free bytes an unprivileged writer may use) of the filesystem holding ``path``."""
+    found = os.statvfs(path)
+    return found.f_blocks * found.f_frsize, found.f_bavail * found.f_frsize
+
+
+def refusal(room: Room, image_bytes: int, max_percent: float, reserve_percent: float) -> str | None:
+    """Why an image of ``image_bytes`` must not be (or stay) written, or None when it fits:
+    ``cap`` (every image together would pass ``max_percent`` of the volume) or ``reserve`` (less
+    than ``reserve_percent`` of the volume would be left free for live workspaces). ``room``
+    counts neither the image nor its space as used yet."""
+    if room.images_bytes + image_bytes > room.size_bytes * max_percent / 100:
+        return "cap"
+    if room.free_bytes - image_bytes < room.size_bytes * reserve_percent / 100:
+        return "reserve"
+    return None
+
+
+def namespace_processes(leader: int) -> list[int]:
+    """Every process in the pid namespace whose pid 1 is ``leader`` (as seen here): the tree a
+    dump writes, processes that left the executor's session (``setsid``) included."""
+    try:
+        namespace = os.readlink(f"/proc/{leader}/ns/pid")
+    except OSError:
+        return []
+    found = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry.name}/ns/pid") == namespace:
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
+_MEMORY_FIELDS = ("RssAnon:", "RssShmem:", "VmSwap:")
+
+
+def tree_memory(pids: Sequence[int]) -> int:
+    """Bytes of memory of ``pids`` an image holds at most: anonymous and shared resident pages
+    and swap, each process counted whole (pages shared after a fork counted in each: an upper
+    bound), plus 1 MiB per process for what CRIU writes beside the pages."""
+    total = 0
+    for pid in pids:
+        try:
+            lines = Path(f"/proc/{pid}/status").read_text().splitlines()
+        except OSError:
+            continue
+        total += 2**20 + sum(int(line.split()[1]) * 1024 for line in lines if line.startswith(_MEMORY_FIELDS))
+    return total
+
+
+_ESTABLISHED = "01"
+_PIDFD_GETFD = 438  # the syscall's number on x86-64 and arm64 alike (Linux 5.6)
+
+
+def _established_sockets() -> set[int]:
+    """Inodes of the TCP sockets established in this network namespace (the sandbox's)."""
+    found = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        for line in lines:
+            fields = line.split()
+            if len(fields) > 9 and fields[3] == _ESTABLISHED:
+                found.add(int(fields[9]))
+    return found
+
+
+def close_links(pids: Sequence[int], executable: str) -> int:
+    """Shut down every established TCP connection the processes of ``pids`` running
+    ``executable`` (a file name: the executor's own processes, not the commands it runs) hold:
+    the executor's link to the API, and its registration's keep-alive connection. Each is taken
+    with ``pidfd_getfd`` and shut down both ways, so the executor sees its link lost now, as
+    after any drop (L14), and sleeps its reconnect backoff; the number shut down."""
+    established = _established_sockets()
+    libc = ctypes.CDLL(None, use_errno=True)
+    closed = 0
+    for pid in pids:
+        try:
+            if os.path.basename(os.readlink(f"/proc/{pid}/exe")) != executable:
+                continue
+            descriptors = os.listdir(f"/proc/{pid}/fd")
+        except OSError:
+            continue
+        for name in descriptors:
+            try:
+                target = os.readlink(f"/proc/{pid}/fd/{name}")
+            except OSError:
+                continue
+            if not target.startswith("socket:[") or int(target[8:-1]) not in established:
+                continue
+            try:
+                pidfd = os.pidfd_open(pid)
+            except OSError:
+                continue
+            try:
+                copy = libc.syscall(_PIDFD_GETFD, pidfd, int(name), 0)
+                if copy < 0:
+                    continue
+                with socket.socket(fileno=copy) as taken:
+                    taken.shutdown(socket.SHUT_RDWR)
+                closed += 1
+            except OSError:
+                continue
+            finally:
+                os.close(pidfd)
+    return closed
+
+
+def _varint(data: bytes, at: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[at]
+        value |= (byte & 0x7F) << shift
+        at += 1
+        if byte < 0x80:
+            return value, at
+        shift += 7
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, value = value & 0x7F, value >> 7
+        out.append(byte | (0x80 if value else 0))
+        if not value:
+            return bytes(out)
+
+
+def _advanced_timespec(data: bytes, seconds: int) -> bytes:
+    """A ``timespec`` message (1: tv_sec, 2: tv_nsec, varints) with ``seconds`` added to tv_sec."""
+    out, at = bytearray(), 0
+    while at < len(data):
+        key, at = _varint(data, at)
+        value, at = _varint(data, at)
+        out += _encode_varint(key) + _encode_varint(value + seconds if key >> 3 == 1 else value)
+    return bytes(out)
+
+
+def advance_clocks(images: Path, seconds: int) -> bool:
+    """Move the monotonic and boot-time clocks of the checkpoint's time namespace forward by
+    ``seconds``: CRIU restores that namespace's clocks where they stood at the dump, so without
+    this the tree sees no time pass while suspended. False when the checkpoint has no time
+    namespace image (or an unreadable one): its clocks are then left as they are."""
+    for image in images.glob("timens-*.img"):
+        raw = image.read_bytes()
+        if len(raw) < 12:
+            return False
+        size = int.from_bytes(raw[8:12], "little")
+        entry, out, at = raw[12 : 12 + size], bytearray(), 0
+        try:
+            while at < len(entry):
+                key, at = _varint(entry, at)
+                length, at = _varint(entry, at)
+                field = entry[at : at + length]
+                at += length
+                if key & 7 != 2:
+                    return False
+                field = _advanced_timespec(field, seconds)  # 1: monotonic, 2: boottime
+                out += _encode_varint(key) + _encode_varint(len(field)) + field
+        except IndexError:
+            return False
+        image.write_bytes(raw[:8] + len(out).to_bytes(4, "little") + bytes(out) + raw[12 + size :])
+        return True
+    return False
 
 
 def _log_tail(log: Path, lines: int = 3) -> str:

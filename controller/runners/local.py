@@ -53,9 +53,13 @@ each sandbox then runs in a pid namespace of its own, and its recorded leader is
 namespace's pid 1 (a root ``unshare --fork`` that waits for the executor, pid 2, and exits with
 it), session leader of the sandbox as above; ``sandbox.json`` says ``"pid_namespace": true``.
 ``suspend`` dumps the namespace into ``checkpoint/`` (``suspended.json`` beside it: when, how
-big, for which environment) and removes ``sandbox.json``; the next ``ensure`` restores it as the
-new generation's sandbox, or starts afresh when it cannot. ``discard`` removes the checkpoint
-with the workspace.
+big, for which environment, and when its lineage's first sandbox started) and removes
+``sandbox.json``; the next ``ensure`` restores it as the new generation's sandbox, carrying that
+first start (``Handle.lineage_started_at``: the maximum lifetime counts from it), or starts afresh
+when it cannot, or when the lineage is past its maximum lifetime. A dump is made only when its
+image fits the room checkpoints have on the state volume (``checkpoint.refusal``; one dump at a
+time, under ``checkpoints.lock``); one that does not is a plain stop. ``discard`` removes the
+checkpoint with the workspace.
 
 Its environment is built from scratch: PATH, HOME, CODEX_API_KEY (the environment key, L2)
 and SANDBOX_WORKSPACE; the controller's own variables (its API key among them) never reach it.
@@ -92,6 +96,14 @@ log = logs.get(__name__)
 _SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
 _STOP_WAIT_SECONDS = 5.0
 _KILL_WAIT_SECONDS = 5.0
+EXECUTOR_EXECUTABLE = "codex"
+"""The executor's own binary (codex's native one): its link is shut down before a dump."""
+LINK_NOTICE_SECONDS = 0.1
+"""How long the executor is given to see its link shut down before the dump (codex's first
+reconnect comes 0.5 s or more after a drop, so the dump finds it asleep in its backoff)."""
+CLOCK_CATCH_UP_SECONDS = 60
+"""A restored sandbox's clocks are moved on by at least this much (more when it was suspended
+longer: as long as it was), so a reconnect backoff it slept in (codex's: 30 s at most) is over."""
 
 
 def session_key(session_id: str) -> str:
@@ -292,13 +304,22 @@ class LocalRunner:
         run_as: RunAs | UidRange | None = None,
         criu: str | None = None,
         on_resume: Callable[[str], None] = lambda outcome: None,
+        max_lifetime_seconds: float | None = None,
+        checkpoint_max_percent: float = 25.0,
+        checkpoint_reserve_percent: float = 20.0,
+        on_checkpoint_refused: Callable[[str], None] = lambda reason: None,
     ) -> None:
         """``run_as``: the user every executor runs as, or the range each session's executor gets
         its own uid from; None runs them as this process's own uid (the settings allow that
         only on an explicit opt-in). ``criu``: the CRIU binary when an idle sandbox is to be
         checkpointed rather than stopped (``CONTROLLER_IDLE_SUSPEND=checkpoint``; executors then
         run in a pid namespace each, ``runners/checkpoint.py``); ``on_resume`` is called with
-        ``restored`` or ``fresh_start`` for each start of a session that had a checkpoint."""
+        ``restored`` or ``fresh_start`` for each start of a session that had a checkpoint.
+        ``max_lifetime_seconds``: a checkpoint whose lineage started longer ago than this is not
+        restored (a fresh start instead). ``checkpoint_max_percent`` and
+        ``checkpoint_reserve_percent``: the room checkpoints may take on the state volume
+        (``checkpoint.refusal``); ``on_checkpoint_refused`` is called with the reason (``cap`` or
+        ``reserve``) for each suspension whose image did not fit, so the sandbox was stopped."""
         state = Path(state_directory)
         prepare_state_directory(state, traversable=run_as is not None)
         self._dir_mode = stat.S_IMODE(state.stat().st_mode)  # 0700, or 0711 when executors must reach in
@@ -313,6 +334,9 @@ class LocalRunner:
         self._children: dict[int, subprocess.Popen[bytes]] = {}
         self._criu = criu
         self._on_resume = on_resume
+        self._max_lifetime = max_lifetime_seconds
+        self._checkpoint_percent = (checkpoint_max_percent, checkpoint_reserve_percent)
+        self._on_checkpoint_refused = on_checkpoint_refused
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -361,41 +385,96 @@ class LocalRunner:
                 return  # already gone, or a newer sandbox: not ours
             if self._in_pid_namespace(directory) and self._leader_alive(current):
                 pid, _ = self._leader(current)
-                images = directory / "checkpoint"
-                try:
-                    dumped = checkpoint.dump(self._criu, pid, images)
-                except checkpoint.CheckpointFailed as exc:
-                    self._drop_checkpoint(directory)
-                    log.warning(
-                        "checkpoint failed, executor stopped instead",
-                        extra={"session_id": handle.session_id, "sandbox": handle.name, "reason": str(exc)},
-                    )
-                else:
-                    _write_private(
-                        directory / "suspended.json",
-                        json.dumps(
-                            {
-                                "suspended_at": time.time(),
-                                "size_bytes": dumped.size_bytes,
-                                "environment_id": current.environment_id,
-                            }
-                        ),
-                    )
-                    suspended = True
-                    log.info(
-                        "executor suspended",
-                        extra={
-                            "session_id": handle.session_id,
-                            "sandbox": handle.name,
-                            "dump_seconds": round(dumped.seconds, 3),
-                            "size_bytes": dumped.size_bytes,
-                        },
-                    )
+                with self._room_locked():  # one dump at a time on the volume: each sees the others' images
+                    suspended = self._dump(directory, current, pid)
             self._stop(current)  # whatever the dump left (nothing, once it succeeded)
             (directory / "sandbox.json").unlink(missing_ok=True)
             self._reap()
         if not suspended:
             log.info("executor stopped", extra={"session_id": handle.session_id, "sandbox": handle.name})
+
+    def _dump(self, directory: Path, current: Handle, pid: int) -> bool:
+        """Checkpoint the tree led by ``pid`` when its image fits (``checkpoint.refusal``, before
+        the dump on its estimate, after it on its size); whether it was kept."""
+        images = directory / "checkpoint"
+        where = {"session_id": current.session_id, "sandbox": current.name}
+        estimate = checkpoint.tree_memory(checkpoint.namespace_processes(pid))
+        refused = checkpoint.refusal(self._room(directory), estimate, *self._checkpoint_percent)
+        if refused is not None:
+            self._refused(refused, estimate, False, where)
+            return False
+        tree = checkpoint.namespace_processes(pid)
+        if checkpoint.close_links(tree, EXECUTOR_EXECUTABLE):  # dumped asleep in its backoff, not linked
+            time.sleep(LINK_NOTICE_SECONDS)
+        try:
+            dumped = checkpoint.dump(self._criu or "criu", pid, images)
+        except checkpoint.CheckpointFailed as exc:
+            self._drop_checkpoint(directory)
+            log.warning("checkpoint failed, executor stopped instead", extra={**where, "reason": str(exc)})
+            return False
+        room = self._room(directory)
+        room = checkpoint.Room(room.size_bytes, room.free_bytes + dumped.size_bytes, room.images_bytes)
+        refused = checkpoint.refusal(room, dumped.size_bytes, *self._checkpoint_percent)
+        if refused is not None:  # larger than its estimate: removed (its tree is gone already)
+            self._drop_checkpoint(directory)
+            self._refused(refused, dumped.size_bytes, True, where)
+            return False
+        _write_private(
+            directory / "suspended.json",
+            json.dumps(
+                {
+                    "suspended_at": time.time(),
+                    "size_bytes": dumped.size_bytes,
+                    "environment_id": current.environment_id,
+                    "lineage_started_at": current.lineage_started_at or current.created_at,
+                }
+            ),
+        )
+        log.info(
+            "executor suspended",
+            extra={**where, "dump_seconds": round(dumped.seconds, 3), "size_bytes": dumped.size_bytes},
+        )
+        return True
+
+    def _refused(self, reason: str, size: int, written: bool, where: dict[str, str]) -> None:
+        """One line and one count for an image that did not fit (``checkpoint.refusal``)."""
+        size_bytes, free_bytes = checkpoint.volume(self._root)
+        log.warning(
+            "checkpoint refused, executor stopped instead",
+            extra={
+                **where,
+                "reason": reason,
+                "image_bytes": size,
+                "written": written,  # True: the dump was made, larger than estimated, and removed
+                "images_bytes": self.checkpoint_bytes(),
+                "volume_bytes": size_bytes,
+                "free_bytes": free_bytes,
+                "max_percent": self._checkpoint_percent[0],
+                "reserve_percent": self._checkpoint_percent[1],
+            },
+        )
+        self._on_checkpoint_refused(reason)
+
+    def _room(self, directory: Path) -> checkpoint.Room:
+        """The state volume's size and free space, and the images of every session but ``directory``'s."""
+        size_bytes, free_bytes = checkpoint.volume(self._root)
+        others = self.checkpoint_bytes(but=directory)
+        return checkpoint.Room(size_bytes, free_bytes, others)
+
+    def checkpoint_bytes(self, but: Path | None = None) -> int:
+        """Bytes of every session's checkpoint images on the state volume (``but``'s left out)."""
+        return sum(checkpoint.image_size(d / "checkpoint") for d in self._root.glob("*") if d != but)
+
+    @contextmanager
+    def _room_locked(self) -> Iterator[None]:
+        """Held around a dump (after the session's own lock, never the other way round), so two
+        workers' dumps never both count on the same free room."""
+        descriptor = os.open(self._root.parent / "checkpoints.lock", os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(descriptor)
 
     def suspended(self, session_id: str) -> dict[str, float] | None:
         """The session's checkpoint: ``size_bytes`` and ``suspended_at``; None when it has none."""
@@ -491,6 +570,7 @@ class LocalRunner:
             uid=f"{data['pid']}:{data['start_ticks']}",
             environment_id=data.get("environment_id", ""),
             created_at=float(data.get("created_at", 0.0)),
+            lineage_started_at=float(data.get("lineage_started_at", 0.0)),
         )
 
     @staticmethod
@@ -559,6 +639,14 @@ class LocalRunner:
                 raise checkpoint.CheckpointFailed("checkpointing is off (CONTROLLER_IDLE_SUSPEND=stop)")
             if saved.get("environment_id") != spec.environment_id:
                 raise checkpoint.CheckpointFailed("the checkpoint is of another environment (or its record is lost)")
+            lineage = float(saved.get("lineage_started_at") or saved["suspended_at"])
+            if self._max_lifetime and time.time() - lineage >= self._max_lifetime:
+                raise checkpoint.CheckpointFailed(
+                    f"its lineage started {time.time() - lineage:.0f}s ago, past the maximum lifetime "
+                    f"({self._max_lifetime:g}s): a fresh sandbox starts its own"
+                )
+            suspended_for = time.time() - float(saved.get("suspended_at", time.time()))
+            checkpoint.advance_clocks(images, max(CLOCK_CATCH_UP_SECONDS, round(suspended_for)))
             pid = checkpoint.restore(self._criu, images)
             found = proc_stat(pid)
             if found is None or not found.running:
@@ -572,7 +660,7 @@ class LocalRunner:
             self._on_resume("fresh_start")
             return None
         self._drop_checkpoint(directory)
-        handle = self._record(directory, spec, generation, pid, found.start_ticks, time.time())
+        handle = self._record(directory, spec, generation, pid, found.start_ticks, time.time(), lineage)
         log.info(
             "executor restored",
             extra={
@@ -587,9 +675,18 @@ class LocalRunner:
         return handle
 
     def _record(
-        self, directory: Path, spec: SandboxSpec, generation: int, pid: int, ticks: int, created_at: float
+        self,
+        directory: Path,
+        spec: SandboxSpec,
+        generation: int,
+        pid: int,
+        ticks: int,
+        created_at: float,
+        lineage_started_at: float = 0.0,
     ) -> Handle:
-        """Write ``sandbox.json`` for the sandbox led by ``pid`` and return its handle."""
+        """Write ``sandbox.json`` for the sandbox led by ``pid`` and return its handle;
+        ``lineage_started_at``: a restored sandbox's first start (its maximum lifetime counts
+        from there), carried from its checkpoint; 0 for a sandbox that starts its lineage."""
         _write_private(directory / "session", spec.session_id)
         name = f"executor-{session_key(spec.session_id)}-g{generation}"
         _write_private(
@@ -604,6 +701,7 @@ class LocalRunner:
                     "name": name,
                     "environment_id": spec.environment_id,
                     "created_at": created_at,
+                    "lineage_started_at": lineage_started_at,
                     "pid_namespace": self._criu is not None,
                 }
             ),
@@ -615,6 +713,7 @@ class LocalRunner:
             uid=f"{pid}:{ticks}",
             environment_id=spec.environment_id,
             created_at=created_at,
+            lineage_started_at=lineage_started_at,
         )
 
     def _namespace_leader(self, launcher: int) -> int | None:

@@ -593,6 +593,7 @@ def _record_fields(record: Record) -> dict[str, str]:
         "prestarted": "1" if record.prestarted else "0",
         "link_unknown": "1" if record.link_unknown else "0",
         "link_looked_at": "" if record.link_looked_at is None else repr(record.link_looked_at),
+        "lineage_started_at": "" if record.lineage_started_at is None else repr(record.lineage_started_at),
     }
 
 
@@ -618,6 +619,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         prestarted=data.get("prestarted") == "1",
         link_unknown=data.get("link_unknown") == "1",
         link_looked_at=_optional_time(data.get("link_looked_at")),
+        lineage_started_at=_optional_time(data.get("lineage_started_at")),
     )
 
 

@@ -7,7 +7,9 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -15,7 +17,8 @@ import pytest
 
 from controller.model import Handle, SandboxSpec
 from controller.runners.checkpoint import has_sys_resource
-from controller.runners.local import LocalRunner, proc_stat, session_key
+from controller.runners.checkpoint import volume as checkpoint_volume
+from controller.runners.local import CLOCK_CATCH_UP_SECONDS, LocalRunner, proc_stat, session_key
 from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
 from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
@@ -289,3 +292,188 @@ def test_a_checkpoint_without_a_criu_to_restore_it_falls_back_to_a_fresh_start(
         assert not (directory / "checkpoint").exists()
     finally:
         other.stop_all()
+
+
+# The executor of the room tests: holds MiB of random bytes (as many as its first argument)
+# in memory, writes "ready" into its workspace once they are filled, then waits.
+HOLDER = """
+import os, sys, time
+kept = bytearray(os.urandom(int(sys.argv[1]) * 2**20))
+open("ready", "w").close()
+while True:
+    time.sleep(1)
+"""
+
+
+@pytest.fixture
+def volume(tmp_path: Path) -> Iterator[Path]:
+    """A 256 MiB tmpfs to hold the state directory: a small state volume."""
+    mount = tmp_path / "volume"
+    mount.mkdir()
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=256m,mode=0700", "tmpfs", str(mount)], capture_output=True, text=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=False)
+
+
+def holder_runner(
+    tmp_path: Path, state: Path, mebibytes: int, refused: list[str], outcomes: list[str], **limits: float
+) -> LocalRunner:
+    script = tmp_path / "holder.py"
+    script.write_text(HOLDER)
+    return LocalRunner(
+        state,
+        [sys.executable, str(script), str(mebibytes)],
+        "envkey",
+        criu=criu_binary(),
+        on_resume=outcomes.append,
+        on_checkpoint_refused=refused.append,
+        **limits,  # type: ignore[arg-type]
+    )
+
+
+def held_spec(session_id: str) -> SandboxSpec:
+    return SandboxSpec(session_id=session_id, environment_id="env_" + session_id, remote_url="https://remote.test/e")
+
+
+def ready(state: Path, session_id: str) -> bool:
+    return (state / "sessions" / session_key(session_id) / "workspace" / "ready").exists()
+
+
+def test_the_checkpoint_images_never_pass_their_cap(
+    tmp_path: Path, volume: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37 (6): two idle sessions holding 48 MiB each, a cap of 25 % of a 256 MiB state
+    volume (64 MiB): the first is suspended with its memory; the second's image would take the
+    images past the cap, so it is not written: that sandbox is stopped the ordinary way (nothing
+    of it left, its workspace kept), counted ``cap``, and the images stay under the cap. Its next
+    start is fresh; the first still resumes with its memory."""
+    state = volume / "state"
+    refused: list[str] = []
+    outcomes: list[str] = []
+    runner = holder_runner(tmp_path, state, 48, refused, outcomes, checkpoint_max_percent=25.0)
+    try:
+        first = runner.ensure(held_spec("sess_a"), 1)
+        second = runner.ensure(held_spec("sess_b"), 1)
+        wait_for(lambda: ready(state, "sess_a") and ready(state, "sess_b"), 30, "both holders to fill their memory")
+        runner.suspend(first)
+        assert runner.suspended("sess_a") is not None and refused == []
+        pids = runner.processes(second)
+        runner.suspend(second)
+        assert refused == ["cap"]
+        assert (
+            runner.suspended("sess_b") is None
+            and not (state / "sessions" / session_key("sess_b") / "checkpoint").exists()
+        )
+        assert runner.live() == [] and not [p for p in pids if alive(p)]
+        assert runner.keeps_workspace("sess_b")
+        cap = checkpoint_volume(state)[0] * 0.25
+        assert 0 < runner.checkpoint_bytes() <= cap
+        [line] = [r for r in caplog.records if r.getMessage() == "checkpoint refused, executor stopped instead"]
+        assert line.__dict__["reason"] == "cap" and line.__dict__["session_id"] == "sess_b"
+        runner.ensure(held_spec("sess_b"), 2)  # no checkpoint: a fresh start, nothing counted
+        runner.ensure(held_spec("sess_a"), 2)
+        assert outcomes == ["restored"]
+    finally:
+        runner.stop_all()
+
+
+def test_a_dump_that_would_leave_less_than_the_reserve_free_is_not_written(tmp_path: Path, volume: Path) -> None:
+    """Issue 37 (6): with a live workspace's file filling the 256 MiB state volume to 40 MiB
+    free, a 48-MiB sandbox is not dumped (20 % of the volume, 51 MiB, must stay free): it is
+    stopped, counted ``reserve``, nothing is written, and the live workspace keeps its room."""
+    state = volume / "state"
+    refused: list[str] = []
+    runner = holder_runner(tmp_path, state, 48, refused, [], checkpoint_max_percent=100.0)
+    try:
+        handle = runner.ensure(held_spec("sess_a"), 1)
+        wait_for(lambda: ready(state, "sess_a"), 30, "the holder to fill its memory")
+        _, free = checkpoint_volume(state)
+        filler = volume / "live-workspace-file"
+        with open(filler, "wb") as out:
+            out.write(b"\0" * (free - 40 * 2**20))
+        runner.suspend(handle)
+        assert refused == ["reserve"]
+        assert runner.live() == [] and runner.suspended("sess_a") is None
+        assert not (state / "sessions" / session_key("sess_a") / "checkpoint").exists()
+        assert runner.checkpoint_bytes() == 0
+        assert checkpoint_volume(state)[1] >= 39 * 2**20  # the room the live workspace had is still free
+    finally:
+        runner.stop_all()
+
+
+def test_a_restored_sandbox_carries_its_lineages_first_start_and_one_past_its_lifetime_starts_fresh(
+    made: tuple[LocalRunner, Path, list[str]], tmp_path: Path
+) -> None:
+    """Issue 37 (7): a restore is not a new sandbox for the maximum lifetime: the restored
+    handle carries its lineage's first start (suspended again and restored, still the same); a
+    checkpoint whose lineage is past ``max_lifetime_seconds`` is not restored: a fresh start
+    (its own lineage, a new memory), counted ``fresh_start``."""
+    runner, directory, outcomes = made
+    first = runner.ensure(spec(), 1)
+    wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
+    token = ask(directory)[0]
+    runner.suspend(first)
+    second = runner.ensure(spec(), 2)
+    assert outcomes == ["restored"] and second.lineage_started_at == first.created_at
+    runner.suspend(second)
+    third = runner.ensure(spec(), 3)
+    assert outcomes == ["restored", "restored"] and third.lineage_started_at == first.created_at
+    assert runner.find("sess_1") == third  # what an adopting worker reads carries it too
+    runner.suspend(third)
+
+    lifetime = 2.0
+    other = LocalRunner(
+        tmp_path / "state",
+        [sys.executable, str(tmp_path / "fake_executor.py")],
+        "envkey",
+        criu=criu_binary(),
+        on_resume=outcomes.append,
+        max_lifetime_seconds=lifetime,
+    )
+    try:
+        wait_for(lambda: time.time() - first.created_at > lifetime, 10, "the lineage to pass its lifetime")
+        (directory / "workspace" / "port").unlink()
+        fourth = other.ensure(spec(), 4)
+        assert outcomes[-1] == "fresh_start" and fourth.lineage_started_at == 0.0
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
+        assert ask(directory)[0] != token
+    finally:
+        other.stop_all()
+
+
+# The executor of the clock test: writes its monotonic clock into its workspace every 50 ms.
+CLOCK = """
+import os, time
+while True:
+    with open("clock.partial", "w") as f:
+        f.write(repr(time.monotonic()))
+    os.rename("clock.partial", "clock")
+    time.sleep(0.05)
+"""
+
+
+def test_a_restored_sandbox_finds_its_clocks_moved_on_past_any_reconnect_backoff(tmp_path: Path) -> None:
+    """Issue 37 (8): the sandbox runs in a time namespace of its own, and a restore moves its
+    monotonic clock on by at least ``CLOCK_CATCH_UP_SECONDS`` (longer than codex's longest
+    reconnect backoff), even after a suspension of a second: a backoff it was dumped asleep in
+    is over when it wakes."""
+    script = tmp_path / "clock.py"
+    script.write_text(CLOCK)
+    runner = LocalRunner(tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary())
+    clock = tmp_path / "state" / "sessions" / session_key("sess_1") / "workspace" / "clock"
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(clock.exists, 15, "the executor to write its clock")
+        runner.suspend(first)
+        before = float(clock.read_text())
+        runner.ensure(spec(), 2)
+        wait_for(lambda: float(clock.read_text()) != before, 15, "the restored executor to write its clock")
+        assert float(clock.read_text()) - before >= CLOCK_CATCH_UP_SECONDS
+    finally:
+        runner.stop_all()

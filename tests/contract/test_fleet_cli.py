@@ -106,7 +106,7 @@ def test_status_and_explain_read_and_never_act(
     assert sorted(client.keys("sc:*")) == keys_before
     assert run(env, "status") == {
         "sessions": [],
-        "totals": {"sessions": 0, "by_health": {}, "by_last_verdict": {}, "deletions_held": 0},
+        "totals": {"sessions": 0, "by_health": {}, "by_last_verdict": {}, "deletions_held": 0, "checkpoint_bytes": 0},
         "not_found_since": {},
         "held": [],
     }
@@ -140,6 +140,7 @@ def test_status_and_explain_read_and_never_act(
         "by_health": {"gone": 1},
         "by_last_verdict": {"start": 1},
         "deletions_held": 0,
+        "checkpoint_bytes": 0,
     }
 
     explained = run(env, "explain", session.id)

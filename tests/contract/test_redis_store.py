@@ -796,6 +796,9 @@ def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
     looked = replace(blind, link_unknown=False, link_looked_at=1_700_000_003.25)  # L14: the last look that saw it down
     store.save(lease, looked)
     assert store.record(sid) == looked
+    restored = replace(looked, lineage_started_at=1_699_999_000.5)  # issue 37: a restored lineage's first start
+    store.save(lease, restored)
+    assert store.record(sid) == restored
 
 
 def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:

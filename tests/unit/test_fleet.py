@@ -150,5 +150,6 @@ def test_status_lists_every_mapped_session_with_its_last_decision() -> None:
         "by_health": {"failed": 1, "running": 1},
         "by_last_verdict": {"keep": 1, "none": 1},
         "deletions_held": 0,
+        "checkpoint_bytes": 0,
     }
     assert world.runner.calls == []

@@ -12,7 +12,7 @@ from controller import cli, fleet
 from controller.config import Settings
 from controller.decide import Verdict
 from controller.errors import ConfigError
-from controller.model import Handle, LastDecision, SessionStatus
+from controller.model import Handle, LastDecision, SandboxSpec, SessionStatus
 from controller.runners.base import Suspends
 from controller.runners.checkpoint import host_can_checkpoint
 from tests.support.fakes import T0, FakeRunner, World, make_session, verdicts
@@ -155,3 +155,46 @@ def test_the_idle_suspend_setting_is_stop_or_checkpoint_and_checkpoint_only_with
         "CONTROLLER_IDLE_SUSPEND=checkpoint works with the local runner only; with CONTROLLER_RUNNER=kubernetes an "
         "idle sandbox is stopped (docs/kubernetes.md says what checkpointing pods would need)"
     ]
+
+
+@dataclass
+class RestoringRunner(SuspendingRunner):
+    """``SuspendingRunner`` whose next ``ensure`` of a suspended session restores it: the handle
+    carries its lineage's first start (``T0``: the world maps its first sandbox then)."""
+
+    def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
+        restored = self.checkpoints.pop(spec.session_id, None)
+        handle = super().ensure(spec, generation)
+        if restored is None:
+            return handle
+        handle = replace(handle, lineage_started_at=T0)
+        self.live[spec.session_id].handle = handle
+        return handle
+
+
+def test_a_restored_sandbox_is_stopped_at_its_lineages_lifetime_not_its_restores() -> None:
+    """Issue 37 (7), L11: a lifetime of 100 s; the sandbox started at T0 is suspended idle at
+    T0+10 and restored by a connection request at T0+50. Its record keeps the lineage's first
+    start, so at T0+120 (70 s after the restore, 120 s after the first start) it is replaced for
+    its lifetime, while the executor is connected (without the lineage: kept until T0+150)."""
+    runner = RestoringRunner()
+    world = world_with(runner, idle_timeout=5.0, max_lifetime=100.0)
+    world.sessions.put(make_session(status=SessionStatus.IDLE, actions=(), last_active_at=int(T0)))
+    world.mapped()
+    world.clock.advance(10)
+    assert verdicts(world.deliver()) == [Verdict.STOP]
+    assert runner.calls == [("suspend", "sess_1", 1)]
+
+    world.clock.advance(40)
+    world.sessions.put(make_session(last_active_at=int(world.clock.now())))
+    world.deliver()
+    record = world.store.record("sess_1")
+    assert record is not None and record.handle.generation == 2 and not record.stopped
+    assert record.lineage_started_at == T0 and record.started_at == T0 + 50
+    world.sessions.connected["env_1"] = True
+
+    world.clock.advance(70)
+    assert verdicts(world.deliver())[0] is Verdict.REPLACE
+    assert world.stopped[-1] == "lifetime"
+    record = world.store.record("sess_1")
+    assert record is not None and record.lineage_started_at is None  # the replacement starts its own
