@@ -465,6 +465,10 @@ def asgi_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
         pytest.param({**WELL_FORMED, "webhook-timestamp": "soon"}, id="garbled-timestamp"),
         pytest.param({**WELL_FORMED, "webhook-signature": "v2,abc"}, id="no-v1-entry"),
         pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 5000}, id="huge"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1,not*base64!"}, id="not-base64"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1,AAAA"}, id="short-digest"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 43 + "*"}, id="digest-length-not-base64"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 43}, id="digest-without-padding"),
     ],
 )
 def test_headers_that_cannot_be_genuine_are_refused_before_the_body(
