@@ -7,6 +7,7 @@ every byte a connection sends is counted against a limit and every phase has a c
 - **head** (request line and headers, through the blank line): at most ``max_header_bytes``,
   counted byte for byte whatever the segmentation (431), complete within
   ``header_timeout_seconds`` of the connection opening or of the previous answer (closed);
+  at most ``MAX_BLANK_BYTES`` line ends before the request line (400);
 - **body**: read only while the app reads it. Up to ``BODY_BUFFER_BYTES`` wait for the app
   before reading pauses; a body the app did not read when it answered is not read at all (the
   connection closes after the answer). Complete, with its trailers, within
@@ -65,6 +66,9 @@ LINGER_MAX_BYTES = 256 * 1024
 OVER_CAPACITY_HEAD_SECONDS = 2.0
 """How long a connection beyond capacity has to send its head before it is closed (a 503 once it has)."""
 RETRY_AFTER_SECONDS = 1
+MAX_BLANK_BYTES = 8
+"""Line ends (``\\r`` or ``\\n``) ignored before a request line, four CRLFs: more get 400 and
+close, so a flood of them costs one read."""
 LOG_EVERY_SECONDS = 10.0
 SWEEP_SECONDS = 0.1
 """How often deadlines are looked at: each fires at most this late."""
@@ -238,6 +242,8 @@ class Connection(asyncio.BufferedProtocol):
         self.surplus = False
         self.reading = True
         self.lingered = 0
+        self.blank = 0
+        """Line ends dropped before this request's line (``MAX_BLANK_BYTES``)."""
         self.writable: asyncio.Future[None] | None = None
 
     # asyncio callbacks
@@ -326,8 +332,7 @@ class Connection(asyncio.BufferedProtocol):
                 return
             else:
                 if phase is Phase.IDLE:
-                    self._strip_blank_lines()
-                    if not self.buffer:
+                    if not self._strip_blank_lines() or not self.buffer:
                         return
                     self._enter(Phase.HEAD)
                 try:
@@ -343,12 +348,19 @@ class Connection(asyncio.BufferedProtocol):
                 self.searched = 0
                 self._begin(head)
 
-    def _strip_blank_lines(self) -> None:
+    def _strip_blank_lines(self) -> bool:
         """Drop line ends before a request line (RFC 9112 asks servers to ignore at least one),
-        in one cut: a client sending nothing else is closed at the header deadline."""
+        at most ``MAX_BLANK_BYTES`` of them per request: past that, 400 and close (a client
+        sending nothing else is cut off at its first read, not at the header deadline).
+        Whether the connection goes on."""
         blank = len(self.buffer) - len(self.buffer.lstrip(b"\r\n"))
         if blank:
             del self.buffer[:blank]
+            self.blank += blank
+            if self.blank > MAX_BLANK_BYTES:
+                self.refuse(400, "bad_request", "Too many empty lines before the request line.")
+                return False
+        return True
 
     def _begin(self, head: http1.Head) -> None:
         self._disarm()
@@ -402,6 +414,7 @@ class Connection(asyncio.BufferedProtocol):
             self.linger()
             return
         self.body = None
+        self.blank = 0
         self._enter(Phase.IDLE)
         self._arm(self.limits.header_timeout_seconds, self._head_expired)
         self._resume_reading()
