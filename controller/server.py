@@ -15,6 +15,10 @@ every byte a connection sends is counted against a limit and every phase has a c
   second shorter, so it answers first);
 - **trailers**: at most ``max_header_bytes`` (431), then dropped; chunk lines at most
   ``http1.MAX_CHUNK_LINE_BYTES`` (400);
+- **answers**: the next request (pipelined) is not read or parsed while part of an answer is
+  unsent — in the transport, or in the kernel's send queue because the client's window is full
+  — looked at again every ``SWEEP_SECONDS``; such a connection waits for its client (it may be
+  shed) and is reset at the header deadline (``answers_unread``), its queued answer dropped;
 - **reads** of at most ``READ_BYTES``, so one connection holds at most
   ``max_header_bytes + BODY_BUFFER_BYTES + READ_BYTES`` of the server's memory (the app's
   ``max_in_flight`` bodies are the app's).
@@ -43,8 +47,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import signal
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -80,6 +86,7 @@ REFUSAL_REASONS = (
     "body_timeout",
     "over_capacity",
     "shed",
+    "answers_unread",
     "app_error",
 )
 """The reasons ``on_refused`` is called with (``controller_receiver_refused_total``'s label values)."""
@@ -108,6 +115,8 @@ class Limits:
 _READ_BUFFER = bytearray(READ_BYTES)
 """One buffer every connection reads into (the loop runs one read at a time); copied out at once."""
 _READ_VIEW = memoryview(_READ_BUFFER)
+_SIOCOUTQNSD = 0x894B
+_RESET = struct.pack("ii", 1, 0)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY_STATUSES = frozenset({204, 304})
 _FRAMING_HEADERS = {
@@ -116,6 +125,18 @@ _FRAMING_HEADERS = {
     b"connection": "connection",
 }
 """Answer headers the server reads or replaces: it frames the body and says ``connection: close``."""
+
+
+def unsent_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes in the socket's send queue not yet sent (Linux ``SIOCOUTQNSD``: held back because
+    the peer's receive window is full); 0 where that cannot be asked."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))[0]
+    except (OSError, ValueError):
+        return 0
 
 
 class Phase:
@@ -160,6 +181,8 @@ class Server:
         self.refused = RefusalLog(on_refused or (lambda reason: None))
         self.open: dict[Connection, None] = {}  # insertion-ordered: oldest first
         self.surplus: dict[Connection, None] = {}
+        self.held: dict[Connection, None] = {}
+        """Connections whose next request waits for their answers to leave (``Connection._hold``)."""
         self.stopping = False
         self.date = b""
         self._date_second = -1
@@ -192,6 +215,7 @@ class Server:
         """``connection`` is closed: its slot is free."""
         self.open.pop(connection, None)
         self.surplus.pop(connection, None)
+        self.held.pop(connection, None)
 
     def sweep(self) -> None:
         """Run the deadlines that have passed. Every ``SWEEP_SECONDS``: one timer for all
@@ -202,6 +226,8 @@ class Server:
             for each in due:
                 each.deadline = None
                 each.on_deadline()
+        for each in list(self.held):
+            each.release()
 
     def protocol(self) -> Connection:
         return Connection(self)
@@ -334,6 +360,9 @@ class Connection(asyncio.BufferedProtocol):
                 if phase is Phase.IDLE:
                     if not self._strip_blank_lines() or not self.buffer:
                         return
+                    if self.served and self._answer_unsent():
+                        self._hold()
+                        return
                     self._enter(Phase.HEAD)
                 try:
                     end = http1.head_end(self.buffer, self.searched, limits.max_header_bytes)
@@ -347,6 +376,27 @@ class Connection(asyncio.BufferedProtocol):
                 del self.buffer[:end]
                 self.searched = 0
                 self._begin(head)
+
+    def _answer_unsent(self) -> bool:
+        """Part of an answer is still here, in the transport or in the kernel's send queue
+        unsent: the client is not reading what it asked for."""
+        transport = self.transport
+        return transport is not None and (transport.get_write_buffer_size() > 0 or unsent_bytes(transport) > 0)
+
+    def _hold(self) -> None:
+        """Read nothing and render nothing more until the answers written have left (``Server.sweep``
+        looks again): a client that pipelines requests and reads no answer costs one answer."""
+        self._pause_reading()
+        self.server.held[self] = None
+
+    def release(self) -> None:
+        """``Server.sweep``: the answers held for have left, or the connection ended."""
+        if self.transport is None or self.transport.is_closing() or self.phase is not Phase.IDLE:
+            self.server.held.pop(self, None)
+        elif not self._answer_unsent():
+            self.server.held.pop(self, None)
+            self._resume_reading()
+            self._advance()
 
     def _strip_blank_lines(self) -> bool:
         """Drop line ends before a request line (RFC 9112 asks servers to ignore at least one),
@@ -465,7 +515,11 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None:
             return
-        if transport.get_write_buffer_size():
+        if self._answer_unsent():
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # a reset: the kernel drops what is queued rather than keep sending it
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             transport.abort()
         elif not transport.is_closing():
             transport.close()
@@ -473,7 +527,9 @@ class Connection(asyncio.BufferedProtocol):
         self.phase = Phase.LINGER
 
     def _head_expired(self) -> None:
-        if self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):
+        if self in self.server.held:
+            self.server.refused("answers_unread")
+        elif self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):
             self.server.refused("header_timeout")  # keep-alive idle after an answer is no refusal
         self.abort()
 

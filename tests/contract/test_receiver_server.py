@@ -50,6 +50,7 @@ class Gate:
         self.opened = False
         self.waiting = 0
         self.big = 0
+        self.medium = 0
 
     async def hold(self, request: Request) -> PlainTextResponse:
         self.waiting += 1
@@ -59,6 +60,7 @@ class Gate:
 
 
 BIG = b"b" * 2**20
+MEDIUM = b"m" * 10_000  # about the size of the receiver's /metrics
 
 
 def make_app(gate: Gate | None = None) -> Starlette:
@@ -68,12 +70,17 @@ def make_app(gate: Gate | None = None) -> Starlette:
         gate.big += 1
         return Response(BIG)
 
+    async def medium(request: Request) -> Response:
+        gate.medium += 1
+        return Response(MEDIUM)
+
     return Starlette(
         routes=[
             Route("/", echo, methods=["GET", "POST"]),
             Route("/healthz", healthz, methods=["GET", "POST"]),
             Route("/hold", gate.hold, methods=["GET"]),
             Route("/big", big, methods=["GET"]),
+            Route("/medium", medium, methods=["GET"]),
         ]
     )
 
@@ -508,6 +515,37 @@ def test_a_client_that_never_reads_its_answers_is_not_served_without_end() -> No
         wait_for(lambda: gate.big > 0, 10, "the first answer")
         wait_for(lambda: running.open_connections() == 0, 15, "the connection to be closed")
         assert 0 < gate.big < 50, gate.big
+
+
+def test_a_client_that_pipelines_and_never_reads_gets_few_answers_rendered() -> None:
+    """L3: 500 pipelined requests for a 10 KB answer each, never read, by a client with a small
+    receive window: once an answer cannot leave (the client's window is full), the next request
+    is neither parsed nor answered, so only a handful are rendered (not the ~64 KiB the
+    transport holds plus the kernel's send queue of them); at the header deadline the
+    connection is reset and counted ``answers_unread``."""
+    gate = Gate()
+    limits = server.Limits(max_connections=5, max_header_bytes=CAP, header_timeout_seconds=1.0)
+    with ServerThread(make_app(gate), limits) as running:
+        client = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        client.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # before connect: the window
+        with client:
+            client.settimeout(10)
+            client.connect(("127.0.0.1", running.port))
+            client.sendall((head(target="/medium") + b"\r\n") * 500)
+            wait_for(lambda: gate.medium > 0, 10, "the first answer")
+            wait_for(lambda: running.open_connections() == 0, 10, "the connection to be closed")
+            assert gate.medium <= 4, gate.medium
+            wait_for(lambda: running.refused["answers_unread"] == 1, 10, "the cut-off to be counted")
+
+
+def test_pipelined_requests_of_a_client_that_reads_are_all_answered(port: int) -> None:
+    """Holding the next request until the answers have left costs a reading client nothing: 50
+    pipelined requests for 10 KB answers, read as they come, are all answered."""
+    with connect(port) as client:
+        client.sendall((head(target="/medium") + b"\r\n") * 49 + head("Connection: close", target="/medium") + b"\r\n")
+        received, ended = read_until_closed(client, 10.0)
+    assert statuses_in(received) == ["HTTP/1.1 200 OK"] * 50
+    assert ended == "closed"
 
 
 def test_a_client_sending_only_blank_lines_gets_400_at_once(running: ServerThread) -> None:
