@@ -11,7 +11,8 @@ a delivery is genuine when any entry matches any secret. Every entry is compared
 every secret's signature (constant-time, no early exit), so timing does not reveal which matched.
 
 ``Verifier.precheck`` runs the checks that need no body (headers present and well formed,
-timestamp in the window, at least one ``v1`` entry that is the base64 of a 32-byte digest), so a receiver can refuse a delivery before reading its body;
+timestamp in the window, at least one ``v1`` entry that is the base64 of a 32-byte digest),
+so a receiver can refuse a delivery before reading its body;
 ``Verifier.verify_signed`` then checks the window again and the HMAC over the raw body.
 
 ``FileVerifier`` takes its secrets from a file (a mounted Kubernetes Secret) and reads it again

@@ -259,7 +259,8 @@ def test_verifier_needs_a_valid_secret() -> None:
 )
 def test_precheck_refuses_without_a_body(broken: dict[str, str | None]) -> None:
     """L3: what can be told from the headers alone (missing, garbled, oversized, outside the
-    window, no v1 entry that is the base64 of a SHA-256 digest) is refused by the pre-check, exactly as verify refuses it."""
+    window, no v1 entry that is the base64 of a SHA-256 digest) is refused by the pre-check,
+    exactly as verify refuses it."""
     delivery: dict[str, str] = {k: v for k, v in {**spec_headers(), **broken}.items() if v is not None}
     verifier = Verifier([SPEC_SECRET])
     with pytest.raises(SignatureError) as early:
