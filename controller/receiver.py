@@ -29,8 +29,8 @@ A bug (any other exception) also answers 503: the sender retries and the event i
 it is logged with its traceback and counted as ``outcome="error"``. The receiver never
 answers 410 (that asks OpenAI to disable the endpoint) and no other 5xx.
 
-``GET /healthz`` (process alive), ``GET /readyz`` (``inbox.ready()``), and ``GET /metrics``
-when ``counters`` is a ``metrics.Metrics``.
+``GET /healthz`` (process alive) and ``GET /readyz`` (``inbox.ready()``). ``GET /metrics`` is not
+here: ``serve`` serves it on ``CONTROLLER_METRICS_PORT``, off the public port.
 """
 
 from __future__ import annotations
@@ -261,13 +261,6 @@ def create_app(services: ReceiverServices) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    counters = services.counters
-    if isinstance(counters, Metrics):
-
-        async def metrics(request: Request) -> Response:
-            return Response(counters.render(), media_type=counters.content_type)
-
-        routes.append(Route("/metrics", metrics, methods=["GET"]))
     app = ReceiverApp(routes, webhooks)
     app.state.services = services
     return app

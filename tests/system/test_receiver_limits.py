@@ -116,6 +116,7 @@ class Receiver:
     process: Managed
     redis: RedisServer
     port: int
+    metrics_port: int
 
     @property
     def url(self) -> str:
@@ -140,16 +141,21 @@ def receiver(tmp_path: Path) -> Iterator[Receiver]:
         resource.setrlimit(resource.RLIMIT_NOFILE, (FILES_NEEDED, hard))
     directory = tmp_path
     redis_server = RedisServer(directory / "redis").start()
-    port = free_port()
+    port, metrics_port = free_port(), free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-    env.update(CHART.env, CONTROLLER_REDIS_URL=redis_server.url, CONTROLLER_WEBHOOK_SECRETS=SECRET)
+    env.update(
+        CHART.env,
+        CONTROLLER_REDIS_URL=redis_server.url,
+        CONTROLLER_WEBHOOK_SECRETS=SECRET,
+        CONTROLLER_METRICS_PORT=str(metrics_port),
+    )
     process = Managed(
         "receiver",
-        python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
+        python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1"),
         env,
         directory / "receiver.log",
     ).start()
-    world = Receiver(process, redis_server, port)
+    world = Receiver(process, redis_server, port, metrics_port)
     try:
         wait_for(lambda: port_open(port), 30, "receiver to listen")
         yield world
@@ -457,7 +463,7 @@ def test_endless_trailers_on_every_route_are_cut_off_with_memory_bounded(receive
     assert max(sending) < 15.0, f"a client could send trailers for {max(sending):.1f} s"
     assert outcomes["hung"] == 0, outcomes
     assert statuses and statuses[-1] == 200, statuses
-    assert metric_value(receiver.port, 'controller_receiver_refused_total{reason="trailers_too_large"}') > 0
+    assert metric_value(receiver.metrics_port, 'controller_receiver_refused_total{reason="trailers_too_large"}') > 0
 
 
 async def trickling_body_holder(port: int, seconds: float) -> str:

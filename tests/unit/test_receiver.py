@@ -384,12 +384,15 @@ def test_one_log_line_per_outcome_with_bound_ids(client: TestClient, log_output:
         assert needle not in output
 
 
-def test_metrics_endpoint(client: TestClient) -> None:
-    """L5: outcomes are counted and exposed for Prometheus."""
+def test_outcomes_are_counted_and_metrics_are_not_on_the_public_app(client: TestClient, metrics: Metrics) -> None:
+    """L5: outcomes are counted for Prometheus, in the registry ``serve`` exposes on
+    CONTROLLER_METRICS_PORT; the public app has no ``/metrics`` (a client of the webhook
+    endpoint gets no 10 KB answer for a 40-byte request)."""
     post(client, "environment_connection")
     post(client, "in_progress", webhook_id="msg_late")
     post(client, "idle", webhook_id="msg_idle")
-    text = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 404
+    text = metrics.render().decode()
     assert 'controller_webhooks_total{outcome="enqueued",reason="environment_connection"} 1.0' in text
     assert 'controller_webhooks_total{outcome="ignored",reason="late_signal"} 1.0' in text
     assert 'controller_webhooks_total{outcome="enqueued",reason="session_idle"} 1.0' in text
