@@ -78,6 +78,9 @@ DEFAULT_MAX_IN_FLIGHT = 100
 MAX_SESSION_ID_CHARS = MAX_ID_CHARS
 """Longer session ids are refused (422): none the Agents API issues comes close."""
 _MAX_LOGGED_CHARS = 256
+LOG_EVERY_SECONDS = 10.0
+"""A rejection or busy line is written at most this often per reason, with the count since the
+last (``logs.Throttle``): an unsigned flood costs no log volume; the metric counts every one."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class ReceiverServices:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     prestart: bool = False
     """Enqueue self-hosted session creations too (``events.classify``; some agents pre-start)."""
+    log_every: logs.Throttle = field(default_factory=lambda: logs.Throttle(LOG_EVERY_SECONDS))
+    """Which rejection and busy lines are written (``LOG_EVERY_SECONDS``)."""
 
     @classmethod
     def from_settings(
@@ -284,7 +289,9 @@ async def _receive(
         return _rejected(services, exc, close=True)  # the body is never read
     slot = in_flight.take()
     if slot is None:
-        log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy"})
+        count = services.log_every.count("unavailable.busy")
+        if count:
+            log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy", "count": count})
         services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
         return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
     try:
@@ -452,11 +459,19 @@ def rejection_reason(exc: RejectDelivery) -> str:
 
 def _rejected(services: ReceiverServices, exc: RejectDelivery, close: bool = False) -> Answer:
     reason = rejection_reason(exc)
-    # Messages name headers and limits, never their values, the body or a secret.
-    log.warning(
-        "webhook.rejected",
-        extra={"outcome": "rejected", "reason": reason, "detail": str(exc), "status_code": exc.status_code},
-    )
+    count = services.log_every.count(f"rejected.{reason}")
+    if count:
+        # Messages name headers and limits, never their values, the body or a secret.
+        log.warning(
+            "webhook.rejected",
+            extra={
+                "outcome": "rejected",
+                "reason": reason,
+                "detail": str(exc),
+                "status_code": exc.status_code,
+                "count": count,
+            },
+        )
     services.counters.inc(WEBHOOKS_TOTAL, outcome="rejected", reason=reason)
     headers = {"Connection": "close"} if close else None
     return Answer.json({"status": "rejected", "reason": reason, "detail": str(exc)}, exc.status_code, headers)

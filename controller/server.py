@@ -157,19 +157,16 @@ class RefusalLog:
 
     def __init__(self, on_refused: Callable[[str], None]) -> None:
         self._on_refused = on_refused
-        self._pending: dict[str, int] = {}
-        self._logged_at: dict[str, float] = {}
+        self._throttle = logs.Throttle(LOG_EVERY_SECONDS)
 
     def __call__(self, reason: str) -> None:
         try:
             self._on_refused(reason)
         except Exception:
             log.exception("receiver.count_error")
-        self._pending[reason] = self._pending.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at.get(reason, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
-            log.warning("receiver.refused", extra={"reason": reason, "count": self._pending.pop(reason)})
-            self._logged_at[reason] = now
+        count = self._throttle.count(reason)
+        if count:
+            log.warning("receiver.refused", extra={"reason": reason, "count": count})
 
 
 class Server:

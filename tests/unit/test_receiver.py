@@ -497,6 +497,42 @@ def test_headers_that_cannot_be_genuine_are_refused_before_the_body(
     assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="signature") == 1
 
 
+def test_a_flood_of_refused_deliveries_writes_one_line_per_reason(
+    inbox: FakeInbox, clock: FakeClock, log_output: io.StringIO
+) -> None:
+    """L3: 200 unsigned deliveries (forged, stale) and 50 that find every slot taken cost one
+    warning per reason (``LOG_EVERY_SECONDS``), not one each: a client without the secret cannot
+    fill the log; the metric counts every one."""
+    metrics = Metrics()
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics, max_in_flight=1))
+
+    async def never() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def scenario() -> None:
+        stale = {**WELL_FORMED, "webhook-timestamp": str(NOW - 3600)}
+        for headers in [{**WELL_FORMED, "webhook-signature": "v1,forged"}, stale] * 100:
+            wire = [(k.encode(), v.encode()) for k, v in headers.items()]
+            await app(asgi_scope(wire), never, _discard)
+        async with anyio.create_task_group() as group:
+            group.start_soon(app, asgi_scope(WIRE_HEADERS), never, _discard)  # holds the only slot
+            await anyio.sleep(0.01)
+            for _ in range(50):
+                await app(asgi_scope(WIRE_HEADERS), never, _discard)
+            group.cancel_scope.cancel()
+
+    anyio.run(scenario)
+    lines = [(line["event"], line["reason"], line.get("count")) for line in lines_of(log_output)]
+    assert lines == [("webhook.rejected", "signature", 1), ("webhook.unavailable", "busy", 1)]
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="signature") == 200
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy") == 50
+
+
+async def _discard(message: dict[str, Any]) -> None:
+    pass
+
+
 def test_a_body_that_stalls_is_cut_off_at_the_deadline(inbox: FakeInbox, clock: FakeClock) -> None:
     """L3: a well-formed delivery whose body stops arriving gets 408 once the body deadline
     passes; the connection is closed and nothing is queued."""
