@@ -25,7 +25,8 @@ every byte a connection sends is counted against a limit and every phase has a c
 
 **Capacity** is ``max_connections`` open connections. When a connection arrives with all of
 them open, the one that has waited longest for its client (between requests, or with its head
-or body incomplete) is closed to make room ("shed"); only when every open connection is
+or body incomplete) is closed to make room ("shed") — but one receiving a body at a reasonable
+rate only when no other is waiting (``shed_order``); only when every open connection is
 being answered does the newcomer get ``503`` with ``Retry-After`` (after its head, within a
 short deadline) — so clients that do not finish never hold capacity a genuine delivery needs.
 
@@ -149,6 +150,25 @@ class Phase:
 
 WAITING_FOR_CLIENT = frozenset({Phase.IDLE, Phase.HEAD, Phase.BODY, Phase.LINGER})
 """Phases in which a connection waits for its client: the ones shed to make room."""
+BODY_GRACE_SECONDS = 1.0
+"""A body that began this recently is being received, whatever it has sent yet."""
+MIN_BODY_BYTES_PER_SECOND = 16 * 1024
+"""A body arriving at least this fast on average since its head is being received: a genuine
+sender's arrives in milliseconds; a 256 KiB body at this rate would take 16 s."""
+
+
+def shed_order(phase: str, since: float, body_bytes: int, now: float) -> tuple[int, float]:
+    """Which connection waiting for its client is shed first to make room (the least): one
+    answered and lingering, then the idle, those with a head incomplete and those trickling a
+    body — the longest waiting first —, and only then one receiving a body at a reasonable
+    rate (within ``BODY_GRACE_SECONDS`` of its head, or at ``MIN_BODY_BYTES_PER_SECOND``)."""
+    if phase is Phase.LINGER:
+        return (0, since)
+    if phase is Phase.BODY:
+        elapsed = now - since
+        if elapsed < BODY_GRACE_SECONDS or body_bytes >= MIN_BODY_BYTES_PER_SECOND * elapsed:
+            return (2, since)
+    return (1, since)
 
 
 class RefusalLog:
@@ -196,9 +216,10 @@ class Server:
         """Take a slot for ``connection``, shedding the longest-waiting connection if all are
         taken; False when every open connection is being answered (it is surplus)."""
         if len(self.open) >= self.limits.max_connections:
+            now = asyncio.get_running_loop().time()
             oldest = min(
                 (each for each in self.open if each.phase in WAITING_FOR_CLIENT),
-                key=lambda each: each.phase_since,
+                key=lambda each: shed_order(each.phase, each.phase_since, each.received - each.body_from, now),
                 default=None,
             )
             if oldest is None:
@@ -267,6 +288,9 @@ class Connection(asyncio.BufferedProtocol):
         self.lingered = 0
         self.blank = 0
         """Line ends dropped before this request's line (``MAX_BLANK_BYTES``)."""
+        self.received = 0
+        self.body_from = 0
+        """``received`` when the body began: the body's bytes so far are the difference."""
         self.writable: asyncio.Future[None] | None = None
 
     # asyncio callbacks
@@ -312,6 +336,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.abort()
             return
         self.buffer += _READ_VIEW[:nbytes]
+        self.received += nbytes
         self._advance()
 
     def eof_received(self) -> bool | None:
@@ -418,6 +443,7 @@ class Connection(asyncio.BufferedProtocol):
         cycle = self.cycle = Cycle(self, head, keep_alive)
         self.body = head.body
         if head.body is not None:
+            self.body_from = self.received - len(self.buffer)  # what followed the head in its read counts
             self._enter(Phase.BODY)
             self._arm(self.limits.body_timeout_seconds, self._body_expired)
         else:

@@ -456,6 +456,33 @@ def test_clients_that_never_finish_their_heads_are_shed_for_a_new_one() -> None:
                 each.close()
 
 
+def test_a_body_being_received_is_shed_after_the_idle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """L3, L5: a delivery whose head is in and whose body is on its way outlasts a churn of
+    connections that send nothing: with every slot taken, 40 new connections each shed an idle
+    one, never the delivery, which is answered 200 once its body comes. (The grace a body has
+    before it must show a rate is made long here, so the test's pace does not matter.)"""
+    monkeypatch.setattr(server, "BODY_GRACE_SECONDS", 60.0, raising=False)
+    limits = server.Limits(max_connections=10, max_header_bytes=CAP, header_timeout_seconds=60, body_timeout_seconds=60)
+    with ServerThread(make_app(), limits) as running, connect(running.port) as delivery:
+        delivery.sendall(head("Content-Length: 100", "Connection: close", method="POST") + b"\r\n")
+        idle: list[socket.socket] = []
+        try:
+            for _ in range(9):
+                idle.append(connect(running.port))
+            wait_for(lambda: running.open_connections() == 10, 10, "every slot to be taken")
+            for _ in range(40):
+                idle.append(connect(running.port))
+                idle[-1].sendall(b"G")  # a head begun, never finished
+            wait_for(lambda: running.refused["shed"] == 40, 10, "40 connections to be shed")
+            delivery.sendall(b"x" * 100)
+            received, _ = read_until_closed(delivery, 5.0)
+            assert statuses_in(received) == ["HTTP/1.1 200 OK"]
+            assert received.endswith(b"body 100")
+        finally:
+            for each in idle:
+                each.close()
+
+
 def test_beyond_capacity_of_answers_in_progress_a_request_gets_503_with_retry_after() -> None:
     """L5: when every slot holds a request being answered, a new request gets 503 with
     ``Retry-After`` (counted ``over_capacity``), and is served once a slot frees."""

@@ -210,3 +210,25 @@ def test_a_body_of_too_many_chunks_is_refused() -> None:
     assert b"".join(pieces) == b"a" * http1.MAX_CHUNKS
     with pytest.raises(http1.BadRequest):
         body.feed(b"1\r\na\r\n")
+
+
+def test_the_idle_are_shed_before_a_body_being_received() -> None:
+    """L5: the shedding order: lingering first, then idle, head-waiting and trickled bodies by
+    how long they waited, and a body arriving at a reasonable rate (or within its grace) last."""
+    now = 100.0
+    order = {
+        "lingering, newest": server.shed_order(server.Phase.LINGER, 99.9, 0, now),
+        "idle": server.shed_order(server.Phase.IDLE, 99.0, 0, now),
+        "head": server.shed_order(server.Phase.HEAD, 99.5, 0, now),
+        "body trickled for 5 s": server.shed_order(server.Phase.BODY, 95.0, 100, now),
+        "body just begun, nothing yet": server.shed_order(server.Phase.BODY, 90.0 + 9.7, 0, now),
+        "body at 64 KiB/s for 5 s": server.shed_order(server.Phase.BODY, 95.0, 5 * 64 * 1024, now),
+    }
+    assert sorted(order, key=order.__getitem__) == [
+        "lingering, newest",
+        "body trickled for 5 s",
+        "idle",
+        "head",
+        "body at 64 KiB/s for 5 s",
+        "body just begun, nothing yet",
+    ]
