@@ -715,6 +715,48 @@ def test_deliveries_beyond_max_in_flight_get_503_before_their_body_is_read(
     assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy") == 1
 
 
+def test_a_small_delivery_needs_no_slot_so_a_flood_holding_them_cannot_keep_it_out(
+    inbox: FakeInbox, clock: FakeClock, metrics: Metrics
+) -> None:
+    """L5: with every in-flight slot held by deliveries that declared 256 KiB and send nothing
+    more (a flood without the secret), a genuine delivery declaring its few-KiB body is read
+    without a slot and accepted (its body is no more than the server holds for any connection:
+    ``SLOTLESS_BODY_BYTES``); one declaring a body over that still gets 503 before its body."""
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, 256 * 1024, metrics, max_in_flight=2))
+    headers, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_genuine")
+    genuine = [(k.encode(), v.encode()) for k, v in headers.items()] + [(b"content-length", b"%d" % len(body))]
+    big = receiver_module.SLOTLESS_BODY_BYTES + 1
+    flood = [*WIRE_HEADERS, (b"content-length", b"%d" % big)]
+    answers: dict[str, int] = {}
+
+    async def stalled() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def whole() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def call(name: str, wire: list[tuple[bytes, bytes]], receive: Any) -> None:
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answers[name] = message["status"]
+
+        await app(asgi_scope(wire), receive, send)
+
+    async def scenario() -> None:
+        async with anyio.create_task_group() as group:
+            for index in range(2):
+                group.start_soon(call, f"flood{index}", flood, stalled)
+            await anyio.sleep(0.01)
+            await call("genuine", genuine, whole)
+            await call("large", flood, stalled)
+            group.cancel_scope.cancel()
+
+    anyio.run(scenario)
+    assert {name: answers[name] for name in ("genuine", "large")} == {"genuine": 200, "large": 503}
+    assert [job.webhook_id for job in inbox.jobs] == ["msg_genuine"]
+
+
 def test_max_in_flight_comes_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:
     """L5: CONTROLLER_WEBHOOK_MAX_IN_FLIGHT reaches the receiver."""
     settings = WebhookSettings(secrets=(Secret(SECRET),), max_in_flight=7)
