@@ -361,6 +361,20 @@ def test_a_body_not_complete_within_its_deadline_gets_408(running: ServerThread)
     wait_for(lambda: running.refused["body_timeout"] > before, 10, "the refusal to be counted")
 
 
+def test_a_body_of_tiny_chunks_gets_400_and_one_of_kib_chunks_is_served(running: ServerThread) -> None:
+    """L3: 4000 one-byte chunks (24 KB on the wire, 8.4 ms of the server's CPU) get 400 once
+    their chunks are not paid for with data, counted; 64 KiB in 1 KiB chunks is served."""
+    before = running.refused["bad_request"]
+    tiny = head("Transfer-Encoding: chunked", "Connection: close", method="POST") + b"\r\n"
+    statuses, ended = exchange(running.port, [tiny + b"1\r\na\r\n" * 4000 + b"0\r\n\r\n"])
+    assert statuses == ["HTTP/1.1 400 Bad Request"]
+    assert ended in {"closed", "reset"}
+    wait_for(lambda: running.refused["bad_request"] > before, 10, "the refusal to be counted")
+    chunk = b"400\r\n" + b"k" * 1024 + b"\r\n"
+    statuses, _ = exchange(running.port, [tiny + chunk * 64 + b"0\r\n\r\n"])
+    assert statuses == ["HTTP/1.1 200 OK"]
+
+
 def test_a_body_on_a_route_that_reads_none_is_not_read(running: ServerThread) -> None:
     """L3: ``GET /healthz`` declaring a 1 GB body is answered at once and its connection closed:
     the body is never read, whatever the client trickles after."""
