@@ -15,10 +15,11 @@ every byte a connection sends is counted against a limit and every phase has a c
   second shorter, so it answers first);
 - **trailers**: at most ``max_header_bytes`` (431), then dropped; chunk lines at most
   ``http1.MAX_CHUNK_LINE_BYTES`` (400);
-- **answers**: the next request (pipelined) is not read or parsed while part of an answer is
-  unsent — in the transport, or in the kernel's send queue because the client's window is full
-  — looked at again every ``SWEEP_SECONDS``; such a connection waits for its client (it may be
-  shed) and is reset at the header deadline (``answers_unread``), its queued answer dropped;
+- **answers**: the next request, when it came before the previous answer was written
+  (pipelined), is not read or parsed while part of that answer is unsent — in the transport,
+  or in the kernel's send queue because the client's window is full — looked at again every
+  ``SWEEP_SECONDS``; such a connection waits for its client (it may be shed) and is reset at
+  the header deadline (``answers_unread``), its queued answer dropped;
 - **reads** of at most ``READ_BYTES``, so one connection holds at most
   ``max_header_bytes + BODY_BUFFER_BYTES + READ_BYTES`` of the server's memory (the app's
   ``max_in_flight`` bodies are the app's).
@@ -288,6 +289,9 @@ class Connection(asyncio.BufferedProtocol):
         self.lingered = 0
         self.blank = 0
         """Line ends dropped before this request's line (``MAX_BLANK_BYTES``)."""
+        self.pipelined = False
+        """The next request's bytes were here when the last answer was written: before reading
+        it, look whether that answer has left (a syscall only a pipelining client costs)."""
         self.received = 0
         self.body_from = 0
         """``received`` when the body began: the body's bytes so far are the difference."""
@@ -382,7 +386,7 @@ class Connection(asyncio.BufferedProtocol):
                 if phase is Phase.IDLE:
                     if not self._strip_blank_lines() or not self.buffer:
                         return
-                    if self.served and self._answer_unsent():
+                    if self.pipelined and self._answer_unsent():
                         self._hold()
                         return
                     self._enter(Phase.HEAD)
@@ -436,6 +440,7 @@ class Connection(asyncio.BufferedProtocol):
 
     def _begin(self, head: http1.Head) -> None:
         self._disarm()
+        self.pipelined = False
         if self.surplus:
             self.refuse(503, "over_capacity", "The receiver is at capacity; retry later.")
             return
@@ -488,6 +493,7 @@ class Connection(asyncio.BufferedProtocol):
             return
         self.body = None
         self.blank = 0
+        self.pipelined = bool(self.buffer)  # the next request came before this answer left
         self._enter(Phase.IDLE)
         self._arm(self.limits.header_timeout_seconds, self._head_expired)
         self._resume_reading()
