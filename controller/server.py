@@ -136,9 +136,10 @@ def unsent_bytes(transport: asyncio.BaseTransport) -> int:
     if sock is None:
         return 0
     try:
-        return struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))[0]
+        (unsent,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))
     except (OSError, ValueError):
         return 0
+    return int(unsent)
 
 
 class Phase:
