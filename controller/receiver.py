@@ -308,7 +308,7 @@ async def _receive(
             return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
     try:
         try:
-            body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds, slot)
+            body = await read_body(receive, services.max_body_bytes, services.body_timeout_seconds, slot)
         except RejectDelivery as exc:
             return _rejected(services, exc, close=True)  # the rest of the body is never read
         if slot is not None:
@@ -382,16 +382,14 @@ async def _queued(services: ReceiverServices, verified: Verified, event: events.
 
 
 async def read_body(
-    headers: Mapping[str, str],
     receive: Receive,
     limit: int,
     timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS,
     slot: Reading | None = None,
 ) -> bytes:
-    """The raw body, or BodyTooLarge once more than ``limit`` bytes are declared or arrive, or
-    BodyTimeout when it has not all arrived within ``timeout_seconds`` (or ``slot`` was cut off
-    for a newer delivery: ``InFlight``)."""
-    declared_length(headers, limit)
+    """The raw body, or BodyTooLarge once more than ``limit`` bytes arrive (a declared length over
+    it is refused before, by ``declared_length``), or BodyTimeout when it has not all arrived
+    within ``timeout_seconds`` (or ``slot`` was cut off for a newer delivery: ``InFlight``)."""
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_seconds) as deadline:

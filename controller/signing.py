@@ -44,6 +44,7 @@ _PREFIX = "whsec_"
 _MAX_HEADER_CHARS = 4096
 _DIGEST_CHARS = 44
 """Standard base64 of a 32-byte HMAC-SHA256 digest, padding included."""
+_DIGEST_BYTES = hashlib.sha256().digest_size
 MIN_KEY_BYTES = 24
 """The shortest HMAC key taken (Standard Webhooks: 24 to 64 random bytes)."""
 
@@ -301,7 +302,7 @@ def _v1_entries(header: str) -> list[str]:
 def _is_digest(signature: str) -> bool:
     if len(signature) != _DIGEST_CHARS:
         return False
-    try:
-        return len(base64.b64decode(signature, validate=True)) == hashlib.sha256().digest_size
+    try:  # strict: base64 characters only, padding only at the end (base64's own check is a regex)
+        return len(binascii.a2b_base64(signature, strict_mode=True)) == _DIGEST_BYTES
     except (binascii.Error, ValueError):
         return False
