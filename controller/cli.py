@@ -30,7 +30,7 @@ from controller import (
 )
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
-from controller.metrics import RECEIVER_REFUSED_TOTAL, serve_metrics
+from controller.metrics import RECEIVER_REFUSED_TOTAL, Metrics, serve_metrics
 from controller.runners.checkpoint import host_can_checkpoint
 
 
@@ -111,6 +111,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # delivery in flight for 20-80 ms (bench/receiver_fastpath.py's p99).
     gc.freeze()
     counters = app.state.services.counters
+    if settings.metrics.port and isinstance(counters, Metrics):
+        # Off the public port: a client of the webhook endpoint gets no answer it did not pay for.
+        serve_metrics(counters.registry, args.metrics_host, settings.metrics.port)
     server.run(
         app,
         args.host,
@@ -292,11 +295,13 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser(
         "serve",
         help="run the webhook receiver",
-        description="Serve POST /webhooks, GET /healthz, /readyz and /metrics. Needs CONTROLLER_REDIS_URL "
+        description="Serve POST /webhooks, GET /healthz and /readyz, and GET /metrics on "
+        "CONTROLLER_METRICS_PORT (a port of its own). Needs CONTROLLER_REDIS_URL "
         "and CONTROLLER_WEBHOOK_SECRETS (or CONTROLLER_WEBHOOK_SECRETS_FILE).",
     )
     serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default 0.0.0.0)")
     serve.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    _metrics_host(serve)
     serve.set_defaults(func=cmd_serve)
 
     worker = sub.add_parser(

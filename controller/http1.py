@@ -7,9 +7,9 @@ body and trailers end, each counted against its limit. No I/O, no clock: bytes i
 - ``parse_head``: the head, through httptools (llhttp, strict: one Content-Length, no
   Content-Length beside Transfer-Encoding, ``chunked`` last): method, target, version,
   headers, keep-alive, and how the body is framed.
-- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length or by chunks; the chunk lines and
-  the number of chunks are bounded, and the trailers are counted against the head's cap, then dropped (no app here
-  reads trailers).
+- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length or by chunks; the chunk lines are
+  bounded, the chunks are paid for with data (``FREE_CHUNKS``, ``MIN_CHUNK_BYTES``), and the
+  trailers are counted against the head's cap, then dropped (no app here reads trailers).
 - ``answer``: a whole short answer (the server's own refusals).
 
 Errors carry the status and the refusal reason the server counts
@@ -26,9 +26,13 @@ import httptools
 _END = b"\r\n\r\n"
 MAX_CHUNK_LINE_BYTES = 1024
 """A chunk-size line (hex digits and any extensions) longer than this is refused (400)."""
-MAX_CHUNKS = 4096
-"""A body of more chunks than this is refused (400): each costs a turn of a Python loop, so a
-body of one-byte chunks would cost about 2 ms of CPU per KiB; at this bound, about 8 ms."""
+FREE_CHUNKS = 64
+MIN_CHUNK_BYTES = 1024
+"""Chunks are paid for with data: a body may have ``FREE_CHUNKS`` chunks, and one more for every
+``MIN_CHUNK_BYTES`` of data decoded before it; past that, 400. Each chunk costs a turn of a
+Python loop (about 2 µs), so a body of tiny chunks (4096 one-byte chunks cost 8.6 ms) is
+refused after 64, and a chunked body costs the server about as much CPU per byte as one
+framed by Content-Length (at most a turn per KiB)."""
 
 
 class FramingError(Exception):
@@ -204,6 +208,7 @@ class ChunkedBody:
         self._max_trailer_bytes = max_trailer_bytes
         self._trailer_bytes = 0
         self._chunks = 0
+        self._data_bytes = 0
 
     def feed(self, data: bytes | bytearray) -> tuple[list[bytes], int]:
         """The body bytes decoded from the start of ``data`` and how many bytes of it were the
@@ -217,6 +222,7 @@ class ChunkedBody:
                 pieces.append(bytes(data[at : at + taken]))
                 at += taken
                 self._remaining -= taken
+                self._data_bytes += taken
                 if not self._remaining:
                     self._state = self._DATA_END
                 continue
@@ -250,8 +256,8 @@ class ChunkedBody:
             self._remaining = int(digits, 16)
             self._state = self._DATA if self._remaining else self._TRAILERS
             self._chunks += 1
-            if self._chunks > MAX_CHUNKS:
-                raise BadRequest(f"more than {MAX_CHUNKS} chunks")
+            if self._chunks > FREE_CHUNKS + self._data_bytes // MIN_CHUNK_BYTES:
+                raise BadRequest(f"chunks too small: more than {FREE_CHUNKS} and one per {MIN_CHUNK_BYTES} bytes")
         elif not line:  # _TRAILERS: the blank line ends the body
             self.done = True
 

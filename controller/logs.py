@@ -13,7 +13,7 @@ import json
 import logging
 import sys
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 _context: contextvars.ContextVar[dict[str, Any]] = contextvars.ContextVar("log_context")
@@ -109,6 +109,30 @@ def redact(secrets: Iterable[str]) -> None:
     for handler in logging.getLogger().handlers:
         if isinstance(handler.formatter, JsonFormatter):
             handler.formatter.redact(secrets)
+
+
+class Throttle:
+    """How often a kind of line a client can cause is written: the first at once, then at most
+    one every ``seconds`` per key, carrying how many there were since the last written — so a
+    flood of refusals shows in the log (and in full in the metrics) without flooding it."""
+
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self._seconds = seconds
+        self._clock = clock
+        self._pending: dict[str, int] = {}
+        self._written_at: dict[str, float] = {}
+
+    def count(self, key: str) -> int:
+        """Count one line of ``key``: how many to report now (this one and those held back),
+        or 0 when nothing is to be written."""
+        pending = self._pending[key] = self._pending.get(key, 0) + 1
+        now = self._clock()
+        last = self._written_at.get(key)
+        if last is not None and 0 <= now - last < self._seconds:
+            return 0
+        self._written_at[key] = now
+        del self._pending[key]
+        return pending
 
 
 def get(name: str) -> logging.Logger:

@@ -16,7 +16,8 @@ each worker or switch to prometheus_client's multiprocess mode.
         ``trailers_too_large`` (431) | ``header_timeout`` (a head not complete in time: closed) |
         ``body_timeout`` (408) | ``over_capacity`` (503 with ``Retry-After``: every connection
         busy answering) | ``shed`` (the connection that waited longest for its client, closed to
-        make room for a new one) | ``app_error`` (500: a bug)
+        make room for a new one) | ``answers_unread`` (pipelined requests whose answers the
+        client did not read by the header deadline: reset) | ``app_error`` (500: a bug)
     controller_webhook_secrets_refused_total{reason}
         the receiver's secrets file changed but could not be used, so the last good secrets
         stay in use (``signing.FileVerifier``); reason: ``not_a_file`` | ``unreadable`` |

@@ -6,11 +6,14 @@ decides:
 1. check the signature headers without the body (``Verifier.precheck``: present, well
    formed, timestamp within the window; 401), so a delivery that cannot be genuine costs no
    body buffer;
-2. take one of ``max_in_flight`` slots for deliveries being read or handled at once — when all
-   are taken, cutting off (408) the delivery that has read its body longest, if for at least
-   ``READING_GRACE_SECONDS`` (``InFlight``) — or answer 503 with ``Retry-After`` (the sender
-   retries): each one may buffer a whole body, so this is what bounds the receiver's memory
-   under a flood;
+2. a delivery declaring a body of more than ``SLOTLESS_BODY_BYTES`` (or chunked) takes one of
+   ``max_in_flight`` slots for deliveries being read or handled at once — when all are taken,
+   cutting off (408) the delivery that has read its body longest, if for at least
+   ``READING_GRACE_SECONDS`` (``InFlight``) — or is answered 503 with ``Retry-After`` (the
+   sender retries): each one may buffer a whole body, so this is what bounds the receiver's
+   memory under a flood. A smaller declared body (a genuine delivery is a few KiB) needs no
+   slot: it is no more than the HTTP server holds for any connection, so a flood holding every
+   slot with bodies it never finishes does not keep genuine deliveries out;
 3. read the raw body, at most ``max_body_bytes`` (413; an over-cap ``Content-Length`` is
    refused before reading, a chunked body is cut off while streaming) and within
    ``body_timeout_seconds`` of the headers (408: a body trickled slowly holds no slot for long);
@@ -29,8 +32,8 @@ A bug (any other exception) also answers 503: the sender retries and the event i
 it is logged with its traceback and counted as ``outcome="error"``. The receiver never
 answers 410 (that asks OpenAI to disable the endpoint) and no other 5xx.
 
-``GET /healthz`` (process alive), ``GET /readyz`` (``inbox.ready()``), and ``GET /metrics``
-when ``counters`` is a ``metrics.Metrics``.
+``GET /healthz`` (process alive) and ``GET /readyz`` (``inbox.ready()``). ``GET /metrics`` is not
+here: ``serve`` serves it on ``CONTROLLER_METRICS_PORT``, off the public port.
 """
 
 from __future__ import annotations
@@ -78,6 +81,9 @@ DEFAULT_MAX_IN_FLIGHT = 100
 MAX_SESSION_ID_CHARS = MAX_ID_CHARS
 """Longer session ids are refused (422): none the Agents API issues comes close."""
 _MAX_LOGGED_CHARS = 256
+LOG_EVERY_SECONDS = 10.0
+"""A rejection or busy line is written at most this often per reason, with the count since the
+last (``logs.Throttle``): an unsigned flood costs no log volume; the metric counts every one."""
 
 
 @dataclass(frozen=True)
@@ -93,6 +99,8 @@ class ReceiverServices:
     max_in_flight: int = DEFAULT_MAX_IN_FLIGHT
     prestart: bool = False
     """Enqueue self-hosted session creations too (``events.classify``; some agents pre-start)."""
+    log_every: logs.Throttle = field(default_factory=lambda: logs.Throttle(LOG_EVERY_SECONDS))
+    """Which rejection and busy lines are written (``LOG_EVERY_SECONDS``)."""
 
     @classmethod
     def from_settings(
@@ -125,6 +133,12 @@ class ReceiverServices:
             prestart,
         )
 
+
+SLOTLESS_BODY_BYTES = 64 * 1024
+"""A delivery declaring a body of at most this many bytes is read without an in-flight slot: its
+body is no more than the HTTP server holds for any connection anyway (``server.BODY_BUFFER_BYTES``
+waiting for the app), so it needs no share of the budget, and a flood of deliveries that hold
+slots with bodies they never finish cannot keep it out (a genuine delivery is a few KiB)."""
 
 READING_GRACE_SECONDS = 1.0
 """A delivery still reading its body this long after it took its slot may be cut off (408) to
@@ -261,13 +275,6 @@ def create_app(services: ReceiverServices) -> Starlette:
         Route("/healthz", healthz, methods=["GET"]),
         Route("/readyz", readyz, methods=["GET"]),
     ]
-    counters = services.counters
-    if isinstance(counters, Metrics):
-
-        async def metrics(request: Request) -> Response:
-            return Response(counters.render(), media_type=counters.content_type)
-
-        routes.append(Route("/metrics", metrics, methods=["GET"]))
     app = ReceiverApp(routes, webhooks)
     app.state.services = services
     return app
@@ -287,19 +294,25 @@ async def _receive(
 ) -> Answer:
     try:
         signed = services.verifier.precheck(headers, services.clock.now())
+        declared = declared_length(headers, services.max_body_bytes)
     except RejectDelivery as exc:
         return _rejected(services, exc, close=True)  # the body is never read
-    slot = in_flight.take()
-    if slot is None:
-        log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy"})
-        services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
-        return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
+    slot = None
+    if declared is None or declared > SLOTLESS_BODY_BYTES:
+        slot = in_flight.take()
+        if slot is None:
+            count = services.log_every.count("unavailable.busy")
+            if count:
+                log.warning("webhook.unavailable", extra={"outcome": "unavailable", "reason": "busy", "count": count})
+            services.counters.inc(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy")
+            return _unavailable("unavailable", DEFAULT_RETRY_AFTER_SECONDS, close=True)
     try:
         try:
-            body = await read_body(headers, receive, services.max_body_bytes, services.body_timeout_seconds, slot)
+            body = await read_body(receive, services.max_body_bytes, services.body_timeout_seconds, slot)
         except RejectDelivery as exc:
             return _rejected(services, exc, close=True)  # the rest of the body is never read
-        in_flight.read(slot)
+        if slot is not None:
+            in_flight.read(slot)
         try:
             verified = services.verifier.verify_signed(signed, body, services.clock.now())
         except RejectDelivery as exc:
@@ -310,7 +323,8 @@ async def _receive(
             except Exception:
                 return _bug(services)  # logged with the ids bound
     finally:
-        in_flight.give(slot)
+        if slot is not None:
+            in_flight.give(slot)
 
 
 async def _verified(services: ReceiverServices, verified: Verified, body: bytes) -> Answer:
@@ -368,22 +382,14 @@ async def _queued(services: ReceiverServices, verified: Verified, event: events.
 
 
 async def read_body(
-    headers: Mapping[str, str],
     receive: Receive,
     limit: int,
     timeout_seconds: float = DEFAULT_BODY_TIMEOUT_SECONDS,
     slot: Reading | None = None,
 ) -> bytes:
-    """The raw body, or BodyTooLarge once more than ``limit`` bytes are declared or arrive, or
-    BodyTimeout when it has not all arrived within ``timeout_seconds`` (or ``slot`` was cut off
-    for a newer delivery: ``InFlight``)."""
-    declared = headers.get("content-length")
-    if declared is not None:
-        digits = declared.strip()
-        if not (digits.isascii() and digits.isdigit()):
-            raise BadPayload("Content-Length is not a number")
-        if len(digits) > _MAX_LENGTH_DIGITS or int(digits) > limit:
-            raise BodyTooLarge(f"body is larger than {limit} bytes")
+    """The raw body, or BodyTooLarge once more than ``limit`` bytes arrive (a declared length over
+    it is refused before, by ``declared_length``), or BodyTimeout when it has not all arrived
+    within ``timeout_seconds`` (or ``slot`` was cut off for a newer delivery: ``InFlight``)."""
     body = bytearray()
     try:
         async with asyncio.timeout(timeout_seconds) as deadline:
@@ -406,6 +412,20 @@ async def read_body(
         if slot is not None and slot.evicted:
             raise BodyTimeout("body still incomplete when a newer delivery needed its slot") from exc
         raise BodyTimeout(f"body did not arrive within {timeout_seconds:g} seconds") from exc
+
+
+def declared_length(headers: Mapping[str, str], limit: int) -> int | None:
+    """The body length ``Content-Length`` declares (None: chunked), or BadPayload when it is not
+    a number, BodyTooLarge when it is over ``limit``: told from the head alone."""
+    declared = headers.get("content-length")
+    if declared is None:
+        return None
+    digits = declared.strip()
+    if not (digits.isascii() and digits.isdigit()):
+        raise BadPayload("Content-Length is not a number")
+    if len(digits) > _MAX_LENGTH_DIGITS or int(digits) > limit:
+        raise BodyTooLarge(f"body is larger than {limit} bytes")
+    return int(digits)
 
 
 def check_queueable(job: Job) -> None:
@@ -459,11 +479,19 @@ def rejection_reason(exc: RejectDelivery) -> str:
 
 def _rejected(services: ReceiverServices, exc: RejectDelivery, close: bool = False) -> Answer:
     reason = rejection_reason(exc)
-    # Messages name headers and limits, never their values, the body or a secret.
-    log.warning(
-        "webhook.rejected",
-        extra={"outcome": "rejected", "reason": reason, "detail": str(exc), "status_code": exc.status_code},
-    )
+    count = services.log_every.count(f"rejected.{reason}")
+    if count:
+        # Messages name headers and limits, never their values, the body or a secret.
+        log.warning(
+            "webhook.rejected",
+            extra={
+                "outcome": "rejected",
+                "reason": reason,
+                "detail": str(exc),
+                "status_code": exc.status_code,
+                "count": count,
+            },
+        )
     services.counters.inc(WEBHOOKS_TOTAL, outcome="rejected", reason=reason)
     headers = {"Connection": "close"} if close else None
     return Answer.json({"status": "rejected", "reason": reason, "detail": str(exc)}, exc.status_code, headers)

@@ -7,6 +7,7 @@ every byte a connection sends is counted against a limit and every phase has a c
 - **head** (request line and headers, through the blank line): at most ``max_header_bytes``,
   counted byte for byte whatever the segmentation (431), complete within
   ``header_timeout_seconds`` of the connection opening or of the previous answer (closed);
+  at most ``MAX_BLANK_BYTES`` line ends before the request line (400);
 - **body**: read only while the app reads it. Up to ``BODY_BUFFER_BYTES`` wait for the app
   before reading pauses; a body the app did not read when it answered is not read at all (the
   connection closes after the answer). Complete, with its trailers, within
@@ -14,13 +15,19 @@ every byte a connection sends is counted against a limit and every phase has a c
   second shorter, so it answers first);
 - **trailers**: at most ``max_header_bytes`` (431), then dropped; chunk lines at most
   ``http1.MAX_CHUNK_LINE_BYTES`` (400);
+- **answers**: the next request, when it came before the previous answer was written
+  (pipelined), is not read or parsed while part of that answer is unsent — in the transport,
+  or in the kernel's send queue because the client's window is full — looked at again every
+  ``SWEEP_SECONDS``; such a connection waits for its client (it may be shed) and is reset at
+  the header deadline (``answers_unread``), its queued answer dropped;
 - **reads** of at most ``READ_BYTES``, so one connection holds at most
   ``max_header_bytes + BODY_BUFFER_BYTES + READ_BYTES`` of the server's memory (the app's
   ``max_in_flight`` bodies are the app's).
 
 **Capacity** is ``max_connections`` open connections. When a connection arrives with all of
 them open, the one that has waited longest for its client (between requests, or with its head
-or body incomplete) is closed to make room ("shed"); only when every open connection is
+or body incomplete) is closed to make room ("shed") — but one receiving a body at a reasonable
+rate only when no other is waiting (``shed_order``); only when every open connection is
 being answered does the newcomer get ``503`` with ``Retry-After`` (after its head, within a
 short deadline) — so clients that do not finish never hold capacity a genuine delivery needs.
 
@@ -42,8 +49,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import fcntl
 import signal
 import socket
+import struct
 import time
 from collections import deque
 from collections.abc import Callable
@@ -65,6 +74,9 @@ LINGER_MAX_BYTES = 256 * 1024
 OVER_CAPACITY_HEAD_SECONDS = 2.0
 """How long a connection beyond capacity has to send its head before it is closed (a 503 once it has)."""
 RETRY_AFTER_SECONDS = 1
+MAX_BLANK_BYTES = 8
+"""Line ends (``\\r`` or ``\\n``) ignored before a request line, four CRLFs: more get 400 and
+close, so a flood of them costs one read."""
 LOG_EVERY_SECONDS = 10.0
 SWEEP_SECONDS = 0.1
 """How often deadlines are looked at: each fires at most this late."""
@@ -76,6 +88,7 @@ REFUSAL_REASONS = (
     "body_timeout",
     "over_capacity",
     "shed",
+    "answers_unread",
     "app_error",
 )
 """The reasons ``on_refused`` is called with (``controller_receiver_refused_total``'s label values)."""
@@ -104,6 +117,8 @@ class Limits:
 _READ_BUFFER = bytearray(READ_BYTES)
 """One buffer every connection reads into (the loop runs one read at a time); copied out at once."""
 _READ_VIEW = memoryview(_READ_BUFFER)
+_SIOCOUTQNSD = 0x894B
+_RESET = struct.pack("ii", 1, 0)
 _CONTINUE = b"HTTP/1.1 100 Continue\r\n\r\n"
 _NO_BODY_STATUSES = frozenset({204, 304})
 _FRAMING_HEADERS = {
@@ -112,6 +127,19 @@ _FRAMING_HEADERS = {
     b"connection": "connection",
 }
 """Answer headers the server reads or replaces: it frames the body and says ``connection: close``."""
+
+
+def unsent_bytes(transport: asyncio.BaseTransport) -> int:
+    """Bytes in the socket's send queue not yet sent (Linux ``SIOCOUTQNSD``: held back because
+    the peer's receive window is full); 0 where that cannot be asked."""
+    sock = transport.get_extra_info("socket")
+    if sock is None:
+        return 0
+    try:
+        (unsent,) = struct.unpack("i", fcntl.ioctl(sock.fileno(), _SIOCOUTQNSD, b"\0\0\0\0"))
+    except (OSError, ValueError):
+        return 0
+    return int(unsent)
 
 
 class Phase:
@@ -124,6 +152,25 @@ class Phase:
 
 WAITING_FOR_CLIENT = frozenset({Phase.IDLE, Phase.HEAD, Phase.BODY, Phase.LINGER})
 """Phases in which a connection waits for its client: the ones shed to make room."""
+BODY_GRACE_SECONDS = 1.0
+"""A body that began this recently is being received, whatever it has sent yet."""
+MIN_BODY_BYTES_PER_SECOND = 16 * 1024
+"""A body arriving at least this fast on average since its head is being received: a genuine
+sender's arrives in milliseconds; a 256 KiB body at this rate would take 16 s."""
+
+
+def shed_order(phase: str, since: float, body_bytes: int, now: float) -> tuple[int, float]:
+    """Which connection waiting for its client is shed first to make room (the least): one
+    answered and lingering, then the idle, those with a head incomplete and those trickling a
+    body — the longest waiting first —, and only then one receiving a body at a reasonable
+    rate (within ``BODY_GRACE_SECONDS`` of its head, or at ``MIN_BODY_BYTES_PER_SECOND``)."""
+    if phase is Phase.LINGER:
+        return (0, since)
+    if phase is Phase.BODY:
+        elapsed = now - since
+        if elapsed < BODY_GRACE_SECONDS or body_bytes >= MIN_BODY_BYTES_PER_SECOND * elapsed:
+            return (2, since)
+    return (1, since)
 
 
 class RefusalLog:
@@ -132,19 +179,16 @@ class RefusalLog:
 
     def __init__(self, on_refused: Callable[[str], None]) -> None:
         self._on_refused = on_refused
-        self._pending: dict[str, int] = {}
-        self._logged_at: dict[str, float] = {}
+        self._throttle = logs.Throttle(LOG_EVERY_SECONDS)
 
     def __call__(self, reason: str) -> None:
         try:
             self._on_refused(reason)
         except Exception:
             log.exception("receiver.count_error")
-        self._pending[reason] = self._pending.get(reason, 0) + 1
-        now = time.monotonic()
-        if now - self._logged_at.get(reason, -LOG_EVERY_SECONDS) >= LOG_EVERY_SECONDS:
-            log.warning("receiver.refused", extra={"reason": reason, "count": self._pending.pop(reason)})
-            self._logged_at[reason] = now
+        count = self._throttle.count(reason)
+        if count:
+            log.warning("receiver.refused", extra={"reason": reason, "count": count})
 
 
 class Server:
@@ -156,6 +200,8 @@ class Server:
         self.refused = RefusalLog(on_refused or (lambda reason: None))
         self.open: dict[Connection, None] = {}  # insertion-ordered: oldest first
         self.surplus: dict[Connection, None] = {}
+        self.held: dict[Connection, None] = {}
+        """Connections whose next request waits for their answers to leave (``Connection._hold``)."""
         self.stopping = False
         self.date = b""
         self._date_second = -1
@@ -172,9 +218,10 @@ class Server:
         """Take a slot for ``connection``, shedding the longest-waiting connection if all are
         taken; False when every open connection is being answered (it is surplus)."""
         if len(self.open) >= self.limits.max_connections:
+            now = asyncio.get_running_loop().time()
             oldest = min(
                 (each for each in self.open if each.phase in WAITING_FOR_CLIENT),
-                key=lambda each: each.phase_since,
+                key=lambda each: shed_order(each.phase, each.phase_since, each.received - each.body_from, now),
                 default=None,
             )
             if oldest is None:
@@ -188,6 +235,7 @@ class Server:
         """``connection`` is closed: its slot is free."""
         self.open.pop(connection, None)
         self.surplus.pop(connection, None)
+        self.held.pop(connection, None)
 
     def sweep(self) -> None:
         """Run the deadlines that have passed. Every ``SWEEP_SECONDS``: one timer for all
@@ -198,6 +246,8 @@ class Server:
             for each in due:
                 each.deadline = None
                 each.on_deadline()
+        for each in list(self.held):
+            each.release()
 
     def protocol(self) -> Connection:
         return Connection(self)
@@ -238,6 +288,14 @@ class Connection(asyncio.BufferedProtocol):
         self.surplus = False
         self.reading = True
         self.lingered = 0
+        self.blank = 0
+        """Line ends dropped before this request's line (``MAX_BLANK_BYTES``)."""
+        self.pipelined = False
+        """The next request's bytes were here when the last answer was written: before reading
+        it, look whether that answer has left (a syscall only a pipelining client costs)."""
+        self.received = 0
+        self.body_from = 0
+        """``received`` when the body began: the body's bytes so far are the difference."""
         self.writable: asyncio.Future[None] | None = None
 
     # asyncio callbacks
@@ -283,6 +341,7 @@ class Connection(asyncio.BufferedProtocol):
                 self.abort()
             return
         self.buffer += _READ_VIEW[:nbytes]
+        self.received += nbytes
         self._advance()
 
     def eof_received(self) -> bool | None:
@@ -326,8 +385,10 @@ class Connection(asyncio.BufferedProtocol):
                 return
             else:
                 if phase is Phase.IDLE:
-                    self._strip_blank_lines()
-                    if not self.buffer:
+                    if not self._strip_blank_lines() or not self.buffer:
+                        return
+                    if self.pipelined and self._answer_unsent():
+                        self._hold()
                         return
                     self._enter(Phase.HEAD)
                 try:
@@ -343,15 +404,44 @@ class Connection(asyncio.BufferedProtocol):
                 self.searched = 0
                 self._begin(head)
 
-    def _strip_blank_lines(self) -> None:
+    def _answer_unsent(self) -> bool:
+        """Part of an answer is still here, in the transport or in the kernel's send queue
+        unsent: the client is not reading what it asked for."""
+        transport = self.transport
+        return transport is not None and (transport.get_write_buffer_size() > 0 or unsent_bytes(transport) > 0)
+
+    def _hold(self) -> None:
+        """Read nothing and render nothing more until the answers written have left (``Server.sweep``
+        looks again): a client that pipelines requests and reads no answer costs one answer."""
+        self._pause_reading()
+        self.server.held[self] = None
+
+    def release(self) -> None:
+        """``Server.sweep``: the answers held for have left, or the connection ended."""
+        if self.transport is None or self.transport.is_closing() or self.phase is not Phase.IDLE:
+            self.server.held.pop(self, None)
+        elif not self._answer_unsent():
+            self.server.held.pop(self, None)
+            self._resume_reading()
+            self._advance()
+
+    def _strip_blank_lines(self) -> bool:
         """Drop line ends before a request line (RFC 9112 asks servers to ignore at least one),
-        in one cut: a client sending nothing else is closed at the header deadline."""
+        at most ``MAX_BLANK_BYTES`` of them per request: past that, 400 and close (a client
+        sending nothing else is cut off at its first read, not at the header deadline).
+        Whether the connection goes on."""
         blank = len(self.buffer) - len(self.buffer.lstrip(b"\r\n"))
         if blank:
             del self.buffer[:blank]
+            self.blank += blank
+            if self.blank > MAX_BLANK_BYTES:
+                self.refuse(400, "bad_request", "Too many empty lines before the request line.")
+                return False
+        return True
 
     def _begin(self, head: http1.Head) -> None:
         self._disarm()
+        self.pipelined = False
         if self.surplus:
             self.refuse(503, "over_capacity", "The receiver is at capacity; retry later.")
             return
@@ -359,6 +449,7 @@ class Connection(asyncio.BufferedProtocol):
         cycle = self.cycle = Cycle(self, head, keep_alive)
         self.body = head.body
         if head.body is not None:
+            self.body_from = self.received - len(self.buffer)  # what followed the head in its read counts
             self._enter(Phase.BODY)
             self._arm(self.limits.body_timeout_seconds, self._body_expired)
         else:
@@ -402,6 +493,8 @@ class Connection(asyncio.BufferedProtocol):
             self.linger()
             return
         self.body = None
+        self.blank = 0
+        self.pipelined = bool(self.buffer)  # the next request came before this answer left
         self._enter(Phase.IDLE)
         self._arm(self.limits.header_timeout_seconds, self._head_expired)
         self._resume_reading()
@@ -452,7 +545,11 @@ class Connection(asyncio.BufferedProtocol):
         transport = self.transport
         if transport is None:
             return
-        if transport.get_write_buffer_size():
+        if self._answer_unsent():
+            sock = transport.get_extra_info("socket")
+            if sock is not None:  # a reset: the kernel drops what is queued rather than keep sending it
+                with contextlib.suppress(OSError):
+                    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _RESET)
             transport.abort()
         elif not transport.is_closing():
             transport.close()
@@ -460,7 +557,9 @@ class Connection(asyncio.BufferedProtocol):
         self.phase = Phase.LINGER
 
     def _head_expired(self) -> None:
-        if self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):
+        if self in self.server.held:
+            self.server.refused("answers_unread")
+        elif self.phase is Phase.HEAD or (self.phase is Phase.IDLE and not self.served):
             self.server.refused("header_timeout")  # keep-alive idle after an answer is no refusal
         self.abort()
 

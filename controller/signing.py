@@ -11,7 +11,8 @@ a delivery is genuine when any entry matches any secret. Every entry is compared
 every secret's signature (constant-time, no early exit), so timing does not reveal which matched.
 
 ``Verifier.precheck`` runs the checks that need no body (headers present and well formed,
-timestamp in the window), so a receiver can refuse a delivery before reading its body;
+timestamp in the window, at least one ``v1`` entry that is the base64 of a 32-byte digest),
+so a receiver can refuse a delivery before reading its body;
 ``Verifier.verify_signed`` then checks the window again and the HMAC over the raw body.
 
 ``FileVerifier`` takes its secrets from a file (a mounted Kubernetes Secret) and reads it again
@@ -25,6 +26,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import hashlib
 import hmac
 import os
 import time
@@ -40,6 +42,9 @@ log = logs.get(__name__)
 DEFAULT_TOLERANCE_SECONDS = 300
 _PREFIX = "whsec_"
 _MAX_HEADER_CHARS = 4096
+_DIGEST_CHARS = 44
+"""Standard base64 of a 32-byte HMAC-SHA256 digest, padding included."""
+_DIGEST_BYTES = hashlib.sha256().digest_size
 MIN_KEY_BYTES = 24
 """The shortest HMAC key taken (Standard Webhooks: 24 to 64 random bytes)."""
 
@@ -159,7 +164,7 @@ class Verifier:
         self._check_window(timestamp, now)
         offered = tuple(entry.encode("ascii") for entry in _v1_entries(raw_signatures))
         if not offered:
-            raise SignatureError("webhook-signature has no v1 entry")
+            raise SignatureError("webhook-signature has no v1 entry of a SHA-256 digest in base64")
         return SignedHeaders(webhook_id=webhook_id, timestamp=timestamp, signatures=offered)
 
     def _check_window(self, timestamp: int, now: float) -> None:
@@ -283,9 +288,21 @@ def _header(headers: Mapping[str, str], name: str) -> str:
 
 
 def _v1_entries(header: str) -> list[str]:
+    """The ``v1`` entries that could match: the standard base64 of an HMAC-SHA256 digest (44
+    characters, 32 bytes). Any other ``v1`` entry can never equal a signature ``_entry`` makes,
+    so a header of only such entries is refused before the body, like a missing one."""
     entries = []
     for entry in header.split():
         version, _, signature = entry.partition(",")
-        if version == "v1" and signature:
+        if version == "v1" and _is_digest(signature):
             entries.append(entry)
     return entries
+
+
+def _is_digest(signature: str) -> bool:
+    if len(signature) != _DIGEST_CHARS:
+        return False
+    try:  # strict: base64 characters only, padding only at the end (base64's own check is a regex)
+        return len(binascii.a2b_base64(signature, strict_mode=True)) == _DIGEST_BYTES
+    except (binascii.Error, ValueError):
+        return False

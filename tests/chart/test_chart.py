@@ -1357,3 +1357,27 @@ def test_helm_test_of_the_network_policy_follows_the_values(chart: Any) -> None:
     for off in ({"sandbox": {"networkPolicy": {"enabled": False}}}, {"tests": {"networkPolicy": {"enabled": False}}}):
         objects = render(chart, merge(CREDENTIALS, off))
         assert [o["metadata"]["name"] for o in of_kind(objects, "Pod")] == [f"{_full(objects)}-test-readyz"]
+
+
+def test_the_ingress_takes_a_rate_limit_per_source_and_the_senders_addresses_as_one_setting_each(chart: Any) -> None:
+    """What must sit in front of the receiver against floods (README: "Slow or hostile clients"):
+    ``ingress.rateLimitPerSource`` and ``ingress.sourceRanges`` become ingress-nginx's
+    annotations, beside any others given; unset, neither is there."""
+    values = load_values(CI_DIR / "production-values.yaml")
+    limited = merge(
+        values,
+        {
+            "ingress": {
+                "annotations": {"example.com/kept": "yes"},
+                "rateLimitPerSource": 20,
+                "sourceRanges": ["192.0.2.0/24", "2001:db8::/32"],
+            }
+        },
+    )
+    [ingress] = of_kind(render(chart, limited), "Ingress")
+    annotations = ingress["metadata"]["annotations"]
+    assert annotations["nginx.ingress.kubernetes.io/limit-rps"] == "20"
+    assert annotations["nginx.ingress.kubernetes.io/whitelist-source-range"] == "192.0.2.0/24,2001:db8::/32"
+    assert annotations["example.com/kept"] == "yes"
+    [plain] = of_kind(render(chart, values), "Ingress")
+    assert not any(key.startswith("nginx.ingress.kubernetes.io/") for key in plain["metadata"].get("annotations", {}))

@@ -24,11 +24,14 @@ def test_metrics_objects_are_off_by_default(chart: Any) -> None:  # noqa: F811
     assert not [o for o in of_kind(objects, "ConfigMap") if o["metadata"]["name"].endswith("-dashboard")]
 
 
-def test_worker_and_scheduler_expose_the_port_the_controller_serves(chart: Any) -> None:  # noqa: F811
+def test_receiver_worker_and_scheduler_expose_the_port_the_controller_serves(chart: Any) -> None:  # noqa: F811
+    """The receiver's metrics port is a port of its own, not on its Service (nor its Ingress)."""
     objects = render(chart, CREDENTIALS)
     [config] = [o for o in of_kind(objects, "ConfigMap") if "CONTROLLER_RUNNER" in o.get("data", {})]
     assert config["data"]["CONTROLLER_METRICS_PORT"] == "9090"
-    for component in ("worker", "scheduler"):
+    public = one(objects, "Service", "demo-sandbox-controller-receiver")
+    assert [p["name"] for p in public["spec"]["ports"]] == ["http"]
+    for component in ("receiver", "worker", "scheduler"):
         [container] = one(objects, "Deployment", f"demo-sandbox-controller-{component}")["spec"]["template"]["spec"][
             "containers"
         ]
@@ -41,7 +44,7 @@ def test_worker_and_scheduler_expose_the_port_the_controller_serves(chart: Any) 
 def test_service_monitor_scrapes_receiver_workers_and_scheduler(chart: Any) -> None:  # noqa: F811
     objects = render(chart, merge(CREDENTIALS, ALL_ON))
     [monitor] = of_kind(objects, "ServiceMonitor")
-    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["http", "metrics"]
+    assert [e["port"] for e in monitor["spec"]["endpoints"]] == ["metrics"]
     selector = monitor["spec"]["selector"]["matchLabels"]
     services = [s for s in of_kind(objects, "Service") if selector.items() <= s["metadata"]["labels"].items()]
     ports = {
@@ -49,7 +52,7 @@ def test_service_monitor_scrapes_receiver_workers_and_scheduler(chart: Any) -> N
         for s in services
         for p in s["spec"]["ports"]
     }
-    assert {("receiver", "http"), ("worker", "metrics"), ("scheduler", "metrics")} <= ports
+    assert {("receiver", "metrics"), ("worker", "metrics"), ("scheduler", "metrics")} <= ports
     for service in services:
         if any(p["name"] == "metrics" for p in service["spec"]["ports"]):
             component = service["metadata"]["labels"]["app.kubernetes.io/component"]

@@ -22,14 +22,21 @@ class Receiver:
     def __init__(self, directory: Path, redis: RedisServer, secrets_file: Path) -> None:
         self.directory, self.redis, self.secrets_file = directory, redis, secrets_file
         self.port = free_port()
+        self.metrics_port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         self.url = f"{self.base_url}/webhooks"
         self.process: Managed | None = None
 
     def start(self) -> Receiver:
         env = {k: v for k, v in os.environ.items() if not k.startswith("CONTROLLER_")}
-        env.update(CONTROLLER_REDIS_URL=self.redis.url, CONTROLLER_WEBHOOK_SECRETS_FILE=str(self.secrets_file))
-        argv = python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(self.port))
+        env.update(
+            CONTROLLER_REDIS_URL=self.redis.url,
+            CONTROLLER_WEBHOOK_SECRETS_FILE=str(self.secrets_file),
+            CONTROLLER_METRICS_PORT=str(self.metrics_port),
+        )
+        argv = python_module(
+            "controller", "serve", "--host", "127.0.0.1", "--port", str(self.port), "--metrics-host", "127.0.0.1"
+        )
         self.process = Managed("receiver", argv, env, self.directory / "receiver.log").start()
         wait_for(lambda: port_open(self.port), 30, "the receiver to listen")
         return self
@@ -70,8 +77,8 @@ class Receiver:
         return httpx.get(f"{self.base_url}/healthz", timeout=timeout).status_code
 
     def metric(self, sample: str) -> float:
-        """The value of one sample line of ``GET /metrics`` (0 when absent)."""
-        for line in httpx.get(f"{self.base_url}/metrics", timeout=5).text.splitlines():
+        """The value of one sample line of ``GET /metrics`` on the metrics port (0 when absent)."""
+        for line in httpx.get(f"http://127.0.0.1:{self.metrics_port}/metrics", timeout=5).text.splitlines():
             name, _, value = line.rpartition(" ")
             if name == sample:
                 return float(value)

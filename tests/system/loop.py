@@ -61,7 +61,7 @@ class Loop:
         self.workers: list[Managed] = []
         self.scheduler: Managed | None = None
         self.metrics_ports: dict[str, int] = {}
-        """``GET /metrics`` of each worker and the scheduler (by process name), on loopback."""
+        """``GET /metrics`` of each receiver, worker and the scheduler (by process name), on loopback."""
 
     # -- processes ------------------------------------------------------------------------
 
@@ -102,11 +102,14 @@ class Loop:
             self.redis.start()
         self.start_simulator()
         for index, port in enumerate(self.receiver_ports):
+            metrics_port = self.metrics_ports[f"receiver{index}"] = free_port()
             self.receivers.append(
                 Managed(
                     f"receiver{index}",
-                    python_module("controller", "serve", "--host", "127.0.0.1", "--port", str(port)),
-                    self.controller_env(),
+                    python_module(
+                        "controller", "serve", "--host", "127.0.0.1", "--port", str(port), "--metrics-host", "127.0.0.1"
+                    ),
+                    {**self.controller_env(), "CONTROLLER_METRICS_PORT": str(metrics_port)},
                     self.directory / f"receiver{index}.log",
                 ).start()
             )
@@ -313,7 +316,7 @@ class Loop:
 
     def worker_metric(self, name: str, **labels: str) -> float:
         """``name`` summed over every worker's ``GET /metrics``."""
-        workers = [port for key, port in self.metrics_ports.items() if key != "scheduler"]
+        workers = [port for key, port in self.metrics_ports.items() if key.startswith("worker")]
         return sum(total(scrape(port), name, **labels) for port in workers)
 
     def started_log_lines(self) -> list[dict[str, Any]]:

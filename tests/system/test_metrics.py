@@ -82,7 +82,7 @@ def test_every_process_serves_metrics_that_match_what_happened(loop: Loop) -> No
         sent = deliveries(loop)
         if any(d["state"] == "pending" for d in sent):
             return None
-        receiver = scrape(loop.receiver_ports[0])
+        receiver = scrape(loop.metrics_ports["receiver0"])
         before = workers_scraped()
         lines = log_lines(loop, workers)
         after = workers_scraped()

@@ -31,3 +31,15 @@ def test_bind_adds_fields_for_its_block_only_and_skips_none() -> None:
             raise RuntimeError("the block failed")
         assert logs.bound() == {"webhook_id": "wh_1"}
     assert logs.bound() == {}
+
+
+def test_a_throttle_writes_the_first_at_once_then_one_per_interval_with_the_count() -> None:
+    """A kind of line a client can cause: the first is written, the next 99 within the interval
+    are held back, and the first after it reports all of them; each key on its own."""
+    now = [0.0]
+    throttle = logs.Throttle(10.0, clock=lambda: now[0])
+    assert [throttle.count("a") for _ in range(100)] == [1] + [0] * 99
+    assert throttle.count("b") == 1  # another key: at once
+    now[0] = 10.0
+    assert throttle.count("a") == 100  # the 99 held back and this one
+    assert throttle.count("a") == 0

@@ -384,12 +384,15 @@ def test_one_log_line_per_outcome_with_bound_ids(client: TestClient, log_output:
         assert needle not in output
 
 
-def test_metrics_endpoint(client: TestClient) -> None:
-    """L5: outcomes are counted and exposed for Prometheus."""
+def test_outcomes_are_counted_and_metrics_are_not_on_the_public_app(client: TestClient, metrics: Metrics) -> None:
+    """L5: outcomes are counted for Prometheus, in the registry ``serve`` exposes on
+    CONTROLLER_METRICS_PORT; the public app has no ``/metrics`` (a client of the webhook
+    endpoint gets no 10 KB answer for a 40-byte request)."""
     post(client, "environment_connection")
     post(client, "in_progress", webhook_id="msg_late")
     post(client, "idle", webhook_id="msg_idle")
-    text = client.get("/metrics").text
+    assert client.get("/metrics").status_code == 404
+    text = metrics.render().decode()
     assert 'controller_webhooks_total{outcome="enqueued",reason="environment_connection"} 1.0' in text
     assert 'controller_webhooks_total{outcome="ignored",reason="late_signal"} 1.0' in text
     assert 'controller_webhooks_total{outcome="enqueued",reason="session_idle"} 1.0' in text
@@ -465,6 +468,10 @@ def asgi_scope(headers: list[tuple[bytes, bytes]]) -> dict[str, Any]:
         pytest.param({**WELL_FORMED, "webhook-timestamp": "soon"}, id="garbled-timestamp"),
         pytest.param({**WELL_FORMED, "webhook-signature": "v2,abc"}, id="no-v1-entry"),
         pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 5000}, id="huge"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1,not*base64!"}, id="not-base64"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1,AAAA"}, id="short-digest"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 43 + "*"}, id="digest-length-not-base64"),
+        pytest.param({**WELL_FORMED, "webhook-signature": "v1," + "A" * 43}, id="digest-without-padding"),
     ],
 )
 def test_headers_that_cannot_be_genuine_are_refused_before_the_body(
@@ -488,6 +495,42 @@ def test_headers_that_cannot_be_genuine_are_refused_before_the_body(
     assert pulled == 0
     assert inbox.attempts == 0
     assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="signature") == 1
+
+
+def test_a_flood_of_refused_deliveries_writes_one_line_per_reason(
+    inbox: FakeInbox, clock: FakeClock, log_output: io.StringIO
+) -> None:
+    """L3: 200 unsigned deliveries (forged, stale) and 50 that find every slot taken cost one
+    warning per reason (``LOG_EVERY_SECONDS``), not one each: a client without the secret cannot
+    fill the log; the metric counts every one."""
+    metrics = Metrics()
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, LIMIT, metrics, max_in_flight=1))
+
+    async def never() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def scenario() -> None:
+        stale = {**WELL_FORMED, "webhook-timestamp": str(NOW - 3600)}
+        for headers in [{**WELL_FORMED, "webhook-signature": "v1,forged"}, stale] * 100:
+            wire = [(k.encode(), v.encode()) for k, v in headers.items()]
+            await app(asgi_scope(wire), never, _discard)
+        async with anyio.create_task_group() as group:
+            group.start_soon(app, asgi_scope(WIRE_HEADERS), never, _discard)  # holds the only slot
+            await anyio.sleep(0.01)
+            for _ in range(50):
+                await app(asgi_scope(WIRE_HEADERS), never, _discard)
+            group.cancel_scope.cancel()
+
+    anyio.run(scenario)
+    lines = [(line["event"], line["reason"], line.get("count")) for line in lines_of(log_output)]
+    assert lines == [("webhook.rejected", "signature", 1), ("webhook.unavailable", "busy", 1)]
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="rejected", reason="signature") == 200
+    assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy") == 50
+
+
+async def _discard(message: dict[str, Any]) -> None:
+    pass
 
 
 def test_a_body_that_stalls_is_cut_off_at_the_deadline(inbox: FakeInbox, clock: FakeClock) -> None:
@@ -670,6 +713,48 @@ def test_deliveries_beyond_max_in_flight_get_503_before_their_body_is_read(
     assert answers["after"][0]["status"] == 200
     assert [job.webhook_id for job in inbox.jobs] == ["msg_slow", "msg_after"]
     assert metrics.value(WEBHOOKS_TOTAL, outcome="unavailable", reason="busy") == 1
+
+
+def test_a_small_delivery_needs_no_slot_so_a_flood_holding_them_cannot_keep_it_out(
+    inbox: FakeInbox, clock: FakeClock, metrics: Metrics
+) -> None:
+    """L5: with every in-flight slot held by deliveries that declared 256 KiB and send nothing
+    more (a flood without the secret), a genuine delivery declaring its few-KiB body is read
+    without a slot and accepted (its body is no more than the server holds for any connection:
+    ``SLOTLESS_BODY_BYTES``); one declaring a body over that still gets 503 before its body."""
+    app = create_app(ReceiverServices(Verifier([SECRET]), inbox, clock, 256 * 1024, metrics, max_in_flight=2))
+    headers, body = signed(SAMPLE_ENVELOPES["environment_connection"], webhook_id="msg_genuine")
+    genuine = [(k.encode(), v.encode()) for k, v in headers.items()] + [(b"content-length", b"%d" % len(body))]
+    big = receiver_module.SLOTLESS_BODY_BYTES + 1
+    flood = [*WIRE_HEADERS, (b"content-length", b"%d" % big)]
+    answers: dict[str, int] = {}
+
+    async def stalled() -> dict[str, Any]:
+        await anyio.sleep_forever()
+        raise AssertionError
+
+    async def whole() -> dict[str, Any]:
+        return {"type": "http.request", "body": body, "more_body": False}
+
+    async def call(name: str, wire: list[tuple[bytes, bytes]], receive: Any) -> None:
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                answers[name] = message["status"]
+
+        await app(asgi_scope(wire), receive, send)
+
+    async def scenario() -> None:
+        async with anyio.create_task_group() as group:
+            for index in range(2):
+                group.start_soon(call, f"flood{index}", flood, stalled)
+            await anyio.sleep(0.01)
+            await call("genuine", genuine, whole)
+            await call("large", flood, stalled)
+            group.cancel_scope.cancel()
+
+    anyio.run(scenario)
+    assert {name: answers[name] for name in ("genuine", "large")} == {"genuine": 200, "large": 503}
+    assert [job.webhook_id for job in inbox.jobs] == ["msg_genuine"]
 
 
 def test_max_in_flight_comes_from_settings(inbox: FakeInbox, clock: FakeClock) -> None:

@@ -202,11 +202,38 @@ def test_every_refusal_reason_is_declared_and_documented() -> None:
     assert {reason for reason in server.REFUSAL_REASONS if f"`{reason}`" not in row} == set()
 
 
-def test_a_body_of_too_many_chunks_is_refused() -> None:
-    """L3: a body of one-byte chunks (each a turn of the decoder's loop) is refused past
-    ``MAX_CHUNKS``; as many chunks as that are decoded."""
+def test_a_body_of_tiny_chunks_is_refused_once_its_chunks_are_not_paid_for() -> None:
+    """L3: each chunk costs a turn of the decoder's loop, so chunks are paid for with data: a
+    body of one-byte chunks is refused at chunk ``FREE_CHUNKS + 1`` (not after 4096: 8.6 ms of
+    CPU for 24 KB), and one of 1 KiB chunks is decoded whole, whatever its length."""
     body = http1.ChunkedBody(64)
-    pieces, _ = body.feed(b"1\r\na\r\n" * http1.MAX_CHUNKS)
-    assert b"".join(pieces) == b"a" * http1.MAX_CHUNKS
-    with pytest.raises(http1.BadRequest):
+    pieces, _ = body.feed(b"1\r\na\r\n" * http1.FREE_CHUNKS)
+    assert b"".join(pieces) == b"a" * http1.FREE_CHUNKS
+    with pytest.raises(http1.BadRequest, match="chunks too small"):
         body.feed(b"1\r\na\r\n")
+    body = http1.ChunkedBody(64)
+    chunk = b"400\r\n" + b"k" * 1024 + b"\r\n"
+    pieces, _ = body.feed(chunk * 1000 + b"0\r\n\r\n")
+    assert body.done and len(b"".join(pieces)) == 1024 * 1000
+
+
+def test_the_idle_are_shed_before_a_body_being_received() -> None:
+    """L5: the shedding order: lingering first, then idle, head-waiting and trickled bodies by
+    how long they waited, and a body arriving at a reasonable rate (or within its grace) last."""
+    now = 100.0
+    order = {
+        "lingering, newest": server.shed_order(server.Phase.LINGER, 99.9, 0, now),
+        "idle": server.shed_order(server.Phase.IDLE, 99.0, 0, now),
+        "head": server.shed_order(server.Phase.HEAD, 99.5, 0, now),
+        "body trickled for 5 s": server.shed_order(server.Phase.BODY, 95.0, 100, now),
+        "body just begun, nothing yet": server.shed_order(server.Phase.BODY, 90.0 + 9.7, 0, now),
+        "body at 64 KiB/s for 5 s": server.shed_order(server.Phase.BODY, 95.0, 5 * 64 * 1024, now),
+    }
+    assert sorted(order, key=order.__getitem__) == [
+        "lingering, newest",
+        "body trickled for 5 s",
+        "idle",
+        "head",
+        "body at 64 KiB/s for 5 s",
+        "body just begun, nothing yet",
+    ]

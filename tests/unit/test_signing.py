@@ -249,12 +249,18 @@ def test_verifier_needs_a_valid_secret() -> None:
         {"webhook-signature": "v1,"},
         {"webhook-signature": "v2,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE="},
         {"webhook-signature": "v1," + "A" * 5000},
+        {"webhook-signature": "v1,not base64 at all"},
+        {"webhook-signature": "v1,AAAA v2,zzz"},
+        {"webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1OE"},  # padding cut
+        {"webhook-signature": "v1,g0hM9SsE+OTPJTGt/tmIKtSyZlE3uFJELVlNIOLJ1O*="},
+        {"webhook-signature": "v1," + "A" * 64},  # base64, but not of 32 bytes
         {"webhook-id": "msg_é"},
     ],
 )
 def test_precheck_refuses_without_a_body(broken: dict[str, str | None]) -> None:
     """L3: what can be told from the headers alone (missing, garbled, oversized, outside the
-    window, no v1 entry) is refused by the pre-check, exactly as verify refuses it."""
+    window, no v1 entry that is the base64 of a SHA-256 digest) is refused by the pre-check,
+    exactly as verify refuses it."""
     delivery: dict[str, str] = {k: v for k, v in {**spec_headers(), **broken}.items() if v is not None}
     verifier = Verifier([SPEC_SECRET])
     with pytest.raises(SignatureError) as early:
@@ -267,12 +273,13 @@ def test_precheck_refuses_without_a_body(broken: dict[str, str | None]) -> None:
 def test_precheck_passes_well_formed_headers_it_cannot_verify() -> None:
     """L3: the pre-check is no verification: a well-formed entry that matches nothing passes it
     (only the body can tell) and is refused by verify."""
-    delivery = spec_headers(**{"webhook-signature": "v1,AAAA v2,zzz " + SPEC_SIGNATURE})
+    other = "v1," + "A" * 43 + "="  # the base64 of a 32-byte digest, of no secret's
+    delivery = spec_headers(**{"webhook-signature": f"{other} v1,AAAA v2,zzz " + SPEC_SIGNATURE})
     verifier = Verifier([SPEC_SECRET])
     signed = verifier.precheck(delivery, now=SPEC_TIMESTAMP + 300)
     assert (signed.webhook_id, signed.timestamp) == (SPEC_ID, SPEC_TIMESTAMP)
-    assert signed.signatures == (b"v1,AAAA", SPEC_SIGNATURE.encode())
-    forged = spec_headers(**{"webhook-signature": "v1,AAAA"})
+    assert signed.signatures == (other.encode(), SPEC_SIGNATURE.encode())  # v1,AAAA can never match: dropped
+    forged = spec_headers(**{"webhook-signature": other})
     verifier.precheck(forged, now=SPEC_TIMESTAMP)
     with pytest.raises(SignatureError, match="no webhook-signature entry matches"):
         verify(verifier, forged, SPEC_BODY, now=SPEC_TIMESTAMP)
