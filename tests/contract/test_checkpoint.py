@@ -4,6 +4,7 @@ a listening socket on loopback; skipped with the reason when this host cannot ch
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import socket
@@ -458,22 +459,36 @@ while True:
 """
 
 
-def test_a_restored_sandbox_finds_its_clocks_moved_on_past_any_reconnect_backoff(tmp_path: Path) -> None:
+@pytest.mark.parametrize("suspended_for", [0, 86_400])
+def test_a_restored_sandbox_finds_its_clocks_moved_on_past_any_reconnect_backoff(
+    tmp_path: Path, suspended_for: int
+) -> None:
     """Issue 37 (8): the sandbox runs in a time namespace of its own, and a restore moves its
     monotonic clock on by at least ``CLOCK_CATCH_UP_SECONDS`` (longer than codex's longest
     reconnect backoff), even after a suspension of a second: a backoff it was dumped asleep in
-    is over when it wakes."""
+    is over when it wakes. After a suspension of a day, the clock moves on by the day (the
+    time-namespace image rewritten with larger offsets) and the tree is still restored, not
+    started afresh."""
     script = tmp_path / "clock.py"
     script.write_text(CLOCK)
-    runner = LocalRunner(tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary())
-    clock = tmp_path / "state" / "sessions" / session_key("sess_1") / "workspace" / "clock"
+    outcomes: list[str] = []
+    runner = LocalRunner(
+        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary(), on_resume=outcomes.append
+    )
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    clock = directory / "workspace" / "clock"
     try:
         first = runner.ensure(spec(), 1)
         wait_for(clock.exists, 15, "the executor to write its clock")
         runner.suspend(first)
+        if suspended_for:  # as if the suspension had lasted that long
+            saved = json.loads((directory / "suspended.json").read_text())
+            saved["suspended_at"] -= suspended_for
+            (directory / "suspended.json").write_text(json.dumps(saved))
         before = float(clock.read_text())
         runner.ensure(spec(), 2)
         wait_for(lambda: float(clock.read_text()) != before, 15, "the restored executor to write its clock")
-        assert float(clock.read_text()) - before >= CLOCK_CATCH_UP_SECONDS
+        assert outcomes == ["restored"]
+        assert float(clock.read_text()) - before >= max(CLOCK_CATCH_UP_SECONDS, suspended_for)
     finally:
         runner.stop_all()
