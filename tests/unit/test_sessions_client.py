@@ -333,8 +333,8 @@ class _ClosingServer:
                         data += chunk
                     if not data or (self.close == "racing" and request == 1):
                         break  # closed with the request unanswered
+                    self.answered += 1  # before the answer leaves: the client may read it and go on at once
                     conn.sendall(answer)
-                    self.answered += 1
                     if self.close == "idle":
                         break
             self.closed += 1
