@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.idle_memory import codex_commands, smaps
 from bench.plots import markdown_table
 from controller.model import Handle, SandboxSpec
-from controller.runners.checkpoint import host_can_checkpoint
+from controller.runners.checkpoint import host_can_checkpoint, namespace_processes
 from controller.runners.local import LocalRunner
 from tests.support.processes import wait_for
 from tests.support.simulator import SimulatorProcess, run_turn
@@ -59,17 +59,7 @@ def cpu_seconds(pids: list[int]) -> float:
 
 def tree(runner: LocalRunner, handle: Handle) -> list[int]:
     """Every process of the sandbox: its pid namespace's (the holder left the executor's session)."""
-    leader = int(handle.uid.split(":")[0])
-    namespace = os.readlink(f"/proc/{leader}/ns/pid")
-    found = []
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                if os.readlink(f"/proc/{entry.name}/ns/pid") == namespace:
-                    found.append(int(entry.name))
-            except OSError:
-                continue
-    return found
+    return namespace_processes(int(handle.uid.split(":")[0]))
 
 
 def one_round(runner: LocalRunner, simulator: SimulatorProcess, hold: bool, settle: float) -> dict[str, float]:

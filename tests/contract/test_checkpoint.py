@@ -43,15 +43,22 @@ def spec(environment_id: str = "env_1") -> SandboxSpec:
     return SandboxSpec(session_id="sess_1", environment_id=environment_id, remote_url="https://remote.test/env")
 
 
-@pytest.fixture
-def made(tmp_path: Path) -> Iterator[tuple[LocalRunner, Path, list[str]]]:
+def runner_of(tmp_path: Path, program: str) -> tuple[LocalRunner, Path, list[str]]:
+    """A checkpointing runner whose executor is ``program`` (Python, written to
+    ``fake_executor.py``, which tests that make a second runner name), the directory of session
+    ``sess_1`` and the resume outcomes it reports."""
     script = tmp_path / "fake_executor.py"
-    script.write_text(FAKE_EXECUTOR)
+    script.write_text(program)
     outcomes: list[str] = []
     runner = LocalRunner(
         tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary(), on_resume=outcomes.append
     )
-    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    return runner, tmp_path / "state" / "sessions" / session_key("sess_1"), outcomes
+
+
+@pytest.fixture
+def made(tmp_path: Path) -> Iterator[tuple[LocalRunner, Path, list[str]]]:
+    runner, directory, outcomes = runner_of(tmp_path, FAKE_EXECUTOR)
     try:
         yield runner, directory, outcomes
     finally:
@@ -469,13 +476,7 @@ def test_a_restored_sandbox_finds_its_clocks_moved_on_past_any_reconnect_backoff
     is over when it wakes. After a suspension of a day, the clock moves on by the day (the
     time-namespace image rewritten with larger offsets) and the tree is still restored, not
     started afresh."""
-    script = tmp_path / "clock.py"
-    script.write_text(CLOCK)
-    outcomes: list[str] = []
-    runner = LocalRunner(
-        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary(), on_resume=outcomes.append
-    )
-    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    runner, directory, outcomes = runner_of(tmp_path, CLOCK)
     clock = directory / "workspace" / "clock"
     try:
         first = runner.ensure(spec(), 1)
