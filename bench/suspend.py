@@ -113,22 +113,30 @@ def one_round(runner: LocalRunner, simulator: SimulatorProcess, hold: bool, sett
     }
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--settle", type=float, default=5.0, help="idle seconds measured before each suspension")
-    args = parser.parse_args()
+def checkpointing(prefix: str) -> tuple[Path, SimulatorProcess, LocalRunner, list[str]]:
+    """A started simulator and a local runner that checkpoints the real codex with the CRIU
+    scripts/criu.sh built, in a new temporary directory named by ``prefix``, and the list the
+    runner reports its resume outcomes to. Exits when this host cannot checkpoint."""
     criu = subprocess.run([str(ROOT / "scripts" / "criu.sh"), "--print"], capture_output=True, text=True).stdout.strip()
     ok, reason = host_can_checkpoint(criu)
     if not ok:
         raise SystemExit(f"this host cannot checkpoint: {reason}")
     launcher, _ = codex_commands()
-    directory = Path(tempfile.mkdtemp(prefix="bench-suspend-"))
+    directory = Path(tempfile.mkdtemp(prefix=prefix))
     simulator = SimulatorProcess(directory / "logs").start()
     outcomes: list[str] = []
     runner = LocalRunner(
         directory / "state", [launcher], simulator.environment_key, criu=criu, on_resume=outcomes.append
     )
+    return directory, simulator, runner, outcomes
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--settle", type=float, default=5.0, help="idle seconds measured before each suspension")
+    args = parser.parse_args()
+    directory, simulator, runner, outcomes = checkpointing("bench-suspend-")
     results: dict[str, list[dict[str, float]]] = {"idle codex": [], "+ 100 MiB": []}
     try:
         for _ in range(args.rounds):

@@ -15,22 +15,15 @@ from __future__ import annotations
 
 import argparse
 import shutil
-import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from bench.idle_memory import codex_commands
+from bench.suspend import checkpointing
 from controller.model import SandboxSpec
-from controller.runners.checkpoint import host_can_checkpoint
-from controller.runners.local import LocalRunner
 from tests.support.processes import wait_for
-from tests.support.simulator import SimulatorProcess
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def main() -> int:
@@ -39,17 +32,7 @@ def main() -> int:
     parser.add_argument("--up", type=float, default=2.0, help="seconds connected before each suspension")
     parser.add_argument("--suspended", type=float, default=3.0, help="seconds suspended before each restore")
     args = parser.parse_args()
-    criu = subprocess.run([str(ROOT / "scripts" / "criu.sh"), "--print"], capture_output=True, text=True).stdout.strip()
-    ok, reason = host_can_checkpoint(criu)
-    if not ok:
-        raise SystemExit(f"this host cannot checkpoint: {reason}")
-    launcher, _ = codex_commands()
-    directory = Path(tempfile.mkdtemp(prefix="bench-suspend-cycles-"))
-    simulator = SimulatorProcess(directory / "logs").start()
-    outcomes: list[str] = []
-    runner = LocalRunner(
-        directory / "state", [launcher], simulator.environment_key, criu=criu, on_resume=outcomes.append
-    )
+    directory, simulator, runner, outcomes = checkpointing("bench-suspend-cycles-")
     figures = []
     try:
         with simulator.openai() as api:
