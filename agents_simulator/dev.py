@@ -207,7 +207,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--exit-after-scenario", action="store_true", help="stop once the scenario is over")
 
 
+def _stop_on_signal(signum: int, frame: Any) -> None:
+    """SIGTERM or SIGHUP (``kill``, a closed terminal, a supervisor) stops dev the way Ctrl-C
+    does: its children are ended, none is left running without it."""
+    raise KeyboardInterrupt
+
+
 def main(args: argparse.Namespace) -> int:
+    for signum in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, _stop_on_signal)
     view = View()
     temporary = args.state_directory is None  # made here, so removed here (unless the run failed)
     state = Path(args.state_directory or tempfile.mkdtemp(prefix="sandbox-controller-dev-"))

@@ -4,6 +4,7 @@ embedded defaults and stops every child process when it ends."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,43 @@ def test_dev_removes_the_state_directory_it_made(tmp_path: Path) -> None:
     assert "scenario ok" in output and "state directory removed" in output
     assert list((tmp_path / "tmp").glob("sandbox-controller-dev-*")) == []
     assert_no_process_left(tmp_path / "tmp")
+
+
+def test_dev_stopped_by_sigterm_leaves_no_process(tmp_path: Path) -> None:
+    """``kill`` (SIGTERM) stops dev as Ctrl-C does: it ends every process it started (the
+    embedded Redis, receiver, worker, scheduler, simulator, executors) before it exits. Before,
+    only Ctrl-C did: a SIGTERM ended dev alone and left all of them running."""
+    state = tmp_path / "state"
+    dev = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "controller",
+            "dev",
+            "--simulate",
+            "--port",
+            str(free_port()),
+            "--simulator-port",
+            str(free_port()),
+            "--state-directory",
+            str(state),
+        ],
+        env=_clean_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        stdin=subprocess.DEVNULL,
+    )
+    try:
+        assert dev.stdout is not None
+        for line in dev.stdout:  # bounded by the scenario's own timeouts (dev exits on a failure)
+            if "Ctrl-C to stop" in line:
+                break
+        assert dev.poll() is None, "dev exited before it was running"
+        dev.send_signal(signal.SIGTERM)
+        dev.communicate(timeout=60)
+    finally:
+        if dev.poll() is None:
+            dev.kill()
+            dev.wait()
+    assert_no_process_left(state)
