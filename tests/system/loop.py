@@ -360,11 +360,16 @@ class Loop:
             deliveries += [(self.receiver_ports[n % len(self.receiver_ports)], headers, body) for n in range(copies)]
         return deliveries
 
-    def arm_fault(self, target: str, status: int, count: int, retry_after: float | None = None) -> None:
-        """The simulator answers the next ``count`` calls to ``target`` with ``status``."""
+    def arm_fault(
+        self, target: str, status: int, count: int, retry_after: float | None = None, object_id: str | None = None
+    ) -> None:
+        """The simulator answers the next ``count`` calls to ``target`` (about ``object_id`` only,
+        when given) with ``status``."""
         fault: dict[str, Any] = {"target": target, "status": status, "count": count}
         if retry_after is not None:
             fault["retry_after"] = retry_after
+        if object_id is not None:
+            fault["object_id"] = object_id
         httpx.post(f"{self.simulator_url}/admin/faults", json=fault, timeout=10).raise_for_status()
 
     def post(self, port: int, headers: dict[str, str], body: bytes) -> httpx.Response:

@@ -108,8 +108,9 @@ def test_404s_destroy_nothing_until_a_deletion_is_confirmed(tmp_path: Path) -> N
         b, _ = connected_session(loop)
         workspaces = {sid: loop.state_directory / "sessions" / session_key(sid) / "workspace" for sid in (a, b)}
 
-        # One 404 (a transient fault): kept, and forgotten at the next look that finds it.
-        loop.arm_fault("retrieve_session", 404, 1)
+        # One 404 (a transient fault): kept, and forgotten at the next look that finds it. The fault
+        # is narrowed to ``a``: a sweep reading ``b`` first would otherwise take it.
+        loop.arm_fault("retrieve_session", 404, 1, object_id=a)
         headers, body = loop.delivery(a, event_type="agent.session.idle")
         assert loop.post(loop.receiver_ports[0], headers, body).status_code == 200
         [look] = wait_for(
