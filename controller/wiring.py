@@ -34,6 +34,7 @@ from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
     COLD_STARTS_TOTAL,
+    CRASH_LOOPS_TOTAL,
     DECISIONS_TOTAL,
     DELETIONS_HELD_TOTAL,
     PLACEMENTS_TOTAL,
@@ -380,6 +381,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         deletion_confirm_seconds=lifecycle.deletion_confirm_seconds,
         on_held=lambda: metrics.inc(DELETIONS_HELD_TOTAL),
         on_start_failed=note_start_failures(session_store, metrics),
+        on_crash_loop=lambda: metrics.inc(CRASH_LOOPS_TOTAL),
     )
 
 
