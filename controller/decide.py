@@ -17,7 +17,9 @@ The rules are stated once, in docs/lifecycle.md (L1–L18); here, which rule giv
   environment, past its maximum lifetime, or whose executor's link has been down past the
   grace period while a connection is wanted, is replaced by exactly one (L1, L14). How the
   grace period is counted is L14; the looks that time it are ``FIRST_LOOK_SECONDS`` and
-  ``OUTAGE_LOOKS``.
+  ``OUTAGE_LOOKS``, and blind spots delay a replacement by at most ``BLIND_SPOT_GRACES``
+  graces. An executor that exits again and again backs off (``crash_backoff``): the sandbox is
+  kept, dead, until its back-off is over.
 - STOP: idle for the idle timeout with no connection wanted (L11–L13), the workspace kept
   (L16); DISCARD once its retention is over.
 - RELEASE: a failed session (L7); a session answering 404 only once its deletion is confirmed
@@ -426,7 +428,9 @@ def _looked(
     come back unseen, so the next look that sees it down starts the clock again, and the grace
     measures an outage seen from its start, never one pieced together across a blind spot. A
     look that sees it down longer than ``_blind_gap`` after the last one did (its reads were
-    retried through an API incident, say) is such a blind spot too: the clock starts again."""
+    retried through an API incident, say) is such a blind spot too: the clock starts again. The
+    outage's first sighting (``Record.down_since``) stays through those restarts, until a look
+    sees the link up: it bounds them (``_bound``)."""
     if connected is True:  # (``down_since`` is None whenever ``disconnected_at`` is)
         if record.disconnected_at is None and record.seen_connected and not record.link_unknown:
             return None
@@ -478,8 +482,9 @@ def unread(record: Record | None) -> Record | None:
     the grace clock when it runs (``Record.link_unknown``), so the next look that sees the link
     down starts the clock again. None: nothing to note (no clock runs, or it is noted already).
     The clock is only ever restarted by a look that sees the link down, so an executor really
-    gone is still replaced a grace after the first look that reads again (an API failing at
-    least once every grace period delays that for as long as it lasts)."""
+    gone is still replaced a grace after the first look that reads again, and at the latest by
+    the first look that reads it down ``BLIND_SPOT_GRACES`` graces after its outage was first
+    seen (``_bound``), however often the API fails in between."""
     if record is None or not _clock_runs(record):
         return None
     return replace(record, link_unknown=True)
