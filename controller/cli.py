@@ -195,6 +195,10 @@ def cmd_status(args: argparse.Namespace) -> int:
         if r.suspended is not None:
             size, age_of = r.suspended["size_bytes"] / 1e6, _duration(r.suspended["age_seconds"])
             last += f" (checkpoint {size:.1f} MB, {age_of} old)"
+        if r.crash_loop is not None:
+            left = r.crash_loop["next_start_in_seconds"]
+            after = "restarted" if left is None else f"next start in {_duration(float(left))}"
+            last += f" (CrashLoopBackOff: {r.crash_loop['restarts']} exits in a row, {after})"
         print(
             f"{r.session_id:<34} {r.runner:<10} {r.sandbox:<40} {r.generation:>3} {age:>8} {r.health:<11} "
             f"{timer:>10} {last}"

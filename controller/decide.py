@@ -17,7 +17,9 @@ The rules are stated once, in docs/lifecycle.md (L1–L18); here, which rule giv
   environment, past its maximum lifetime, or whose executor's link has been down past the
   grace period while a connection is wanted, is replaced by exactly one (L1, L14). How the
   grace period is counted is L14; the looks that time it are ``FIRST_LOOK_SECONDS`` and
-  ``OUTAGE_LOOKS``.
+  ``OUTAGE_LOOKS``, and blind spots delay a replacement by at most ``BLIND_SPOT_GRACES``
+  graces. An executor that exits again and again backs off (``crash_backoff``): the sandbox is
+  kept, dead, until its back-off is over.
 - STOP: idle for the idle timeout with no connection wanted (L11–L13), the workspace kept
   (L16); DISCARD once its retention is over.
 - RELEASE: a failed session (L7); a session answering 404 only once its deletion is confirmed
@@ -68,7 +70,8 @@ class Decision:
     cause: Cause | None = None
     """Why a sandbox stops (STOP, RELEASE, REPLACE)."""
     update: Record | None = None
-    """The record as it should be stored after this decision, when it changed (KEEP, IGNORE)."""
+    """The record as it should be stored after this decision, when it changed (KEEP, IGNORE); for a
+    REPLACE, the old record as decided (its crash count, carried to the new sandbox's record)."""
     missing_since: float | None = None
     """When the session's reads began answering 404, kept until its deletion is confirmed (or
     it is found again: None clears it)."""
@@ -84,6 +87,9 @@ class Decision:
     prestart: bool = False
     """A START before anything asked for the sandbox (L9's pre-start): it needs room in the
     pre-start budget (``CONTROLLER_PRESTART_MAX_SANDBOXES``), taken when it is carried out."""
+    crash_loop: bool = False
+    """A crash loop's back-off begins: the executor exited again, and its replacement waits
+    (``crash_backoff``; counted in ``controller_sandbox_crash_loops_total``)."""
 
 
 @dataclass(frozen=True)
@@ -183,6 +189,21 @@ HELD_RECHECK_MAX_SECONDS = 3600.0
 OUTAGE_LOOKS = 4
 """While the grace clock of an executor that had connected runs, its link is looked at this many
 times per grace period (``_outage_look``): a reconnection between two drops is seen."""
+CRASH_BACKOFF_SECONDS = 2.0
+"""The crash loop's first back-off: a sandbox whose executor exited, the second time in a row, is
+replaced this long after the look that found it exited; each exit in a row after that doubles it."""
+CRASH_BACKOFF_MAX_SECONDS = 60.0
+"""The crash loop's back-off at most: a loop whose cause passed (a key restored, the API back)
+gets its executor within a minute of it, well inside the five minutes the API waits (L15); a
+looping session costs one start a minute."""
+CRASH_LOOP_RESET_SECONDS = 120.0
+"""An executor seen connected that had been up this long is no longer in a crash loop: its next
+exit is replaced at once (twice the longest back-off, as Kubernetes resets its own)."""
+BLIND_SPOT_GRACES = 2
+"""Blind spots (looks that could not read the link) restart an executor's grace clock, but an
+outage first seen ``since`` is replaced by the first look that sees its link down at or after
+``since + BLIND_SPOT_GRACES × grace``, whatever failed in between (L14): a wedged executor is
+replaced within two graces and a look, well inside L15's five minutes for the default grace."""
 FIRST_LOOK_SECONDS = 1.0
 """A new sandbox is looked at again this long after its start, then each time as long again as
 its age, until a look sees its executor connected or its grace period is over."""
@@ -279,7 +300,9 @@ def decide(
     replaced = Cause.REPLACED
     if record.environment_id != session.environment.id:
         return Decision(Verdict.REPLACE, "sandbox serves another environment id", cause=replaced, recheck_at=first_look)
-    if health in (Health.GONE, Health.FAILED, Health.TERMINATING, None):
+    if health in (Health.GONE, Health.FAILED):
+        return _exited(record, health, now)
+    if health in (Health.TERMINATING, None):
         return Decision(
             Verdict.REPLACE,
             f"sandbox is {health.value if health else 'unknown'}",
@@ -300,6 +323,8 @@ def decide(
     early = earliest(_first_look(current, now, grace_seconds), _outage_look(current, now, grace_seconds))
     if connected:
         soon = earliest(lifetime_check, now + grace_seconds + MARGIN_SECONDS)
+        if current.crashes and now - current.started_at >= CRASH_LOOP_RESET_SECONDS:  # it stayed up: over
+            looked = replace(current, crashes=0)
         return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
     since = current.disconnected_at
     if connected is None or since is None:  # the link state is unknown (API error): never a reason to replace
@@ -309,11 +334,26 @@ def decide(
             recheck_at=earliest(lifetime_check, early, now + grace_seconds + MARGIN_SECONDS),
             update=looked,
         )
+    bound = _bound(current, grace_seconds)
+    if bound is not None and now >= bound:
+        down = now - current.down_since if current.down_since is not None else 0.0
+        return Decision(
+            Verdict.REPLACE,
+            f"executor not connected for {down:.0f}s since the first look that saw it down, through looks "
+            f"that could not read its link (at most {BLIND_SPOT_GRACES} graces of {grace_seconds:g}s)",
+            cause=replaced,
+            recheck_at=first_look,
+        )
     if now - since <= grace_seconds:
         return Decision(
             Verdict.KEEP,
             "sandbox is up; executor reconnects by itself",
-            recheck_at=earliest(lifetime_check, early, since + grace_seconds + MARGIN_SECONDS),
+            recheck_at=earliest(
+                lifetime_check,
+                early,
+                since + grace_seconds + MARGIN_SECONDS,
+                None if bound is None else bound + MARGIN_SECONDS,
+            ),
             update=looked,
         )
     return Decision(
@@ -321,6 +361,58 @@ def decide(
         f"executor not connected for {now - since:.0f}s, past the grace period ({grace_seconds:g}s)",
         cause=replaced,
         recheck_at=first_look,
+    )
+
+
+def crash_backoff(crashes: int) -> float:
+    """How long the ``crashes``-th exit in a row waits before its sandbox is replaced: the first
+    not at all (one crash, an OOM kill, is replaced at once), then ``CRASH_BACKOFF_SECONDS``,
+    doubling, at most ``CRASH_BACKOFF_MAX_SECONDS``."""
+    if crashes <= 1:
+        return 0.0
+    return min(CRASH_BACKOFF_SECONDS * 2.0 ** min(crashes - 2, 30), CRASH_BACKOFF_MAX_SECONDS)
+
+
+def _exited(record: Record, health: Health, now: float) -> Decision:
+    """A sandbox whose executor exited (or that is gone) while a connection is wanted (L14): replaced,
+    at once when it is the first exit in a row, else once the crash loop's back-off is over
+    (``crash_backoff``; Kubernetes' CrashLoopBackOff). The count and the back-off's end live in the
+    record (``Record.crashes``, ``Record.backoff_until``), so every worker honours them; an executor
+    that stayed up and connected for ``CRASH_LOOP_RESET_SECONDS`` starts the count again."""
+    replaced = Cause.REPLACED
+    first_look = now + FIRST_LOOK_SECONDS
+    if record.backoff_until is not None:  # this exit was counted: its back-off runs or is over
+        if now < record.backoff_until:
+            return Decision(
+                Verdict.KEEP,
+                f"crash loop back-off: executor exited {record.crashes} times in a row; next start in "
+                f"{record.backoff_until - now:.0f}s",
+                recheck_at=record.backoff_until,
+            )
+        return Decision(
+            Verdict.REPLACE,
+            f"sandbox is {health.value}; crash loop back-off over (restart {record.crashes})",
+            cause=replaced,
+            recheck_at=first_look,
+            update=replace(record, backoff_until=None),
+        )
+    stayed_up = record.seen_connected and now - record.started_at >= CRASH_LOOP_RESET_SECONDS
+    crashes = 1 if stayed_up else record.crashes + 1
+    wait = crash_backoff(crashes)
+    if wait <= 0:
+        return Decision(
+            Verdict.REPLACE,
+            f"sandbox is {health.value}",
+            cause=replaced,
+            recheck_at=first_look,
+            update=replace(record, crashes=crashes),
+        )
+    return Decision(
+        Verdict.KEEP,
+        f"crash loop back-off: executor exited {crashes} times in a row; next start in {wait:g}s",
+        recheck_at=now + wait,
+        update=replace(record, crashes=crashes, backoff_until=now + wait),
+        crash_loop=True,
     )
 
 
@@ -338,23 +430,45 @@ def _looked(
     come back unseen, so the next look that sees it down starts the clock again, and the grace
     measures an outage seen from its start, never one pieced together across a blind spot. A
     look that sees it down longer than ``_blind_gap`` after the last one did (its reads were
-    retried through an API incident, say) is such a blind spot too: the clock starts again."""
-    if connected is True:
+    retried through an API incident, say) is such a blind spot too: the clock starts again. The
+    outage's first sighting (``Record.down_since``) stays through those restarts, until a look
+    sees the link up: it bounds them (``_bound``)."""
+    if connected is True:  # (``down_since`` is None whenever ``disconnected_at`` is)
         if record.disconnected_at is None and record.seen_connected and not record.link_unknown:
             return None
+        record = replace(record, down_since=None)  # the outage is over: seen up
         return replace(record, disconnected_at=None, seen_connected=True, link_unknown=False, link_looked_at=None)
     if connected is False and dropped and not record.seen_connected:
-        return replace(record, disconnected_at=now, seen_connected=True, link_looked_at=now)
-    if connected is False and (record.disconnected_at is None or record.link_unknown):
-        return replace(record, disconnected_at=now, link_unknown=False, link_looked_at=now)
+        return replace(record, disconnected_at=now, seen_connected=True, link_looked_at=now, down_since=now)
+    if connected is False and record.disconnected_at is None:
+        return replace(record, disconnected_at=now, link_unknown=False, link_looked_at=now, down_since=now)
+    if connected is False and record.link_unknown:  # a blind spot: the clock starts again, the outage goes on
+        return replace(record, disconnected_at=now, link_unknown=False, link_looked_at=now, down_since=_down(record))
     if connected is False and _clock_runs(record):
         last = record.link_looked_at if record.link_looked_at is not None else record.disconnected_at
         if last is not None and now - last > _blind_gap(grace_seconds):
-            return replace(record, disconnected_at=now, link_looked_at=now)
+            return replace(record, disconnected_at=now, link_looked_at=now, down_since=_down(record))
         return replace(record, link_looked_at=now)
     if connected is None and _clock_runs(record):
         return replace(record, link_unknown=True)
     return None
+
+
+def _down(record: Record) -> float | None:
+    """When the outage whose grace clock a blind spot restarts was first seen (``Record.down_since``;
+    for a record from before it was kept, or a new sandbox's clock, when its clock started)."""
+    if not record.seen_connected:
+        return None  # a new sandbox's clock runs from its start: no blind spot moves it
+    return record.down_since if record.down_since is not None else record.disconnected_at
+
+
+def _bound(record: Record, grace_seconds: float) -> float | None:
+    """When blind spots stop delaying the replacement of an executor whose link is down: the
+    grace clock may be restarted by blind spots, but only up to ``BLIND_SPOT_GRACES`` graces
+    after the first look that saw this outage (``Record.down_since``). None: no such outage."""
+    if not record.seen_connected or record.down_since is None:
+        return None
+    return record.down_since + BLIND_SPOT_GRACES * grace_seconds
 
 
 def _blind_gap(grace_seconds: float) -> float:
@@ -370,8 +484,9 @@ def unread(record: Record | None) -> Record | None:
     the grace clock when it runs (``Record.link_unknown``), so the next look that sees the link
     down starts the clock again. None: nothing to note (no clock runs, or it is noted already).
     The clock is only ever restarted by a look that sees the link down, so an executor really
-    gone is still replaced a grace after the first look that reads again (an API failing at
-    least once every grace period delays that for as long as it lasts)."""
+    gone is still replaced a grace after the first look that reads again, and at the latest by
+    the first look that reads it down ``BLIND_SPOT_GRACES`` graces after its outage was first
+    seen (``_bound``), however often the API fails in between."""
     if record is None or not _clock_runs(record):
         return None
     return replace(record, link_unknown=True)

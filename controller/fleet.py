@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from controller.decide import Decision
 from controller.lifecycle import Deps, decide_observed, observe
-from controller.model import LastDecision
+from controller.model import LastDecision, Record
 from controller.runners.base import Runner, Suspends
 from controller.store.base import SessionStore
 
@@ -43,6 +43,8 @@ class Row:
     """Seconds until the session's timer falls due (negative: overdue); None without a timer."""
     suspended: dict[str, float] | None = None
     """A checkpoint kept for the session (issue 29): ``size_bytes`` and ``age_seconds``."""
+    crash_loop: dict[str, float | int | None] | None = None
+    """A crash loop (``crash_loop``): its restart count and the seconds until the next start."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -60,6 +62,7 @@ class Row:
                 None if self.next_timer_in_seconds is None else round(self.next_timer_in_seconds, 1)
             ),
             "suspended": self.suspended,
+            "crash_loop": self.crash_loop,
         }
 
 
@@ -84,9 +87,20 @@ def status(store: SessionStore, decisions: DecisionLog, runner: Runner, runner_k
                 last=decisions.last_decision(session_id),
                 next_timer_in_seconds=_seconds_until(decisions.timer(session_id), now),
                 suspended=suspended,
+                crash_loop=crash_loop(record, now),
             )
         )
     return rows
+
+
+def crash_loop(record: Record | None, now: float) -> dict[str, float | int | None] | None:
+    """A session's crash loop as ``status`` and ``explain`` show it (Kubernetes' CrashLoopBackOff):
+    ``restarts``, the exits in a row (``Record.crashes``), and ``next_start_in_seconds`` while its
+    back-off runs (None once it is over); None when its executor is not crash-looping."""
+    if record is None or record.crashes < 2:
+        return None
+    left = None if record.backoff_until is None else round(max(0.0, record.backoff_until - now), 1)
+    return {"restarts": record.crashes, "next_start_in_seconds": left}
 
 
 def checkpoint_of(runner: Runner, session_id: str, now: float) -> dict[str, float] | None:
@@ -158,6 +172,7 @@ def explain(session_id: str, deps: Deps) -> Explanation:
         "health": health.value if health else None,
         "suspended": checkpoint_of(deps.runner, session_id, now),
         "executor_connected": seen.connected,
+        "crash_loop": crash_loop(record, now),
         "not_found_since": seen.missing.since if seen.missing is not None else None,
         "grace_seconds": deps.grace_seconds,
         "max_lifetime_seconds": deps.max_lifetime_seconds,

@@ -109,6 +109,8 @@ class Deps:
     """Other mapped sessions read to confirm a deletion (``Missing``)."""
     on_held: Callable[[], None] = lambda: None
     """Called for each deletion held because most sessions read answer 404 (a metric)."""
+    on_crash_loop: Callable[[], None] = lambda: None
+    """Called for each crash-loop back-off begun (``Decision.crash_loop``: a metric)."""
     on_start_failed: Callable[[str, str, bool], None] = lambda session_id, reason, permanent: None
     """Called with (session id, reason, permanent) for each sandbox start that failed (a metric,
     and the session's latest decision for ``status``/``explain``)."""
@@ -310,15 +312,30 @@ def act(lease: Lease, deps: Deps) -> Decision:
         if decision.refused is not None:
             _refused(decision, deps)
             return decision
+        if decision.crash_loop:
+            assert decision.update is not None
+            log.warning(
+                "crash loop back-off",
+                extra={"reason": decision.reason, "restarts": decision.update.crashes, "until": decision.recheck_at},
+            )
+            deps.on_crash_loop()
         if decision.held:
             log.error(
                 "deletions held",
                 extra={"reason": decision.reason, "missing_since": decision.missing_since},
             )
             deps.on_held()
+        if session is not None and decision.verdict in _ACTS:
+            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps no 404 mark
         _carry_out(lease, decision, seen, deps)
         deps.store.arm(lease, decision.recheck_at, decision.missing_since, decision.missing_reads)  # fenced
     return decision
+
+
+_ACTS = frozenset({Verdict.START, Verdict.REPLACE, Verdict.STOP, Verdict.RELEASE, Verdict.DISCARD})
+"""Verdicts carried out through the runner, which may fail (a start that fails raises): a round
+that found its session forgets the session's 404 marks before it acts on one of these. Other
+rounds forget them at their end (``arm``), with nothing between that could fail but the store."""
 
 
 def _blind_spot(lease: Lease, deps: Deps) -> None:
@@ -351,7 +368,8 @@ def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) 
     if decision.verdict in (Verdict.START, Verdict.REPLACE):
         assert session is not None
         stopping = record is not None and not record.stopped
-        _start(lease, session, record, now, decision.prestart, deps)
+        carried = decision.update or record  # the crash loop's count goes on with the new sandbox
+        _start(lease, session, record, now, decision.prestart, deps, carried.crashes if carried else 0)
         if stopping and decision.cause is not None:
             assert record is not None
             _stopped_log(decision, session, record, deps)
@@ -371,7 +389,7 @@ def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) 
             deps.runner.suspend(record.handle)  # checkpointed, then freed (issue 29); its workspace stays
         else:
             deps.runner.release(record.handle)  # the sandbox goes; its workspace stays (L16)
-        deps.store.save(lease, replace(record, stopped_at=now, disconnected_at=None, prestarted=False))
+        deps.store.save(lease, replace(record, stopped_at=now, disconnected_at=None, down_since=None, prestarted=False))
         _stopped_log(decision, session, record, deps)
     elif decision.verdict is Verdict.DISCARD:
         assert record is not None
@@ -420,7 +438,9 @@ def _refused(decision: Decision, deps: Deps) -> None:
     deps.on_refusal(decision.refused)
 
 
-def _start(lease: Lease, session: Session, record: Record | None, now: float, prestart: bool, deps: Deps) -> Handle:
+def _start(
+    lease: Lease, session: Session, record: Record | None, now: float, prestart: bool, deps: Deps, crashes: int = 0
+) -> Handle:
     generation = record.handle.generation + 1 if record else 1
     deps.store.check(lease)  # fenced: a worker that lost its lease must not act
     if record is not None:
@@ -444,6 +464,7 @@ def _start(lease: Lease, session: Session, record: Record | None, now: float, pr
             disconnected_at=now,  # not seen connected yet: the grace period starts now
             prestarted=prestart,
             lineage_started_at=handle.lineage_started_at or None,  # restored: its lifetime goes on
+            crashes=crashes,
         ),
     )
     log.info("sandbox started", extra={"sandbox": handle.name, "generation": handle.generation})

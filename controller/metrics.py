@@ -37,6 +37,10 @@ each worker or switch to prometheus_client's multiprocess mode.
     controller_deletions_held_total
         deletions a worker held because most sessions read to confirm them answered 404 (a wrong
         API key, project or base URL: ``decide.Missing``); each also a "deletions held" error
+    controller_sandbox_crash_loops_total
+        crash-loop back-offs begun: a sandbox's executor exited again (the second time in a row or
+        later, ``decide.crash_backoff``) and its replacement waits; each also a "crash loop
+        back-off" warning line
     controller_prestarts_skipped_total
         session creations that started no sandbox because the pre-start budget was used up
         (``CONTROLLER_PRESTART_MAX_SANDBOXES``); each also a "pre-start skipped" log line
@@ -148,6 +152,7 @@ LEASE_BUSY_TOTAL = "controller_lease_busy_total"
 DELETIONS_HELD_TOTAL = "controller_deletions_held_total"
 PRESTARTS_SKIPPED_TOTAL = "controller_prestarts_skipped_total"
 START_FAILURES_TOTAL = "controller_sandbox_start_failures_total"
+CRASH_LOOPS_TOTAL = "controller_sandbox_crash_loops_total"
 API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
 QUEUE_DEPTH = "controller_queue_depth"
 WORK_PENDING = "controller_work_pending"
@@ -258,6 +263,11 @@ class Metrics:
                 "Suspensions whose checkpoint image did not fit on the state volume (so the sandbox was "
                 "stopped), by reason: cap or reserve.",
                 ("reason",),
+                registry=self.registry,
+            ),
+            CRASH_LOOPS_TOTAL: Counter(
+                CRASH_LOOPS_TOTAL,
+                "Crash-loop back-offs begun: an executor exited again in a row and its replacement waits.",
                 registry=self.registry,
             ),
             START_FAILURES_TOTAL: Counter(

@@ -178,6 +178,18 @@ class Record:
     """When the last look that saw the link down while the grace clock ran was made: a look
     that comes much later than the looks' cadence (its reads retried past an API incident, say)
     may have missed the link coming back, so it starts the clock again (``decide._looked``)."""
+    down_since: float | None = None
+    """When the first look that saw this outage's link down was made (an executor that had
+    connected): unlike ``disconnected_at``, a blind spot does not move it, only a look that sees
+    the link up clears it; it bounds how long blind spots can delay a replacement
+    (``decide.BLIND_SPOT_GRACES``). None: no outage, or a record from before it was kept."""
+    crashes: int = 0
+    """Consecutive sandboxes of the session whose executor exited (or whose sandbox was gone)
+    before it had stayed up and connected for ``decide.CRASH_LOOP_RESET_SECONDS``: the
+    crash loop's restart count, carried from each sandbox to its replacement."""
+    backoff_until: float | None = None
+    """While a crash loop backs off: when the exited sandbox may be replaced (``decide``'s
+    crash-loop back-off); None otherwise."""
 
     @property
     def stopped(self) -> bool:

@@ -36,6 +36,7 @@ from controller.metrics import (
     CHECKPOINT_BYTES,
     CHECKPOINTS_REFUSED_TOTAL,
     COLD_STARTS_TOTAL,
+    CRASH_LOOPS_TOTAL,
     DECISIONS_TOTAL,
     DELETIONS_HELD_TOTAL,
     GAUGE_HELP,
@@ -391,6 +392,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         deletion_confirm_seconds=lifecycle.deletion_confirm_seconds,
         on_held=lambda: metrics.inc(DELETIONS_HELD_TOTAL),
         on_start_failed=note_start_failures(session_store, metrics),
+        on_crash_loop=lambda: metrics.inc(CRASH_LOOPS_TOTAL),
     )
 
 

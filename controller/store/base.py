@@ -97,6 +97,13 @@ class SessionStore(Protocol):
         of it, an operator's release asked included (the session was found, or is gone)."""
         ...
 
+    def found(self, lease: Lease) -> None:
+        """Fenced: forget that the session's reads answered 404 (what ``arm`` keeps of them, an
+        operator's release asked included): a read found it. A round that found the session
+        does this before it acts, so a round that then fails (a start that fails) cannot leave
+        the marks for a later 404 to count on."""
+        ...
+
     def missing_since(self, session_id: str) -> float | None:
         """When the session's reads began answering 404 (``arm``), or None."""
         ...

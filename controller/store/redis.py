@@ -203,6 +203,15 @@ end
 return 1
 """
 
+# A read that found the session: its 404 marks and any release asked go (``found``).
+_FOUND = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('HDEL', KEYS[2], ARGV[2])
+redis.call('HDEL', KEYS[3], ARGV[2])
+redis.call('HDEL', KEYS[4], ARGV[2])
+return 1
+"""
+
 # An operator's release of a session known to answer 404 (``ask_release``).
 _ASK_RELEASE = """
 if redis.call('HEXISTS', KEYS[1], ARGV[1]) == 0 then return 0 end
@@ -336,6 +345,7 @@ class RedisSessionStore:
         self._take_overdue = client.register_script(_TAKE_OVERDUE)
         self._arm = client.register_script(_ARM)
         self._ask_release = client.register_script(_ASK_RELEASE)
+        self._found = client.register_script(_FOUND)
         self._take_due = client.register_script(_TAKE_DUE)
         self._reserve_prestart = client.register_script(_RESERVE_PRESTART)
         self._note_decision = client.register_script(_NOTE_DECISION)
@@ -463,6 +473,15 @@ class RedisSessionStore:
             ok = self._arm(keys=keys, args=[lease.token, sid, due, missing, reads])
         if not ok:
             raise Fenced(f"lease of session {sid} lost; timer not armed")
+
+    def found(self, lease: Lease) -> None:
+        sid = lease.session_id
+        with _translated("forget the 404s"):
+            ok = self._found(
+                keys=[f"sc:lease:{sid}", MISSING_KEY, MISSING_READS_KEY, RELEASE_KEY], args=[lease.token, sid]
+            )
+        if not ok:
+            raise Fenced(f"lease of session {sid} lost; its 404s not forgotten")
 
     def missing_since(self, session_id: str) -> float | None:
         with _translated("read missing"):
@@ -594,6 +613,9 @@ def _record_fields(record: Record) -> dict[str, str]:
         "link_unknown": "1" if record.link_unknown else "0",
         "link_looked_at": "" if record.link_looked_at is None else repr(record.link_looked_at),
         "lineage_started_at": "" if record.lineage_started_at is None else repr(record.lineage_started_at),
+        "down_since": "" if record.down_since is None else repr(record.down_since),
+        "crashes": str(record.crashes),
+        "backoff_until": "" if record.backoff_until is None else repr(record.backoff_until),
     }
 
 
@@ -620,6 +642,9 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         link_unknown=data.get("link_unknown") == "1",
         link_looked_at=_optional_time(data.get("link_looked_at")),
         lineage_started_at=_optional_time(data.get("lineage_started_at")),
+        down_since=_optional_time(data.get("down_since")),
+        crashes=int(data.get("crashes") or "0"),
+        backoff_until=_optional_time(data.get("backoff_until")),
     )
 
 

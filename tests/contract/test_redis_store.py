@@ -725,6 +725,26 @@ def test_the_404_reads_and_an_operators_release_are_kept_with_the_mark(client: r
     assert client.hget("sc:missing:reads", sid) is None and client.hget("sc:release", sid) is None
 
 
+def test_a_good_read_forgets_the_404s_before_its_round_acts(client: redis.Redis, sid: str) -> None:
+    """L7/L17 (issue 37, item 1): ``found`` forgets the mark, the reads counted and a release asked
+    in one fenced step, leaving the session's timer as it was (the round arms it at its end, if
+    it gets there); a worker whose lease lapsed changes nothing."""
+    store = store_of(client, ttl=30)
+    store.want(sid)
+    lease = take(store, sid)
+    store.arm(lease, 1_700_000_061.0, missing_since=1_700_000_000.5, missing_reads=(2, 1_700_000_030.25))
+    assert store.ask_release(sid, 1_700_000_040.0) is True
+    client.delete(f"sc:lease:{sid}")  # the lease lapsed
+    with pytest.raises(Fenced):
+        store.found(lease)
+    assert store.not_found(sid) == NotFound(1_700_000_000.5, 2, 1_700_000_030.25, 1_700_000_040.0)
+    store.want(sid)
+    lease = take(store, sid)
+    store.found(lease)
+    assert store.not_found(sid) is None and store.timer(sid) == 1_700_000_061.0
+    assert client.hget("sc:missing:reads", sid) is None and client.hget("sc:release", sid) is None
+
+
 def test_sessions_to_compare_are_those_that_answer_first(client: redis.Redis, sid: str) -> None:
     """L17: the sessions read to confirm a deletion are mapped ones other than it, those not known
     to answer 404 only, unless every other one is known to."""
@@ -799,6 +819,12 @@ def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
     restored = replace(looked, lineage_started_at=1_699_999_000.5)  # issue 37: a restored lineage's first start
     store.save(lease, restored)
     assert store.record(sid) == restored
+    bounded = replace(looked, down_since=1_699_999_990.75)  # L14: when the outage was first seen
+    store.save(lease, bounded)
+    assert store.record(sid) == bounded
+    looping = replace(bounded, crashes=5, backoff_until=1_700_000_016.5)  # a crash loop's count and back-off
+    store.save(lease, looping)
+    assert store.record(sid) == looping
 
 
 def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:

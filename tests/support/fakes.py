@@ -237,6 +237,13 @@ class FakeStore:
                 if missing_reads is not None:
                     self.missing_reads[lease.session_id] = missing_reads
 
+    def found(self, lease: Lease) -> None:
+        with self._lock:
+            self._held(lease)
+            self.missing.pop(lease.session_id, None)
+            self.missing_reads.pop(lease.session_id, None)
+            self.releases.pop(lease.session_id, None)
+
     def missing_since(self, session_id: str) -> float | None:
         with self._lock:
             return self.missing.get(session_id)
@@ -453,6 +460,8 @@ class World:
         """Deletions held (``Deps.on_held``)."""
         self.prestarts_skipped = 0
         """Creations that started nothing for want of pre-start budget (``Deps.on_prestart_skipped``)."""
+        self.crash_loops = 0
+        """Crash-loop back-offs begun (``Deps.on_crash_loop``)."""
         self.refusals: Counter[str] = Counter()
         """Sessions refused a sandbox, by kind (``Deps.on_refusal``)."""
 
@@ -479,7 +488,11 @@ class World:
             on_held=self._held,
             trust_policy=trust_policy,
             on_refusal=self._refused,
+            on_crash_loop=self._crash_loop,
         )
+
+    def _crash_loop(self) -> None:
+        self.crash_loops += 1
 
     def _held(self) -> None:
         self.held += 1

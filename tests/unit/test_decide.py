@@ -92,7 +92,7 @@ def test_grace_counts_from_the_first_observed_disconnect_not_from_the_start() ->
     now = T0 + 8 * GRACE
     first = decide(make_session(), old, Health.RUNNING, False, now, GRACE, ROUTING)
     assert first.verdict is Verdict.KEEP
-    assert first.update == replace(old, disconnected_at=now, link_looked_at=now)
+    assert first.update == replace(old, disconnected_at=now, link_looked_at=now, down_since=now)
     assert first.recheck_at is not None and now < first.recheck_at <= now + GRACE + 1
     seen = first.update
     step = GRACE / OUTAGE_LOOKS
@@ -105,7 +105,7 @@ def test_grace_counts_from_the_first_observed_disconnect_not_from_the_start() ->
     assert late.verdict is Verdict.REPLACE
     back = decide(make_session(), seen, Health.RUNNING, True, now + 1, GRACE, ROUTING)
     assert back.verdict is Verdict.KEEP
-    assert back.update == replace(seen, disconnected_at=None, seen_connected=True, link_looked_at=None)
+    assert back.update == replace(seen, disconnected_at=None, seen_connected=True, link_looked_at=None, down_since=None)
 
 
 @pytest.mark.parametrize("health", [Health.GONE, Health.FAILED, Health.TERMINATING, None])

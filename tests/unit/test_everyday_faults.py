@@ -18,9 +18,9 @@ from collections.abc import Callable
 
 import pytest
 
-from controller.decide import FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, Verdict
-from controller.errors import ApiUnavailable
-from controller.model import Session, SessionStatus
+from controller.decide import BLIND_SPOT_GRACES, FIRST_LOOK_SECONDS, HELD_RECHECK_MAX_SECONDS, OUTAGE_LOOKS, Verdict
+from controller.errors import ApiUnavailable, RunnerRejected, StartFailed
+from controller.model import Health, Session, SessionStatus
 from tests.support.fakes import GRACE, T0, World, make_session, verdicts
 
 WANTS = make_session()
@@ -298,10 +298,11 @@ def test_a_drop_after_a_stretch_the_session_could_not_be_read_is_timed_from_the_
     assert world.count("ensure") == 1 and world.count("release") == 0
 
 
-def test_a_link_down_for_good_through_an_api_outage_is_replaced_a_grace_after_the_reads_answer() -> None:
-    """L14: a blind spot delays a replacement, never prevents it: a link down for good (seen down
-    before the outage and after it) through 30 s of failing session reads is replaced a grace
-    after the first look that reads again, once."""
+def test_a_link_down_for_good_through_an_api_outage_is_replaced_by_the_first_look_that_reads_it() -> None:
+    """L14: a blind spot delays a replacement, never past its bound: a link down for good (seen
+    down before the outage and after it) through 30 s of failing session reads is replaced by
+    the first look that reads it again, once, since its outage was first seen more than
+    ``BLIND_SPOT_GRACES`` graces before."""
     world = World()
     world.deps.grace_seconds = 10.0
     started(world)
@@ -316,9 +317,41 @@ def test_a_link_down_for_good_through_an_api_outage_is_replaced_a_grace_after_th
         unreadable(world, at)
     world.sessions.unavailable = False
     world.clock.advance(T0 + 52.0 - world.clock.now())
-    assert verdicts(world.deliver()) == [Verdict.KEEP]  # seen down: the clock starts again
-    assert Verdict.REPLACE not in run_timers_until(world, 61.0)
-    assert run_timers_until(world, 66.0).count(Verdict.REPLACE) == 1 and world.count("ensure") == 2
+    assert verdicts(world.deliver()) == [Verdict.REPLACE]
+    assert world.count("ensure") == 2
+
+
+def test_a_wedged_executor_is_replaced_within_two_graces_while_the_api_fails_a_read_every_few_seconds() -> None:
+    """L14/L15 (issue 37, item 3): grace 20 s; an executor that had connected is wedged (its link
+    down for good) while the API fails three environment reads every 8 s. Each failed read is a
+    blind spot that restarts the grace clock, so the clock alone never reaches the grace; but
+    blind spots extend it at most ``BLIND_SPOT_GRACES`` graces from the first look that saw the
+    link down: the executor is replaced once, at most two graces and a look after that look,
+    well inside the API's five minutes — not at the end of the connection window."""
+    world = World()
+    seen = in_a_turn(world, grace=20.0)
+    seen += link_drops(world)  # wedged from 20 s on: the link never comes back
+    first_seen = world.clock.now()
+    replaced_at = None
+    for _ in range(1000):  # bounded: a timer that fell due again at once would spin
+        if world.clock.now() >= T0 + 300 or replaced_at is not None:
+            break
+        cycle = world.clock.now() - first_seen
+        readable = cycle % 8 >= 3  # the environment's reads fail for 3 s of every 8
+        if readable:
+            world.sessions.connected["env_1"] = False
+        else:
+            world.sessions.connected.pop("env_1", None)
+        due = world.store.timer("sess_1")
+        assert due is not None
+        world.clock.advance(max(0.0, min(due, world.clock.now() + 1.0) - world.clock.now()))
+        if due <= world.clock.now():
+            fired = world.fire_timers().get("sess_1", [])
+            if Verdict.REPLACE in fired:
+                replaced_at = world.clock.now()
+    assert Verdict.REPLACE not in seen
+    assert replaced_at is not None and replaced_at - first_seen <= BLIND_SPOT_GRACES * 20.0 + 20.0 / OUTAGE_LOOKS + 1
+    assert world.count("ensure") == 2
 
 
 def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
@@ -508,6 +541,48 @@ def test_a_release_asked_is_forgotten_when_the_session_answers_again() -> None:
     del world.sessions.sessions["sess_1"]
     world.deliver()
     assert world.count("release") == 0 and world.store.releases == {}
+
+
+def found_by_failing_rounds(world: World, release_asked: bool = False) -> None:
+    """sess_1 answered 404 twice (two of the three spread reads counted: at T0 and half-way), and
+    an operator asked for its release when ``release_asked``; from T0 + 35 s it reads fine and asks
+    for a connection, but its executor has exited and each round's replacement fails to start (the
+    executor binary is being replaced): four rounds that raise."""
+    assert verdicts(world.deliver()) == [Verdict.KEEP]  # the first 404
+    assert fire_until(world, CONFIRM / 2 + 1)["sess_1"] == [Verdict.KEEP]  # the second, half-way
+    assert world.store.not_found("sess_1") is not None
+    if release_asked:
+        assert world.store.ask_release("sess_1", world.clock.now())
+    world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
+    sandbox = world.store.record("sess_1")
+    assert sandbox is not None
+    world.runner.set_health(sandbox.handle, Health.FAILED)
+    world.runner.fail_ensure = RunnerRejected("exec failed: the executor binary is being replaced")
+    for at in (35.0, 40.0, 45.0, 50.0):
+        world.clock.advance(T0 + at - world.clock.now())
+        with pytest.raises(StartFailed):
+            world.deliver()
+    world.runner.fail_ensure = None
+
+
+@pytest.mark.parametrize("release_asked", [False, True], ids=["marks", "release-asked"])
+def test_a_good_read_forgets_the_404s_even_when_its_round_fails(release_asked: bool) -> None:
+    """L7/L17 (issue 37, item 1): 404, 404, then the session reads fine (``requires_action``) in
+    rounds that each fail (the replacement's start fails), then one more 404 after the period:
+    that is one 404, not a deletion. A good read forgets the session's 404 marks before its round
+    acts, whatever the round does next; so does an operator's release asked meanwhile (it applies
+    to a session that still answers 404, never to a later one). The sandbox's record and
+    workspace stay, and the next read that finds the session starts its executor."""
+    world = gone_world()
+    found_by_failing_rounds(world, release_asked)
+    del world.sessions.sessions["sess_1"]  # one 404, a period after the first
+    world.clock.advance(T0 + CONFIRM + 5 - world.clock.now())
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    assert world.count("discard") == 0 and world.runner.keeps_workspace("sess_1")
+    assert world.store.record("sess_1") is not None and world.stopped == []
+    assert world.store.missing == {"sess_1": world.clock.now()} and world.store.releases == {}  # a first 404
+    world.sessions.put(make_session("sess_1", env_id="env_sess_1"))
+    assert verdicts(world.deliver()) == [Verdict.REPLACE] and "sess_1" in world.runner.live
 
 
 def test_a_kept_workspace_without_a_sandbox_waits_for_the_confirmation_too() -> None:

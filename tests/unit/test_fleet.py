@@ -153,3 +153,27 @@ def test_status_lists_every_mapped_session_with_its_last_decision() -> None:
         "checkpoint_bytes": 0,
     }
     assert world.runner.calls == []
+
+
+def test_status_and_explain_show_a_crash_loop_with_its_restarts_and_the_time_left() -> None:
+    """L14 (issue 37, item 2): a session whose executor exited twice in a row is backing off:
+    ``status`` and ``explain`` show the exits in a row and the seconds until the next start, as
+    Kubernetes shows a CrashLoopBackOff; ``explain`` decides the same wait as ``act``, and
+    neither starts anything."""
+    world = World()
+    world.sessions.put(make_session())
+    world.deliver()
+    for _ in range(2):  # two exits in a row: the second backs off
+        saved = world.store.record("sess_1")
+        assert saved is not None
+        world.runner.set_health(saved.handle, Health.FAILED)
+        world.clock.advance(1)
+        world.deliver()
+    calls = list(world.runner.calls)
+    explained = fleet.explain("sess_1", world.deps)
+    assert explained.observed["crash_loop"] == {"restarts": 2, "next_start_in_seconds": 2.0}
+    assert explained.decision.verdict is Verdict.KEEP and "crash loop back-off" in explained.decision.reason
+    [row] = fleet.status(world.store, _Decisions({}), world.runner, "local", world.clock.now() + 0.5)
+    assert row.crash_loop == {"restarts": 2, "next_start_in_seconds": 1.5}
+    assert row.to_json()["crash_loop"] == row.crash_loop
+    assert world.runner.calls == calls

@@ -5,10 +5,18 @@ is tests/unit/test_decide.py.
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
-from controller import timers
-from controller.decide import FIRST_LOOK_SECONDS, Cause, Verdict
+from controller import fleet, timers
+from controller.decide import (
+    CRASH_LOOP_RESET_SECONDS,
+    FIRST_LOOK_SECONDS,
+    Cause,
+    Verdict,
+    crash_backoff,
+)
 from controller.errors import Fenced
 from controller.model import Health, SessionStatus
 from tests.support.fakes import GRACE, T0, World, idle_since, make_session, verdicts
@@ -52,8 +60,9 @@ def test_every_start_arms_a_first_look_soon_then_until_the_grace_is_over() -> No
 
 def test_a_crash_looping_sandbox_is_looked_at_again_after_each_replacement() -> None:
     """L15: between a start and the next event, a timer re-checks the sandbox soon after its
-    start; one that died meanwhile is replaced at once (and re-checked again), so a crash loop
-    cannot use up the API's five-minute connection window waiting for the sweep."""
+    start; one that died meanwhile is replaced (at once the first time, then after the crash
+    loop's back-off, whose end is the session's timer), so a crash loop cannot use up the API's
+    five-minute connection window waiting for the sweep."""
     world = started_world()
     world.sessions.connected["env_1"] = False
     for generation in (1, 2, 3):
@@ -61,10 +70,62 @@ def test_a_crash_looping_sandbox_is_looked_at_again_after_each_replacement() -> 
         assert saved is not None and saved.handle.generation == generation
         world.runner.set_health(saved.handle, Health.FAILED)  # the executor crashed right away
         world.clock.advance(FIRST_LOOK_SECONDS)
-        assert world.fire_timers() == {"sess_1": [Verdict.REPLACE]}
+        fired = world.fire_timers()
+        if generation > 1:  # backing off: the timer falls due at the back-off's end
+            assert fired == {"sess_1": [Verdict.KEEP]}
+            world.clock.advance(crash_backoff(generation))
+            fired = world.fire_timers()
+        assert fired == {"sess_1": [Verdict.REPLACE]}
         assert world.store.timer("sess_1") == world.clock.now() + FIRST_LOOK_SECONDS
     assert world.stopped == ["replaced"] * 3
     assert world.runner.max_live["sess_1"] == 1
+
+
+def crash_loop(world: World, until: float) -> list[float]:
+    """Every executor started exits before its first look, as one refused its registration does;
+    the session's timers fire as they fall due, up to ``until`` seconds after T0, and each
+    delivery the API would send meanwhile (it asks for a connection again) comes 0.5 s after an
+    exit is seen. When (seconds after T0) each replacement started."""
+    starts = []
+    while (due := world.store.timer("sess_1")) is not None and due <= T0 + until:
+        saved = world.store.record("sess_1")
+        assert saved is not None
+        world.runner.set_health(saved.handle, Health.FAILED)
+        world.clock.advance(max(0.0, due - world.clock.now()))
+        if world.fire_timers()["sess_1"] == [Verdict.REPLACE]:
+            starts.append(world.clock.now() - T0)
+        elif world.store.timer("sess_1") is not None:
+            world.clock.advance(0.5)
+            assert verdicts(world.deliver()) == [Verdict.KEEP]  # backing off: a request starts nothing
+    return starts
+
+
+def test_an_executor_that_exits_at_each_start_is_restarted_with_a_growing_back_off() -> None:
+    """L14/L15 (issue 37, item 2): an executor that exits at once, every time (the API refuses its
+    registration), is not restarted every look: the first exit is replaced at once, each one
+    after it waits 2 s, doubling, at most a minute (Kubernetes' CrashLoopBackOff), the wait kept
+    in the store (the record and the session's timer: every worker honours it, and a delivery
+    meanwhile starts nothing). Each back-off is counted and ``status``/``explain`` show the
+    restarts and the time left. An executor that then stays up and connected long enough
+    (``CRASH_LOOP_RESET_SECONDS``) ends the loop: its next exit is replaced at once."""
+    world = started_world()
+    world.sessions.connected["env_1"] = False
+    starts = crash_loop(world, 400.0)
+    assert [b - a for a, b in itertools.pairwise([0.0, *starts])] == [1, 3, 5, 9, 17, 33, 61, 61, 61, 61, 61]
+    assert world.crash_loops == len(starts) and world.count("ensure") == 1 + len(starts)  # the last: backing off
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.handle.generation == 1 + len(starts) and saved.backoff_until is not None
+    shown = fleet.crash_loop(saved, saved.backoff_until - 10)
+    assert shown == {"restarts": 12, "next_start_in_seconds": 10.0}
+    world.clock.advance(saved.backoff_until - world.clock.now())
+    assert world.fire_timers() == {"sess_1": [Verdict.REPLACE]}
+    world.sessions.connected["env_1"] = True  # the cause passed: it connects and stays up
+    world.clock.advance(CRASH_LOOP_RESET_SECONDS)
+    assert verdicts(world.deliver()) == [Verdict.KEEP]
+    saved = world.store.record("sess_1")
+    assert saved is not None and saved.crashes == 0 and fleet.crash_loop(saved, world.clock.now()) is None
+    world.runner.set_health(saved.handle, Health.FAILED)  # one crash after that: replaced at once
+    assert verdicts(world.deliver()) == [Verdict.REPLACE]
 
 
 def test_idle_session_is_stopped_by_its_timer_and_keeps_its_workspace() -> None:
