@@ -316,7 +316,7 @@ def decide(
             cause=Cause.LIFETIME,
             recheck_at=first_look,
         )
-    looked = _looked(record, connected, now, grace_seconds, link_dropped)
+    looked = _looked(record, connected, now, grace_seconds, link_dropped, asked=True)
     if record.prestarted:  # asked for: it no longer counts against the pre-start budget
         looked = replace(looked or record, prestarted=False)
     current = looked or record
@@ -327,14 +327,28 @@ def decide(
             looked = replace(current, crashes=0)
         return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
     since = current.disconnected_at
-    if connected is None or since is None:  # the link state is unknown (API error): never a reason to replace
+    bound = _bound(current, grace_seconds)
+    if connected is None and bound is not None and now >= bound and current.down_since is not None:
+        return Decision(
+            Verdict.REPLACE,
+            f"executor not seen connected for {now - current.down_since:.0f}s since the API asked for a "
+            f"connection, and looks could not read its link (at most {BLIND_SPOT_GRACES} graces of "
+            f"{grace_seconds:g}s)",
+            cause=replaced,
+            recheck_at=first_look,
+        )
+    if connected is None or since is None:  # the link state is unknown (API error): not yet a reason to replace
         return Decision(
             Verdict.KEEP,
             "executor link state unknown; looking again later",
-            recheck_at=earliest(lifetime_check, early, now + grace_seconds + MARGIN_SECONDS),
+            recheck_at=earliest(
+                lifetime_check,
+                early,
+                now + grace_seconds + MARGIN_SECONDS,
+                None if bound is None else bound + MARGIN_SECONDS,
+            ),
             update=looked,
         )
-    bound = _bound(current, grace_seconds)
     if bound is not None and now >= bound:
         down = now - current.down_since if current.down_since is not None else 0.0
         return Decision(
@@ -417,7 +431,12 @@ def _exited(record: Record, health: Health, now: float) -> Decision:
 
 
 def _looked(
-    record: Record, connected: bool | None, now: float, grace_seconds: float, dropped: bool = False
+    record: Record,
+    connected: bool | None,
+    now: float,
+    grace_seconds: float,
+    dropped: bool = False,
+    asked: bool = False,
 ) -> Record | None:
     """The record after a look at the executor's link, or None when the look changes nothing.
 
@@ -432,7 +451,11 @@ def _looked(
     look that sees it down longer than ``_blind_gap`` after the last one did (its reads were
     retried through an API incident, say) is such a blind spot too: the clock starts again. The
     outage's first sighting (``Record.down_since``) stays through those restarts, until a look
-    sees the link up: it bounds them (``_bound``)."""
+    sees the link up: it bounds them (``_bound``). A look that could not read the link of an
+    executor that had connected, with no clock running, while the API asks for a connection
+    (``asked``: the API's own word that no executor is connected) starts the clock as a blind
+    spot: the request is the outage's first sighting, so an executor whose link no look can
+    read is still replaced within the bound."""
     if connected is True:  # (``down_since`` is None whenever ``disconnected_at`` is)
         if record.disconnected_at is None and record.seen_connected and not record.link_unknown:
             return None
@@ -451,6 +474,8 @@ def _looked(
         return replace(record, link_looked_at=now)
     if connected is None and _clock_runs(record):
         return replace(record, link_unknown=True)
+    if connected is None and asked and record.seen_connected and not record.stopped and record.disconnected_at is None:
+        return replace(record, disconnected_at=now, link_unknown=True, link_looked_at=now, down_since=now)
     return None
 
 

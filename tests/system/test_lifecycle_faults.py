@@ -137,7 +137,8 @@ def test_a_wedged_executor_is_replaced_while_the_api_fails_a_read_every_few_seco
     down between the blind spots.) Each failed look is a blind spot that
     restarts the grace clock, which then never reached the grace; blind spots extend it at most
     once, so the executor is replaced (within two graces and a look of the first look that saw
-    it down), long before the API's five minutes are over."""
+    it down, or that met the API's request for a connection and could not read the link: the
+    faults, armed by count, can meet every look), long before the API's five minutes are over."""
     settings = {"CONTROLLER_EXECUTOR_GRACE_SECONDS": str(GRACE), "CONTROLLER_RECONCILE_INTERVAL_SECONDS": "300"}
     with started(tmp_path, receivers=1, extra_env=settings) as loop:
         with loop.api() as client:

@@ -354,6 +354,33 @@ def test_a_wedged_executor_is_replaced_within_two_graces_while_the_api_fails_a_r
     assert world.count("ensure") == 2
 
 
+def test_an_executor_whose_link_no_look_can_read_is_replaced_within_two_graces_of_the_request() -> None:
+    """L14/L15 (issue 37, item 3): grace 20 s; an executor that had connected is wedged, the API
+    asks for a connection again, and every read of the environment fails whenever a look comes
+    (an environments endpoint that is down, or failures that happen to meet every look): no
+    look ever sees the link down. The API's own request for a connection is the evidence the
+    outage began; unreadable links delay the replacement at most ``BLIND_SPOT_GRACES`` graces
+    from the first look that met that request, then the executor is replaced once — not at the
+    end of the connection window."""
+    world = World()
+    seen = in_a_turn(world, grace=20.0)
+    world.sessions.connected.pop("env_1", None)  # every link read fails from now on
+    world.sessions.put(WANTS)
+    seen += verdicts(world.deliver())
+    asked = world.clock.now()
+    replaced_at = []
+    for _ in range(1000):  # bounded: a timer that fell due again at once would spin
+        due = world.store.timer("sess_1")
+        if due is None or due > T0 + 300:
+            break
+        world.clock.advance(max(0.0, due - world.clock.now()))
+        replaced_at += [world.clock.now()] * world.fire_timers().get("sess_1", []).count(Verdict.REPLACE)
+    assert Verdict.REPLACE not in seen
+    assert len(replaced_at) == 1, replaced_at
+    assert replaced_at[0] - asked <= BLIND_SPOT_GRACES * 20.0 + 20.0 + 1
+    assert world.count("ensure") == 2
+
+
 def test_a_link_down_for_good_is_replaced_once_its_reads_answer_again() -> None:
     """L14: the blind spot delays a replacement, never prevents it: a link down for good whose
     reads fail for a while is replaced a grace after the first look that reads it again."""
