@@ -65,12 +65,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from controller.runners import cgroups
+
 __all__ = [
     "CheckpointFailed",
     "Dumped",
     "Room",
     "advance_clocks",
     "close_links",
+    "drop_argv",
     "dump",
     "has_sys_resource",
     "host_can_checkpoint",
@@ -145,15 +148,16 @@ def has_sys_resource() -> bool:
     return False
 
 
+def drop_argv(identity: tuple[int, int]) -> list[str]:
+    """The prefix that runs the rest of an argv as ``identity`` (uid, gid), with no supplementary groups."""
+    return ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
+
+
 def pid_namespace_argv(argv: Sequence[str], identity: tuple[int, int] | None) -> list[str]:
     """``argv`` run as pid 2 of a new pid namespace (pid 1: a root ``unshare --fork`` waiting
     for it, session leader there), and of a new time namespace where the kernel has them, as
     ``identity`` (uid, gid; None: this process's own), its stderr joined to its stdout."""
-    drop = (
-        []
-        if identity is None
-        else ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
-    )
+    drop = [] if identity is None else drop_argv(identity)
     redirect = ["sh", "-c", 'exec "$@" 2>&1', "sh"]
     time = ["--time"] if Path("/proc/self/ns/time").exists() else []  # its clocks, moved on at restore
     return ["unshare", "--pid", *time, "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
@@ -380,9 +384,10 @@ def dump(binary: str, pid: int, images: Path) -> Dumped:
     return Dumped(seconds=time.monotonic() - started, size_bytes=image_size(images))
 
 
-def restore(binary: str, images: Path) -> int:
+def restore(binary: str, images: Path, cgroup: Path | None = None) -> int:
     """Restore the tree checkpointed in ``images``, detached; its first process's pid (as this
-    process sees it)."""
+    process sees it). With ``cgroup``, CRIU runs in it and leaves the cgroups alone
+    (``--manage-cgroups=ignore``), so every process it restores is born in that cgroup."""
     path = resolve(binary)
     if path is None:
         raise CheckpointFailed(f"{binary!r} not found")
@@ -391,6 +396,8 @@ def restore(binary: str, images: Path) -> int:
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
     argv = [path, "restore", "-D", ".", "-W", ".", "--tcp-close", "--file-locks", "--restore-detached"]
+    if cgroup is not None:
+        argv = cgroups.join_argv(cgroup, [*argv, "--manage-cgroups=ignore"])
     try:
         done = subprocess.run(
             [*argv, "--pidfile", pidfile.name, "-v2", "-o", "restore.log"],

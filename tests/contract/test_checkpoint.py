@@ -174,7 +174,12 @@ def separate() -> Iterator[tuple[LocalRunner, Path, Path]]:
 
 def assert_runs_as_the_sessions_uid(runner: LocalRunner, handle: Handle, uid: int) -> None:
     leader = int(handle.uid.split(":")[0])
-    pids = runner.processes(handle)
+    inside = os.readlink(f"/proc/{leader}/ns/pid")
+    everything = runner.processes(handle)
+    pids = [p for p in everything if os.readlink(f"/proc/{p}/ns/pid") == inside]
+    # Outside the namespace, in the sandbox's cgroup: only the root ``unshare`` that made it.
+    for pid in set(everything) - set(pids):
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"unshare", pid
     assert len(pids) >= 3  # pid 1 (root, waiting), the executor, its background child
     for pid in pids:
         if pid != leader:
