@@ -149,11 +149,7 @@ def cmd_worker(args: argparse.Namespace) -> int:
         logs.get("controller.worker").warning("codex sandbox unavailable", extra={"reason": warning})
     if settings.runner.kind == "local":
         local = wiring.local_runner(settings)  # creates the state directory (checked again once created)
-        if not local.contained:  # README, "what a sandbox process can escape"
-            logs.get("controller.worker").warning(
-                "sandbox processes not contained: a process that leaves its sandbox's session outlives it",
-                extra={"reason": local.containment},
-            )
+        wiring.say_if_not_contained(local)
     if settings.metrics.port:
         wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)
