@@ -31,6 +31,7 @@ from controller import (
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import RECEIVER_REFUSED_TOTAL, Metrics, serve_metrics
+from controller.runners import cgroups
 from controller.runners.checkpoint import host_can_checkpoint
 
 
@@ -76,6 +77,9 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         mode = settings.runner.local_idle_suspend
         verdict = "can" if can else "cannot"
         print(f"checkpoint (idle suspend: {mode}): {verdict} checkpoint here: {reason}", file=sys.stderr)
+        where, why = cgroups.parent(make=False)
+        contained = "contained" if where else "not contained (a process that leaves its session outlives it)"
+        print(f"sandbox processes: {contained}: {why}", file=sys.stderr)
     if args.session is not None:
         refused += _check_session(settings, args.session)
     return 1 if refused else 0
@@ -144,7 +148,8 @@ def cmd_worker(args: argparse.Namespace) -> int:
     for warning in wiring.preflight_warnings(settings, "worker"):
         logs.get("controller.worker").warning("codex sandbox unavailable", extra={"reason": warning})
     if settings.runner.kind == "local":
-        wiring.local_runner(settings)  # creates the state directory (checked again once created)
+        local = wiring.local_runner(settings)  # creates the state directory (checked again once created)
+        wiring.say_if_not_contained(local)
     if settings.metrics.port:
         wiring.serve_worker_metrics(settings, args.metrics_host)  # before any metric exists
     app = wiring.worker_app(settings)

@@ -180,6 +180,16 @@ def local_runner(settings: Settings, counters: Counters | None = None) -> LocalR
     )
 
 
+def say_if_not_contained(runner: LocalRunner) -> None:
+    """One warning line at a worker's start when its sandboxes get no cgroup (README: what a
+    sandbox process can escape then), with the reason."""
+    if not runner.contained:
+        log.warning(
+            "sandbox processes not contained: a process that leaves its sandbox's session outlives it",
+            extra={"reason": runner.containment},
+        )
+
+
 def executor_identity(settings: Settings) -> RunAs | UidRange | None:
     """Whom the local runner's executors run as, when this process is root: a uid of
     ``CONTROLLER_LOCAL_EXECUTOR_UIDS`` per session, else ``CONTROLLER_LOCAL_EXECUTOR_USER``;

@@ -37,7 +37,15 @@ meanwhile ends at once); wall-clock time is the host's.
 **Restore** (``restore``):
 ``criu restore --restore-detached`` brings the tree back and returns the new outer pid of its
 first process; the images are then removed by the caller. Errors are ``CheckpointFailed`` with
-the reason (the end of CRIU's log): the caller falls back to a fresh start.
+the reason (the end of CRIU's log): the caller falls back to a fresh start. The dump records each
+image's size (``manifest.json``; ``advance_clocks``, which rewrites the time namespace's image,
+records its new size), and a restore refuses images of another size at once (a disk that
+filled during the dump, a cut file: CRIU 4.2.1 given a cut pages image restores a task that
+spins for good instead of failing). A restore is given up after ``restore_bound`` (a base plus
+a share per MiB of images) or when CRIU fails: CRIU and every process it restored are killed,
+nothing is left running. With the sandbox's cgroup (``runners/cgroups.py``), CRIU runs in it,
+so its ``cgroup.kill`` ends CRIU and the whole tree; without one, each task CRIU forked (pid 1
+of the restored pid namespace, whose death ends the rest of it) and CRIU are SIGKILLed.
 
 **Room** (``Room``, ``refusal``): images live on the state directory's volume, beside the live
 sessions' workspaces. Before a dump the runner estimates the image from the tree's memory
@@ -56,14 +64,19 @@ reason in one line (``check-config`` prints it).
 from __future__ import annotations
 
 import ctypes
+import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import time
 from collections.abc import Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+from controller.runners import cgroups
 
 __all__ = [
     "CheckpointFailed",
@@ -71,6 +84,7 @@ __all__ = [
     "Room",
     "advance_clocks",
     "close_links",
+    "drop_argv",
     "dump",
     "has_sys_resource",
     "host_can_checkpoint",
@@ -79,13 +93,19 @@ __all__ = [
     "pid_namespace_argv",
     "refusal",
     "restore",
+    "restore_bound",
     "tree_memory",
     "volume",
 ]
 
 _CHECK_SECONDS = 30.0
 _DUMP_SECONDS = 120.0
-_RESTORE_SECONDS = 120.0
+_RESTORE_BASE_SECONDS = 5.0
+_RESTORE_SECONDS_PER_MIB = 0.05
+_MIB = 1 << 20
+_GONE_WAIT_SECONDS = 5.0
+MANIFEST = "manifest.json"
+"""Beside the images: each image file's size as the dump wrote it (``{name: bytes}``)."""
 
 
 class CheckpointFailed(Exception):
@@ -145,15 +165,16 @@ def has_sys_resource() -> bool:
     return False
 
 
+def drop_argv(identity: tuple[int, int]) -> list[str]:
+    """The prefix that runs the rest of an argv as ``identity`` (uid, gid), with no supplementary groups."""
+    return ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
+
+
 def pid_namespace_argv(argv: Sequence[str], identity: tuple[int, int] | None) -> list[str]:
     """``argv`` run as pid 2 of a new pid namespace (pid 1: a root ``unshare --fork`` waiting
     for it, session leader there), and of a new time namespace where the kernel has them, as
     ``identity`` (uid, gid; None: this process's own), its stderr joined to its stdout."""
-    drop = (
-        []
-        if identity is None
-        else ["setpriv", f"--reuid={identity[0]}", f"--regid={identity[1]}", "--clear-groups", "--"]
-    )
+    drop = [] if identity is None else drop_argv(identity)
     redirect = ["sh", "-c", 'exec "$@" 2>&1', "sh"]
     time = ["--time"] if Path("/proc/self/ns/time").exists() else []  # its clocks, moved on at restore
     return ["unshare", "--pid", *time, "--fork", "--", "setsid", "unshare", "--fork", "--", *drop, *redirect, *argv]
@@ -343,7 +364,10 @@ def advance_clocks(images: Path, seconds: int) -> bool:
                 out += _encode_varint(key) + _encode_varint(len(field)) + field
         except IndexError:
             return False
+        intact = _recorded(images).get(image.name) == len(raw)  # (else the restore refuses it)
         image.write_bytes(raw[:8] + len(out).to_bytes(4, "little") + bytes(out) + raw[12 + size :])
+        if intact:
+            _record_size(images, image.name)
         return True
     return False
 
@@ -377,34 +401,141 @@ def dump(binary: str, pid: int, images: Path) -> Dumped:
         raise CheckpointFailed(f"criu dump: {exc}") from exc
     if done.returncode != 0:
         raise CheckpointFailed(f"criu dump exited {done.returncode}: {_log_tail(images / 'dump.log')}")
+    (images / MANIFEST).write_text(json.dumps(_sizes(images)))
     return Dumped(seconds=time.monotonic() - started, size_bytes=image_size(images))
 
 
-def restore(binary: str, images: Path) -> int:
+def _sizes(images: Path) -> dict[str, int]:
+    """Each image file's size in bytes, by name."""
+    return {entry.name: entry.stat().st_size for entry in images.iterdir() if entry.name.endswith(".img")}
+
+
+def _recorded(images: Path) -> dict[str, int]:
+    """The manifest's sizes ({} without a readable one)."""
+    try:
+        recorded = json.loads((images / MANIFEST).read_text())
+    except (OSError, ValueError):
+        return {}
+    return recorded if isinstance(recorded, dict) else {}
+
+
+def _record_size(images: Path, name: str) -> None:
+    """Record ``name``'s size now in the manifest (an image the runner itself rewrote)."""
+    recorded = _recorded(images)
+    recorded[name] = (images / name).stat().st_size
+    (images / MANIFEST).write_text(json.dumps(recorded))
+
+
+def _check_manifest(images: Path) -> None:
+    """``CheckpointFailed`` when an image is missing, added or not the size the dump wrote (a
+    disk that filled, a cut file): CRIU given such images may never finish. A checkpoint from
+    before the manifest (none there) is not checked."""
+    if not (images / MANIFEST).exists():
+        return
+    recorded = _recorded(images)
+    if not recorded:
+        raise CheckpointFailed("the checkpoint's manifest is unreadable")
+    found = _sizes(images)
+    for name in sorted(set(recorded) | set(found)):
+        if recorded.get(name) != found.get(name):
+            raise CheckpointFailed(
+                f"image {name} is {found.get(name, 'missing')} bytes on disk, {recorded.get(name, 'absent')} "
+                "at the dump: cut or changed since"
+            )
+
+
+def restore_bound(size_bytes: int) -> float:
+    """Seconds a restore of ``size_bytes`` of images is given before it is given up: a base plus
+    a share per MiB (docs/lifecycle.md: the trade)."""
+    return _RESTORE_BASE_SECONDS + _RESTORE_SECONDS_PER_MIB * size_bytes / _MIB
+
+
+def _started(pid: int) -> int | None:
+    """The start time (clock ticks after boot) of ``pid`` if it runs (not a zombie), else None."""
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    fields = text[text.rindex(")") + 2 :].split()
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def _end_restore(criu: subprocess.Popen[bytes], roots: dict[int, int], cgroup: Path | None) -> None:
+    """Kill a restore that is given up, and all it restored; return once they are gone (bounded).
+    In the sandbox's cgroup: ``cgroup.kill`` (CRIU and every task it made). Otherwise each root
+    task CRIU forked (``roots``: pid to start ticks) is pid 1 of the restored pid namespace, whose
+    SIGKILL makes the kernel kill the rest of the namespace."""
+    if cgroup is not None:
+        with suppress(OSError):
+            (cgroup / "cgroup.kill").write_text("1")
+    for pid, ticks in roots.items():
+        if _started(pid) == ticks:
+            with suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+    if criu.poll() is None:
+        criu.kill()
+    with suppress(subprocess.TimeoutExpired):
+        criu.wait(timeout=_GONE_WAIT_SECONDS)
+    deadline = time.monotonic() + _GONE_WAIT_SECONDS
+    while time.monotonic() < deadline:
+        if not any(_started(pid) == ticks for pid, ticks in roots.items()) and not (
+            cgroup is not None and cgroups.populated(cgroup)
+        ):
+            return
+        time.sleep(0.01)
+
+
+def restore(binary: str, images: Path, cgroup: Path | None = None) -> int:
     """Restore the tree checkpointed in ``images``, detached; its first process's pid (as this
-    process sees it)."""
+    process sees it). With ``cgroup``, CRIU runs in it and leaves the cgroups alone
+    (``--manage-cgroups=ignore``), so every process it restores is born in that cgroup. Images
+    that are not as the dump wrote them are refused at once; a restore that has not finished
+    within ``restore_bound`` of the images' size, or that fails, is given up: CRIU and every
+    process it restored are killed before ``CheckpointFailed`` is raised."""
     path = resolve(binary)
     if path is None:
         raise CheckpointFailed(f"{binary!r} not found")
     if not (images / "inventory.img").is_file():
         raise CheckpointFailed(f"no checkpoint in {images}")
+    _check_manifest(images)
+    bound = restore_bound(image_size(images))
     pidfile = images / "restored.pid"
     pidfile.unlink(missing_ok=True)
     argv = [path, "restore", "-D", ".", "-W", ".", "--tcp-close", "--file-locks", "--restore-detached"]
+    argv += ["--pidfile", pidfile.name, "-v2", "-o", "restore.log"]
+    if cgroup is not None:
+        argv = cgroups.join_argv(cgroup, [*argv, "--manage-cgroups=ignore"])
     try:
-        done = subprocess.run(
-            [*argv, "--pidfile", pidfile.name, "-v2", "-o", "restore.log"],
-            capture_output=True,
-            text=True,
-            timeout=_RESTORE_SECONDS,
-            stdin=subprocess.DEVNULL,
-            cwd=images,
+        criu = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=images
         )
-    except (OSError, subprocess.TimeoutExpired) as exc:
+    except OSError as exc:
         raise CheckpointFailed(f"criu restore: {exc}") from exc
-    if done.returncode != 0:
-        raise CheckpointFailed(f"criu restore exited {done.returncode}: {_log_tail(images / 'restore.log')}")
+    roots: dict[int, int] = {}  # the tasks CRIU forked (pid: start ticks): what to kill if it fails
+    deadline = time.monotonic() + bound
+    while criu.poll() is None and time.monotonic() < deadline:
+        for child in _children(criu.pid):
+            if child not in roots and (ticks := _started(child)) is not None:
+                roots[child] = ticks
+        time.sleep(0.01)
+    if criu.returncode is None:
+        _end_restore(criu, roots, cgroup)
+        raise CheckpointFailed(
+            f"criu restore did not finish within {bound:.1f}s (given up, what it restored killed): "
+            f"{_log_tail(images / 'restore.log')}"
+        )
+    if criu.returncode != 0:
+        _end_restore(criu, roots, cgroup)
+        raise CheckpointFailed(f"criu restore exited {criu.returncode}: {_log_tail(images / 'restore.log')}")
     try:
         return int(pidfile.read_text().strip())
     except (OSError, ValueError) as exc:
+        _end_restore(criu, roots, cgroup)  # a tree nothing would know of
         raise CheckpointFailed(f"criu restore left no pid file: {exc}") from exc

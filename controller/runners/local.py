@@ -13,23 +13,33 @@ directory on the way to which another user could replace: see ``state_directory_
     sessions/<key>/checkpoint/    a suspended sandbox's CRIU images (0700, root's; see below)
     uids/                         with a uid per session: who holds which uid (``runners/uids.py``)
 
-**A sandbox is a process group.** The executor starts as the leader of a new session and
-process group (``start_new_session``), so its pid is also its session id and its group id.
-Everything it starts (the npm launcher's native ``codex``, the commands that one runs) stays
-in that session unless it detaches itself with ``setsid``. ``status``, ``find``, ``release``
-and ``live`` act on the whole session, found by scanning ``/proc`` for processes whose session
-id (field 6 of ``/proc/<pid>/stat``) is the recorded leader's pid and that started no earlier
-than it. A pid cannot be reused while it names a live process group or session, and a
-process that *is* at that pid but started at another time means the recorded leader is long
-gone, so a recycled pid is never mistaken for the sandbox.
+**A sandbox is a cgroup** (``runners/cgroups.py``; workers as root). The executor is the
+leader of a new session and process group (``start_new_session``) and joins the session's
+cgroup before it execs (``cgroups.join_argv``; the runner moves it too before ``ensure``
+returns), so everything it starts (the npm launcher's native ``codex``, the commands that one
+runs, whatever they ``setsid``, double-fork or daemonize) is born in that cgroup and cannot
+leave it without root. ``sandbox.json`` records the cgroup; ``find``, ``live``, ``processes``
+and ``release`` act on every process in it (``cgroup.procs``).
 
-Health follows the leader: RUNNING while the recorded leader lives; FAILED once it has died,
-*even if members of its group still run* (the npm launcher killed while its native ``codex``
-lives on). Such a sandbox is not serving as the controller started it, so it is replaced:
-``release`` (and ``ensure`` before it starts anew) sends SIGTERM to every process group of the
-session, then SIGKILL after a grace period, until no member is left. ``find`` and ``live``
-count a sandbox while *any* member lives, so a half-dead one is adopted and then replaced,
-never left behind.
+**Without cgroups** (``contained`` False: a worker that is not root, a read-only cgroup
+hierarchy; ``containment`` says why, and the worker logs it at start) a sandbox is its leader's
+session: processes whose session id (field 6 of ``/proc/<pid>/stat``) is the recorded leader's
+pid and that started no earlier than it. A process that leaves the session (``setsid``, and
+codex runs every command in a session of its own) is then *not* part of the sandbox and is
+not stopped with it, unless the session has a uid of its own (below).
+
+Health follows the leader: RUNNING while the recorded leader lives (a pid cannot be reused
+while it names a live process group or session, and a process that *is* at that pid but
+started at another time means the recorded leader is long gone, so a recycled pid is never
+mistaken for the sandbox); FAILED once it has died, *even if other processes of the sandbox
+still run* (the npm launcher killed while its native ``codex`` lives on, the executor killed
+while a command's daemon lives on). Such a sandbox is not serving as the controller started
+it, so it is replaced: ``release`` (and ``ensure`` before it starts anew) sends SIGTERM to
+every process of the sandbox, then after a grace period writes ``cgroup.kill`` (the kernel
+kills whatever is left, also what forks meanwhile) and removes the empty cgroup; without one,
+SIGKILL to every process group of the session until no member is left. ``find`` and ``live``
+count a sandbox while *any* of its processes lives, so a half-dead one is adopted and then
+replaced, never left behind.
 
 Under the lock, ``ensure`` starts a process only when no healthy one exists for the session, so
 two workers (or a worker and its redelivered job) can never start a second one (L1).
@@ -52,6 +62,8 @@ executor runs as the runner's own uid (an explicit opt-in in the settings).
 each sandbox then runs in a pid namespace of its own, and its recorded leader is the
 namespace's pid 1 (a root ``unshare --fork`` that waits for the executor, pid 2, and exits with
 it), session leader of the sandbox as above; ``sandbox.json`` says ``"pid_namespace": true``.
+The ``unshare`` that made the namespace is in the sandbox's cgroup too, and CRIU restores a
+tree inside the session's cgroup (it runs there and leaves cgroups alone).
 ``suspend`` dumps the namespace into ``checkpoint/`` (``suspended.json`` beside it: when, how
 big, for which environment, and when its lineage's first sandbox started) and removes
 ``sandbox.json``; the next ``ensure`` restores it as the new generation's sandbox, carrying that
@@ -85,7 +97,7 @@ from pathlib import Path
 from controller import logs
 from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
-from controller.runners import checkpoint
+from controller.runners import cgroups, checkpoint
 from controller.runners.base import checked
 from controller.runners.uids import UidClaims, UidRange, signal_uid, uid_processes
 
@@ -144,6 +156,19 @@ def proc_stat(pid: int) -> ProcStat | None:
         return None
     fields = text[text.rindex(")") + 2 :].split()
     return ProcStat(pid=pid, state=fields[0], pgid=int(fields[2]), sid=int(fields[3]), start_ticks=int(fields[19]))
+
+
+def _wait_for_uid(pid: int, uid: int, seconds: float = 5.0) -> None:
+    """Return once ``pid`` runs as ``uid`` (its launcher has dropped to it) or is gone, or after ``seconds``."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            status = Path(f"/proc/{pid}/status").read_text()
+        except OSError:
+            return
+        if any(line.startswith("Uid:") and int(line.split()[2]) == uid for line in status.splitlines()):
+            return  # (the effective uid)
+        time.sleep(0.002)
 
 
 def _processes() -> list[ProcStat]:
@@ -308,6 +333,7 @@ class LocalRunner:
         checkpoint_max_percent: float = 25.0,
         checkpoint_reserve_percent: float = 20.0,
         on_checkpoint_refused: Callable[[str], None] = lambda reason: None,
+        contain: bool = True,
     ) -> None:
         """``run_as``: the user every executor runs as, or the range each session's executor gets
         its own uid from; None runs them as this process's own uid (the settings allow that
@@ -319,7 +345,10 @@ class LocalRunner:
         restored (a fresh start instead). ``checkpoint_max_percent`` and
         ``checkpoint_reserve_percent``: the room checkpoints may take on the state volume
         (``checkpoint.refusal``); ``on_checkpoint_refused`` is called with the reason (``cap`` or
-        ``reserve``) for each suspension whose image did not fit, so the sandbox was stopped."""
+        ``reserve``) for each suspension whose image did not fit, so the sandbox was stopped.
+        ``contain``: give each sandbox a cgroup of its own where the host allows it
+        (``runners/cgroups.py``; ``containment`` says which, or why not); False: never (tests of
+        the fallback)."""
         state = Path(state_directory)
         prepare_state_directory(state, traversable=run_as is not None)
         self._dir_mode = stat.S_IMODE(state.stat().st_mode)  # 0700, or 0711 when executors must reach in
@@ -337,6 +366,13 @@ class LocalRunner:
         self._max_lifetime = max_lifetime_seconds
         self._checkpoint_percent = (checkpoint_max_percent, checkpoint_reserve_percent)
         self._on_checkpoint_refused = on_checkpoint_refused
+        self._cgroups, self.containment = cgroups.parent() if contain else (None, "turned off by the caller")
+        self._state = state
+
+    @property
+    def contained(self) -> bool:
+        """Whether this runner's sandboxes each get a cgroup (``containment`` says where, or why not)."""
+        return self._cgroups is not None
 
     # -- protocol -------------------------------------------------------------------------
 
@@ -529,13 +565,13 @@ class LocalRunner:
     # -- helpers --------------------------------------------------------------------------
 
     def live(self) -> list[Handle]:
-        """Sandboxes with any process left in their group (tests and the dev view count these)."""
+        """Sandboxes with any process left (in their cgroup, or session) (tests and the dev view count these)."""
         self._reap()
         processes = _processes()
         return [h for h in self.list_managed() if self._members(h, processes)]
 
     def processes(self, handle: Handle) -> list[int]:
-        """The pids of the sandbox's running processes (its whole session)."""
+        """The pids of the sandbox's running processes (its whole cgroup, or without one its session)."""
         self._reap()
         return [p.pid for p in self._members(handle)]
 
@@ -584,8 +620,39 @@ class LocalRunner:
         return found is not None and found.running and found.start_ticks == ticks
 
     def _members(self, handle: Handle, processes: list[ProcStat] | None = None) -> list[ProcStat]:
+        """The sandbox's running processes: every one in its cgroup when it has one (whatever
+        session it is in), else its leader's session."""
+        cgroup = self._cgroup_of(handle)
+        if cgroup is not None:
+            found = [proc_stat(pid) for pid in cgroups.members(cgroup)]
+            return [p for p in found if p is not None and p.running]
         pid, ticks = self._leader(handle)
         return members(pid, ticks, processes)
+
+    def _cgroup_of(self, handle: Handle) -> Path | None:
+        """The cgroup ``sandbox.json`` records for ``handle``'s sandbox (None: it has none, or
+        the record is of another sandbox of the session now)."""
+        try:
+            data = json.loads((self._root / session_key(handle.session_id) / "sandbox.json").read_text())
+        except (OSError, ValueError):
+            return None
+        if f"{data.get('pid')}:{data.get('start_ticks')}" != handle.uid or not data.get("cgroup"):
+            return None
+        return Path(data["cgroup"])
+
+    def _fresh_cgroup(self, directory: Path) -> Path | None:
+        """The session's cgroup, made empty for a sandbox about to start in it (anything left
+        in it belongs to an older sandbox of the session: killed); None without containment."""
+        if self._cgroups is None:
+            return None
+        cgroup = cgroups.sandbox_cgroup(self._cgroups, self._state, directory.name)
+        if not cgroups.end(cgroup, _KILL_WAIT_SECONDS):
+            raise RunnerRejected(f"the cgroup {cgroup} of an older sandbox of the session cannot be emptied")
+        try:
+            cgroup.mkdir()
+        except OSError as exc:
+            raise RunnerRejected(f"cannot create the sandbox's cgroup {cgroup}: {exc.strerror}") from exc
+        return cgroup
 
     def _identity(self, directory: Path) -> tuple[int, int] | None:
         """The (uid, gid) the session's executor runs as; None: this process's own."""
@@ -634,6 +701,7 @@ class LocalRunner:
         except (OSError, ValueError):
             saved = {}
         started = time.monotonic()
+        cgroup = None
         try:
             if self._criu is None:
                 raise checkpoint.CheckpointFailed("checkpointing is off (CONTROLLER_IDLE_SUSPEND=stop)")
@@ -647,11 +715,14 @@ class LocalRunner:
                 )
             suspended_for = time.time() - float(saved.get("suspended_at", time.time()))
             checkpoint.advance_clocks(images, max(CLOCK_CATCH_UP_SECONDS, round(suspended_for)))
-            pid = checkpoint.restore(self._criu, images)
+            cgroup = self._fresh_cgroup(directory)  # CRIU runs in it: all it restores is born there
+            pid = checkpoint.restore(self._criu, images, cgroup)
             found = proc_stat(pid)
             if found is None or not found.running:
                 raise checkpoint.CheckpointFailed(f"the restored process {pid} is gone")
         except checkpoint.CheckpointFailed as exc:
+            if cgroup is not None:
+                cgroups.end(cgroup, _KILL_WAIT_SECONDS)  # whatever CRIU left of the tree
             self._drop_checkpoint(directory)
             log.warning(
                 "restore impossible, starting a fresh executor",
@@ -660,7 +731,7 @@ class LocalRunner:
             self._on_resume("fresh_start")
             return None
         self._drop_checkpoint(directory)
-        handle = self._record(directory, spec, generation, pid, found.start_ticks, time.time(), lineage)
+        handle = self._record(directory, spec, generation, pid, found.start_ticks, time.time(), lineage, cgroup)
         log.info(
             "executor restored",
             extra={
@@ -683,6 +754,7 @@ class LocalRunner:
         ticks: int,
         created_at: float,
         lineage_started_at: float = 0.0,
+        cgroup: Path | None = None,
     ) -> Handle:
         """Write ``sandbox.json`` for the sandbox led by ``pid`` and return its handle;
         ``lineage_started_at``: a restored sandbox's first start (its maximum lifetime counts
@@ -703,6 +775,7 @@ class LocalRunner:
                     "created_at": created_at,
                     "lineage_started_at": lineage_started_at,
                     "pid_namespace": self._criu is not None,
+                    "cgroup": str(cgroup) if cgroup is not None else None,
                 }
             ),
         )
@@ -751,11 +824,25 @@ class LocalRunner:
             spec.environment_id,
         ]
         namespaced = self._criu is not None  # checkpointable: a pid namespace of its own
+        cgroup = self._fresh_cgroup(directory)
+        # In a cgroup the executor is started by root (who joins it) and drops to its uid
+        # itself, as in a pid namespace; otherwise Popen drops to it before the exec.
+        drops_itself = namespaced or cgroup is not None
+        if drops_itself and shutil.which(self._command[0], path=env["PATH"]) is None:
+            if cgroup is not None:  # (behind sh, setpriv or unshare it would fail unseen)
+                cgroups.end(cgroup, _KILL_WAIT_SECONDS)
+            raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: not found or not executable")
+        if namespaced:
+            argv = checkpoint.pid_namespace_argv(argv, identity)
+        elif cgroup is not None and identity is not None:
+            argv = [*checkpoint.drop_argv(identity), *argv]
+        if cgroup is not None:
+            argv = cgroups.join_argv(cgroup, argv)
         log_descriptor = os.open(directory / "executor.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
             with os.fdopen(log_descriptor, "ab") as output:
                 child = subprocess.Popen(
-                    checkpoint.pid_namespace_argv(argv, identity) if namespaced else argv,
+                    argv,
                     cwd=workspace,
                     env=env,
                     stdin=subprocess.DEVNULL,
@@ -763,24 +850,32 @@ class LocalRunner:
                     # unshare's own complaints stay out of the log (a restore checks its size)
                     stderr=subprocess.DEVNULL if namespaced else subprocess.STDOUT,
                     start_new_session=True,  # leader of its own session and process group
-                    # unshare needs root: setpriv in the namespace drops to the executor's uid
-                    user=identity[0] if identity and not namespaced else None,
-                    group=identity[1] if identity and not namespaced else None,
-                    extra_groups=[] if identity and not namespaced else None,
+                    # unshare and the cgroup's join need root: setpriv drops to the executor's uid
+                    user=identity[0] if identity and not drops_itself else None,
+                    group=identity[1] if identity and not drops_itself else None,
+                    extra_groups=[] if identity and not drops_itself else None,
                     umask=0o077 if identity else -1,
                 )
         except OSError as exc:
+            if cgroup is not None:
+                cgroups.end(cgroup, _KILL_WAIT_SECONDS)
             raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: {exc.strerror}") from exc
         self._children[child.pid] = child
+        if cgroup is not None:
+            cgroups.move(cgroup, child.pid)  # joined when Popen returns (the shell joins too, before it execs)
+            if identity is not None and not namespaced:
+                _wait_for_uid(child.pid, identity[0])  # as Popen(user=) would: returned as the executor's uid
         created_at = time.time()
         leader = self._namespace_leader(child.pid) if namespaced else child.pid
         if leader is None:
             with suppress(ProcessLookupError):
                 os.killpg(child.pid, signal.SIGKILL)
+            if cgroup is not None:
+                cgroups.end(cgroup, _KILL_WAIT_SECONDS)
             raise RunnerRejected(f"cannot start the executor {self._command[0]!r} in a pid namespace (unshare)")
         started = proc_stat(leader)
         ticks = started.start_ticks if started is not None else 0
-        handle = self._record(directory, spec, generation, leader, ticks, created_at)
+        handle = self._record(directory, spec, generation, leader, ticks, created_at, cgroup=cgroup)
         log.info(
             "executor process started",
             extra={
@@ -793,22 +888,26 @@ class LocalRunner:
         return handle
 
     def _stop(self, handle: Handle) -> None:
-        """SIGTERM to every process group of the sandbox's session (and, when the session has a
-        uid of its own, to every process of that uid); SIGKILL to what is left after the grace
-        period; return once nothing of it runs (or warn after a bounded wait)."""
+        """SIGTERM to every process of the sandbox: each one in its cgroup (or, without one, each
+        process group of its session) and, when the session has a uid of its own, every process
+        of that uid; SIGKILL to what is left after the grace period (``cgroup.kill``: the kernel
+        kills the whole cgroup, also what forks meanwhile; the empty cgroup is removed); return
+        once nothing of it runs (or warn after a bounded wait)."""
         uid = self._executor_uid(handle.session_id)
+        cgroup = self._cgroup_of(handle)
         for sig, wait in ((signal.SIGTERM, _STOP_WAIT_SECONDS), (signal.SIGKILL, _KILL_WAIT_SECONDS)):
             signalled = self._signal_members(handle, sig)
             if uid is not None:
                 signalled = signal_uid(uid, sig) or signalled
-            if not signalled:
-                return
-            deadline = time.monotonic() + wait
-            while time.monotonic() < deadline:
-                self._reap()
-                if not self._members(handle) and (uid is None or not uid_processes(uid)):
-                    return
-                time.sleep(0.05)
+            if cgroup is not None and sig == signal.SIGKILL:
+                cgroups.end(cgroup, wait)  # kills, waits until it is empty, removes it
+            if not signalled or self._gone_within(handle, uid, wait):
+                break
+        if cgroup is not None and not cgroups.end(cgroup, _KILL_WAIT_SECONDS):  # the cgroup goes with it
+            log.warning(
+                "sandbox cgroup not removed",
+                extra={"session_id": handle.session_id, "sandbox": handle.name, "cgroup": str(cgroup)},
+            )
         left = [p.pid for p in self._members(handle)] + (uid_processes(uid) if uid is not None else [])
         if left:
             log.warning(
@@ -816,9 +915,24 @@ class LocalRunner:
                 extra={"session_id": handle.session_id, "sandbox": handle.name, "pids": left},
             )
 
+    def _gone_within(self, handle: Handle, uid: int | None, seconds: float) -> bool:
+        """Whether every process of the sandbox (and of the session's own uid) ends within ``seconds``."""
+        deadline = time.monotonic() + seconds
+        while True:
+            self._reap()
+            if not self._members(handle) and (uid is None or not uid_processes(uid)):
+                return True
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.05)
+
     def _signal_members(self, handle: Handle, sig: int) -> bool:
-        """Signal each process group of the session (a group id cannot be reused while it has
-        members, unlike a bare pid). False when nothing of the sandbox runs."""
+        """Signal each process of the sandbox's cgroup, or without one each process group of its
+        session (a group id cannot be reused while it has members, unlike a bare pid). False
+        when nothing of the sandbox runs."""
+        cgroup = self._cgroup_of(handle)
+        if cgroup is not None:
+            return cgroups.signal_members(cgroup, sig)
         found = self._members(handle)
         for pgid in sorted({p.pgid for p in found}):
             with suppress(ProcessLookupError):

@@ -10,6 +10,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -23,7 +24,7 @@ from controller.runners.local import CLOCK_CATCH_UP_SECONDS, LocalRunner, proc_s
 from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
 from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
-from tests.support.processes import wait_for
+from tests.support.processes import assert_no_process_left, processes_under, wait_for
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="CRIU checkpoints other processes only as root")
 
@@ -174,7 +175,12 @@ def separate() -> Iterator[tuple[LocalRunner, Path, Path]]:
 
 def assert_runs_as_the_sessions_uid(runner: LocalRunner, handle: Handle, uid: int) -> None:
     leader = int(handle.uid.split(":")[0])
-    pids = runner.processes(handle)
+    inside = os.readlink(f"/proc/{leader}/ns/pid")
+    everything = runner.processes(handle)
+    pids = [p for p in everything if os.readlink(f"/proc/{p}/ns/pid") == inside]
+    # Outside the namespace, in the sandbox's cgroup: only the root ``unshare`` that made it.
+    for pid in set(everything) - set(pids):
+        assert Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0] == b"unshare", pid
     assert len(pids) >= 3  # pid 1 (root, waiting), the executor, its background child
     for pid in pids:
         if pid != leader:
@@ -493,3 +499,74 @@ def test_a_restored_sandbox_finds_its_clocks_moved_on_past_any_reconnect_backoff
         assert float(clock.read_text()) - before >= max(CLOCK_CATCH_UP_SECONDS, suspended_for)
     finally:
         runner.stop_all()
+
+
+# The executor holding 64 MiB of memory besides the keeper: its largest pages image, cut, makes
+# CRIU 4.2's restore spin for good (a restored task at 100 % CPU) rather than fail.
+HOLDING_EXECUTOR = f"""
+import os, time
+if os.fork() == 0:
+    exec({KEEPER!r})
+hold = bytearray(os.urandom(1 << 20) * 64)
+print("ready", flush=True)
+while True:
+    time.sleep(1)
+"""
+
+
+def pid_namespace(pid: int) -> str | None:
+    try:
+        return os.readlink(f"/proc/{pid}/ns/pid")
+    except OSError:
+        return None
+
+
+@pytest.mark.parametrize("manifest", ["kept", "absent"])
+def test_a_cut_image_falls_back_to_a_fresh_start_at_once_and_leaves_no_process(tmp_path: Path, manifest: str) -> None:
+    """Issue 37 (5), L16: the largest pages image cut to half (a disk that filled). With the
+    dump's manifest (``kept``) the restore refuses the images before CRIU runs; a checkpoint
+    without one (``absent``: written before the manifest) makes CRIU spin, and the restore is
+    given up at its bound (seconds, not minutes) with CRIU and every process it restored killed
+    (the session's cgroup). Either way the next ensure counts ``fresh_start`` and starts a new
+    executor on the same workspace, and no process of the old tree is left."""
+    script = tmp_path / "holding_executor.py"
+    script.write_text(HOLDING_EXECUTOR)
+    outcomes: list[str] = []
+    runner = LocalRunner(
+        tmp_path / "state", [sys.executable, str(script)], "envkey", criu=criu_binary(), on_resume=outcomes.append
+    )
+    directory = tmp_path / "state" / "sessions" / session_key("sess_1")
+    try:
+        first = runner.ensure(spec(), 1)
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 30, "the background process to listen")
+        wait_for(lambda: "ready" in (directory / "executor.log").read_text(), 30, "the 64 MiB to be held")
+        token = ask(directory)[0]
+        runner.suspend(first)
+        pages = max((directory / "checkpoint").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+        assert pages.stat().st_size > 32 << 20
+        os.truncate(pages, pages.stat().st_size // 2)
+        if manifest == "absent":
+            (directory / "checkpoint" / "manifest.json").unlink()
+        (directory / "workspace" / "port").unlink()
+
+        resumed: list[Handle] = []
+        thread = threading.Thread(target=lambda: resumed.append(runner.ensure(spec(), 2)), daemon=True)
+        thread.start()
+        wait_for(lambda: resumed, 30, "the resume to give up and start afresh")
+        [second] = resumed
+        assert outcomes == ["fresh_start"] and runner.live() == [second]
+        wait_for(lambda: (directory / "workspace" / "port").exists(), 30, "the fresh background process to listen")
+        assert ask(directory)[0] != token
+        leader = int(second.uid.split(":")[0])
+        fresh = pid_namespace(leader)
+
+        def old_tree() -> list[str]:
+            """Processes of the session that are not the fresh sandbox (its namespace, and the
+            ``unshare`` outside it that made it)."""
+            found = processes_under(directory)
+            return [p for p in found if pid_namespace(int(p.split(":")[0])) != fresh and "unshare --pid" not in p]
+
+        wait_for(lambda: not old_tree(), 10, "no process of the old tree to be left")
+    finally:
+        runner.stop_all()
+        assert_no_process_left(directory)

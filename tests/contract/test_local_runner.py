@@ -333,6 +333,68 @@ def test_a_child_outliving_its_leader_is_failed_then_stopped_with_the_group(runn
     assert runner.live() == []
 
 
+# Starts a daemon as the textbook makes one (fork, setsid, fork: out of the executor's session
+# and group, its parent gone), as a command's background server would; both record their pids.
+DAEMONIZING_EXECUTOR = """
+import os, sys, time
+open(os.path.join({pids!r}, str(os.getpid())), "w").close()
+if os.fork() == 0:
+    os.setsid()
+    if os.fork() == 0:
+        open(os.path.join({pids!r}, str(os.getpid())), "w").close()
+        time.sleep(120)
+    os._exit(0)
+print("ready", flush=True)
+time.sleep(120)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] not in "ZX"
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup per sandbox needs root")
+@pytest.mark.parametrize("end", ["release", "executor_sigkill_then_release", "executor_sigkill_then_replace"])
+def test_a_daemon_that_left_the_sandboxs_session_ends_with_it(runners: Runners, end: str) -> None:
+    """L17, L18, issue 37 (4): the executor starts a daemon (fork, setsid, fork), which is in no
+    session or group of the sandbox. Released while it runs, or after its executor was SIGKILLed
+    (nothing forwarded, no stop of its own: the sandbox FAILED, still found while the daemon
+    lives) and then released or replaced, the sandbox leaves no process: the kernel kills its
+    cgroup, and the cgroup is removed."""
+    (runners.script.parent / "daemonizing.py").write_text(DAEMONIZING_EXECUTOR.format(pids=str(runners.pids_dir)))
+    runner = runners.new([sys.executable, str(runners.script.parent / "daemonizing.py")])
+    assert runner.contained, runner.containment
+    handle = runner.ensure(spec(), 1)
+    wait_ready(runners)
+    executor = pid_of(handle)
+    [daemon] = wait_for(lambda: [p for p in runners.started() if p != executor], 10, "the daemon")
+    try:
+        assert alive(daemon) and daemon not in session_pids(executor)
+        record = json.loads((runners.state / "sessions" / session_key("sess_1") / "sandbox.json").read_text())
+        cgroup = Path(record["cgroup"])
+        assert sorted(runner.processes(handle)) == sorted([executor, daemon])
+        if end != "release":
+            os.kill(executor, signal.SIGKILL)
+            wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
+            assert runner.find("sess_1") == handle and runner.processes(handle) == [daemon]
+        if end == "executor_sigkill_then_replace":
+            replacement = runner.ensure(spec(), 2)
+            assert replacement.uid != handle.uid and runner.status(replacement) is Health.RUNNING
+            wait_for(lambda: not alive(daemon), 10, "the old sandbox's daemon to be killed")
+            assert runner.live() == [replacement]
+        else:
+            runner.release(handle)
+            wait_for(lambda: not alive(daemon), 10, "the daemon to be killed")
+            assert runner.live() == [] and not cgroup.exists()
+    finally:
+        if alive(daemon):  # the test failed: nothing left behind all the same
+            os.kill(daemon, signal.SIGKILL)
+
+
 def test_launcher_sigkill_then_release_leaves_no_codex_process(tmp_path: Path, start_simulator: StartSimulator) -> None:
     """L17: the real npm ``codex`` launcher SIGKILLed while the native executor it started is
     connected: the sandbox is FAILED, and release stops every process of its group (0 orphans)."""

@@ -342,3 +342,39 @@ def test_checkpoint_images_stay_under_their_cap_and_the_one_that_does_not_fit_is
     run_turn(loop.simulator_url, first, ask_holder)
     assert loop.worker_lines("executor restored", first)
     assert loop.worker_metric("controller_sandbox_resumes_total", outcome="restored") == 1
+
+
+def test_a_cut_checkpoint_falls_back_to_a_fresh_start_at_once_and_leaves_no_process(loop: Loop) -> None:
+    """Issue 37 (5), L16: a session whose command left a process holding 64 MiB is suspended;
+    its largest pages image is then cut to half (a disk that filled). The next connection
+    request does not hang on CRIU: the resume falls back to a fresh start on the same workspace
+    (logged with the reason, counted ``fresh_start``) and the session's new executor runs the
+    turn within a bounded wait, with no process of the old tree left."""
+    with loop.api() as client:
+        session = loop.create_session(client, input_text=None)
+    sid = session["id"]
+    workspace = workspace_of(loop, sid)
+    holder = f"import os; hold = bytearray(os.urandom(1 << 20) * 64)\n{KEEPER}"
+    first = run_turn(loop.simulator_url, sid, [["sh", "-c", f"setsid -f python3 -c '{holder}' >/dev/null 2>&1"]])
+    [start] = first["commands"]
+    assert (start["status"], start["exit_code"]) == ("completed", 0), start
+    wait_for(lambda: (workspace / "port").exists(), 30, "the background process to listen")
+    (workspace / "kept.txt").write_text("kept")
+
+    wait_idle(loop, sid)
+    wait_for(lambda: loop.worker_lines("executor suspended", sid), 60, "the checkpoint")
+    wait_for(lambda: loop.live_executors()[sid] == 0, 30, "the executor to be gone")
+    pages = max((workspace.parent / "checkpoint").glob("pages-*.img"), key=lambda p: p.stat().st_size)
+    assert pages.stat().st_size > 32 << 20
+    os.truncate(pages, pages.stat().st_size // 2)
+    fresh_before = loop.worker_metric("controller_sandbox_resumes_total", outcome="fresh_start")
+
+    turn = run_turn(loop.simulator_url, sid, [["cat", "kept.txt"]], timeout=40)
+    [read] = turn["commands"]
+    assert (read["status"], read["stdout"]) == ("completed", "kept"), read
+    [fallback] = loop.worker_lines("restore impossible, starting a fresh executor", sid)
+    assert "cut or changed since" in str(fallback["reason"]), fallback
+    assert loop.worker_metric("controller_sandbox_resumes_total", outcome="fresh_start") == fresh_before + 1
+    wait_for(lambda: keeper_pids(workspace) == [], 10, "no process of the old tree to be left")
+    assert loop.live_executors()[sid] == 1
+    assert not (workspace.parent / "checkpoint").exists()

@@ -16,6 +16,7 @@ from controller.decide import Decision, Verdict
 from controller.lifecycle import Deps
 from controller.metrics import DECISIONS_TOTAL, Metrics
 from controller.model import SandboxSpec
+from controller.runners import local as local_module
 from tests.support.fakes import World, make_session
 from tests.support.processes import free_port, wait_for
 
@@ -181,3 +182,23 @@ def test_a_producer_a_job_already_took_is_never_connected_by_the_connect_thread(
     taken = producer.get()
     producer.connect()
     assert producer.get() is taken
+
+
+def test_a_worker_whose_sandboxes_get_no_cgroup_says_so_at_start(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 37 (4): where no cgroup can be made (here: as if not root), the worker starts (its
+    sandboxes are sessions, as before) and says in one line, with the reason, that a process
+    leaving a sandbox's session outlives it; with cgroups it says nothing of it."""
+    unavailable = (None, "moving executors into cgroups needs the worker to run as root (it runs as uid 1000)")
+    monkeypatch.setattr(local_module.cgroups, "parent", lambda make=True: unavailable)
+    runner = wiring.local_runner(settings(tmp_path))
+    assert not runner.contained
+    with caplog.at_level(logging.WARNING):
+        wiring.say_if_not_contained(runner)
+    [line] = [r for r in caplog.records if r.getMessage().startswith("sandbox processes not contained")]
+    assert "outlives" in line.getMessage() and line.__dict__["reason"] == unavailable[1]
+    caplog.clear()
+    monkeypatch.setattr(local_module.cgroups, "parent", lambda make=True: (tmp_path, "a cgroup per sandbox"))
+    wiring.say_if_not_contained(wiring.local_runner(settings(tmp_path)))
+    assert not [r for r in caplog.records if r.getMessage().startswith("sandbox processes not contained")]
