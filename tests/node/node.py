@@ -227,6 +227,12 @@ class RealNode:
         if os.geteuid() != 0:
             raise NodeError("the real-node tier needs root (namespaces, mounts, cgroups)")
         self.workdir = Path(tempfile.mkdtemp(prefix="scc-node-", dir="/tmp"))
+        # Traversable (not listable) by any uid, as /run/containerd is: a pod with its own user
+        # namespace (hostUsers: false) reaches its root filesystem under containerd's state dir
+        # as a mapped, unprivileged uid of the node (else runc's remount: permission denied).
+        for directory in (self.workdir, self.workdir / "containerd"):
+            directory.mkdir(exist_ok=True)
+            directory.chmod(0o711)
         started = time.monotonic()
         try:
             self._start(started)
