@@ -6,7 +6,9 @@
 #
 #   tests/envtest/build.sh          # build if missing, print the bin dir
 #   tests/envtest/build.sh --node   # also kubelet, kube-scheduler, kube-controller-manager, kube-proxy,
-#                                   # and kube-router (NetworkPolicy enforcement, its own module)
+#                                   # kube-router (NetworkPolicy enforcement, its own module), and the
+#                                   # node's container runtime: containerd (with ctr and its runc shim)
+#                                   # and runc, each from its own module
 #   tests/envtest/build.sh --print  # only print the bin dir (no build)
 #
 # Env:
@@ -22,6 +24,17 @@ ETCD_VERSION=v3.6.16
 # proxy serves is v2.1.0. A stamp file beside the binary makes a new pin rebuild it.
 KUBE_ROUTER_VERSION=v2.1.0
 KUBE_ROUTER_MODULE=github.com/cloudnativelabs/kube-router/v2
+# The real node's container runtime, each built with `go install pkg@version` from its own module
+# and stamped like kube-router: containerd 2.3 (the long-term line; containerd, ctr and
+# containerd-shim-runc-v2, without cgo, as containerd's own static release is built) and runc 1.4
+# (cgo: its nsenter is C, and seccomp filters come from libseccomp, hence RUNC_BUILD_DEPS).
+CONTAINERD_VERSION=v2.3.7
+CONTAINERD_MODULE=github.com/containerd/containerd/v2
+RUNC_VERSION=v1.4.4
+RUNC_MODULE=github.com/opencontainers/runc
+# Debian packages runc's build needs (installed with apt-get when missing and running as root);
+# libseccomp2, which the binary links against, comes with libseccomp-dev.
+RUNC_BUILD_DEPS=(gcc libc6-dev pkg-config libseccomp-dev)
 # The directory name changes whenever either pin changes.
 ENVTEST_VERSION="k8s-${KUBE_VERSION}_etcd-${ETCD_VERSION}"
 
@@ -36,14 +49,22 @@ fi
 
 # The binaries wanted: the API server tier needs two; the real-node tier (tests/node)
 # also needs a kubelet, a scheduler, a controller-manager and kube-proxy, built in the same
-# module, and kube-router.
+# module, kube-router, containerd (with ctr and the runc shim) and runc.
 wanted=(etcd kube-apiserver)
 if [[ "${1:-}" == "--node" ]]; then
-  wanted+=(kubelet kube-scheduler kube-controller-manager kube-proxy kube-router)
+  wanted+=(kubelet kube-scheduler kube-controller-manager kube-proxy kube-router containerd runc)
 fi
+stamped() { # <stamp name> <version>: the binaries of that name were built at that pin
+  [[ "$(cat "${bin_dir}/$1.version" 2>/dev/null)" == "$2" ]]
+}
 present() { # <binary>
-  [[ -x "${bin_dir}/$1" ]] || return 1
-  [[ "$1" != kube-router ]] || [[ "$(cat "${bin_dir}/kube-router.version" 2>/dev/null)" == "${KUBE_ROUTER_VERSION}" ]]
+  case "$1" in
+    kube-router) [[ -x "${bin_dir}/kube-router" ]] && stamped kube-router "${KUBE_ROUTER_VERSION}" ;;
+    containerd) [[ -x "${bin_dir}/containerd" && -x "${bin_dir}/ctr" && -x "${bin_dir}/containerd-shim-runc-v2" ]] \
+      && stamped containerd "${CONTAINERD_VERSION}" ;;
+    runc) [[ -x "${bin_dir}/runc" ]] && stamped runc "${RUNC_VERSION}" ;;
+    *) [[ -x "${bin_dir}/$1" ]] ;;
+  esac
 }
 all_present() {
   local b
@@ -122,7 +143,54 @@ build_kube_router() { # `go install` in its own module (no replace directives th
   echo "envtest/build.sh: built kube-router in $((SECONDS - start))s" >&2
 }
 
-trap 'rm -rf "${bin_dir}"/.kube-* "${bin_dir}"/.etcd.* "${bin_dir}"/.kubelet.*' EXIT
+go_install() { # <name> <version or ""> <env and go install arguments...>: `go install pkg@version`
+  # into a temporary GOBIN, then every binary it made moves into the bin dir and, given a version,
+  # the stamp <name>.version is written.
+  local name=$1 version=$2 tmp start=$SECONDS f
+  shift 2
+  tmp="$(mktemp -d "${bin_dir}/.${name}.XXXXXX")"
+  echo "envtest/build.sh: building ${name}${version:+ ${version}} -> ${bin_dir}" >&2
+  start_ticker "${name}"
+  if ! (cd "${tmp}" && env GOBIN="${tmp}" nice -n "${nice_level}" "$@"); then
+    stop_ticker
+    return 1
+  fi
+  stop_ticker
+  for f in "${tmp}"/*; do mv -f "${f}" "${bin_dir}/"; done
+  rmdir "${tmp}"
+  [[ -z "${version}" ]] || echo "${version}" >"${bin_dir}/${name}.version"
+  echo "envtest/build.sh: built ${name} in $((SECONDS - start))s" >&2
+}
+
+build_containerd() { # containerd, ctr and the runc shim (the shim without gRPC, as containerd's Makefile does)
+  local v=${CONTAINERD_MODULE}/version
+  local ld="-s -w -X ${v}.Version=${CONTAINERD_VERSION} -X ${v}.Package=${CONTAINERD_MODULE}"
+  # The shim as containerd releases it: without gRPC (one runs per pod). Stamped with the rest.
+  go_install containerd-shim-runc-v2 "" go install -trimpath -tags "urfave_cli_no_docs no_grpc" \
+    -ldflags="${ld}" "${CONTAINERD_MODULE}/cmd/containerd-shim-runc-v2@${CONTAINERD_VERSION}"
+  go_install containerd "${CONTAINERD_VERSION}" go install -trimpath -tags urfave_cli_no_docs -ldflags="${ld}" \
+    "${CONTAINERD_MODULE}/cmd/containerd@${CONTAINERD_VERSION}" "${CONTAINERD_MODULE}/cmd/ctr@${CONTAINERD_VERSION}"
+}
+
+build_runc() { # cgo, with seccomp (runc's default build tags)
+  local missing=() p
+  for p in "${RUNC_BUILD_DEPS[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  done
+  if [[ "${#missing[@]}" -gt 0 ]]; then
+    if [[ "$(id -u)" != 0 ]] || ! command -v apt-get >/dev/null; then
+      echo "envtest/build.sh: runc's build needs ${missing[*]} (Debian packages): install them" >&2
+      return 1
+    fi
+    echo "envtest/build.sh: apt-get install ${missing[*]}" >&2
+    (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      "${missing[@]}" >/dev/null)
+  fi
+  go_install runc "${RUNC_VERSION}" env CGO_ENABLED=1 go install -trimpath -tags "seccomp urfave_cli_no_docs" \
+    -ldflags="-s -w" "${RUNC_MODULE}@${RUNC_VERSION}"
+}
+
+trap 'rm -rf "${bin_dir}"/.kube-* "${bin_dir}"/.etcd.* "${bin_dir}"/.kubelet.* "${bin_dir}"/.containerd* "${bin_dir}"/.runc.*' EXIT
 
 if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/etcd" ]]; then
   build "${here}/etcd" go.etcd.io/etcd/server/v3 etcd
@@ -133,13 +201,19 @@ v=k8s.io/component-base/version
 minor="${KUBE_VERSION#v1.}"; minor="${minor%%.*}"
 stamp="-X ${v}.gitVersion=${KUBE_VERSION} -X ${v}.gitMajor=1 -X ${v}.gitMinor=${minor} -X ${v}.gitTreeState=clean"
 for b in "${wanted[@]}"; do
-  [[ "${b}" == etcd || "${b}" == kube-router ]] && continue
+  [[ "${b}" == etcd || "${b}" == kube-router || "${b}" == containerd || "${b}" == runc ]] && continue
   if [[ "${ENVTEST_FORCE:-0}" == "1" || ! -x "${bin_dir}/${b}" ]]; then
     build "${here}/kube" "k8s.io/kubernetes/cmd/${b}" "${b}" "${stamp}"
   fi
 done
 if [[ " ${wanted[*]} " == *" kube-router "* ]] && { [[ "${ENVTEST_FORCE:-0}" == "1" ]] || ! present kube-router; }; then
   build_kube_router
+fi
+if [[ " ${wanted[*]} " == *" containerd "* ]] && { [[ "${ENVTEST_FORCE:-0}" == "1" ]] || ! present containerd; }; then
+  build_containerd
+fi
+if [[ " ${wanted[*]} " == *" runc "* ]] && { [[ "${ENVTEST_FORCE:-0}" == "1" ]] || ! present runc; }; then
+  build_runc
 fi
 
 echo "${bin_dir}"

@@ -28,7 +28,9 @@ suite=bookworm
 kube_version=v1.37.2
 codex_version=0.171.0
 codex_platform=linux-x64
-packages=(runc containerd podman buildah containernetworking-plugins mmdebstrap iptables ipset gcc libc6-dev)
+# runc here is podman's (the image builds); the node runs containerd and runc built from Go
+# modules (tests/envtest/build.sh --node). The CNI plugins are the node's.
+packages=(runc podman buildah containernetworking-plugins mmdebstrap iptables ipset gcc libc6-dev)
 
 say() { echo "node/images.sh: $*" >&2; }
 mkdir -p "${node_cache}"/{rootfs,images,ctx,wheels}

@@ -3,9 +3,11 @@
 What runs (all started through ``nsenter --net=/var/run/netns/<name>``, each in its own process
 group, logs in the node's work directory):
 
-* containerd (Debian's 1.6) with runc, overlayfs, the CNI ``bridge`` + ``host-local`` plugins
-  (and ``loopback``, which containerd sets up itself) from ``/usr/lib/cni``; pod sandboxes use
-  ``localhost/pause:1``; images are imported with ``ctr -n k8s.io image import`` (no registry);
+* containerd 2.3 with runc 1.4, both built from Go modules (``tests/envtest/build.sh --node``,
+  run from the bin dir: the ``containerd`` and ``runc`` on PATH are not used), overlayfs, the
+  CNI ``bridge`` + ``host-local`` plugins (and ``loopback``, which containerd sets up itself)
+  from Debian's ``/usr/lib/cni``; pod sandboxes use ``localhost/pause:1``; images are imported
+  with ``ctr -n k8s.io image import`` (no registry);
 * etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy (iptables mode) and
   the real kubelet v1.37, built from Go modules (``tests/envtest/build.sh --node``);
 * kube-router v2 in firewall-only mode (iptables + ipset), built from Go modules too, which
@@ -225,6 +227,12 @@ class RealNode:
         if os.geteuid() != 0:
             raise NodeError("the real-node tier needs root (namespaces, mounts, cgroups)")
         self.workdir = Path(tempfile.mkdtemp(prefix="scc-node-", dir="/tmp"))
+        # Traversable (not listable) by any uid, as /run/containerd is: a pod with its own user
+        # namespace (hostUsers: false) reaches its root filesystem under containerd's state dir
+        # as a mapped, unprivileged uid of the node (else runc's remount: permission denied).
+        for directory in (self.workdir, self.workdir / "containerd"):
+            directory.mkdir(exist_ok=True)
+            directory.chmod(0o711)
         started = time.monotonic()
         try:
             self._start(started)
@@ -240,6 +248,7 @@ class RealNode:
     def _start(self, started: float) -> None:
         self.bin_dir = Path(_run(["bash", str(BUILD_SCRIPT), "--print"]).stdout.strip())
         binaries = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kube-proxy", "kubelet"]
+        binaries += ["containerd", "ctr", "containerd-shim-runc-v2", "runc"]
         if self.enforce_network_policy:
             binaries.append("kube-router")
         for binary in binaries:
@@ -346,45 +355,59 @@ class RealNode:
             ],
         }
         (cni / "10-scc-node.conflist").write_text(json.dumps(conflist, indent=2))
+        b = self.bin_dir
+        # containerd 2.3's configuration version 4 (version 3, containerd 2.0's, is migrated at
+        # every start, with a warning): the sockets are server plugins' settings, each named (an
+        # unnamed ttrpc socket would go to /run/containerd); the CRI plugin is split into its
+        # images and its runtime parts (the sandbox image is a pinned image), the CRI gRPC
+        # plugin keeps only the streaming settings. NRI is off (its socket is under /var/run/nri).
         config = f"""
-version = 2
+version = 4
 root = "{w}/containerd/root"
 state = "{w}/containerd/state"
-disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.sbserver"]
-[grpc]
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri"]
+[plugins.'io.containerd.server.v1.grpc']
   address = "{self.containerd_socket}"
-[ttrpc]
+[plugins.'io.containerd.server.v1.ttrpc']
   address = "{w}/containerd-ttrpc.sock"
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "localhost/pause:1"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "localhost/pause:1"
+[plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   disable_apparmor = true
-  stream_server_address = "127.0.0.1"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
-    [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+      runtime_path = "{b / "containerd-shim-runc-v2"}"
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+        BinaryName = "{b / "runc"}"
         SystemdCgroup = false
         Root = "{w}/runc"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{CNI_BIN_DIR}"
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{CNI_BIN_DIR}"]
     conf_dir = "{cni}"
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
 """
         (w / "containerd.toml").write_text(config)
-        daemon = self._spawn("containerd", ["containerd", "--config", str(w / "containerd.toml")])
+        daemon = self._spawn("containerd", [str(b / "containerd"), "--config", str(w / "containerd.toml")])
         self._wait(daemon, lambda: self.ctr("version", check=False).returncode == 0, "containerd to answer")
         say("containerd up")
 
     def ctr(self, *args: str, check: bool = True, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        argv = ["ctr", "--address", str(self.containerd_socket), "-n", "k8s.io", *args]
+        argv = [str(self.bin_dir / "ctr"), "--address", str(self.containerd_socket), "-n", "k8s.io", *args]
         return _run(argv, check=check, timeout=timeout)
 
     def _import_images(self) -> None:
         for image in self.images:
             start = time.monotonic()
-            self.ctr("image", "import", "--no-unpack", "--index-name", image.ref, image.archive)
+            # --local: the client-side import, as containerd 1.x did it (containerd 2's ctr goes
+            # through the transfer service by default, which names the archive's images by its
+            # own rules and left every image but the last without its reference here).
+            self.ctr("image", "import", "--local", "--no-unpack", "--index-name", image.ref, image.archive)
             say(f"imported {image.ref} in {time.monotonic() - start:.1f}s")
         listed = self.ctr("image", "ls", "-q").stdout.split()
         missing = [i.ref for i in self.images if i.ref not in listed and f"{i.ref}" not in listed]
@@ -894,6 +917,17 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.grpc.v1.cri.
             if target.read_text().strip() != value:
                 target.write_text(value)
         SAVED_SYSCTLS.unlink(missing_ok=True)
+
+
+def runtime_pins(script: Path = BUILD_SCRIPT) -> dict[str, str]:
+    """The node's container runtime as ``tests/envtest/build.sh`` pins it: ``containerd`` and
+    ``runc`` → their versions (``v2.3.7``)."""
+    pins = {}
+    for line in script.read_text().splitlines():
+        for name in ("containerd", "runc"):
+            if line.startswith(f"{name.upper()}_VERSION="):
+                pins[name] = line.split("=", 1)[1].strip()
+    return pins
 
 
 def _machine_sysctls(proc: Path = Path("/proc/sys"), saved_at: Path = SAVED_SYSCTLS) -> dict[str, str]:

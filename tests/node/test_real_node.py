@@ -1,4 +1,4 @@
-"""The chart on a real node: containerd + runc + the real kubelet v1.37 in a network namespace,
+"""The chart on a real node: containerd 2.3 + runc 1.4 + the real kubelet v1.37 in a network namespace,
 the images built here without a registry, the whole loop with the real ``codex exec-server``.
 
 The network is production's shape: NetworkPolicy is enforced (kube-router, firewall only), and
@@ -11,10 +11,12 @@ enforced policy lets a sandbox reach, and what not, is tests/node/test_network_p
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
 import statistics
+import subprocess
 import threading
 import time
 import uuid
@@ -38,6 +40,7 @@ from tests.node.conftest import (
     WARM_TEMPLATE,
     Installed,
 )
+from tests.node.node import runtime_pins
 from tests.support.processes import wait_for
 from tests.support.simulator import run_turn
 
@@ -166,6 +169,30 @@ def test_the_chart_runs_as_real_containers(installed: Installed) -> None:
         )
     assert refused.value.status in (400, 403, 422)
     assert "restricted" in refused.value.body or "sandbox pods" in refused.value.body
+
+
+def test_the_node_runs_the_pinned_containerd_and_runc_built_from_go_modules(installed: Installed) -> None:
+    """The runtime under every pod of the tier is the one tests/envtest/build.sh pins and builds
+    (not a distribution's containerd or runc): the kubelet reports the pinned containerd, and the
+    runtime options containerd gives each container's shim name the built runc, which is the
+    pinned release."""
+    node = installed.node
+    pins = runtime_pins()
+    info = installed.core.read_node(node.name).status.node_info
+    assert info.container_runtime_version == f"containerd://{pins['containerd'].removeprefix('v')}"
+    runc = node.bin_dir / "runc"
+    assert (
+        f"runc version {pins['runc'].removeprefix('v')}\n"
+        in subprocess.run([str(runc), "--version"], capture_output=True, text=True, check=True).stdout
+    )
+    containers = node.ctr("containers", "ls", "-q").stdout.split()
+    assert containers
+    for container in containers:
+        runtime = json.loads(node.ctr("containers", "info", container).stdout)["Runtime"]
+        assert runtime["Name"] == "io.containerd.runc.v2", runtime
+        # containerd.runc.v1.Options, protobuf-encoded: BinaryName holds the path as it is.
+        options = base64.b64decode(runtime["Options"]["value"])
+        assert str(runc).encode() in options, (container, options)
 
 
 # -- the whole loop ---------------------------------------------------------------------------
