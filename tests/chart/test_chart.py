@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from controller.config import BOUNDS, KEYS
+from controller.runners.kubernetes.manifests import SandboxTemplate
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sandbox-controller"
@@ -542,6 +543,36 @@ def test_the_schema_refuses_a_broken_warm_pool(helm: Any, chart: Any, pool: dict
     values = merge(CREDENTIALS, {"sandbox": {"templates": {"fast": {"warmPool": pool}}}})
     with pytest.raises(helm.errors.HelmValuesError):
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def test_user_namespaces_reach_every_template_that_does_not_say_otherwise(helm: Any, chart: Any) -> None:
+    """sandbox.userNamespaces (off by default) sets CONTROLLER_KUBERNETES_USER_NAMESPACES, which
+    the controller turns into the default template's ``hostUsers: false`` (inherited by every
+    template); a template's own ``hostUsers`` overrides it, and the schema refuses a non-flag."""
+    from controller.config import Settings
+    from controller.runners.kubernetes.templates import parse
+
+    def parsed(values: dict[str, Any]) -> dict[str, bool]:
+        objects = render(chart, values)
+        data = one(objects, "ConfigMap", _full(objects))["data"]
+        settings = Settings.from_env({"CONTROLLER_RUNNER": "kubernetes", **{
+            k: v for k, v in data.items() if k == "CONTROLLER_KUBERNETES_USER_NAMESPACES"
+        }})  # fmt: skip
+        [raw] = one(objects, "ConfigMap", f"{_full(objects)}-sandbox-templates")["data"].values()
+        base = SandboxTemplate(host_users=not settings.kubernetes.user_namespaces)
+        return {name: t.host_users for name, t in parse(json.loads(raw), base).by_name.items()}
+
+    templates = {"sandbox": {"templates": {"plain": {}, "shared": {"hostUsers": True}}}}
+    assert parsed(merge(CREDENTIALS, templates)) == {"default": True, "plain": True, "shared": True}
+    on = merge(CREDENTIALS, templates, {"sandbox": {"userNamespaces": True}})
+    assert parsed(on) == {"default": False, "plain": False, "shared": True}
+    with pytest.raises(helm.errors.HelmValuesError):
+        chart.render(
+            merge(CREDENTIALS, {"sandbox": {"templates": {"t": {"hostUsers": "false"}}}}),
+            name=RELEASE,
+            namespace=NAMESPACE,
+            is_install=True,
+        )
 
 
 def test_sandbox_namespace_enforces_restricted(chart: Any) -> None:
@@ -1385,3 +1416,4 @@ def test_the_ingress_takes_a_rate_limit_per_source_and_the_senders_addresses_as_
     assert annotations["example.com/kept"] == "yes"
     [plain] = of_kind(render(chart, values), "Ingress")
     assert not any(key.startswith("nginx.ingress.kubernetes.io/") for key in plain["metadata"].get("annotations", {}))
+

@@ -55,6 +55,9 @@ PROXY_PORT = 3128
 # the node's kubelet reads Localhost profiles, as node provisioning would.
 CODEX_SANDBOX_TEMPLATE = "codex-sandbox"
 CODEX_SECCOMP_PROFILE = "sandbox-controller/codex-sandbox.json"
+# A template whose sandboxes run in their own user namespace (hostUsers: false), with a workspace
+# volume (tests/node/test_user_namespaces.py).
+USER_NAMESPACE_TEMPLATE = "own-user-namespace"
 WARM_POOL_SIZE = 2
 # Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
 # test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
@@ -136,6 +139,11 @@ def _values(
                 WARM_TEMPLATE: {"resources": SANDBOX_RESOURCES, "warmPool": {"size": WARM_POOL_SIZE}},
                 PROXIED_TEMPLATE: {"resources": SANDBOX_RESOURCES, "httpsProxy": f"http://{PROXY_IP}:{PROXY_PORT}"},
                 CODEX_SANDBOX_TEMPLATE: {"resources": SANDBOX_RESOURCES, "seccompProfile": CODEX_SECCOMP_PROFILE},
+                USER_NAMESPACE_TEMPLATE: {
+                    "resources": SANDBOX_RESOURCES,
+                    "hostUsers": False,
+                    "workspacePersistence": {"enabled": True, "size": "1Gi"},
+                },
             },
             # The proxy's address and port, and nothing else of its range.
             "networkPolicy": {"egress": {"allow": [{"cidr": f"{PROXY_IP}/32", "ports": [{"port": PROXY_PORT}]}]}},
