@@ -9,6 +9,7 @@ the envtest tier.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -1417,3 +1418,54 @@ def test_the_ingress_takes_a_rate_limit_per_source_and_the_senders_addresses_as_
     [plain] = of_kind(render(chart, values), "Ingress")
     assert not any(key.startswith("nginx.ingress.kubernetes.io/") for key in plain["metadata"].get("annotations", {}))
 
+
+def test_the_seccomp_installer_puts_the_profile_on_the_nodes_and_steers_its_templates_there(chart: Any) -> None:
+    """sandbox.seccompInstaller (off by default): a DaemonSet in the release namespace writes
+    files/codex-sandbox-seccomp.json into the kubelet's seccomp directory (its only host path) and
+    labels its node with the file's digest; templates naming that profile, and the helm test of
+    Codex's sandbox, select the labelled nodes. Its ServiceAccount may only get and patch nodes."""
+    profile = (CHART / "files" / "codex-sandbox-seccomp.json").read_bytes()
+    digest = hashlib.sha256(profile).hexdigest()[:16]
+    label = "sandbox-controller/codex-sandbox-seccomp"
+    templates = {
+        "codex": {"seccompProfile": "sandbox-controller/codex-sandbox.json", "nodeSelector": {"pool": "a"}},
+        "other": {"seccompProfile": "other/profile.json"},
+        "plain": {},
+    }
+    values = {"sandbox": {"templates": templates}, "tests": {"codexSandbox": {"enabled": True}}}
+    off = render(chart, merge(CREDENTIALS, values))
+    assert not [d for d in of_kind(off, "DaemonSet") if "seccomp" in d["metadata"]["name"]]
+    assert not of_kind(off, "ClusterRole")
+    [raw] = one(off, "ConfigMap", f"{_full(off)}-sandbox-templates")["data"].values()
+    assert json.loads(raw) == templates
+
+    on = render(
+        chart, merge(CREDENTIALS, values, {"sandbox": {"seccompInstaller": {"enabled": True, "kubeletRootDir": "/k/"}}})
+    )
+    full = _full(off)
+    name = f"{full}-seccomp-installer"
+    daemon = one(on, "DaemonSet", name)
+    assert daemon["metadata"]["namespace"] == NAMESPACE
+    spec = daemon["spec"]["template"]["spec"]
+    [host] = [v for v in spec["volumes"] if "hostPath" in v]
+    assert host["hostPath"] == {"path": "/k/seccomp/sandbox-controller", "type": "DirectoryOrCreate"}
+    [install] = spec["initContainers"]
+    assert {e["name"]: e.get("value") for e in install["env"]}["PROFILE_DIGEST"] == digest
+    security = install["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    [mount] = [m for m in install["volumeMounts"] if m["name"] == host["name"]]
+    assert mount["mountPath"] == "/host-seccomp"
+    assert one(on, "ConfigMap", name)["data"]["codex-sandbox.json"].encode() == profile
+    [role] = of_kind(on, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    [binding] = of_kind(on, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+    assert spec["serviceAccountName"] == name
+
+    [raw] = one(on, "ConfigMap", f"{full}-sandbox-templates")["data"].values()
+    steered = json.loads(raw)
+    assert steered["codex"]["nodeSelector"] == {"pool": "a", label: digest}
+    assert steered["other"] == templates["other"] and steered["plain"] == {}
+    [helm_test] = [p for p in of_kind(on, "Pod") if p["metadata"]["name"].endswith("test-codex-sandbox")]
+    assert helm_test["spec"]["nodeSelector"] == {label: digest}
