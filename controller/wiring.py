@@ -302,7 +302,10 @@ def pod_watch(settings: Settings) -> scheduler.SandboxWatch | None:
 
 def sandbox_templates(settings: Settings) -> Templates:
     k = settings.kubernetes
-    return load_templates(k.templates_file, SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class))
+    return load_templates(
+        k.templates_file,
+        SandboxTemplate(image=k.image, runtime_class_name=k.runtime_class, host_users=not k.user_namespaces),
+    )
 
 
 def redis_endpoint(settings: Settings) -> Endpoint:

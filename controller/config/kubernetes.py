@@ -20,6 +20,10 @@ class KubernetesSettings(Printable):
     """JSON file of named sandbox templates (see runners/kubernetes/templates.py)."""
     runtime_class: str | None = None
     """RuntimeClass of the default template, e.g. gvisor."""
+    user_namespaces: bool = False
+    """The cluster runs pods in their own user namespace (Kubernetes 1.33+ on containerd 2.0+ and
+    runc 1.2+, or CRI-O): the default template's pods get ``hostUsers: false``, so a sandbox's
+    root is an unprivileged uid of the node. Templates inherit it (``hostUsers`` overrides)."""
     watch_pods: bool = True
     """The active scheduler watches the sandbox pods and has the session of a pod that was
     deleted, failed, restarted or became Ready looked at at once; partial sweeps then leave
@@ -37,6 +41,7 @@ def kubernetes(r: Reader) -> KubernetesSettings:
         executor_key_secret=r.text("KUBERNETES_EXECUTOR_KEY_SECRET", KubernetesSettings.executor_key_secret),
         templates_file=r.get(PREFIX + "KUBERNETES_TEMPLATES_FILE") or None,
         runtime_class=r.get(PREFIX + "KUBERNETES_RUNTIME_CLASS") or None,
+        user_namespaces=r.flag("KUBERNETES_USER_NAMESPACES", KubernetesSettings.user_namespaces),
         watch_pods=r.flag("KUBERNETES_WATCH_PODS", KubernetesSettings.watch_pods),
         ca_bundle_configmap=r.object_name("KUBERNETES_CA_BUNDLE_CONFIGMAP"),
     )

@@ -9,6 +9,7 @@ the envtest tier.
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 import os
 import re
@@ -20,6 +21,7 @@ import pytest
 import yaml
 
 from controller.config import BOUNDS, KEYS
+from controller.runners.kubernetes.manifests import SandboxTemplate
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "sandbox-controller"
@@ -542,6 +544,36 @@ def test_the_schema_refuses_a_broken_warm_pool(helm: Any, chart: Any, pool: dict
     values = merge(CREDENTIALS, {"sandbox": {"templates": {"fast": {"warmPool": pool}}}})
     with pytest.raises(helm.errors.HelmValuesError):
         chart.render(values, name=RELEASE, namespace=NAMESPACE, is_install=True)
+
+
+def test_user_namespaces_reach_every_template_that_does_not_say_otherwise(helm: Any, chart: Any) -> None:
+    """sandbox.userNamespaces (off by default) sets CONTROLLER_KUBERNETES_USER_NAMESPACES, which
+    the controller turns into the default template's ``hostUsers: false`` (inherited by every
+    template); a template's own ``hostUsers`` overrides it, and the schema refuses a non-flag."""
+    from controller.config import Settings
+    from controller.runners.kubernetes.templates import parse
+
+    def parsed(values: dict[str, Any]) -> dict[str, bool]:
+        objects = render(chart, values)
+        data = one(objects, "ConfigMap", _full(objects))["data"]
+        settings = Settings.from_env({"CONTROLLER_RUNNER": "kubernetes", **{
+            k: v for k, v in data.items() if k == "CONTROLLER_KUBERNETES_USER_NAMESPACES"
+        }})  # fmt: skip
+        [raw] = one(objects, "ConfigMap", f"{_full(objects)}-sandbox-templates")["data"].values()
+        base = SandboxTemplate(host_users=not settings.kubernetes.user_namespaces)
+        return {name: t.host_users for name, t in parse(json.loads(raw), base).by_name.items()}
+
+    templates = {"sandbox": {"templates": {"plain": {}, "shared": {"hostUsers": True}}}}
+    assert parsed(merge(CREDENTIALS, templates)) == {"default": True, "plain": True, "shared": True}
+    on = merge(CREDENTIALS, templates, {"sandbox": {"userNamespaces": True}})
+    assert parsed(on) == {"default": False, "plain": False, "shared": True}
+    with pytest.raises(helm.errors.HelmValuesError):
+        chart.render(
+            merge(CREDENTIALS, {"sandbox": {"templates": {"t": {"hostUsers": "false"}}}}),
+            name=RELEASE,
+            namespace=NAMESPACE,
+            is_install=True,
+        )
 
 
 def test_sandbox_namespace_enforces_restricted(chart: Any) -> None:
@@ -1385,3 +1417,55 @@ def test_the_ingress_takes_a_rate_limit_per_source_and_the_senders_addresses_as_
     assert annotations["example.com/kept"] == "yes"
     [plain] = of_kind(render(chart, values), "Ingress")
     assert not any(key.startswith("nginx.ingress.kubernetes.io/") for key in plain["metadata"].get("annotations", {}))
+
+
+def test_the_seccomp_installer_puts_the_profile_on_the_nodes_and_steers_its_templates_there(chart: Any) -> None:
+    """sandbox.seccompInstaller (off by default): a DaemonSet in the release namespace writes
+    files/codex-sandbox-seccomp.json into the kubelet's seccomp directory (its only host path) and
+    labels its node with the file's digest; templates naming that profile, and the helm test of
+    Codex's sandbox, select the labelled nodes. Its ServiceAccount may only get and patch nodes."""
+    profile = (CHART / "files" / "codex-sandbox-seccomp.json").read_bytes()
+    digest = hashlib.sha256(profile).hexdigest()[:16]
+    label = "sandbox-controller/codex-sandbox-seccomp"
+    templates = {
+        "codex": {"seccompProfile": "sandbox-controller/codex-sandbox.json", "nodeSelector": {"pool": "a"}},
+        "other": {"seccompProfile": "other/profile.json"},
+        "plain": {},
+    }
+    values = {"sandbox": {"templates": templates}, "tests": {"codexSandbox": {"enabled": True}}}
+    off = render(chart, merge(CREDENTIALS, values))
+    assert not [d for d in of_kind(off, "DaemonSet") if "seccomp" in d["metadata"]["name"]]
+    assert not of_kind(off, "ClusterRole")
+    [raw] = one(off, "ConfigMap", f"{_full(off)}-sandbox-templates")["data"].values()
+    assert json.loads(raw) == templates
+
+    on = render(
+        chart, merge(CREDENTIALS, values, {"sandbox": {"seccompInstaller": {"enabled": True, "kubeletRootDir": "/k/"}}})
+    )
+    full = _full(off)
+    name = f"{full}-seccomp-installer"
+    daemon = one(on, "DaemonSet", name)
+    assert daemon["metadata"]["namespace"] == NAMESPACE
+    spec = daemon["spec"]["template"]["spec"]
+    [host] = [v for v in spec["volumes"] if "hostPath" in v]
+    assert host["hostPath"] == {"path": "/k/seccomp/sandbox-controller", "type": "DirectoryOrCreate"}
+    [install] = spec["initContainers"]
+    assert {e["name"]: e.get("value") for e in install["env"]}["PROFILE_DIGEST"] == digest
+    security = install["securityContext"]
+    assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    [mount] = [m for m in install["volumeMounts"] if m["name"] == host["name"]]
+    assert mount["mountPath"] == "/host-seccomp"
+    assert one(on, "ConfigMap", name)["data"]["codex-sandbox.json"].encode() == profile
+    [role] = of_kind(on, "ClusterRole")
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    [binding] = of_kind(on, "ClusterRoleBinding")
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
+    assert spec["serviceAccountName"] == name
+
+    [raw] = one(on, "ConfigMap", f"{full}-sandbox-templates")["data"].values()
+    steered = json.loads(raw)
+    assert steered["codex"]["nodeSelector"] == {"pool": "a", label: digest}
+    assert steered["other"] == templates["other"] and steered["plain"] == {}
+    [helm_test] = [p for p in of_kind(on, "Pod") if p["metadata"]["name"].endswith("test-codex-sandbox")]
+    assert helm_test["spec"]["nodeSelector"] == {label: digest}

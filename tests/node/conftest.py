@@ -51,10 +51,13 @@ PROXIED_TEMPLATE = "proxied"
 PROXY_IP = PRIVATE_ADDRESSES["172.16.0.0/12"]
 PROXY_PORT = 3128
 # A template whose sandboxes get the chart's Localhost seccomp profile, which lets Codex build its
-# own sandbox within "restricted" (tests/node/test_codex_sandbox.py); the profile is put where
-# the node's kubelet reads Localhost profiles, as node provisioning would.
+# own sandbox within "restricted" (tests/node/test_codex_sandbox.py); the chart's node installer
+# (sandbox.seccompInstaller) puts the profile where the node's kubelet reads Localhost profiles.
 CODEX_SANDBOX_TEMPLATE = "codex-sandbox"
 CODEX_SECCOMP_PROFILE = "sandbox-controller/codex-sandbox.json"
+# A template whose sandboxes run in their own user namespace (hostUsers: false), with a workspace
+# volume (tests/node/test_user_namespaces.py).
+USER_NAMESPACE_TEMPLATE = "own-user-namespace"
 WARM_POOL_SIZE = 2
 # Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
 # test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
@@ -136,6 +139,11 @@ def _values(
                 WARM_TEMPLATE: {"resources": SANDBOX_RESOURCES, "warmPool": {"size": WARM_POOL_SIZE}},
                 PROXIED_TEMPLATE: {"resources": SANDBOX_RESOURCES, "httpsProxy": f"http://{PROXY_IP}:{PROXY_PORT}"},
                 CODEX_SANDBOX_TEMPLATE: {"resources": SANDBOX_RESOURCES, "seccompProfile": CODEX_SECCOMP_PROFILE},
+                USER_NAMESPACE_TEMPLATE: {
+                    "resources": SANDBOX_RESOURCES,
+                    "hostUsers": False,
+                    "workspacePersistence": {"enabled": True, "size": "1Gi"},
+                },
             },
             # The proxy's address and port, and nothing else of its range.
             "networkPolicy": {"egress": {"allow": [{"cidr": f"{PROXY_IP}/32", "ports": [{"port": PROXY_PORT}]}]}},
@@ -182,8 +190,10 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
     core.create_namespace({"metadata": {"name": NAMESPACE}})
     ca = TestCA("sandbox-controller real-node test CA")
     certificate = ca.issue(node.workdir / "simulator-tls", [API_HOST])
-    values = _merged(_values(by_name, api_key, environment_key, webhook_secret, ca), overrides or {})
-    install_seccomp_profile(node)
+    values = _values(by_name, api_key, environment_key, webhook_secret, ca)
+    # Codex's profile is put on the node by the chart's own installer, into this kubelet's root.
+    values["sandbox"]["seccompInstaller"] = {"enabled": True, "kubeletRootDir": str(node.workdir / "kubelet")}
+    values = _merged(values, overrides or {})
     say("helm install (Helm's own engine), waiting for the release's pods")
     start = time.monotonic()
     with helm.Chart.load(str(CHART)) as chart, helm.Config(kubeconfig_path=node.kubeconfig, namespace=NAMESPACE) as cfg:
@@ -230,14 +240,9 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
             api.close()
 
 
-def install_seccomp_profile(node: RealNode) -> Path:
-    """The chart's Codex seccomp profile where the node's kubelet reads Localhost profiles."""
-    from tests.chart.test_chart import CHART
-
-    target = node.workdir / "kubelet" / "seccomp" / CODEX_SECCOMP_PROFILE
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text((CHART / "files" / "codex-sandbox-seccomp.json").read_text())
-    return target
+def seccomp_profile_path(node: RealNode) -> Path:
+    """Where the node's kubelet reads the chart's Codex seccomp profile (a Localhost profile)."""
+    return node.workdir / "kubelet" / "seccomp" / CODEX_SECCOMP_PROFILE
 
 
 def _merged(values: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:

@@ -14,12 +14,19 @@ every capability dropped, no privilege escalation, read-only root):
   through the real executor in the pod the controller made;
 - and the chart's ``helm test`` says whether the cluster gives Codex its sandbox.
 
+No test puts the profile on the node: the chart's node installer (``sandbox.seccompInstaller``,
+a DaemonSet) writes it into the kubelet's seccomp directory and labels the node, and the
+template naming the profile selects the labelled nodes (the ``helm test`` test replaces the file
+with a RuntimeDefault copy to see the test fail; the installer's next pod restores it).
+
 docs/kubernetes.md ("Codex's own sandbox in a pod") records these facts and what each missing
 syscall does."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import time
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -32,13 +39,14 @@ from controller.runners.kubernetes import names
 from tests.node.conftest import (
     CODEX_SANDBOX_TEMPLATE,
     CODEX_SECCOMP_PROFILE,
+    NAMESPACE,
     PUBLIC_API_IP,
     RELEASE,
     SANDBOX_NAMESPACE,
     Installed,
-    install_seccomp_profile,
+    seccomp_profile_path,
 )
-from tests.node.node import API_PORT, NODE_IP, Image, RealNode
+from tests.node.node import API_PORT, NODE_IP, Image
 from tests.node.probes import pod, pod_exec
 from tests.support.processes import wait_for
 from tests.support.simulator import run_turn
@@ -59,16 +67,16 @@ PROBE = (
 
 
 @pytest.fixture(scope="module")
-def restricted(node: RealNode) -> Iterator[tuple[Any, str]]:
-    """A namespace enforcing "restricted", and the profile where the kubelet reads Localhost ones."""
-    core = client.CoreV1Api(node.api_client())
+def restricted(installed: Installed) -> Iterator[tuple[Any, str]]:
+    """A namespace enforcing "restricted"; the chart installed (its installer put the profile
+    where the kubelet reads Localhost ones)."""
+    core = client.CoreV1Api(installed.node.api_client())
     namespace = f"codex-sandbox-{uuid.uuid4().hex[:6]}"
     labels = {
         "pod-security.kubernetes.io/enforce": "restricted",
         "pod-security.kubernetes.io/enforce-version": "latest",
     }
     core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels=labels)))
-    install_seccomp_profile(node)
     try:
         yield core, namespace
     finally:
@@ -164,6 +172,39 @@ def test_the_localhost_profile_gives_codex_its_sandbox_within_restricted(
     assert 'seccompProfile.type to "Unconfined"' in message, message
 
 
+def test_the_charts_installer_puts_the_profile_on_the_node_and_labels_it(installed: Installed) -> None:
+    """sandbox.seccompInstaller: the DaemonSet's pod on the node wrote the chart's profile, byte
+    for byte, where the kubelet reads Localhost profiles (no test put it there) and labelled the
+    node with the file's digest, logging it. With the file and the label gone, its next pod puts
+    both back."""
+    node, core = installed.node, installed.core
+    path = seccomp_profile_path(node)
+    daemon = client.AppsV1Api(node.api_client()).read_namespaced_daemon_set(INSTALLER, NAMESPACE)
+    assert daemon.status.number_ready == daemon.status.desired_number_scheduled == 1
+    [pod_] = _installer_pods(installed)
+    assert _ready(pod_) and pod_.spec.node_name == node.name
+    assert path.read_bytes() == _chart_profile()
+    assert oct(path.stat().st_mode & 0o777) == oct(0o644)
+    assert core.read_node(node.name).metadata.labels[INSTALLED_LABEL] == _chart_digest()
+    log = core.read_namespaced_pod_log(pod_.metadata.name, NAMESPACE, container="install")
+    [line] = [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+    assert line == {
+        "message": "seccomp profile installed",
+        "node": node.name,
+        "path": str(path),
+        "digest": _chart_digest(),
+    }
+
+    path.unlink()
+    core.patch_node(node.name, {"metadata": {"labels": {INSTALLED_LABEL: None}}})
+    assert INSTALLED_LABEL not in (core.read_node(node.name).metadata.labels or {})
+    started = time.monotonic()
+    _reinstall(installed)
+    assert path.read_bytes() == _chart_profile()
+    assert core.read_node(node.name).metadata.labels[INSTALLED_LABEL] == _chart_digest()
+    print(f"installer: profile and label back {time.monotonic() - started:.1f}s after its pod was deleted")
+
+
 def test_a_sandboxed_command_through_the_executor_in_the_controllers_pod(installed: Installed) -> None:
     """A session of the template with the Localhost profile: the controller's pod (in the
     sandbox namespace, which enforces "restricted") runs the real executor; commands the
@@ -191,6 +232,8 @@ def test_a_sandboxed_command_through_the_executor_in_the_controllers_pod(install
     ).items
     seccomp = sandbox_pod.spec.containers[0].security_context.seccomp_profile
     assert (seccomp.type, seccomp.localhost_profile) == ("Localhost", CODEX_SECCOMP_PROFILE)
+    # Placed only on a node the chart's installer labelled as having this profile.
+    assert sandbox_pod.spec.node_selector[INSTALLED_LABEL] == _chart_digest()
     outside = "/etc/probe"
     socket = f"/dev/tcp/{PUBLIC_API_IP}/443"
     sandbox = {"mode": "workspace-write"}
@@ -211,6 +254,42 @@ def test_a_sandboxed_command_through_the_executor_in_the_controllers_pod(install
 
 
 HELM_TEST = f"{RELEASE}-sandbox-controller-test-codex-sandbox"
+INSTALLER = f"{RELEASE}-sandbox-controller-seccomp-installer"
+INSTALLED_LABEL = "sandbox-controller/codex-sandbox-seccomp"
+
+
+def _chart_profile() -> bytes:
+    from tests.chart.test_chart import CHART
+
+    return (CHART / "files" / "codex-sandbox-seccomp.json").read_bytes()
+
+
+def _chart_digest() -> str:
+    return hashlib.sha256(_chart_profile()).hexdigest()[:16]
+
+
+def _installer_pods(installed: Installed) -> list[Any]:
+    selector = "app.kubernetes.io/component=seccomp-installer"
+    pods: list[Any] = installed.core.list_namespaced_pod(NAMESPACE, label_selector=selector).items
+    return pods
+
+
+def _ready(pod: Any) -> bool:
+    conditions = pod.status.conditions or []
+    return not pod.metadata.deletion_timestamp and any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def _reinstall(installed: Installed) -> Any:
+    """Delete the installer's pod; its DaemonSet's next pod writes the profile again and labels
+    the node. Returns that pod, once Ready (its init container, which does both, has finished)."""
+    [old] = _installer_pods(installed)
+    installed.core.delete_namespaced_pod(old.metadata.name, NAMESPACE, grace_period_seconds=0)
+
+    def replaced() -> Any:
+        fresh = [p for p in _installer_pods(installed) if p.metadata.uid != old.metadata.uid and _ready(p)]
+        return fresh[0] if fresh else None
+
+    return wait_for(replaced, 180, "the installer's new pod to be Ready", interval=0.5)
 
 
 def test_helm_test_says_whether_the_cluster_gives_codex_its_sandbox(installed: Installed) -> None:
@@ -221,7 +300,7 @@ def test_helm_test_says_whether_the_cluster_gives_codex_its_sandbox(installed: I
     import helm_python
 
     installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
-    profile = install_seccomp_profile(installed.node)
+    profile = seccomp_profile_path(installed.node)
     full = json.loads(profile.read_text())
     runtime_default = {**full, "syscalls": full["syscalls"][:-1]}  # without the five syscalls
     assert set(full["syscalls"][-1]["names"]) == {"clone", "unshare", "mount", "umount2", "pivot_root"}
@@ -233,5 +312,5 @@ def test_helm_test_says_whether_the_cluster_gives_codex_its_sandbox(installed: I
         assert "bwrap: No permissions to create a new namespace" in log, log
         assert "FAIL: Codex cannot build its own sandbox in a sandbox pod here" in log, log
     finally:
-        install_seccomp_profile(installed.node)
+        _reinstall(installed)  # the chart's installer writes it again
     installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])  # passes again

@@ -435,3 +435,15 @@ def test_pod_manifest_labels_select_the_session() -> None:
     for part in names.managed_selector().split(","):
         k, _, v = part.partition("=")
         assert labels[k] == v
+
+
+def test_a_template_without_host_users_runs_in_its_own_user_namespace() -> None:
+    """``host_users=False`` adds ``hostUsers: false`` to the pod and changes nothing else: the
+    security context stays "restricted"'s (RuntimeDefault seccomp, masked /proc)."""
+    expected = expected_pod()
+    expected["spec"]["hostUsers"] = False
+    assert pod(host_users=False) == expected
+    assert "hostUsers" not in pod()["spec"]
+    localhost = pod(host_users=False, seccomp_profile="sandbox-controller/codex-sandbox.json")
+    assert localhost["spec"]["hostUsers"] is False
+    assert container(localhost)["securityContext"]["seccompProfile"]["type"] == "Localhost"

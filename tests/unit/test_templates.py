@@ -252,3 +252,39 @@ def test_a_localhost_seccomp_profile_is_read_and_checked() -> None:
         with pytest.raises(ConfigError) as caught:
             parse({"t": bad}, BASE)
         assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_host_users_is_inherited_from_the_default_template_and_overridden_per_template() -> None:
+    """A cluster with user namespaces (the default template's ``host_users=False``, from
+    CONTROLLER_KUBERNETES_USER_NAMESPACES) gives them to every template that does not say
+    otherwise; ``hostUsers`` sets a template apart either way; codexSandbox, which needs its own
+    user namespace, refuses ``hostUsers: true``; a string is not a flag."""
+    raw = {"plain": {}, "shared": {"hostUsers": True}, "own": {"hostUsers": False}, "codex": {"codexSandbox": True}}
+    on = parse(raw, replace(BASE, host_users=False)).by_name
+    assert {name: t.host_users for name, t in on.items()} == {
+        "default": False, "plain": False, "shared": True, "own": False, "codex": False,
+    }  # fmt: skip
+    off = parse(raw, BASE).by_name
+    assert {name: t.host_users for name, t in off.items()} == {
+        "default": True, "plain": True, "shared": True, "own": False, "codex": True,
+    }  # fmt: skip
+    for bad, problem in (
+        ({"hostUsers": True, "codexSandbox": True}, "cannot be used with codexSandbox"),
+        ({"hostUsers": "false"}, "hostUsers must be true or false, got a string"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse({"t": bad}, BASE)
+        assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_the_user_namespaces_setting_reaches_the_default_template() -> None:
+    """CONTROLLER_KUBERNETES_USER_NAMESPACES=true: the default template (the base of every other)
+    has its own user namespace; unset, it shares the node's."""
+    from controller.config import Settings
+    from controller.wiring import sandbox_templates
+
+    env = {"CONTROLLER_RUNNER": "kubernetes"}
+    assert sandbox_templates(Settings.from_env(env)).get(None).host_users is True
+    on = Settings.from_env({**env, "CONTROLLER_KUBERNETES_USER_NAMESPACES": "true"})
+    assert on.kubernetes.user_namespaces is True
+    assert sandbox_templates(on).get(None).host_users is False

@@ -66,6 +66,9 @@ class SandboxTemplate:
     storage_class_name: str | None = None
     codex_sandbox: bool = False
     """Opt-in: Codex's own bubblewrap sandbox (fails Pod Security "restricted")."""
+    host_users: bool = True
+    """False: the pod runs in its own user namespace (``hostUsers: false``): its uids, root
+    included, are unprivileged uids of the node. ``codex_sandbox`` implies it."""
     seccomp_profile: str | None = None
     """A ``Localhost`` seccomp profile for the container, by its path under the kubelet's seccomp
     directory (``sandbox-controller/codex-sandbox.json``: Codex's own sandbox within
@@ -304,7 +307,7 @@ def _pod_spec(
             *(volume for volume, _ in extra),
         ],
     }
-    if template.codex_sandbox:
+    if template.codex_sandbox or not template.host_users:
         pod_spec["hostUsers"] = False
     if template.runtime_class_name:
         pod_spec["runtimeClassName"] = template.runtime_class_name

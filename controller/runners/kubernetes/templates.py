@@ -10,7 +10,7 @@ The file (the Helm chart's ``sandbox.templates``, mounted at
                "codexSandbox": false, "agentIds": ["agent_123"],
                "warmPool": {"size": 2, "maxAgeSeconds": 3600},
                "httpsProxy": "http://10.20.30.40:3128", "noProxy": "internal.example.com",
-               "seccompProfile": "sandbox-controller/codex-sandbox.json"}}
+               "seccompProfile": "sandbox-controller/codex-sandbox.json", "hostUsers": false}}
 
 A session names its template with the metadata key ``sandbox_template``; otherwise the
 first template listing its agent id applies; otherwise ``default`` (which the file may
@@ -32,6 +32,12 @@ session that does not exist yet), so that combination is refused.
 path under the kubelet's seccomp directory; with the chart's Codex profile installed on the
 nodes, Codex's own sandbox works within Pod Security "restricted" (docs/kubernetes.md). It
 cannot be combined with ``codexSandbox`` (which takes seccomp off entirely).
+
+``hostUsers: false`` runs the template's pods in their own user namespace: the sandbox's uids,
+root included, map to unprivileged uids of the node (the cluster needs Kubernetes 1.33+ and a
+runtime that supports it: containerd 2.0+ with runc 1.2+, or CRI-O). A template without the
+field inherits the default template's (``CONTROLLER_KUBERNETES_USER_NAMESPACES``, the chart's
+``sandbox.userNamespaces``); ``codexSandbox`` implies it and refuses ``hostUsers: true``.
 """
 
 from __future__ import annotations
@@ -50,7 +56,7 @@ METADATA_KEY = "sandbox_template"
 _FIELDS = {
     "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
     "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
-    "warmPool", "httpsProxy", "noProxy", "seccompProfile",
+    "warmPool", "httpsProxy", "noProxy", "seccompProfile", "hostUsers",
 }  # fmt: skip
 # The JSON type each field must have (None allowed where noted); nothing is coerced, so a string
 # "false" never turns codexSandbox on and a bare string never becomes a list of characters.
@@ -59,7 +65,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "runtimeClassName": (str, type(None)), "nodeSelector": (dict,), "tolerations": (list,),
     "imagePullSecrets": (list,), "activeDeadlineSeconds": (int, type(None)), "workspacePersistence": (dict,),
     "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,), "httpsProxy": (str,), "noProxy": (str,),
-    "seccompProfile": (str, type(None)),
+    "seccompProfile": (str, type(None)), "hostUsers": (bool,),
 }  # fmt: skip
 _POOL_TYPES: dict[str, tuple[type, ...]] = {
     "size": (int,), "maxAgeSeconds": (int,), "min": (int,), "max": (int,), "windowSeconds": (int,),
@@ -186,9 +192,12 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         https_proxy=_proxy_url(fields.get("httpsProxy", base.https_proxy)),
         no_proxy=fields.get("noProxy", base.no_proxy) or None,
         seccomp_profile=_localhost_profile(fields.get("seccompProfile", base.seccomp_profile)),
+        host_users=fields.get("hostUsers", base.host_users),
     )
     if template.seccomp_profile and template.codex_sandbox:
         raise ValueError("seccompProfile cannot be used with codexSandbox (which sets seccomp Unconfined)")
+    if template.codex_sandbox and fields.get("hostUsers") is True:
+        raise ValueError("hostUsers: true cannot be used with codexSandbox (which needs its own user namespace)")
     if (template.warm_pool_size > 0 or template.sized_by_demand) and template.persist_workspace:
         raise ValueError("warmPool cannot be used with workspacePersistence (the volume belongs to one session)")
     return template

@@ -359,3 +359,34 @@ Volumes and mounts: a writable /tmp (the root filesystem is read-only) and the s
   mountPath: {{ include "sandbox-controller.apiKeyPath" . | dir }}
   readOnly: true
 {{- end }}
+
+{{/*
+Codex's seccomp profile as the chart's node installer puts it on the nodes (sandbox.seccompInstaller):
+its path under the kubelet's seccomp directory (what a template's seccompProfile names), the
+node label the installer sets once the file is in place, and the label's value: the first 16
+hex digits of the file's SHA-256, so a node with another version of the profile does not match.
+*/}}
+{{- define "sandbox-controller.codexSeccompProfile" -}}sandbox-controller/codex-sandbox.json{{- end }}
+{{- define "sandbox-controller.codexSeccompLabel" -}}sandbox-controller/codex-sandbox-seccomp{{- end }}
+{{- define "sandbox-controller.codexSeccompDigest" -}}
+{{- .Files.Get "files/codex-sandbox-seccomp.json" | sha256sum | trunc 16 }}
+{{- end }}
+
+{{/*
+sandbox.templates as JSON, as the controller reads them: with the node installer on
+(sandbox.seccompInstaller), a template whose seccompProfile is the installed profile also selects
+the nodes the installer labelled (its own nodeSelector kept beside).
+*/}}
+{{- define "sandbox-controller.sandboxTemplates" -}}
+{{- $templates := deepCopy .Values.sandbox.templates }}
+{{- if .Values.sandbox.seccompInstaller.enabled }}
+{{- $profile := include "sandbox-controller.codexSeccompProfile" . }}
+{{- $label := dict (include "sandbox-controller.codexSeccompLabel" .) (include "sandbox-controller.codexSeccompDigest" .) }}
+{{- range $name, $template := $templates }}
+{{- if eq (toString $template.seccompProfile) $profile }}
+{{- $_ := set $template "nodeSelector" (merge (dict) $label ($template.nodeSelector | default dict)) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- $templates | toJson }}
+{{- end }}
