@@ -26,7 +26,15 @@ import redis
 from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.eventlog import EventLog
-from tests.chaos.schedule import OPERATOR_RELEASE_SECONDS, STALE_AFTER_END_SECONDS, Schedule, Step
+from tests.chaos.schedule import (
+    OPERATOR_RELEASE_SECONDS,
+    STALE_AFTER_END_SECONDS,
+    WEDGED_BOUND_SECONDS,
+    WEDGED_EVERY_SECONDS,
+    WEDGED_FAILS_SECONDS,
+    Schedule,
+    Step,
+)
 from tests.chaos.world import API_HOLD_SECONDS, MARKER, PRESTART_AGENT, ChaosWorld
 from tests.support import faketime
 from tests.support.processes import python_module
@@ -35,6 +43,8 @@ SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
 SKEW_TOLERANCE_SECONDS = 2.0
 OPENINGS = frozenset({"lone-404"})
 """Faults carried out in the schedule's own thread: the steps after them wait until they end."""
+LEADER_WAIT_SECONDS = 15.0
+"""A leader-only executor kill waits this long at most for its session's executor to run."""
 READY_SECONDS = 60.0
 """How long a fault waits for its session's executor to run (and its turn to end) before it
 starts; past that it is not carried out (a harness error: what it would judge goes unjudged)."""
@@ -48,6 +58,8 @@ class Judge(Protocol):
     def judge_release(
         self, session: Session, workspace: Path, asked_at: float, within: float, refused: str | None
     ) -> None: ...
+
+    def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None: ...
 
 
 def marker_command(token: str) -> list[str]:
@@ -208,6 +220,8 @@ class Injector:
             "role-flip": self._role_flip,
             "skew": self._skew,
             "stale-worker": self._stale_worker,
+            "crash-loop": self._crash_loop,
+            "wedged-link": self._wedged_link,
             "webhook-duplicate": self._duplicate,
             "webhook-hold": self._hold,
         }
@@ -462,6 +476,83 @@ class Injector:
                 self._release(frozen[0])
             self.log.ended(window)
 
+    def _crash_loop(self, step: Step) -> None:
+        """A session made for it whose environment's registrations answer 503 for
+        ``step.seconds``: codex exits at each refusal, so every start fails at once until then.
+        The webhooks are held a moment while the fault is armed, so that no start comes first."""
+        window = self.log.disturbed(step.describe())
+        try:
+            self.world.admin("POST", "/admin/webhooks/hold", {"seconds": 1.0}).raise_for_status()
+            session = self.create(step.subject)
+            refusal = {
+                "target": "register",
+                "status": 503,
+                "seconds": step.seconds,
+                "object_id": session.environment_id,
+            }
+            self.world.admin("POST", "/admin/faults", refusal).raise_for_status()
+            self.log.add(
+                "fault",
+                f"registrations of {session.name}'s environment answer 503 for {step.seconds:.1f}s "
+                "(codex exits at each refusal)",
+            )
+            self.give_input(session)
+            time.sleep(step.seconds)
+        finally:
+            self.log.ended(window)
+        self.log.add("restore", f"registrations of {step.subject}'s environment accepted again")
+
+    def _wedged_link(self, step: Step) -> None:
+        """The session's link down for ``step.seconds`` while its executor lives (wedged), its
+        environment's reads answering 503 for ``WEDGED_FAILS_SECONDS`` of every
+        ``WEDGED_EVERY_SECONDS`` meanwhile (from 1 s after the drop); the executors running at
+        the drop must be gone ``WEDGED_BOUND_SECONDS`` after it (judged by the checker, 12)."""
+        session = self._alive(step)
+        if session is None:
+            return
+        assert self.judge is not None
+        self._wait(lambda: bool(self._executors_of(session)) or session.ended_at is not None, LEADER_WAIT_SECONDS)
+        wedged = sorted({p.sid for p in self._executors_of(session)})
+        if not wedged:
+            self.log.add("note", f"skipped {step.describe()}: {session.name} has no executor now")
+            return
+        window = self.log.disturbed(step.describe())
+        try:
+            answer = self.world.admin(
+                "POST", f"/admin/environments/{session.environment_id}/drop", {"seconds": step.seconds}
+            )
+            dropped = time.time()
+            closed = answer.json().get("closed") if answer.status_code == 200 else answer.status_code
+            self.log.add(
+                "fault",
+                f"link of {session.name} down for {step.seconds:.1f}s, its executor {wedged} wedged (WebSockets "
+                f"closed: {closed}); its environment's reads answer 503 for {WEDGED_FAILS_SECONDS:g}s of every "
+                f"{WEDGED_EVERY_SECONDS:g}s",
+            )
+            judged = threading.Thread(
+                target=self.judge.judge_wedged,
+                args=(session, wedged, dropped, WEDGED_BOUND_SECONDS),
+                name="chaos-wedged",
+                daemon=True,
+            )
+            judged.start()
+            failing = dropped + 1.0
+            while failing + WEDGED_FAILS_SECONDS <= dropped + step.seconds:
+                time.sleep(max(0.0, failing - time.time()))
+                fault = {
+                    "target": "retrieve_environment",
+                    "status": 503,
+                    "seconds": WEDGED_FAILS_SECONDS,
+                    "object_id": session.environment_id,
+                }
+                self.world.admin("POST", "/admin/faults", fault).raise_for_status()
+                failing += WEDGED_EVERY_SECONDS
+            time.sleep(max(0.0, dropped + step.seconds - time.time()))
+            judged.join(timeout=WEDGED_BOUND_SECONDS + 30)
+        finally:
+            self.log.ended(window)
+        self.log.add("restore", f"link of {session.name} may come back")
+
     def _freeze_reader(self, session: Session, step: Step) -> tuple[str, int] | None:
         """SIGSTOP the worker pool process whose read of ``session`` the simulator holds; the
         worker's name and the pid, or None (said in the log) when it cannot be done."""
@@ -513,6 +604,8 @@ class Injector:
         session = self.book.get(step.subject)
         if session is None:
             return
+        if step.value == "leader":  # given input just before: wait (bounded) for its executor
+            self._wait(lambda: bool(self._executors_of(session)) or session.ended_at is not None, LEADER_WAIT_SECONDS)
         sids = sorted({p.sid for p in self._executors_of(session)})
         if not sids:
             self.log.add("note", f"{step.describe()}: {session.name} has no executor now")

@@ -134,6 +134,45 @@ MUTANTS = (
         "    if not store.ask_release(session_id, now):\n",
         "    if store.not_found(session_id) is None:\n",
     ),
+    Mutant(
+        "idle-never-applied",
+        "the idle timeout is never applied: an idle sandbox is never stopped (issue 37: the card's "
+        "idle-shutdown timer, with nothing in CI's runs to notice)",
+        "controller/decide.py",
+        "        if now - since >= timeout:\n",
+        "        if False:\n",
+    ),
+    Mutant(
+        "lease-taken-while-held",
+        "a worker takes a session's lease while another still holds it: two workers act on one "
+        "session at once (issue 37)",
+        "controller/store/redis.py",
+        "if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end\n",
+        "",
+    ),
+    Mutant(
+        "stop-signals-leader-only",
+        "a stop signals only the executor's recorded leader process, not its process group: once the "
+        "npm launcher is killed, the native codex outlives every stop and release (issue 37)",
+        "controller/runners/local.py",
+        "                os.killpg(pgid, sig)\n",
+        "                os.kill(self._leader(handle)[0], sig)\n",
+    ),
+    Mutant(
+        "crash-loop-no-backoff",
+        "an executor that exits at start is restarted at every look, with no back-off (issue 37, defect 2)",
+        "controller/decide.py",
+        "    if crashes <= 1:\n",
+        "    if True:\n",
+    ),
+    Mutant(
+        "blind-spots-unbounded",
+        "blind spots (reads that fail) restart a wedged executor's grace clock for ever: it is never "
+        "replaced while the API fails a read every few seconds (issue 37, defect 3)",
+        "controller/decide.py",
+        "    if bound is not None and now >= bound:\n",
+        "    if False:\n",
+    ),
 )
 
 

@@ -35,6 +35,11 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "lone-session-not-held",
         "release-ignored",
         "release-not-noted",
+        "idle-never-applied",
+        "lease-taken-while-held",
+        "stop-signals-leader-only",
+        "crash-loop-no-backoff",
+        "blind-spots-unbounded",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
