@@ -27,6 +27,8 @@ from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.eventlog import EventLog
 from tests.chaos.schedule import (
+    DELETION_CONFIRM_SECONDS,
+    FIRST_404S_SECONDS,
     OPERATOR_RELEASE_SECONDS,
     STALE_AFTER_END_SECONDS,
     WEDGED_BOUND_SECONDS,
@@ -222,6 +224,7 @@ class Injector:
             "stale-worker": self._stale_worker,
             "crash-loop": self._crash_loop,
             "wedged-link": self._wedged_link,
+            "failing-start-404": self._failing_start_404,
             "webhook-duplicate": self._duplicate,
             "webhook-hold": self._hold,
         }
@@ -333,6 +336,88 @@ class Injector:
         time.sleep(2.0)
         self.log.ended(window)
         self.log.add("restore", f"{session.name} reads again")
+
+    def _failing_start_404(self, step: Step) -> None:
+        """Issue 37, defect 1: the session's reads answer 404 for ``FIRST_404S_SECONDS`` (less
+        than the confirmation period), long enough for two of the three spread reads a deletion
+        needs; as soon as a worker logs the second, its executor is SIGKILLed, the executor
+        binary moved away and input given, so that it reads fine in rounds that want a start
+        whose start fails; once the confirmation period since the first 404 read is over, one
+        more one-shot 404; then the binary is back. The good reads between count: no deletion
+        (its workspace is judged by 4 at its final turn)."""
+        session = self._alive(step)
+        link = self.world.executor_link
+        if session is None:
+            return
+        if link is None:
+            self.log.add("note", f"skipped {step.describe()}: the executor is not a file the run can move")
+            return
+        if not self._claim("executor", step):
+            return
+        window = self.log.disturbed(step.describe())
+        away = link.with_name(link.name + ".away")
+        moved = False
+        try:
+            failing = {
+                "target": "retrieve_session",
+                "status": 404,
+                "seconds": FIRST_404S_SECONDS,
+                "object_id": session.id,
+            }
+            self.world.admin("POST", "/admin/faults", failing).raise_for_status()
+            self.log.add("fault", f"reads of {session.name} ({session.id}) answer 404 for {FIRST_404S_SECONDS:g}s")
+            first: list[float] = []
+            if not self._wait(lambda: self._spread_404s(session, 2, first), FIRST_404S_SECONDS + 1.0):
+                self.log.add("note", f"{step.describe()}: no second spread 404 read of {session.name}: not carried out")
+                return
+            link.rename(away)
+            moved = True
+            sids = sorted({p.sid for p in self._executors_of(session)})
+            now = time.time()
+            for sid in sids:
+                self.book.kill(session.environment_id, sid, now)
+                try:
+                    os.killpg(sid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.give_input(session)
+            self.log.add(
+                "fault",
+                f"two spread 404 reads of {session.name} logged (the first at +{first[0] - self.log.t0:.1f}s); SIGKILL "
+                f"of its executor {sids}, the executor binary missing, input given: it reads fine in rounds whose "
+                "start fails",
+            )
+            time.sleep(max(FIRST_404S_SECONDS, first[0] + DELETION_CONFIRM_SECONDS + 1.0 - time.time()))
+            one_shot = {"target": "retrieve_session", "status": 404, "count": 1, "object_id": session.id}
+            self.world.admin("POST", "/admin/faults", one_shot).raise_for_status()
+            self.log.add("fault", f"the next read of {session.name} answers 404 (past the confirmation period)")
+            if not self._wait(lambda: not self._armed(session.id), 15.0):
+                self.log.add("note", f"{step.describe()}: the last one-shot 404 was not taken within 15 s")
+            time.sleep(1.0)
+        finally:
+            if moved:
+                away.rename(link)
+                self.log.add("restore", "executor binary back")
+            self._release("executor")
+            self.log.ended(window)
+        self.log.add("restore", f"{session.name} reads again")
+
+    def _spread_404s(self, session: Session, reads: int, first: list[float]) -> bool:
+        """Whether a worker logged the ``reads``-th spread 404 read of ``session``; ``first`` gets
+        the time of its first (the worker's clock)."""
+        found = [
+            line
+            for worker in self.world.workers
+            for line in worker.log_lines()
+            if line.get("event") == "session looked up"
+            and line.get("session_id") == session.id
+            and line.get("status") == "not found"
+        ]
+        found.sort(key=lambda line: float(str(line["time"])))
+        ones = [line for line in found if "(1 of " in str(line.get("reason"))]
+        if ones:
+            first[:] = [float(str(ones[-1]["time"]))]
+        return any(f"({reads} of " in str(line.get("reason")) for line in found)
 
     def _lone_404(self, step: Step) -> None:
         """The opening of ``lone-404``: once the one session's executor runs and its turn ended,

@@ -1,7 +1,7 @@
 """Mutants of the product that the chaos judge must catch (``scripts/test chaos --mutants``).
 
 Each mutant is a small text replacement in one product file that brings back a defect class
-issue 25 names. ``main`` applies them one at a time, runs CI's fixed runs (``schedule.CI_RUNS``:
+issue 25 or issue 37 names. ``main`` applies them one at a time, runs CI's fixed runs (``schedule.CI_RUNS``:
 seed, faults and minutes; the next run only while none caught it) against the mutated product, and
 reports for each whether it was caught and by which invariants (``checker.INVARIANTS``),
 keeping each run's event log in a directory it names; it exits 1 when any mutant survived.
@@ -172,6 +172,14 @@ MUTANTS = (
         "controller/decide.py",
         "    if bound is not None and now >= bound:\n",
         "    if False:\n",
+    ),
+    Mutant(
+        "found-not-before-acting",
+        "a round that found its session forgets its 404 marks only at its end, so rounds whose start "
+        "fails keep them and one later 404 confirms a deletion (issue 37, defect 1)",
+        "controller/lifecycle.py",
+        "            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps no 404 mark\n",
+        "            pass\n",
     ),
 )
 

@@ -80,6 +80,13 @@ crash-loop          (opt-in) a session made for it (webhooks held 1 s, so that n
                     incident); its starts must back off (11: refused registrations of one
                     environment, at most 8 in any 20 s: ``checker.CRASH_LOOP_MOST``),
                     and once they are accepted its turn runs (2); it lives on to the final turns
+failing-start-404   (opt-in) one session's reads answer 404 for 5.5 s, until a worker logs two
+                    of the three spread reads a deletion needs; then, at once, its executor
+                    is SIGKILLed, the executor binary goes missing and the session is given
+                    input, so that it reads fine in rounds whose start fails; once the
+                    confirmation period since the first 404 is over, one more one-shot 404, and
+                    the binary comes back: three 404s with good reads between are no deletion,
+                    its workspace stays (4, 7)
 wedged-link         (opt-in) one session given input, then its executor's link down for
                     40–45 s (a wedged executor: the process lives, its link does not come
                     back), while its environment's reads answer 503 for 3 s of every 8 s (each
@@ -92,8 +99,9 @@ what CI's fixed seeds draw (a seed's faults are drawn from the weights of the wh
 they are named with ``--faults +api-404-partial,+delete-several`` until CI's seeds are moved.
 CI's third run (``CI_RUNS``) names ``lone-404``, ``api-404-recheck`` and ``wrong-key`` alone:
 they reach the deletion defects the default set cannot (issue 25, defects 1, 2 and 5); its
-fourth names ``stale-worker``, ``crash-loop`` and ``wedged-link`` (the lease checked before a
-start; the crash loop's back-off; blind spots bounded).
+fourth names ``stale-worker``, ``crash-loop``, ``wedged-link`` and ``failing-start-404`` (the
+lease checked before a start; the crash loop's back-off; blind spots bounded; a good read
+forgetting the 404s: issue 37, defects 2, 3 and 1).
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -122,12 +130,13 @@ DELETION_SEED = 0
 DELETION_MINUTES = 0.5
 DELETION_FAULTS = "lone-404,api-404-recheck,wrong-key"
 """The faults of CI's third run: the deletion defects the default set cannot reach."""
-STALE_SEED = 48
-STALE_MINUTES = 0.25
-STALE_FAULTS = "stale-worker,crash-loop,wedged-link"
+STALE_SEED = 173
+STALE_MINUTES = 0.3
+STALE_FAULTS = "stale-worker,crash-loop,wedged-link,failing-start-404"
 """The faults of CI's fourth run: a worker that lost its lease mid-round (the lease mutant), an
-executor that exits at start for a while (the crash loop's back-off), and a wedged executor
-while its environment's reads fail now and then (blind spots bounded)."""
+executor that exits at start for a while (the crash loop's back-off), a wedged executor while
+its environment's reads fail now and then (blind spots bounded), and 404s with good reads in
+failing rounds between them (a good read forgets the 404s)."""
 CI_RUNS: tuple[tuple[int, str, float], ...] = (
     (93, "default", CI_MINUTES),
     (2, "default", CI_MINUTES),
@@ -191,6 +200,11 @@ STALE_WORKER_SECONDS = 45.0
 LEADER_AFTER_INPUT_SECONDS = 1.0
 """A leader-only executor kill comes this long after an input to its session (the injector
 then waits, bounded, for the session's executor to run)."""
+FAILING_START_SECONDS = 40.0
+"""The failing-start-404 fault ends by then (its three 404s and the binary's gap take 10–25 s)."""
+FIRST_404S_SECONDS = 5.5
+"""Its session's reads answer 404 this long first (less than the confirmation period; a read
+comes every 3 s at most, and the one a third of the period after it counts as the second)."""
 WEDGED = (40.0, 45.0)
 """A wedged executor's link down (longer than ``WEDGED_BOUND_SECONDS``)."""
 WEDGED_FAILS_SECONDS = 3.0
@@ -278,7 +292,10 @@ def catalogue_text() -> str:
         f"whose environment's registrations answer 503 for {_span(CRASH_LOOP)} (codex exits at each "
         "refusal); "
         f"one executor's link down {_span(WEDGED)} after input while its environment's reads answer 503 "
-        f"for {WEDGED_FAILS_SECONDS:g} s of every {WEDGED_EVERY_SECONDS:g} s."
+        f"for {WEDGED_FAILS_SECONDS:g} s of every {WEDGED_EVERY_SECONDS:g} s; one session's reads answering "
+        f"404 for {FIRST_404S_SECONDS:g} s (two spread reads), then its executor killed and the executor binary "
+        "missing while it is given input (good reads in rounds whose start fails), then one more 404 "
+        "past the confirmation period."
     )
 
 
@@ -618,6 +635,16 @@ def _crash_loop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     return [Step(at, "crash-loop", name, seconds)]
 
 
+def _failing_start_404(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """404, 404, good reads in rounds whose start fails, 404 (issue 37, defect 1): one session
+    alive well past it, no other 404 window near it."""
+    name = _session(rng, story, at)
+    if name is None or at < story.no_404_before or story.gone.get(name, float("inf")) < at + FAILING_START_SECONDS:
+        return []
+    story.no_404_before = at + FAILING_START_SECONDS + NO_404_SECONDS
+    return [Step(at, "failing-start-404", name, FAILING_START_SECONDS, "retrieve_session:404")]
+
+
 def _wedged(rng: random.Random, at: float, story: _Story) -> list[Step]:
     """Input to one session, then its link down 40–45 s while its environment's reads fail now
     and then: a wedged executor that blind spots must not keep (issue 37, defect 3)."""
@@ -750,6 +777,7 @@ OPT_IN_FAULTS = frozenset(
         "stale-worker",
         "crash-loop",
         "wedged-link",
+        "failing-start-404",
     }
 )
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
@@ -765,6 +793,7 @@ FAULTS.update(
             Fault("stale-worker", 0.5, _stale_worker),
             Fault("crash-loop", 1.0, _crash_loop),
             Fault("wedged-link", 1.0, _wedged),
+            Fault("failing-start-404", 1.0, _failing_start_404),
         )
     }
 )

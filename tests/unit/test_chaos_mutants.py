@@ -40,6 +40,7 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "stop-signals-leader-only",
         "crash-loop-no-backoff",
         "blind-spots-unbounded",
+        "found-not-before-acting",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 

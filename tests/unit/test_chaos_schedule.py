@@ -115,6 +115,7 @@ def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_s
         "stale-worker",
         "crash-loop",
         "wedged-link",
+        "failing-start-404",
     } == OPT_IN_FAULTS
     assert not OPT_IN_FAULTS & DEFAULT_FAULTS
     assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | {"api-404-partial", "delete-several"}
@@ -430,23 +431,31 @@ def test_invariant_9_states_the_time_the_injector_gives_the_operators_release() 
     assert f"within {OPERATOR_RELEASE_SECONDS:g} s" in INVARIANTS[9]
 
 
-def test_cis_fourth_run_draws_a_stale_worker_a_crash_loop_and_a_wedged_link() -> None:
+def test_cis_fourth_run_draws_a_stale_worker_a_crash_loop_a_wedged_link_and_failing_starts() -> None:
     """CI's fourth run (``CI_RUNS``; ``scripts/test chaos --mutants`` runs it too) draws the
     stale-worker fault, which ``lease-not-checked`` needs (a worker frozen between its read and
     its start past its lease); one crash loop, which ``crash-loop-no-backoff`` needs (an
-    executor that exits at start for longer than a few back-offs); and one wedged link, which
-    ``blind-spots-unbounded`` needs (down for longer than the bound, with input just before). A
-    change that takes one away fails here: move the seed."""
+    executor that exits at start for longer than a few back-offs); one wedged link, which
+    ``blind-spots-unbounded`` needs (down for longer than the bound, with input just before); and
+    one failing-start-404, which ``found-not-before-acting`` needs. A change that takes one away
+    fails here: move the seed."""
     seed, faults, minutes = CI_RUNS[3]
-    assert faults == STALE_FAULTS and select(faults) == {"stale-worker", "crash-loop", "wedged-link"}
+    assert faults == STALE_FAULTS
+    assert select(faults) == {"stale-worker", "crash-loop", "wedged-link", "failing-start-404"}
     schedule = draw(seed, minutes, select(faults))
-    assert sorted(s.kind for s in schedule.fault_steps()) == ["crash-loop", "stale-worker", "wedged-link"]
+    kinds = ["crash-loop", "failing-start-404", "stale-worker", "wedged-link"]
+    assert sorted(s.kind for s in schedule.fault_steps()) == kinds
     [loop] = [s for s in schedule.steps if s.kind == "crash-loop"]
     assert loop.seconds >= CRASH_LOOP[0] and not any(s.subject == loop.subject for s in schedule.steps if s is not loop)
     [wedged] = [s for s in schedule.steps if s.kind == "wedged-link"]
     assert wedged.seconds > WEDGED_BOUND_SECONDS
     assert any(s.kind == "input" and s.subject == wedged.subject and s.at < wedged.at for s in schedule.steps)
     assert not any(s.kind in ("delete", "fail") and s.subject == wedged.subject for s in schedule.steps)
+    # The failing starts' binary gap (its first 404s take 5-10 s) comes before the crash loop
+    # (which must see its own refusals), on another session than the wedged one.
+    [failing] = [s for s in schedule.steps if s.kind == "failing-start-404"]
+    assert failing.subject != wedged.subject and loop.at - failing.at >= 10.0
+    assert not any(s.kind in ("delete", "fail") and s.subject == failing.subject for s in schedule.steps)
     assert schedule.seconds < 60
 
 
