@@ -582,3 +582,38 @@ def test_a_lease_lost_after_the_ttl_or_near_a_redis_fault_or_a_busy_session_is_n
     world.log.windows.append(Window("redis-kill redis for 2.0s", T0 + 99, T0 + 101))
     assert world.checker.check_leases([_log(tmp_path / "worker0.log", lines)], 10.0) == 4
     assert world.violations() == []
+
+
+def test_refused_registrations_without_a_back_off_break_11() -> None:
+    """11: 9 refused registrations of one environment within 20 s is a crash loop restarted at
+    every look; 5 in 20 s (0, 1, 4, 9, 18 s: the back-off) and accepted ones are not."""
+    world = World()
+    looping = world.sim.session(world.book, "s0", [(0, "requires_action", True)])
+    backing_off = world.sim.session(world.book, "s1", [(0, "requires_action", True)])
+    for at in [1.5 * n for n in range(9)]:
+        world.sim.registration_log.append(
+            {"environment_id": looping.environment_id, "status_code": 503, "received_at": T0 + at}
+        )
+    for at in (0, 1, 4, 9, 18, 40, 41, 44, 49, 58):
+        world.sim.registration_log.append(
+            {"environment_id": backing_off.environment_id, "status_code": 503, "received_at": T0 + at}
+        )
+    for at in range(20):
+        world.sim.registration_log.append(
+            {"environment_id": backing_off.environment_id, "status_code": 200, "received_at": T0 + at}
+        )
+    assert world.checker.check_crash_loops() == 19
+    [found] = world.violations()
+    assert found.invariant == 11 and found.subject.startswith("s0") and "9 refused registrations" in found.text
+
+
+def test_a_wedged_executor_still_running_past_the_bound_breaks_12_and_a_replaced_one_does_not() -> None:
+    """12: the executor running when the link dropped must be gone by the bound (a replacement
+    of its own may run then)."""
+    for replaced, broken in ((False, True), (True, False)):
+        world = World()
+        session = world.sim.session(world.book, "s0", [(0, "requires_action", True)])
+        world.run(session.environment_id, 200 if replaced else 100)
+        world.now = T0 + 36
+        world.checker.judge_wedged(session, [100], T0 + 1, 35.0)
+        assert [v.invariant for v in world.violations()] == ([12] if broken else [])
