@@ -45,6 +45,9 @@ class Mutant:
     old: str
     """Text that occurs exactly once in the file."""
     new: str
+    more: tuple[tuple[str, str], ...] = ()
+    """Further (old, new) replacements in the same file, each ``old`` there exactly once: for a
+    defect the product guards against twice (both guards go, or the mutant changes nothing)."""
     guard: str | None = None
     """A targeted test that must fail on this mutant, for a defect the seeded schedule cannot
     reasonably reach (``why_not_chaos`` says why)."""
@@ -97,10 +100,19 @@ MUTANTS = (
     ),
     Mutant(
         "lease-not-checked",
-        "a start does not check the lease first (a worker that lost it may still start a sandbox)",
+        "a worker does not check its lease before it acts (a worker that lost it may still start a sandbox): "
+        "the start's lease check goes, and so does the fenced forgetting of 404 marks before acting (issue "
+        "37's fix of defect 1), which checks the lease too",
         "controller/lifecycle.py",
         "    deps.store.check(lease)  # fenced: a worker that lost its lease must not act\n",
         "",
+        more=(
+            (
+                "            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps "
+                "no 404 mark\n",
+                "            pass\n",
+            ),
+        ),
     ),
     Mutant(
         "deletion-by-two-404s",
@@ -196,11 +208,14 @@ def restore_leftovers(root: Path = ROOT) -> list[Path]:
 
 
 def mutated(mutant: Mutant, text: str) -> str:
-    """The file's text with the mutant applied; ValueError unless ``old`` occurs exactly once."""
-    found = text.count(mutant.old)
-    if found != 1:
-        raise ValueError(f"mutant {mutant.name}: its text occurs {found} times in {mutant.path} (not once)")
-    return text.replace(mutant.old, mutant.new)
+    """The file's text with the mutant applied; ValueError unless each ``old`` (``old``, then
+    those of ``more``) occurs exactly once."""
+    for old, new in ((mutant.old, mutant.new), *mutant.more):
+        found = text.count(old)
+        if found != 1:
+            raise ValueError(f"mutant {mutant.name}: its text occurs {found} times in {mutant.path} (not once)")
+        text = text.replace(old, new)
+    return text
 
 
 @contextmanager

@@ -51,6 +51,10 @@ def test_a_mutant_whose_text_is_not_there_once_is_refused() -> None:
         mutated(mutant, "x = 1\nx = 1\n")
     with pytest.raises(ValueError, match="0 times"):
         mutated(mutant, "y = 1\n")
+    twice = Mutant("m", "", "f.py", "x = 1\n", "x = 2\n", more=(("y = 1\n", "y = 2\n"),))
+    assert mutated(twice, "x = 1\ny = 1\n") == "x = 2\ny = 2\n"
+    with pytest.raises(ValueError, match="0 times"):
+        mutated(twice, "x = 1\n")
 
 
 def _product(tmp_path: Path) -> tuple[Path, Mutant]:
