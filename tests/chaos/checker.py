@@ -30,6 +30,9 @@ How each is seen from outside:
 7. An executor ending while its session was idle: not before the idle timeout (L11); and an
    idle session's executor still running 15 s past the timeout, with nothing disturbing the
    system meanwhile, is a late stop (issue 16's item 3: a skewed clock stops early or late).
+   Every run ends with idle sandboxes that must stop (the final turns, then
+   ``run._wait_stopped``): one still running 15 s past the timeout then is late too
+   (``check_idle_stopped``), so an idle timeout that is never applied fails every run.
 8. The sessions of the pre-start burst (never given input) hold no more live executors than
    the pre-start budget.
 9. While every session read answers 404 (``wrong-key``), the harness deletes one session at the
@@ -38,10 +41,28 @@ How each is seen from outside:
    local runner's ``sessions/<id>-<hash>/workspace``) discarded within
    ``schedule.OPERATOR_RELEASE_SECONDS`` (10 s; the injector passes it), judged before the window ends (after it, the
    sessions found again would confirm the deletion anyway and hide a release that was ignored).
+10. One worker at a time acts on a session (its lease). From the workers' own logs, after the
+   run (``check_leases``): a task's round of a session that lost its lease ("stale decision
+   dropped", the lease's fence refusing a write) less than the lease's TTL after that task
+   started had it taken by another worker while it still held it (a lease is renewed every
+   third of its TTL and lapses only after a whole TTL without renewal); the round of the other
+   worker that looked the session up meanwhile is named. Excused only when Redis may have lost
+   the lease's key meanwhile (a ``redis-kill`` or ``role-flip`` window near the round). Both
+   times are the worker's own clock, so a skewed worker is judged as any other.
+11. A crash loop backs off (``crash-loop``): the simulator's record of registrations, after the
+   run (``check_crash_loops``): no environment's registrations are refused (codex exits at
+   each) more than ``CRASH_LOOP_MOST`` times in any ``CRASH_LOOP_WINDOW_SECONDS``
+   (with the back-off, its starts come at about 0, 1, 4, 9 and 18 s; a start at each look made
+   13 or more in 20 s).
+12. A wedged executor is replaced within a bound (``wedged-link``): the executor running when its
+   link dropped for good (40–45 s), while its environment's reads fail 3 s of every 8 s, must be
+   gone ``schedule.WEDGED_BOUND_SECONDS`` (35 s; the injector passes it) after the drop
+   (``judge_wedged``): blind spots delay a replacement by two graces at most.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -59,6 +80,11 @@ from tests.chaos.book import Book, Session
 from tests.chaos.eventlog import EventLog
 from tests.support.processes import processes_under
 
+CRASH_LOOP_WINDOW_SECONDS = 20.0
+CRASH_LOOP_MOST = 8
+"""Invariant 11: refused registrations of one environment in any ``CRASH_LOOP_WINDOW_SECONDS``
+at most (with the back-off, starts at about 0, 1, 4, 9 and 18 s; a start at each look made 13
+or more in 20 s)."""
 INVARIANTS = {
     1: "never two live executors for one session",
     2: "a session that asks for a connection has one connected executor within 30 s of the faults ending",
@@ -71,6 +97,10 @@ INVARIANTS = {
     8: "pre-started sandboxes nobody asked for stay within the pre-start budget",
     9: "an operator's release of a held deletion ends its sandbox (executor, workspace) within 10 s, "
     "even while every read answers 404",
+    10: "one worker at a time acts on a session: no round loses its lease to another worker before the lease's TTL",
+    11: "starts of a crash-looping session back off: no environment's registrations refused more than "
+    f"{CRASH_LOOP_MOST} times in {CRASH_LOOP_WINDOW_SECONDS:g} s",
+    12: "a wedged executor (its link down for good) is replaced within a bound, whatever the API's reads do",
 }
 SAMPLE_SECONDS = 0.5
 ASK_SECONDS = 30.0
@@ -436,7 +466,83 @@ class Checker:
                 f"there {within:g}s later, while every read answers 404",
             )
 
+    # -- a wedged executor ----------------------------------------------------------------------
+
+    def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None:
+        """12: the executors ``wedged`` (process sessions) of ``session`` whose link dropped at
+        ``dropped_at`` and stays down, while its environment's reads fail now and then, must be
+        gone ``within`` seconds of the drop (unless the session ended meanwhile). Waits, then judges."""
+        time.sleep(max(0.0, dropped_at + within - self.clock()))
+        if session.ended_at is not None:
+            return
+        left = sorted(set(wedged) & set(self.live_executors(session.environment_id)))
+        if left:
+            self.violate(
+                ("12", session.id, dropped_at),
+                12,
+                f"{session.name} ({session.id})",
+                f"its link down since +{dropped_at - self.log.t0:.1f}s (reads of its environment failing now "
+                f"and then), its executor (process sessions {left}) still runs {within:g}s later: not replaced",
+            )
+        else:
+            self.log.add("note", f"{session.name}: its wedged executor was gone within {within:g}s of the drop")
+
     # -- at the end ---------------------------------------------------------------------------
+
+    def check_leases(self, worker_logs: list[Path], lease_ttl_seconds: float) -> int:
+        """10: from the workers' JSON logs, a round fenced (its lease gone) less than the lease's
+        TTL after its task started, with no Redis fault that could lose the lease's key near it.
+        Returns how many tries of tasks were checked."""
+        lines = [_json_lines(path) for path in worker_logs]
+        looked_up = [
+            (float(line["time"]), str(line.get("task_id")), worker)
+            for worker, found in enumerate(lines)
+            for line in found
+            if line.get("event") == "session looked up"
+        ]
+        sessions_looked_up = {
+            str(line.get("task_id")): str(line.get("session_id")) for found in lines for line in found
+        }
+        lossy = [w for w in self.log.windows if w.what.startswith(("redis-kill", "role-flip"))]
+        checked = 0
+        for worker, found in enumerate(lines):
+            started: dict[str, float] = {}
+            for line in found:
+                event, task = line.get("event"), str(line.get("task_id"))
+                if event == "task started":
+                    started[task] = float(line["time"])
+                    continue
+                if event not in _TASK_ENDS or task not in started:
+                    continue
+                began, ended = started.pop(task), float(line["time"])
+                checked += 1
+                if event != _FENCED or ended - began >= lease_ttl_seconds:
+                    continue
+                near = 2 * lease_ttl_seconds + 40.0  # a skewed worker's clock is off by up to 30 s
+                if any(w.start <= ended + near and (w.end is None or w.end >= began - near) for w in lossy):
+                    continue
+                session_id = str(line.get("session_id"))
+                other = next(
+                    (
+                        (at, t, w)
+                        for at, t, w in looked_up
+                        if t != task and sessions_looked_up.get(t) == session_id and began <= at <= ended
+                    ),
+                    None,
+                )
+                by = (
+                    f"; meanwhile worker{other[2]}'s task {other[1]} looked the session up ({other[0] - began:.2f}s in)"
+                    if other is not None
+                    else ""
+                )
+                self.violate(
+                    ("10", task, began),
+                    10,
+                    self._session_name(session_id),
+                    f"worker{worker}'s task {task} lost the lease {ended - began:.2f}s after it started "
+                    f"(TTL {lease_ttl_seconds:g}s): {line.get('reason')}{by}",
+                )
+        return checked
 
     def live_executors(self, environment_id: str) -> list[int]:
         return sorted(self.scan().get(environment_id, {}))
@@ -552,6 +658,48 @@ class Checker:
                     f"{how}, and its executor (process sessions {left}) still runs at the end",
                 )
 
+    def check_crash_loops(self) -> int:
+        """11: refused registrations (codex exits at each) of one environment, at most
+        ``CRASH_LOOP_MOST`` in any ``CRASH_LOOP_WINDOW_SECONDS``. Returns how many refused
+        registrations were checked."""
+        refused: dict[str, list[float]] = {}
+        for registration in self.sim.registrations():
+            if int(registration.get("status_code") or 0) >= 400:
+                refused.setdefault(str(registration["environment_id"]), []).append(float(registration["received_at"]))
+        for environment_id, times in refused.items():
+            times.sort()
+            for index, first in enumerate(times):
+                within = [t for t in times[index:] if t - first <= CRASH_LOOP_WINDOW_SECONDS]
+                if len(within) > CRASH_LOOP_MOST:
+                    self.violate(
+                        ("11", environment_id),
+                        11,
+                        self.name(environment_id),
+                        f"{len(within)} refused registrations (each an executor start that exited) within "
+                        f"{within[-1] - first:.1f}s from +{first - self.log.t0:.1f}s: no back-off",
+                    )
+                    break
+        return sum(len(times) for times in refused.values())
+
+    def check_idle_stopped(self) -> None:
+        """7 at the end: an executor of an idle session (its final turn done) still running
+        ``LATE_SECONDS`` past the idle timeout (the faults are over by then)."""
+        now = self.clock()
+        groups = self.scan()
+        for session in self.sim.sessions().values():
+            left = sorted(groups.get(str(session.get("environment_id")), {}))
+            if not left or session["status"] != "idle" or session["wants_connection"]:
+                continue
+            late = now - float(session["since"]) - self.idle_timeout
+            if late > LATE_SECONDS:
+                self.violate(
+                    ("7late", session["environment_id"], float(session["since"])),
+                    7,
+                    self._session_name(session["id"]),
+                    f"idle since +{float(session['since']) - self.log.t0:.1f}s, its executor (process sessions "
+                    f"{left}) still runs at the end, {late:.0f}s after the idle timeout ({self.idle_timeout:g}s)",
+                )
+
     def check_nothing_left(self, directory: Path, wait_seconds: float = 15.0) -> None:
         """6: no executor dialling the simulator and no process of the run's directory remain
         (whatever is found is killed after being reported)."""
@@ -574,3 +722,35 @@ class Checker:
                 os.kill(int(entry.split(":", 1)[0]), signal.SIGKILL)
             except (ProcessLookupError, ValueError):
                 pass
+
+
+_FENCED = "stale decision dropped; looking again"
+_TASK_ENDS = frozenset(
+    {
+        "task done",
+        _FENCED,
+        "will retry",
+        "session busy elsewhere; will look again",
+        "giving up on session",
+        "retries exhausted; left to the recovery pass",
+    }
+)
+"""What a worker logs as a task's try ends (``controller/worker.py``)."""
+
+
+def _json_lines(path: Path) -> list[dict[str, Any]]:
+    """A process's JSON log lines, in the order written (other lines skipped)."""
+    found = []
+    try:
+        text = path.read_text(errors="replace")
+    except OSError:
+        return []
+    for raw in text.splitlines():
+        if raw.startswith("{"):
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            if isinstance(line, dict) and isinstance(line.get("time"), int | float):
+                found.append(line)
+    return found

@@ -26,7 +26,17 @@ import redis
 from tests.chaos import observe
 from tests.chaos.book import Book, Session, Turn
 from tests.chaos.eventlog import EventLog
-from tests.chaos.schedule import OPERATOR_RELEASE_SECONDS, STALE_AFTER_END_SECONDS, Schedule, Step
+from tests.chaos.schedule import (
+    DELETION_CONFIRM_SECONDS,
+    FIRST_404S_SECONDS,
+    OPERATOR_RELEASE_SECONDS,
+    STALE_AFTER_END_SECONDS,
+    WEDGED_BOUND_SECONDS,
+    WEDGED_EVERY_SECONDS,
+    WEDGED_FAILS_SECONDS,
+    Schedule,
+    Step,
+)
 from tests.chaos.world import API_HOLD_SECONDS, MARKER, PRESTART_AGENT, ChaosWorld
 from tests.support import faketime
 from tests.support.processes import python_module
@@ -35,6 +45,8 @@ SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
 SKEW_TOLERANCE_SECONDS = 2.0
 OPENINGS = frozenset({"lone-404"})
 """Faults carried out in the schedule's own thread: the steps after them wait until they end."""
+LEADER_WAIT_SECONDS = 15.0
+"""A leader-only executor kill waits this long at most for its session's executor to run."""
 READY_SECONDS = 60.0
 """How long a fault waits for its session's executor to run (and its turn to end) before it
 starts; past that it is not carried out (a harness error: what it would judge goes unjudged)."""
@@ -48,6 +60,8 @@ class Judge(Protocol):
     def judge_release(
         self, session: Session, workspace: Path, asked_at: float, within: float, refused: str | None
     ) -> None: ...
+
+    def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None: ...
 
 
 def marker_command(token: str) -> list[str]:
@@ -208,6 +222,9 @@ class Injector:
             "role-flip": self._role_flip,
             "skew": self._skew,
             "stale-worker": self._stale_worker,
+            "crash-loop": self._crash_loop,
+            "wedged-link": self._wedged_link,
+            "failing-start-404": self._failing_start_404,
             "webhook-duplicate": self._duplicate,
             "webhook-hold": self._hold,
         }
@@ -319,6 +336,88 @@ class Injector:
         time.sleep(2.0)
         self.log.ended(window)
         self.log.add("restore", f"{session.name} reads again")
+
+    def _failing_start_404(self, step: Step) -> None:
+        """Issue 37, defect 1: the session's reads answer 404 for ``FIRST_404S_SECONDS`` (less
+        than the confirmation period), long enough for two of the three spread reads a deletion
+        needs; as soon as a worker logs the second, its executor is SIGKILLed, the executor
+        binary moved away and input given, so that it reads fine in rounds that want a start
+        whose start fails; once the confirmation period since the first 404 read is over, one
+        more one-shot 404; then the binary is back. The good reads between count: no deletion
+        (its workspace is judged by 4 at its final turn)."""
+        session = self._alive(step)
+        link = self.world.executor_link
+        if session is None:
+            return
+        if link is None:
+            self.log.add("note", f"skipped {step.describe()}: the executor is not a file the run can move")
+            return
+        if not self._claim("executor", step):
+            return
+        window = self.log.disturbed(step.describe())
+        away = link.with_name(link.name + ".away")
+        moved = False
+        try:
+            failing = {
+                "target": "retrieve_session",
+                "status": 404,
+                "seconds": FIRST_404S_SECONDS,
+                "object_id": session.id,
+            }
+            self.world.admin("POST", "/admin/faults", failing).raise_for_status()
+            self.log.add("fault", f"reads of {session.name} ({session.id}) answer 404 for {FIRST_404S_SECONDS:g}s")
+            first: list[float] = []
+            if not self._wait(lambda: self._spread_404s(session, 2, first), FIRST_404S_SECONDS + 1.0):
+                self.log.add("note", f"{step.describe()}: no second spread 404 read of {session.name}: not carried out")
+                return
+            link.rename(away)
+            moved = True
+            sids = sorted({p.sid for p in self._executors_of(session)})
+            now = time.time()
+            for sid in sids:
+                self.book.kill(session.environment_id, sid, now)
+                try:
+                    os.killpg(sid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            self.give_input(session)
+            self.log.add(
+                "fault",
+                f"two spread 404 reads of {session.name} logged (the first at +{first[0] - self.log.t0:.1f}s); SIGKILL "
+                f"of its executor {sids}, the executor binary missing, input given: it reads fine in rounds whose "
+                "start fails",
+            )
+            time.sleep(max(FIRST_404S_SECONDS, first[0] + DELETION_CONFIRM_SECONDS + 1.0 - time.time()))
+            one_shot = {"target": "retrieve_session", "status": 404, "count": 1, "object_id": session.id}
+            self.world.admin("POST", "/admin/faults", one_shot).raise_for_status()
+            self.log.add("fault", f"the next read of {session.name} answers 404 (past the confirmation period)")
+            if not self._wait(lambda: not self._armed(session.id), 15.0):
+                self.log.add("note", f"{step.describe()}: the last one-shot 404 was not taken within 15 s")
+            time.sleep(1.0)
+        finally:
+            if moved:
+                away.rename(link)
+                self.log.add("restore", "executor binary back")
+            self._release("executor")
+            self.log.ended(window)
+        self.log.add("restore", f"{session.name} reads again")
+
+    def _spread_404s(self, session: Session, reads: int, first: list[float]) -> bool:
+        """Whether a worker logged the ``reads``-th spread 404 read of ``session``; ``first`` gets
+        the time of its first (the worker's clock)."""
+        found = [
+            line
+            for worker in self.world.workers
+            for line in worker.log_lines()
+            if line.get("event") == "session looked up"
+            and line.get("session_id") == session.id
+            and line.get("status") == "not found"
+        ]
+        found.sort(key=lambda line: float(str(line["time"])))
+        ones = [line for line in found if "(1 of " in str(line.get("reason"))]
+        if ones:
+            first[:] = [float(str(ones[-1]["time"]))]
+        return any(f"({reads} of " in str(line.get("reason")) for line in found)
 
     def _lone_404(self, step: Step) -> None:
         """The opening of ``lone-404``: once the one session's executor runs and its turn ended,
@@ -462,6 +561,83 @@ class Injector:
                 self._release(frozen[0])
             self.log.ended(window)
 
+    def _crash_loop(self, step: Step) -> None:
+        """A session made for it whose environment's registrations answer 503 for
+        ``step.seconds``: codex exits at each refusal, so every start fails at once until then.
+        The webhooks are held a moment while the fault is armed, so that no start comes first."""
+        window = self.log.disturbed(step.describe())
+        try:
+            self.world.admin("POST", "/admin/webhooks/hold", {"seconds": 1.0}).raise_for_status()
+            session = self.create(step.subject)
+            refusal = {
+                "target": "register",
+                "status": 503,
+                "seconds": step.seconds,
+                "object_id": session.environment_id,
+            }
+            self.world.admin("POST", "/admin/faults", refusal).raise_for_status()
+            self.log.add(
+                "fault",
+                f"registrations of {session.name}'s environment answer 503 for {step.seconds:.1f}s "
+                "(codex exits at each refusal)",
+            )
+            self.give_input(session)
+            time.sleep(step.seconds)
+        finally:
+            self.log.ended(window)
+        self.log.add("restore", f"registrations of {step.subject}'s environment accepted again")
+
+    def _wedged_link(self, step: Step) -> None:
+        """The session's link down for ``step.seconds`` while its executor lives (wedged), its
+        environment's reads answering 503 for ``WEDGED_FAILS_SECONDS`` of every
+        ``WEDGED_EVERY_SECONDS`` meanwhile (from 1 s after the drop); the executors running at
+        the drop must be gone ``WEDGED_BOUND_SECONDS`` after it (judged by the checker, 12)."""
+        session = self._alive(step)
+        if session is None:
+            return
+        assert self.judge is not None
+        self._wait(lambda: bool(self._executors_of(session)) or session.ended_at is not None, LEADER_WAIT_SECONDS)
+        wedged = sorted({p.sid for p in self._executors_of(session)})
+        if not wedged:
+            self.log.add("note", f"skipped {step.describe()}: {session.name} has no executor now")
+            return
+        window = self.log.disturbed(step.describe())
+        try:
+            answer = self.world.admin(
+                "POST", f"/admin/environments/{session.environment_id}/drop", {"seconds": step.seconds}
+            )
+            dropped = time.time()
+            closed = answer.json().get("closed") if answer.status_code == 200 else answer.status_code
+            self.log.add(
+                "fault",
+                f"link of {session.name} down for {step.seconds:.1f}s, its executor {wedged} wedged (WebSockets "
+                f"closed: {closed}); its environment's reads answer 503 for {WEDGED_FAILS_SECONDS:g}s of every "
+                f"{WEDGED_EVERY_SECONDS:g}s",
+            )
+            judged = threading.Thread(
+                target=self.judge.judge_wedged,
+                args=(session, wedged, dropped, WEDGED_BOUND_SECONDS),
+                name="chaos-wedged",
+                daemon=True,
+            )
+            judged.start()
+            failing = dropped + 1.0
+            while failing + WEDGED_FAILS_SECONDS <= dropped + step.seconds:
+                time.sleep(max(0.0, failing - time.time()))
+                fault = {
+                    "target": "retrieve_environment",
+                    "status": 503,
+                    "seconds": WEDGED_FAILS_SECONDS,
+                    "object_id": session.environment_id,
+                }
+                self.world.admin("POST", "/admin/faults", fault).raise_for_status()
+                failing += WEDGED_EVERY_SECONDS
+            time.sleep(max(0.0, dropped + step.seconds - time.time()))
+            judged.join(timeout=WEDGED_BOUND_SECONDS + 30)
+        finally:
+            self.log.ended(window)
+        self.log.add("restore", f"link of {session.name} may come back")
+
     def _freeze_reader(self, session: Session, step: Step) -> tuple[str, int] | None:
         """SIGSTOP the worker pool process whose read of ``session`` the simulator holds; the
         worker's name and the pid, or None (said in the log) when it cannot be done."""
@@ -513,6 +689,8 @@ class Injector:
         session = self.book.get(step.subject)
         if session is None:
             return
+        if step.value == "leader":  # given input just before: wait (bounded) for its executor
+            self._wait(lambda: bool(self._executors_of(session)) or session.ended_at is not None, LEADER_WAIT_SECONDS)
         sids = sorted({p.sid for p in self._executors_of(session)})
         if not sids:
             self.log.add("note", f"{step.describe()}: {session.name} has no executor now")

@@ -1,7 +1,7 @@
 """Mutants of the product that the chaos judge must catch (``scripts/test chaos --mutants``).
 
 Each mutant is a small text replacement in one product file that brings back a defect class
-issue 25 names. ``main`` applies them one at a time, runs CI's fixed runs (``schedule.CI_RUNS``:
+issue 25 or issue 37 names. ``main`` applies them one at a time, runs CI's fixed runs (``schedule.CI_RUNS``:
 seed, faults and minutes; the next run only while none caught it) against the mutated product, and
 reports for each whether it was caught and by which invariants (``checker.INVARIANTS``),
 keeping each run's event log in a directory it names; it exits 1 when any mutant survived.
@@ -45,6 +45,9 @@ class Mutant:
     old: str
     """Text that occurs exactly once in the file."""
     new: str
+    more: tuple[tuple[str, str], ...] = ()
+    """Further (old, new) replacements in the same file, each ``old`` there exactly once: for a
+    defect the product guards against twice (both guards go, or the mutant changes nothing)."""
     guard: str | None = None
     """A targeted test that must fail on this mutant, for a defect the seeded schedule cannot
     reasonably reach (``why_not_chaos`` says why)."""
@@ -97,10 +100,19 @@ MUTANTS = (
     ),
     Mutant(
         "lease-not-checked",
-        "a start does not check the lease first (a worker that lost it may still start a sandbox)",
+        "a worker does not check its lease before it acts (a worker that lost it may still start a sandbox): "
+        "the start's lease check goes, and so does the fenced forgetting of 404 marks before acting (issue "
+        "37's fix of defect 1), which checks the lease too",
         "controller/lifecycle.py",
         "    deps.store.check(lease)  # fenced: a worker that lost its lease must not act\n",
         "",
+        more=(
+            (
+                "            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps "
+                "no 404 mark\n",
+                "            pass\n",
+            ),
+        ),
     ),
     Mutant(
         "deletion-by-two-404s",
@@ -134,6 +146,53 @@ MUTANTS = (
         "    if not store.ask_release(session_id, now):\n",
         "    if store.not_found(session_id) is None:\n",
     ),
+    Mutant(
+        "idle-never-applied",
+        "the idle timeout is never applied: an idle sandbox is never stopped (issue 37: the card's "
+        "idle-shutdown timer, with nothing in CI's runs to notice)",
+        "controller/decide.py",
+        "        if now - since >= timeout:\n",
+        "        if False:\n",
+    ),
+    Mutant(
+        "lease-taken-while-held",
+        "a worker takes a session's lease while another still holds it: two workers act on one "
+        "session at once (issue 37)",
+        "controller/store/redis.py",
+        "if redis.call('EXISTS', KEYS[1]) == 1 then return {0, redis.call('PTTL', KEYS[1])} end\n",
+        "",
+    ),
+    Mutant(
+        "stop-signals-leader-only",
+        "a stop signals only the executor's recorded leader process, not its process group: once the "
+        "npm launcher is killed, the native codex outlives every stop and release (issue 37)",
+        "controller/runners/local.py",
+        "                os.killpg(pgid, sig)\n",
+        "                os.kill(self._leader(handle)[0], sig)\n",
+    ),
+    Mutant(
+        "crash-loop-no-backoff",
+        "an executor that exits at start is restarted at every look, with no back-off (issue 37, defect 2)",
+        "controller/decide.py",
+        "    if crashes <= 1:\n",
+        "    if True:\n",
+    ),
+    Mutant(
+        "blind-spots-unbounded",
+        "blind spots (reads that fail) restart a wedged executor's grace clock for ever: it is never "
+        "replaced while the API fails a read every few seconds (issue 37, defect 3)",
+        "controller/decide.py",
+        "    if bound is not None and now >= bound:\n",
+        "    if False:\n",
+    ),
+    Mutant(
+        "found-not-before-acting",
+        "a round that found its session forgets its 404 marks only at its end, so rounds whose start "
+        "fails keep them and one later 404 confirms a deletion (issue 37, defect 1)",
+        "controller/lifecycle.py",
+        "            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps no 404 mark\n",
+        "            pass\n",
+    ),
 )
 
 
@@ -149,11 +208,14 @@ def restore_leftovers(root: Path = ROOT) -> list[Path]:
 
 
 def mutated(mutant: Mutant, text: str) -> str:
-    """The file's text with the mutant applied; ValueError unless ``old`` occurs exactly once."""
-    found = text.count(mutant.old)
-    if found != 1:
-        raise ValueError(f"mutant {mutant.name}: its text occurs {found} times in {mutant.path} (not once)")
-    return text.replace(mutant.old, mutant.new)
+    """The file's text with the mutant applied; ValueError unless each ``old`` (``old``, then
+    those of ``more``) occurs exactly once."""
+    for old, new in ((mutant.old, mutant.new), *mutant.more):
+        found = text.count(old)
+        if found != 1:
+            raise ValueError(f"mutant {mutant.name}: its text occurs {found} times in {mutant.path} (not once)")
+        text = text.replace(old, new)
+    return text
 
 
 @contextmanager

@@ -1,6 +1,8 @@
 """One chaos run: the world started, the schedule carried out while the checker samples, then a
-quiet end (every surviving session gets a final turn that must read its whole marker file, and
-deleted or failed sessions' executors must go), the end checks, the teardown, and the report.
+quiet end (every surviving session gets a final turn that must read its whole marker file;
+then every executor must go: deleted or failed sessions' are released, and the others', idle
+after their final turns, stop at the idle timeout, which the checker sees happen or reports as
+late), the end checks, the teardown, and the report.
 """
 
 from __future__ import annotations
@@ -16,13 +18,14 @@ import pytest
 
 from tests.chaos import observe
 from tests.chaos.book import Book
-from tests.chaos.checker import ASK_SECONDS, INVARIANTS, Checker, Violation
+from tests.chaos.checker import ASK_SECONDS, INVARIANTS, LATE_SECONDS, Checker, Violation
 from tests.chaos.eventlog import EventLog
 from tests.chaos.inject import Injector
 from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, GRACE_SECONDS, Schedule, draw
 from tests.chaos.world import (
     FULL_SWEEP_INTERVAL_SECONDS,
     IDLE_TIMEOUT_SECONDS,
+    LEASE_TTL_SECONDS,
     PRESTART_BUDGET,
     ChaosWorld,
     executor_command,
@@ -33,6 +36,9 @@ from tests.system.loop import API_KEY
 
 FINAL_TURN_SECONDS = ASK_SECONDS + 30.0
 RELEASE_SECONDS = DELETION_CONFIRM_SECONDS + FULL_SWEEP_INTERVAL_SECONDS + 20.0
+IDLE_STOP_SECONDS = IDLE_TIMEOUT_SECONDS + LATE_SECONDS + 5.0
+"""After the final turns, every idle sandbox must have stopped within this (its idle timeout,
+invariant 7's lateness and a margin): each run sees idle sandboxes stop, or fails."""
 
 
 @dataclass
@@ -121,7 +127,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         prestart_budget=PRESTART_BUDGET,
     )
     injector = Injector(world, book, log, can_skew, before_deletion=checker.before_deletion, judge=checker)
-    checked_commands = checked_deliveries = 0
+    checked_commands = checked_deliveries = checked_rounds = idle_stops = checked_refusals = 0
     try:
         world.start()
         log.t0 = time.time()  # the schedule's times count from here
@@ -137,12 +143,15 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         injector.run(schedule)
         log.add("note", "the schedule is over: final turns, then the end checks")
         _final_turns(injector, simulator, book, log)
-        _wait_released(checker, book, log)
+        idle_stops = _wait_stopped(checker, book, log)
         checker.stop()
         if real_codex:
             checked_commands = checker.check_markers()
         checked_deliveries = checker.check_deliveries()
         checker.check_ended_sessions_released()
+        checker.check_idle_stopped()
+        checked_refusals = checker.check_crash_loops()
+        checked_rounds = checker.check_leases([w.log_path for w in world.workers], LEASE_TTL_SECONDS)
     finally:
         checker.stop()
         teardown(world, checker, directory)
@@ -156,7 +165,8 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         f"sessions: {len(book.all())}; executors seen: {len(checker.executors)} (at most {checker.most_executors} "
         f"at once; pre-started at most {checker.most_prestarted}); samples: {checker.samples}",
         f"marker commands checked: {checked_commands}; acknowledged connection deliveries checked: "
-        f"{checked_deliveries}; faults injected: {log.count('fault')}",
+        f"{checked_deliveries}; tasks' tries checked for their lease: {checked_rounds}; idle stops seen at the "
+        f"end: {idle_stops}; refused registrations checked: {checked_refusals}; faults injected: {log.count('fault')}",
         "violations by invariant: " + ", ".join(f"{i}: {n}" for i, n in per_invariant.items()),
         f"took {time.time() - log.t0:.0f}s after start-up; event log: {directory / 'events.log'}",
     ]
@@ -191,16 +201,27 @@ def _final_turns(injector: Injector, simulator: observe.Simulator, book: Book, l
         log.add("note", f"final turns not all finished after {FINAL_TURN_SECONDS:g}s (judged by 2 and 4)")
 
 
-def _wait_released(checker: Checker, book: Book, log: EventLog) -> None:
-    """Deleted and failed sessions' executors must go (bounded: deletion confirmation, a full
-    sweep and a margin); 5 judges what is left."""
+def _wait_stopped(checker: Checker, book: Book, log: EventLog) -> int:
+    """Every executor must go: deleted and failed sessions' are released (deletion confirmation,
+    a full sweep and a margin), and the others', idle after their final turns, stop at the idle
+    timeout (``IDLE_STOP_SECONDS``; the checker's sampling judges a late one by 7 meanwhile).
+    5 and 7 judge what is left (``check_ended_sessions_released``, ``check_idle_stopped``).
+    Returns how many executors of sessions that still exist stopped meanwhile."""
     failed = {s["id"] for s in checker.sim.sessions().values() if s["status"] == "failed"}
     ended = [s for s in book.all() if s.ended_at is not None or s.id in failed]
+    alive = {s.environment_id for s in book.all() if s not in ended}
+    running = {e for e in checker.scan() if e in alive}
 
-    def released() -> bool:
-        return not any(checker.live_executors(s.environment_id) for s in ended)
+    def stopped() -> bool:
+        return not any(checker.live_executors(s.environment_id) for s in ended) and not (running & set(checker.scan()))
 
     try:
-        wait_for(released, RELEASE_SECONDS, "deleted and failed sessions' executors to go", interval=0.5)
+        wait_for(
+            stopped, max(RELEASE_SECONDS, IDLE_STOP_SECONDS), "every executor to stop or be released", interval=0.5
+        )
     except AssertionError:
-        log.add("note", f"executors of deleted or failed sessions still run after {RELEASE_SECONDS:g}s")
+        log.add("note", "executors still run after the final turns' idle timeout (judged by 5 and 7)")
+    left = set(checker.scan())
+    stops = len(running - left)
+    log.add("note", f"{stops} of the {len(running)} executors of sessions that still exist stopped at the end")
+    return stops

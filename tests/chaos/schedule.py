@@ -25,7 +25,9 @@ link-drop           one executor's link is down 0.5–10 s (WebSockets closed, u
                     from the first drop, each with input just before: each shorter than the
                     grace, together longer)
 kill-executor       SIGKILL of one executor: its whole process group, or its leader only (the
-                    npm launcher; the native codex lives on)
+                    npm launcher; the native codex lives on), then given input just before (its
+                    executor running when the launcher dies: the stop or replacement that
+                    follows must end the native codex too, 1, 7)
 kill-worker         SIGKILL of one Celery worker (main process and pool), restarted 0.5–3 s later
 kill-scheduler      the same for one of the two schedulers
 kill-receiver       the same for one of the two receivers
@@ -72,6 +74,24 @@ stale-worker        (opt-in) a session made for it, whose first read the simulat
                     the session is failed, and 10 s later the frozen process is thawed: acting
                     on its stale read, it must start nothing (5: no executor starts more than
                     8 s after its session ended)
+crash-loop          (opt-in) a session made for it (webhooks held 1 s, so that no start comes
+                    first) whose environment's registrations answer 503 for 12–18 s: codex
+                    exits at each refusal, so each start fails at once (a revoked key, an API
+                    incident); its starts must back off (11: refused registrations of one
+                    environment, at most 8 in any 20 s: ``checker.CRASH_LOOP_MOST``),
+                    and once they are accepted its turn runs (2); it lives on to the final turns
+failing-start-404   (opt-in) one session's reads answer 404 for 5.5 s, until a worker logs two
+                    of the three spread reads a deletion needs; then, at once, its executor
+                    is SIGKILLed, the executor binary goes missing and the session is given
+                    input, so that it reads fine in rounds whose start fails; once the
+                    confirmation period since the first 404 is over, one more one-shot 404, and
+                    the binary comes back: three 404s with good reads between are no deletion,
+                    its workspace stays (4, 7)
+wedged-link         (opt-in) one session given input, then its executor's link down for
+                    40–45 s (a wedged executor: the process lives, its link does not come
+                    back), while its environment's reads answer 503 for 3 s of every 8 s (each
+                    a blind spot for the grace clock): it must be replaced within
+                    ``WEDGED_BOUND_SECONDS`` of the drop, whatever the API does (12)
 ==================  =============================================================================
 
 The opt-in faults are not in ``DEFAULT_FAULTS``: adding them to the default set would change
@@ -79,7 +99,9 @@ what CI's fixed seeds draw (a seed's faults are drawn from the weights of the wh
 they are named with ``--faults +api-404-partial,+delete-several`` until CI's seeds are moved.
 CI's third run (``CI_RUNS``) names ``lone-404``, ``api-404-recheck`` and ``wrong-key`` alone:
 they reach the deletion defects the default set cannot (issue 25, defects 1, 2 and 5); its
-fourth names ``stale-worker`` alone (the lease checked before a start).
+fourth names ``stale-worker``, ``crash-loop``, ``wedged-link`` and ``failing-start-404`` (the
+lease checked before a start; the crash loop's back-off; blind spots bounded; a good read
+forgetting the 404s: issue 37, defects 2, 3 and 1).
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -108,10 +130,13 @@ DELETION_SEED = 0
 DELETION_MINUTES = 0.5
 DELETION_FAULTS = "lone-404,api-404-recheck,wrong-key"
 """The faults of CI's third run: the deletion defects the default set cannot reach."""
-STALE_SEED = 1
-STALE_MINUTES = 0.25
-STALE_FAULTS = "stale-worker"
-"""The fault of CI's fourth run: a worker that lost its lease mid-round (the lease mutant)."""
+STALE_SEED = 173
+STALE_MINUTES = 0.3
+STALE_FAULTS = "stale-worker,crash-loop,wedged-link,failing-start-404"
+"""The faults of CI's fourth run: a worker that lost its lease mid-round (the lease mutant), an
+executor that exits at start for a while (the crash loop's back-off), a wedged executor while
+its environment's reads fail now and then (blind spots bounded), and 404s with good reads in
+failing rounds between them (a good read forgets the 404s)."""
 CI_RUNS: tuple[tuple[int, str, float], ...] = (
     (93, "default", CI_MINUTES),
     (2, "default", CI_MINUTES),
@@ -172,6 +197,24 @@ STALE_AFTER_END_SECONDS = 10.0
 """The stale-worker fault thaws the frozen worker this long after its session failed."""
 STALE_WORKER_SECONDS = 45.0
 """The stale-worker fault ends by then (it usually takes 20–30 s)."""
+LEADER_AFTER_INPUT_SECONDS = 1.0
+"""A leader-only executor kill comes this long after an input to its session (the injector
+then waits, bounded, for the session's executor to run)."""
+FAILING_START_SECONDS = 40.0
+"""The failing-start-404 fault ends by then (its three 404s and the binary's gap take 10–25 s)."""
+FIRST_404S_SECONDS = 5.5
+"""Its session's reads answer 404 this long first (less than the confirmation period; a read
+comes every 3 s at most, and the one a third of the period after it counts as the second)."""
+WEDGED = (40.0, 45.0)
+"""A wedged executor's link down (longer than ``WEDGED_BOUND_SECONDS``)."""
+WEDGED_FAILS_SECONDS = 3.0
+WEDGED_EVERY_SECONDS = 8.0
+"""During a wedged link, the environment's reads answer 503 this long, this often."""
+WEDGED_BOUND_SECONDS = 35.0
+"""Invariant 12: a wedged executor is gone within this of its link's drop (two graces after the
+first look that saw it down, a look's interval and the reads' retries: about 25 s)."""
+CRASH_LOOP = (12.0, 18.0)
+"""A crash-loop session's registrations answering 503."""
 MADE_LIVES = (60.0, 75.0)
 """The session made for a binary gap is deleted this long after its creation."""
 RECHECK_FAILS = (7.5, 10.0)
@@ -201,6 +244,8 @@ RANGES = (
     SKEW_FOR,
     HOLD,
     BINARY_MISSING,
+    CRASH_LOOP,
+    WEDGED,
     RECHECK_FAILS,
     LONE_404,
     WRONG_KEY,
@@ -224,7 +269,8 @@ def catalogue_text() -> str:
         "any time, during a turn, or before the controller's first look; two link drops in one turn "
         f"(the first {_span(FIRST_DROP)}, the link up {_span(UP_BETWEEN)}), each shorter than the "
         "grace, the second covering the moment a clock run from the first would pass it; SIGKILL of "
-        "an executor (its group, or its npm launcher alone), a worker, a scheduler or a receiver "
+        "an executor (its group, or its npm launcher alone just after input to its session), a worker, "
+        "a scheduler or a receiver "
         f"(restarted {_span(RESTART_AFTER)} later); Redis SIGKILLed and restarted from its AOF "
         f"{_span(REDIS_DOWN)} later, or SIGSTOPped {_span(REDIS_PAUSE)}, or failed over and back "
         "(its live replica promoted and redis-server made that replica's replica, read-only at the "
@@ -242,7 +288,14 @@ def catalogue_text() -> str:
         "its hold shows, released by the harness with `sandbox-controller release SESSION_ID --yes` "
         "as an operator would; a worker frozen (SIGSTOP) between its first read of a session made "
         f"for it and its start, past its lease, and thawed {STALE_AFTER_END_SECONDS:g} s after that "
-        "session, connected by another worker meanwhile, failed."
+        "session, connected by another worker meanwhile, failed; a crash loop: a session made for it "
+        f"whose environment's registrations answer 503 for {_span(CRASH_LOOP)} (codex exits at each "
+        "refusal); "
+        f"one executor's link down {_span(WEDGED)} after input while its environment's reads answer 503 "
+        f"for {WEDGED_FAILS_SECONDS:g} s of every {WEDGED_EVERY_SECONDS:g} s; one session's reads answering "
+        f"404 for {FIRST_404S_SECONDS:g} s (two spread reads), then its executor killed and the executor binary "
+        "missing while it is given input (good reads in rounds whose start fails), then one more 404 "
+        "past the confirmation period."
     )
 
 
@@ -571,6 +624,38 @@ def _stale_worker(rng: random.Random, at: float, story: _Story) -> list[Step]:
     return [Step(at, "stale-worker", name, STALE_WORKER_SECONDS)]
 
 
+def _crash_loop(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """A session made for it whose environment's registrations answer 503 for a while (codex
+    exits at each refusal); it lives on (not one of the sessions made for faults one at a time:
+    nothing else waits for it), with no story steps of its own."""
+    seconds = _seconds(rng, *CRASH_LOOP)
+    name = story.made_by_fault(at)
+    story.fresh.discard(name)
+    story.gone[name] = at  # the story gives it nothing; the harness's final turn does
+    return [Step(at, "crash-loop", name, seconds)]
+
+
+def _failing_start_404(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """404, 404, good reads in rounds whose start fails, 404 (issue 37, defect 1): one session
+    alive well past it, no other 404 window near it."""
+    name = _session(rng, story, at)
+    if name is None or at < story.no_404_before or story.gone.get(name, float("inf")) < at + FAILING_START_SECONDS:
+        return []
+    story.no_404_before = at + FAILING_START_SECONDS + NO_404_SECONDS
+    return [Step(at, "failing-start-404", name, FAILING_START_SECONDS, "retrieve_session:404")]
+
+
+def _wedged(rng: random.Random, at: float, story: _Story) -> list[Step]:
+    """Input to one session, then its link down 40–45 s while its environment's reads fail now
+    and then: a wedged executor that blind spots must not keep (issue 37, defect 3)."""
+    name = _session(rng, story, at)
+    seconds = _seconds(rng, *WEDGED)
+    drop_at = round(at + 1.0, 2)
+    if name is None or story.gone.get(name, float("inf")) < drop_at + seconds + 5.0:
+        return []
+    return [Step(at, "input", name), Step(drop_at, "wedged-link", name, seconds)]
+
+
 def _link_drop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     name = _session(rng, story, at)
     if name is None:
@@ -604,7 +689,15 @@ def _kill_executor(rng: random.Random, at: float, story: _Story) -> list[Step]:
     name = _session(rng, story, at)
     if name is None:
         return []
-    return [Step(at, "kill-executor", name, value=rng.choice(("group", "group", "leader")))]
+    how = rng.choice(("group", "group", "leader"))
+    if how == "leader" and story.gone.get(name, float("inf")) > at + LEADER_AFTER_INPUT_SECONDS:
+        # Input first, so that its executor runs when the launcher is killed: the native codex
+        # then outlives its leader, and the stop or replacement that follows must end it.
+        return [
+            Step(at, "input", name),
+            Step(round(at + LEADER_AFTER_INPUT_SECONDS, 2), "kill-executor", name, value=how),
+        ]
+    return [Step(at, "kill-executor", name, value=how)]
 
 
 def _kill(kind: str) -> Draw:
@@ -675,7 +768,17 @@ FAULTS: dict[str, Fault] = {
     )
 }
 OPT_IN_FAULTS = frozenset(
-    {"api-404-partial", "delete-several", "api-404-recheck", "lone-404", "wrong-key", "stale-worker"}
+    {
+        "api-404-partial",
+        "delete-several",
+        "api-404-recheck",
+        "lone-404",
+        "wrong-key",
+        "stale-worker",
+        "crash-loop",
+        "wedged-link",
+        "failing-start-404",
+    }
 )
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
 FAULTS.update(
@@ -688,6 +791,9 @@ FAULTS.update(
             Fault("lone-404", 0.0, lambda rng, at, story: []),  # an opening (``_lone``), never drawn
             Fault("wrong-key", 1.0, _wrong_key),
             Fault("stale-worker", 0.5, _stale_worker),
+            Fault("crash-loop", 1.0, _crash_loop),
+            Fault("wedged-link", 1.0, _wedged),
+            Fault("failing-start-404", 1.0, _failing_start_404),
         )
     }
 )

@@ -39,6 +39,8 @@ PRESTART_AGENT = "agent_chaos_prestart"
 TURN_SECONDS = 2.0
 CONNECT_MARGIN_SECONDS = 900.0
 """The simulator's connect deadline is the run's schedule plus this (its quiet end and teardown)."""
+LEASE_TTL_SECONDS = 10.0
+"""A session's lease lapses after this long without renewal (invariant 10 judges from it)."""
 RECONCILE_INTERVAL_SECONDS = 3.0
 FULL_SWEEP_INTERVAL_SECONDS = 10.0
 MARKER = "chaos-marker"
@@ -50,6 +52,7 @@ SETTINGS = {
     "CONTROLLER_FULL_SWEEP_INTERVAL_SECONDS": f"{FULL_SWEEP_INTERVAL_SECONDS:g}",
     "CONTROLLER_API_TIMEOUT_SECONDS": f"{API_TIMEOUT_SECONDS:g}",
     "CONTROLLER_API_MAX_ATTEMPTS": "3",
+    "CONTROLLER_LEASE_TTL_SECONDS": f"{LEASE_TTL_SECONDS:g}",
     "CONTROLLER_PRESTART_AGENT_IDS": PRESTART_AGENT,
     # Issue 16's; left out when the schedule is replayed against a controller from before it.
     "CONTROLLER_DELETION_CONFIRM_SECONDS": f"{DELETION_CONFIRM_SECONDS:g}",

@@ -5,6 +5,7 @@ must not be the controller's code: its modules import none of it."""
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 from typing import Any
 
@@ -516,3 +517,103 @@ def test_an_operators_release_refused_by_the_command_is_a_violation(tmp_path: Pa
     session = world.sim.session(world.book, "s0", [(0.0, "idle", False)])
     world.checker.judge_release(session, tmp_path, world.now, 10.0, "session sess_s0 no longer answers 404")
     assert "refused" in world.violations(9)[0].text
+
+
+def test_an_idle_executor_still_running_at_the_end_breaks_7_and_a_stopped_one_does_not() -> None:
+    """The end check after the final turns (``run._wait_stopped``): an idle session's executor
+    still running 15 s past the idle timeout is late (an idle timeout never applied)."""
+    world = World()
+    late = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)])
+    stopped = world.sim.session(world.book, "s1", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)])
+    busy = world.sim.session(world.book, "s2", [(0, "idle", False), (1, "in_progress", False)])
+    world.run(late.environment_id, 100)
+    world.run(busy.environment_id, 300)
+    world.now = T0 + 3 + IDLE + 16
+    world.checker.check_idle_stopped()
+    [found] = world.violations()
+    assert found.invariant == 7 and found.subject.startswith("s0") and "still runs at the end" in found.text
+    assert stopped.environment_id not in world.processes
+
+
+def _log(path: Path, lines: list[dict[str, Any]]) -> Path:
+    path.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    return path
+
+
+def _task(task: str, started: float, ended: float, end: str, looked_up: float | None = None) -> list[dict[str, Any]]:
+    lines: list[dict[str, Any]] = [
+        {"time": T0 + started, "event": "task started", "task_id": task, "session_id": "sess_s0"}
+    ]
+    if looked_up is not None:
+        lines.append({"time": T0 + looked_up, "event": "session looked up", "task_id": task, "session_id": "sess_s0"})
+    reason = {"reason": "lease of session sess_s0 lost; timer not armed"} if "stale" in end else {}
+    lines.append({"time": T0 + ended, "event": end, "task_id": task, "session_id": "sess_s0", **reason})
+    return lines
+
+
+FENCED = "stale decision dropped; looking again"
+
+
+def test_a_round_that_loses_its_lease_before_the_ttl_breaks_10_and_names_the_other_worker(tmp_path: Path) -> None:
+    """10: two workers acting on one session at once. The first worker's round is fenced 0.6 s
+    after its task started (TTL 10 s): another worker's round took the lease it still held."""
+    world = World()
+    world.sim.session(world.book, "s0", [(0, "idle", False)])
+    first = _log(tmp_path / "worker0.log", _task("t1", 1.0, 1.6, FENCED, looked_up=1.2))
+    second = _log(tmp_path / "worker1.log", _task("t2", 1.1, 1.9, "task done", looked_up=1.3))
+    assert world.checker.check_leases([first, second], 10.0) == 2
+    [found] = world.violations()
+    assert found.invariant == 10 and "worker0's task t1 lost the lease 0.60s after it started" in found.text
+    assert "worker1's task t2 looked the session up" in found.text
+
+
+def test_a_lease_lost_after_the_ttl_or_near_a_redis_fault_or_a_busy_session_is_no_violation(tmp_path: Path) -> None:
+    """10: a round frozen past the TTL (the stale-worker fault) may lose its lease; so may one
+    whose lease's key Redis lost (a SIGKILL, a failover); a task that found the session busy
+    held no lease."""
+    world = World()
+    world.sim.session(world.book, "s0", [(0, "idle", False)])
+    lines = [
+        *_task("t1", 1.0, 12.0, FENCED),
+        *_task("t2", 1.0, 1.2, "session busy elsewhere; will look again"),
+        *_task("t3", 100.0, 100.5, FENCED),
+        *_task("t4", 1.5, 3.0, "task done"),
+    ]
+    world.log.windows.append(Window("redis-kill redis for 2.0s", T0 + 99, T0 + 101))
+    assert world.checker.check_leases([_log(tmp_path / "worker0.log", lines)], 10.0) == 4
+    assert world.violations() == []
+
+
+def test_refused_registrations_without_a_back_off_break_11() -> None:
+    """11: 9 refused registrations of one environment within 20 s is a crash loop restarted at
+    every look; 5 in 20 s (0, 1, 4, 9, 18 s: the back-off) and accepted ones are not."""
+    world = World()
+    looping = world.sim.session(world.book, "s0", [(0, "requires_action", True)])
+    backing_off = world.sim.session(world.book, "s1", [(0, "requires_action", True)])
+    for at in [1.5 * n for n in range(9)]:
+        world.sim.registration_log.append(
+            {"environment_id": looping.environment_id, "status_code": 503, "received_at": T0 + at}
+        )
+    for at in (0, 1, 4, 9, 18, 40, 41, 44, 49, 58):
+        world.sim.registration_log.append(
+            {"environment_id": backing_off.environment_id, "status_code": 503, "received_at": T0 + at}
+        )
+    for at in range(20):
+        world.sim.registration_log.append(
+            {"environment_id": backing_off.environment_id, "status_code": 200, "received_at": T0 + at}
+        )
+    assert world.checker.check_crash_loops() == 19
+    [found] = world.violations()
+    assert found.invariant == 11 and found.subject.startswith("s0") and "9 refused registrations" in found.text
+
+
+def test_a_wedged_executor_still_running_past_the_bound_breaks_12_and_a_replaced_one_does_not() -> None:
+    """12: the executor running when the link dropped must be gone by the bound (a replacement
+    of its own may run then)."""
+    for replaced, broken in ((False, True), (True, False)):
+        world = World()
+        session = world.sim.session(world.book, "s0", [(0, "requires_action", True)])
+        world.run(session.environment_id, 200 if replaced else 100)
+        world.now = T0 + 36
+        world.checker.judge_wedged(session, [100], T0 + 1, 35.0)
+        assert [v.invariant for v in world.violations()] == ([12] if broken else [])

@@ -35,6 +35,12 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "lone-session-not-held",
         "release-ignored",
         "release-not-noted",
+        "idle-never-applied",
+        "lease-taken-while-held",
+        "stop-signals-leader-only",
+        "crash-loop-no-backoff",
+        "blind-spots-unbounded",
+        "found-not-before-acting",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
@@ -45,6 +51,10 @@ def test_a_mutant_whose_text_is_not_there_once_is_refused() -> None:
         mutated(mutant, "x = 1\nx = 1\n")
     with pytest.raises(ValueError, match="0 times"):
         mutated(mutant, "y = 1\n")
+    twice = Mutant("m", "", "f.py", "x = 1\n", "x = 2\n", more=(("y = 1\n", "y = 2\n"),))
+    assert mutated(twice, "x = 1\ny = 1\n") == "x = 2\ny = 2\n"
+    with pytest.raises(ValueError, match="0 times"):
+        mutated(twice, "x = 1\n")
 
 
 def _product(tmp_path: Path) -> tuple[Path, Mutant]:

@@ -13,11 +13,13 @@ from tests.chaos.schedule import (
     CI_MINUTES,
     CI_RUNS,
     CI_SEEDS,
+    CRASH_LOOP,
     DEFAULT_FAULTS,
     DELETION_CONFIRM_SECONDS,
     DELETION_FAULTS,
     FAULTS,
     GRACE_SECONDS,
+    LEADER_AFTER_INPUT_SECONDS,
     LONE_OPENING_SECONDS,
     MAX_LIVE_SESSIONS,
     NO_404_SECONDS,
@@ -27,6 +29,7 @@ from tests.chaos.schedule import (
     QUIET_SECONDS,
     STALE_FAULTS,
     STALE_WORKER_SECONDS,
+    WEDGED_BOUND_SECONDS,
     Step,
     draw,
     select,
@@ -110,6 +113,9 @@ def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_s
         "lone-404",
         "wrong-key",
         "stale-worker",
+        "crash-loop",
+        "wedged-link",
+        "failing-start-404",
     } == OPT_IN_FAULTS
     assert not OPT_IN_FAULTS & DEFAULT_FAULTS
     assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | {"api-404-partial", "delete-several"}
@@ -425,15 +431,47 @@ def test_invariant_9_states_the_time_the_injector_gives_the_operators_release() 
     assert f"within {OPERATOR_RELEASE_SECONDS:g} s" in INVARIANTS[9]
 
 
-def test_cis_fourth_run_draws_a_stale_worker() -> None:
-    """CI's fourth run (``CI_RUNS``; ``scripts/test chaos --mutants`` runs it too) is the
-    stale-worker fault alone, which ``lease-not-checked`` needs: a worker frozen between its read
-    and its start past its lease. A change that takes it away fails here: move the seed."""
+def test_cis_fourth_run_draws_a_stale_worker_a_crash_loop_a_wedged_link_and_failing_starts() -> None:
+    """CI's fourth run (``CI_RUNS``; ``scripts/test chaos --mutants`` runs it too) draws the
+    stale-worker fault, which ``lease-not-checked`` needs (a worker frozen between its read and
+    its start past its lease); one crash loop, which ``crash-loop-no-backoff`` needs (an
+    executor that exits at start for longer than a few back-offs); one wedged link, which
+    ``blind-spots-unbounded`` needs (down for longer than the bound, with input just before); and
+    one failing-start-404, which ``found-not-before-acting`` needs. A change that takes one away
+    fails here: move the seed."""
     seed, faults, minutes = CI_RUNS[3]
-    assert faults == STALE_FAULTS and select(faults) == {"stale-worker"}
+    assert faults == STALE_FAULTS
+    assert select(faults) == {"stale-worker", "crash-loop", "wedged-link", "failing-start-404"}
     schedule = draw(seed, minutes, select(faults))
-    assert [s.kind for s in schedule.fault_steps()] == ["stale-worker"]
+    kinds = ["crash-loop", "failing-start-404", "stale-worker", "wedged-link"]
+    assert sorted(s.kind for s in schedule.fault_steps()) == kinds
+    [loop] = [s for s in schedule.steps if s.kind == "crash-loop"]
+    assert loop.seconds >= CRASH_LOOP[0] and not any(s.subject == loop.subject for s in schedule.steps if s is not loop)
+    [wedged] = [s for s in schedule.steps if s.kind == "wedged-link"]
+    assert wedged.seconds > WEDGED_BOUND_SECONDS
+    assert any(s.kind == "input" and s.subject == wedged.subject and s.at < wedged.at for s in schedule.steps)
+    assert not any(s.kind in ("delete", "fail") and s.subject == wedged.subject for s in schedule.steps)
+    # The failing starts' binary gap (its first 404s take 5-10 s) comes before the crash loop
+    # (which must see its own refusals), on another session than the wedged one.
+    [failing] = [s for s in schedule.steps if s.kind == "failing-start-404"]
+    assert failing.subject != wedged.subject and loop.at - failing.at >= 10.0
+    assert not any(s.kind in ("delete", "fail") and s.subject == failing.subject for s in schedule.steps)
     assert schedule.seconds < 60
+
+
+def test_cis_default_runs_kill_a_running_executors_launcher() -> None:
+    """``stop-signals-leader-only`` needs the npm launcher killed while its native codex runs:
+    CI's default runs draw a leader-only executor kill, each just after input to its session."""
+    per_seed = [draw(seed, CI_MINUTES, DEFAULT_FAULTS).steps for seed in CI_SEEDS]
+    kills = [
+        (kill, steps) for steps in per_seed for kill in steps if kill.kind == "kill-executor" and kill.value == "leader"
+    ]
+    assert kills
+    for kill, steps in kills:
+        assert any(
+            s.kind == "input" and s.subject == kill.subject and 0 < kill.at - s.at <= LEADER_AFTER_INPUT_SECONDS
+            for s in steps
+        )
 
 
 def test_a_thawed_stale_worker_would_start_past_the_checkers_limit() -> None:
