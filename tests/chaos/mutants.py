@@ -164,11 +164,25 @@ MUTANTS = (
     ),
     Mutant(
         "stop-signals-leader-only",
-        "a stop signals only the executor's recorded leader process, not its process group: once the "
-        "npm launcher is killed, the native codex outlives every stop and release (issue 37)",
+        "a stop signals only the executor's recorded leader process, not its cgroup (nor kills the "
+        "cgroup): once the npm launcher is killed, the native codex outlives every stop and release "
+        "(issue 37)",
         "controller/runners/local.py",
-        "                os.killpg(pgid, sig)\n",
-        "                os.kill(self._leader(handle)[0], sig)\n",
+        "            return cgroups.signal_members(cgroup, sig)\n",
+        "            with suppress(ProcessLookupError):\n"
+        "                os.kill(self._leader(handle)[0], sig)\n"
+        "            return True\n",
+        more=(
+            (
+                "                cgroups.end(cgroup, wait)  # kills, waits until it is empty, removes it\n",
+                "                pass\n",
+            ),
+            (
+                "        if cgroup is not None and not cgroups.end(cgroup, _KILL_WAIT_SECONDS):"
+                "  # the cgroup goes with it\n",
+                "        if False:\n",
+            ),
+        ),
     ),
     Mutant(
         "crash-loop-no-backoff",
