@@ -79,6 +79,7 @@ and SANDBOX_WORKSPACE; the controller's own variables (its API key among them) n
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import json
@@ -831,7 +832,9 @@ class LocalRunner:
         if drops_itself and shutil.which(self._command[0], path=env["PATH"]) is None:
             if cgroup is not None:  # (behind sh, setpriv or unshare it would fail unseen)
                 cgroups.end(cgroup, _KILL_WAIT_SECONDS)
-            raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: not found or not executable")
+            there = "/" in self._command[0] and Path(self._command[0]).exists()  # but not executable
+            words = os.strerror(errno.EACCES if there else errno.ENOENT)
+            raise RunnerRejected(f"cannot start the executor {self._command[0]!r}: {words}")  # the system's words
         if namespaced:
             argv = checkpoint.pid_namespace_argv(argv, identity)
         elif cgroup is not None and identity is not None:

@@ -306,13 +306,16 @@ class Loop:
         return Counter(h.session_id for h in self.runner().live())
 
     def worker_lines(self, event: str, session_id: str | None = None) -> list[dict[str, Any]]:
-        """The workers' log lines of ``event`` (about ``session_id`` only, when given)."""
-        return [
+        """The workers' log lines of ``event`` (about ``session_id`` only, when given), in the order
+        they were written (by their time, across the workers: one worker's lines, then the
+        next's, would put a later line first)."""
+        lines = [
             line
             for w in self.workers
             for line in w.log_lines()
             if line.get("event") == event and (session_id is None or line.get("session_id") == session_id)
         ]
+        return sorted(lines, key=lambda line: float(line.get("time", 0.0)))
 
     def worker_metric(self, name: str, **labels: str) -> float:
         """``name`` summed over every worker's ``GET /metrics``."""
