@@ -258,10 +258,12 @@ def test_release_with_a_stale_handle_does_not_stop_the_newer_sandbox(runners: Ru
 
 
 def test_missing_executor_command_is_rejected(runners: Runners, tmp_path: Path) -> None:
-    """A runner that cannot start its executor says so (Permanent), and leaves no sandbox behind."""
+    """A runner that cannot start its executor says so (Permanent), in the system's words, and
+    leaves no sandbox behind."""
     runner = runners.new([str(tmp_path / "no-such-executor")])
     with pytest.raises(RunnerRejected) as raised:
         runner.ensure(spec(), 1)
+    assert "No such file or directory" in str(raised.value)
     assert EXECUTOR_KEY not in str(raised.value)
     assert runner.list_managed() == [] and runner.live() == []
 
