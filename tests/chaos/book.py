@@ -25,6 +25,9 @@ class Session:
     deleted_at: float | None = None
     failed_at: float | None = None
     turns: list[Turn] = field(default_factory=list)
+    memory_turns: list[str] = field(default_factory=list)
+    """Turns whose second command asked the background process of its first turn for its token
+    (``suspend-cycles``: invariant 13 checks they all got the same one)."""
 
     @property
     def ended_at(self) -> float | None:

@@ -58,6 +58,19 @@ How each is seen from outside:
    link dropped for good (40–45 s), while its environment's reads fail 3 s of every 8 s, must be
    gone ``schedule.WEDGED_BOUND_SECONDS`` (35 s; the injector passes it) after the drop
    (``judge_wedged``): blind spots delay a replacement by two graces at most.
+13. A suspended sandbox resumes with its memory and at once (in a world that checkpoints idle
+   sandboxes). After the run (``check_restores``): an executor of a session a worker logged
+   "executor restored" for, that shows up with no registration of its environment near it (a
+   restore reconnects on its original registration; a fresh start registers), has its link up
+   ``RESTORE_CONNECT_SECONDS`` after the checker first saw it, unless a fault disturbed the
+   system meanwhile; the ``suspend-cycles`` session's turns all find the background process
+   its first turn started, with the same token (its memory), unless a worker logged that a
+   checkpoint of it failed, was refused or could not be restored (the counted fallbacks). During
+   the run (``judge_fallback``): the session whose checkpoint was cut (``corrupt-checkpoint``)
+   is connected within ``schedule.FALLBACK_SECONDS`` of its input (the injector passes it).
+14. No process of a sandbox outlives it (``orphan-child``; ``judge_orphans``): a turn's detached
+   child (a session of its own) is gone ``schedule.ORPHAN_SECONDS`` after its sandbox's
+   executor was SIGKILLed and its session given input (the injector passes it).
 """
 
 from __future__ import annotations
@@ -101,7 +114,25 @@ INVARIANTS = {
     11: "starts of a crash-looping session back off: no environment's registrations refused more than "
     f"{CRASH_LOOP_MOST} times in {CRASH_LOOP_WINDOW_SECONDS:g} s",
     12: "a wedged executor (its link down for good) is replaced within a bound, whatever the API's reads do",
+    13: "a suspended sandbox resumes with its memory and its executor connected at once (a cut checkpoint: a "
+    "fresh start within a bound)",
+    14: "no process of a sandbox outlives it: a detached child ends with its sandbox",
 }
+RESTORE_CONNECT_SECONDS = 3.0
+"""13: a restored executor's link is up this long after the checker first saw its processes at
+most (a restore reconnects 0.1–0.2 s after it is done; with codex's reconnect backoff kept
+asleep in the image, the fourth of many short suspensions reconnected after 7.9 s)."""
+REGISTERED_NEAR_SECONDS = (5.0, 30.0)
+"""An executor with a registration of its environment this long before or after it showed up is
+a fresh start (it registers), not a restore."""
+FALLBACKS = frozenset(
+    {
+        "restore impossible, starting a fresh executor",
+        "checkpoint failed, executor stopped instead",
+        "checkpoint refused, executor stopped instead",
+    }
+)
+"""What a worker logs when a session's memory is given up on purpose (counted, shown)."""
 SAMPLE_SECONDS = 0.5
 ASK_SECONDS = 30.0
 REPLACEMENT_SECONDS = 10.0
@@ -468,6 +499,56 @@ class Checker:
 
     # -- a wedged executor ----------------------------------------------------------------------
 
+    def judge_fallback(self, session: Session, asked_at: float, within: float) -> None:
+        """13: the session whose checkpoint was cut, given input at ``asked_at``, must have its
+        link up (a fresh start on its workspace) within ``within`` seconds. Waits, then judges."""
+        name = f"{session.name} ({session.id})"
+
+        def connected() -> float | None:
+            links = self.sim.environments().get(session.environment_id, {}).get("links") or []
+            ups = [float(up) for up, _ in links if up is not None and float(up) >= asked_at]
+            return min(ups, default=None)
+
+        while self.clock() < asked_at + within:
+            up = connected()
+            if up is not None:
+                self.log.add("note", f"{name}: connected {up - asked_at:.1f}s after the input, its checkpoint cut")
+                return
+            time.sleep(SAMPLE_SECONDS / 2)
+        if connected() is None and session.ended_at is None:
+            self.violate(
+                ("13cut", session.id),
+                13,
+                name,
+                f"its checkpoint cut, given input at +{asked_at - self.log.t0:.1f}s: no executor connected "
+                f"{within:g}s later (a restore that cannot finish must fall back to a fresh start at once)",
+            )
+
+    def judge_orphans(self, session: Session, children: dict[int, int], killed_at: float, within: float) -> None:
+        """14: the detached ``children`` (pid: start ticks) of the session's sandbox, whose
+        executor was SIGKILLed at ``killed_at``, must be gone ``within`` seconds later. Waits,
+        then judges."""
+        name = f"{session.name} ({session.id})"
+
+        def alive() -> list[int]:
+            return sorted(pid for pid, ticks in children.items() if observe.start_ticks(pid) == ticks)
+
+        while self.clock() < killed_at + within:
+            if not alive():
+                self.log.add("note", f"{name}: its detached child gone {self.clock() - killed_at:.1f}s after the kill")
+                return
+            time.sleep(SAMPLE_SECONDS / 2)
+        left = alive()
+        if left:
+            self.violate(
+                ("14", session.id),
+                14,
+                name,
+                f"its executor SIGKILLed at +{killed_at - self.log.t0:.1f}s; its detached child (pids {left}) "
+                f"still runs {within:g}s later (executors of the session now: "
+                f"{self.live_executors(session.environment_id)})",
+            )
+
     def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None:
         """12: the executors ``wedged`` (process sessions) of ``session`` whose link dropped at
         ``dropped_at`` and stays down, while its environment's reads fail now and then, must be
@@ -543,6 +624,82 @@ class Checker:
                     f"(TTL {lease_ttl_seconds:g}s): {line.get('reason')}{by}",
                 )
         return checked
+
+    def check_restores(self, worker_logs: list[Path]) -> int:
+        """13 after the run: each restored executor connected at once, and the memory of the
+        sessions whose turns asked for it (``Session.memory_turns``) kept. Returns how many
+        restored executors were checked."""
+        lines = [line for path in worker_logs for line in _json_lines(path)]
+        restored = {str(line.get("session_id")) for line in lines if line.get("event") == "executor restored"}
+        fallbacks = {str(line.get("session_id")) for line in lines if line.get("event") in FALLBACKS}
+        registered: dict[str, list[float]] = {}
+        for registration in self.sim.registrations():
+            registered.setdefault(str(registration["environment_id"]), []).append(float(registration["received_at"]))
+        environments = self.sim.environments()
+        checked = 0
+        for executor in sorted(self.executors.values(), key=lambda e: e.first_seen):
+            session = self.book.by_environment(executor.environment_id)
+            if session is None or session.id not in restored:
+                continue
+            before, after = REGISTERED_NEAR_SECONDS
+            near = [
+                r
+                for r in registered.get(executor.environment_id, [])
+                if executor.first_seen - before <= r <= executor.first_seen + after
+            ]
+            if near:
+                continue  # a fresh start: it registered
+            checked += 1
+            bound = executor.first_seen + RESTORE_CONNECT_SECONDS
+            links = environments.get(executor.environment_id, {}).get("links") or []
+            ups = [float(up) for up, _ in links if up is not None and float(up) >= executor.first_seen - 1.0]
+            up = min(ups, default=None)
+            if up is not None and up <= bound:
+                continue
+            if (executor.gone_seen is not None and executor.gone_seen <= bound + SAMPLE_SECONDS) or (
+                self.book.was_killed(executor.environment_id, executor.sid)
+                or self.log.disturbed_between(executor.first_seen - 1.0, bound)
+            ):
+                continue  # ended or disturbed before it could be judged
+            when = "never" if up is None else f"{up - executor.first_seen:.1f}s after it showed up"
+            self.violate(
+                ("13", executor.environment_id, executor.sid),
+                13,
+                f"{session.name} ({session.id})",
+                f"executor {executor.sid}, restored at +{executor.first_seen - self.log.t0:.1f}s, connected {when} "
+                f"(bound {RESTORE_CONNECT_SECONDS:g}s)",
+            )
+        for session in self.book.all():
+            if session.memory_turns and session.ended_at is None:
+                self._check_memory(session, fallbacks)
+        return checked
+
+    def _check_memory(self, session: Session, fallbacks: set[str]) -> None:
+        """13: every turn of ``session.memory_turns`` found the background process of its first
+        turn with the same token, unless its memory was given up on purpose (``fallbacks``)."""
+        by_id = {t["id"]: t for t in self.sim.turns(session.id)}
+        answers = []
+        for turn_id in session.memory_turns:
+            turn = by_id.get(turn_id)
+            commands = turn["commands"] if turn else []
+            if len(commands) < 2 or commands[1]["status"] != "completed":
+                continue  # not run (the session ended, the run ended first)
+            printed = str(commands[1]["stdout"]).split()
+            answers.append((turn_id, printed[0] if printed and commands[1]["exit_code"] == 0 else None))
+        tokens = {token for _, token in answers}
+        if len(tokens) <= 1 and None not in tokens:
+            self.log.add("note", f"{session.name}: {len(answers)} turns found the same background process in memory")
+            return
+        if session.id in fallbacks:
+            self.log.add("note", f"{session.name}: its memory was given up on purpose (a worker logged why)")
+            return
+        self.violate(
+            ("13memory", session.id),
+            13,
+            f"{session.name} ({session.id})",
+            "its background process (a token kept only in memory) was lost with no fallback logged: the turns "
+            f"found {[token or 'none answering' for _, token in answers]}",
+        )
 
     def live_executors(self, environment_id: str) -> list[int]:
         return sorted(self.scan().get(environment_id, {}))

@@ -28,8 +28,10 @@ from tests.chaos.book import Book, Session, Turn
 from tests.chaos.eventlog import EventLog
 from tests.chaos.schedule import (
     DELETION_CONFIRM_SECONDS,
+    FALLBACK_SECONDS,
     FIRST_404S_SECONDS,
     OPERATOR_RELEASE_SECONDS,
+    ORPHAN_SECONDS,
     STALE_AFTER_END_SECONDS,
     WEDGED_BOUND_SECONDS,
     WEDGED_EVERY_SECONDS,
@@ -39,6 +41,7 @@ from tests.chaos.schedule import (
 )
 from tests.chaos.world import API_HOLD_SECONDS, MARKER, PRESTART_AGENT, ChaosWorld
 from tests.support import faketime
+from tests.support.keeper import ASK, KEEPER
 from tests.support.processes import python_module
 
 SELF_HOSTED = {"type": "self_hosted", "workspace_directory": "/workspace"}
@@ -63,11 +66,26 @@ class Judge(Protocol):
 
     def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None: ...
 
+    def judge_fallback(self, session: Session, asked_at: float, within: float) -> None: ...
+
+    def judge_orphans(self, session: Session, children: dict[int, int], killed_at: float, within: float) -> None: ...
+
 
 def marker_command(token: str) -> list[str]:
     """Print what the workspace's marker file holds, then add ``token`` to it."""
     return ["sh", "-c", f"cat {MARKER} 2>/dev/null; echo {token} >> {MARKER}"]
 
+
+KEEP_COMMAND = ["sh", "-c", f"setsid -f python3 -c '{KEEPER}' >/dev/null 2>&1"]
+"""Start a background process that keeps a token only in memory (``tests/support/keeper.py``)."""
+ASK_COMMAND = ["python3", "-c", ASK]
+"""Print that process's token, counter and pid (fails when none answers)."""
+ORPHAN_COMMAND = ["sh", "-c", "setsid -f sleep 3600 </dev/null >/dev/null 2>&1"]
+"""A detached child: a session of its own, as a dev server an agent starts."""
+TURN_WAIT_SECONDS = 60.0
+SUSPEND_WAIT_SECONDS = 60.0
+"""How long a placed fault waits for its session's turn to end, or for its sandbox to be
+suspended (past that it is not carried further: noted; what it judges is judged as far as it got)."""
 
 STALE_HOLD_SECONDS = 1.0
 """How long the simulator holds the read the stale-worker fault freezes a worker in (less than
@@ -182,16 +200,23 @@ class Injector:
         self.log.add("session", f"create {name} = {session.id}, environment {session.environment_id}{kind}")
         return session
 
-    def give_input(self, session: Session, final: bool = False) -> Turn | None:
-        """A turn whose command reads the marker file and adds this turn's token to it."""
+    def give_input(
+        self, session: Session, final: bool = False, then: list[list[str]] | None = None, memory: bool = False
+    ) -> Turn | None:
+        """A turn whose command reads the marker file and adds this turn's token to it; ``then``:
+        commands it runs after that one; ``memory``: its second command asks the session's
+        background process for its token (``Session.memory_turns``)."""
         self._turns += 1
         token = f"{session.name}-final" if final else f"{session.name}-t{self._turns}"
-        answer = self.world.admin("POST", f"/admin/sessions/{session.id}/turns", {"commands": [marker_command(token)]})
+        commands = [marker_command(token), *(then or []), *([ASK_COMMAND] if memory else [])]
+        answer = self.world.admin("POST", f"/admin/sessions/{session.id}/turns", {"commands": commands})
         if answer.status_code != 202:
             self.log.add("session", f"input {session.name}: {answer.status_code} (not taken)")
             return None
         turn = Turn(str(answer.json()["id"]), token, time.time())
         session.turns.append(turn)
+        if memory:
+            session.memory_turns.append(turn.id)
         self.log.add("session", f"input {session.name}: turn {turn.id} writes {token}")
         return turn
 
@@ -225,6 +250,9 @@ class Injector:
             "crash-loop": self._crash_loop,
             "wedged-link": self._wedged_link,
             "failing-start-404": self._failing_start_404,
+            "suspend-cycles": self._suspend_cycles,
+            "corrupt-checkpoint": self._corrupt_checkpoint,
+            "orphan-child": self._orphan_child,
             "webhook-duplicate": self._duplicate,
             "webhook-hold": self._hold,
         }
@@ -666,6 +694,118 @@ class Injector:
     def _connected(self, session: Session) -> bool:
         environments = self.world.admin("GET", "/admin/environments").json()["data"]
         return any(e["id"] == session.environment_id and e["status"] == "connected" for e in environments)
+
+    # -- issue 37's sandboxes: suspensions, a cut checkpoint, a detached child ---------------------
+
+    def _finished(self, session: Session, turn: Turn | None) -> bool:
+        """Wait (bounded) until ``turn`` of ``session`` finished; False if it did not (or was not taken)."""
+        if turn is None:
+            return False
+
+        def done() -> bool:
+            found = {t["id"]: t for t in self.world.admin("GET", f"/admin/sessions/{session.id}/turns").json()["data"]}
+            return bool(found.get(turn.id, {}).get("status") == "finished")
+
+        return self._wait(done, TURN_WAIT_SECONDS)
+
+    def _suspensions(self, session: Session) -> int:
+        """How many times a worker logged the session's sandbox suspended (checkpointed)."""
+        return sum(
+            1
+            for worker in self.world.workers
+            for line in worker.log_lines()
+            if line.get("event") == "executor suspended" and line.get("session_id") == session.id
+        )
+
+    def _suspended(self, session: Session, times: int) -> bool:
+        """Wait (bounded) until the session's sandbox was suspended ``times`` times and its executor is gone."""
+        return self._wait(
+            lambda: self._suspensions(session) >= times and not self._executors_of(session), SUSPEND_WAIT_SECONDS
+        )
+
+    def _suspend_cycles(self, step: Step) -> None:
+        """A session made for it: its first turn starts a background process that keeps a token
+        only in memory; then, ``step.value`` times, once its sandbox is suspended at the idle
+        timeout, input at once, each turn asking that process for its token (13: the restores
+        reconnect at once, the token is the same throughout). Not a disturbance: this is how a
+        session is used."""
+        session = self.create(step.subject)
+        cycles = int(step.value)
+        if not self._finished(session, self.give_input(session, then=[KEEP_COMMAND])):
+            self.log.add("note", f"{step.describe()}: {session.name}'s first turn did not finish: not carried out")
+            return
+        for cycle in range(1, cycles + 1):
+            if not self._suspended(session, cycle):
+                self.log.add(
+                    "note", f"{step.describe()}: {session.name} not suspended a {cycle}th time: not carried further"
+                )
+                return
+            turn = self.give_input(session, memory=True)
+            self.log.add("fault", f"{session.name} suspended ({cycle} of {cycles}): input at once (a restore)")
+            if not self._finished(session, turn):
+                self.log.add("note", f"{step.describe()}: {session.name}'s turn after suspension {cycle} unfinished")
+                return
+
+    def _corrupt_checkpoint(self, step: Step) -> None:
+        """A session made for it, given input; once its sandbox is suspended, the largest pages
+        image of its checkpoint cut to half its length (a disk that filled during the dump),
+        then input: connected within ``FALLBACK_SECONDS`` (13, by a fresh start on its
+        workspace: 4 judges the workspace at its final turn, 6 what the cut tree left)."""
+        assert self.judge is not None
+        session = self.create(step.subject)
+        if not self._finished(session, self.give_input(session)) or not self._suspended(session, 1):
+            self.log.add("note", f"{step.describe()}: {session.name} was not suspended: not carried out")
+            return
+        # The local runner's layout: sessions/<id (path-safe, 40 chars)>-<hash>/checkpoint.
+        pages = sorted(
+            (self.world.state_directory / "sessions").glob(f"{session.id[:40]}-*/checkpoint/pages-*.img"),
+            key=lambda path: path.stat().st_size,
+        )
+        if not pages:
+            self.errors.append(f"{step.describe()}: {session.name} was suspended, but no pages image is there")
+            return
+        size = pages[-1].stat().st_size
+        os.truncate(pages[-1], size // 2)
+        self.log.add("fault", f"{session.name}'s checkpoint cut: {pages[-1].name} from {size} to {size // 2} bytes")
+        asked = time.time()
+        self.give_input(session)
+        self.judge.judge_fallback(session, asked, FALLBACK_SECONDS)
+
+    def _orphan_child(self, step: Step) -> None:
+        """A session made for it whose turn starts a detached child (a session of its own);
+        then SIGKILL of its executor's process group (an OOM kill) and input: the child must be
+        gone ``ORPHAN_SECONDS`` after the kill (14)."""
+        assert self.judge is not None
+        session = self.create(step.subject)
+        if not self._finished(session, self.give_input(session, then=[ORPHAN_COMMAND])):
+            self.log.add("note", f"{step.describe()}: {session.name}'s turn did not finish: not carried out")
+            return
+        found = sorted((self.world.state_directory / "sessions").glob(f"{session.id[:40]}-*/workspace"))
+        children = {
+            pid: ticks
+            for pid in observe.processes_in(found[0] if found else Path("/nonexistent"), ["sleep", "3600"])
+            if (ticks := observe.start_ticks(pid)) is not None
+        }
+        sids = sorted({p.sid for p in self._executors_of(session)})
+        if not children or not sids:
+            self.errors.append(f"{step.describe()}: no detached child ({children}) or no executor ({sids}) to kill")
+            return
+        window = self.log.disturbed(step.describe())
+        killed = time.time()
+        for sid in sids:
+            self.book.kill(session.environment_id, sid, killed)
+            try:
+                os.killpg(sid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self.log.ended(window)
+        self.log.add(
+            "fault",
+            f"SIGKILL of {session.name}'s executor (session {sids}), its detached child {sorted(children)} running; "
+            "input given",
+        )
+        self.give_input(session)
+        self.judge.judge_orphans(session, children, killed, ORPHAN_SECONDS)
 
     def _executors_of(self, session: Session) -> list[observe.Process]:
         processes = observe.executor_processes(self.world.simulator_url)

@@ -200,6 +200,38 @@ MUTANTS = (
         "    if False:\n",
     ),
     Mutant(
+        "stop-spares-detached",
+        "a sandbox is not a cgroup: its stop signals the executor's own process session only, so a "
+        "command's detached child (a session of its own) outlives the sandbox once the executor died "
+        "ungracefully (issue 37, defect 4)",
+        "controller/runners/local.py",
+        'self._cgroups, self.containment = cgroups.parent() if contain else (None, "turned off by the caller")',
+        'self._cgroups, self.containment = (None, "a mutant") if contain else (None, "turned off by the caller")',
+    ),
+    Mutant(
+        "cut-checkpoint-waits",
+        "a restore neither checks its images against the dump's sizes nor gives up within seconds: a cut "
+        "checkpoint leaves CRIU spinning for two minutes before the fresh start (issue 37, defect 5)",
+        "controller/runners/checkpoint.py",
+        "    _check_manifest(images)\n    bound = restore_bound(image_size(images))\n",
+        "    bound = 120.0\n",
+    ),
+    Mutant(
+        "restore-clocks-kept",
+        "the executor is dumped with its link up and restored with its clocks where they were: codex's "
+        "reconnect backoff, which short links never reset, grows with every suspension (issue 37, defect 8)",
+        "controller/runners/local.py",
+        "        if checkpoint.close_links(tree, EXECUTOR_EXECUTABLE):  # dumped asleep in its backoff, not linked\n"
+        "            time.sleep(LINK_NOTICE_SECONDS)\n",
+        "",
+        more=(
+            (
+                "            checkpoint.advance_clocks(images, max(CLOCK_CATCH_UP_SECONDS, round(suspended_for)))\n",
+                "",
+            ),
+        ),
+    ),
+    Mutant(
         "found-not-before-acting",
         "a round that found its session forgets its 404 marks only at its end, so rounds whose start "
         "fails keep them and one later 404 confirms a deletion (issue 37, defect 1)",

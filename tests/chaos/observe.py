@@ -3,13 +3,15 @@
 Nothing here imports the controller. An executor is found by its command line —
 ``… exec-server --remote <the simulator's URL> --environment-id <id>`` — so executors of other
 runs on the machine are not counted; a launcher and the native ``codex`` it started share one
-process session, and one process session is one executor.
+process session, and one process session is one executor (the wrappers a checkpointing runner
+starts it under, ``WRAPPERS``, are not counted).
 """
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -23,6 +25,12 @@ class Process:
     environment_id: str
 
 
+WRAPPERS = frozenset({"unshare", "setsid", "setpriv", "sh"})
+"""Programs that start the executor and wait for it (a checkpointing runner's pid namespace:
+``unshare --fork`` outside it, in a process session of its own, and inside it, as its pid 1):
+their command lines carry the executor's, but they are not one."""
+
+
 def _stat(pid: int) -> tuple[str, int, int] | None:
     """(state, session id, start time in clock ticks) of a process, or None once it is gone."""
     try:
@@ -32,6 +40,12 @@ def _stat(pid: int) -> tuple[str, int, int] | None:
         return None
     fields = text[text.rindex(")") + 2 :].split()
     return fields[0], int(fields[3]), int(fields[19])
+
+
+def start_ticks(pid: int) -> int | None:
+    """The start time (clock ticks after boot) of a running (not zombie) process, else None."""
+    stat = _stat(pid)
+    return None if stat is None or stat[0] in ("Z", "X") else stat[2]
 
 
 def _cmdline(pid: int) -> list[str]:
@@ -62,11 +76,29 @@ def executor_processes(remote_url: str) -> list[Process]:
         argv = _cmdline(pid)
         if "exec-server" not in argv or _flag(argv, "--remote") != remote_url:
             continue
+        if argv and os.path.basename(argv[0]) in WRAPPERS:
+            continue  # holds the executor's command line, but only waits for it
         environment_id = _flag(argv, "--environment-id")
         stat = _stat(pid)
         if environment_id is None or stat is None or stat[0] in ("Z", "X"):
             continue
         found.append(Process(pid, stat[1], stat[2], environment_id))
+    return found
+
+
+def processes_in(directory: Path, argv: list[str]) -> list[int]:
+    """Running processes whose working directory is ``directory`` and command line is ``argv``."""
+    found = []
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit():
+            continue
+        pid = int(entry.name)
+        try:
+            cwd = os.readlink(f"/proc/{pid}/cwd")
+        except OSError:
+            continue
+        if cwd == str(directory.resolve()) and _cmdline(pid) == argv and start_ticks(pid) is not None:
+            found.append(pid)
     return found
 
 

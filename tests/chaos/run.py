@@ -21,24 +21,31 @@ from tests.chaos.book import Book
 from tests.chaos.checker import ASK_SECONDS, INVARIANTS, LATE_SECONDS, Checker, Violation
 from tests.chaos.eventlog import EventLog
 from tests.chaos.inject import Injector
-from tests.chaos.schedule import DEFAULT_FAULTS, DELETION_CONFIRM_SECONDS, GRACE_SECONDS, Schedule, draw
+from tests.chaos.schedule import (
+    CHECKPOINT_FAULTS,
+    DEFAULT_FAULTS,
+    DELETION_CONFIRM_SECONDS,
+    GRACE_SECONDS,
+    Schedule,
+    draw,
+)
 from tests.chaos.world import (
     FULL_SWEEP_INTERVAL_SECONDS,
-    IDLE_TIMEOUT_SECONDS,
     LEASE_TTL_SECONDS,
     PRESTART_BUDGET,
     ChaosWorld,
     executor_command,
 )
 from tests.support import faketime
+from tests.support.criu import criu_binary
 from tests.support.processes import wait_for
 from tests.system.loop import API_KEY
 
 FINAL_TURN_SECONDS = ASK_SECONDS + 30.0
 RELEASE_SECONDS = DELETION_CONFIRM_SECONDS + FULL_SWEEP_INTERVAL_SECONDS + 20.0
-IDLE_STOP_SECONDS = IDLE_TIMEOUT_SECONDS + LATE_SECONDS + 5.0
-"""After the final turns, every idle sandbox must have stopped within this (its idle timeout,
-invariant 7's lateness and a margin): each run sees idle sandboxes stop, or fails."""
+IDLE_STOP_MARGIN_SECONDS = LATE_SECONDS + 5.0
+"""After the final turns, every idle sandbox must have stopped within its idle timeout and this
+(invariant 7's lateness and a margin): each run sees idle sandboxes stop, or fails."""
 
 
 @dataclass
@@ -112,8 +119,11 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         can_skew = True
     except pytest.skip.Exception:
         can_skew = False
+    criu = criu_binary() if faults & CHECKPOINT_FAULTS else None  # skipped (failed under CI) without one
     directory.mkdir(parents=True, exist_ok=True)
-    world = ChaosWorld(directory / "world", executor, role_flip="role-flip" in faults, run_seconds=schedule.seconds)
+    world = ChaosWorld(
+        directory / "world", executor, role_flip="role-flip" in faults, run_seconds=schedule.seconds, criu=criu
+    )
     log = EventLog(directory / "events.log")
     result = Result(schedule, log)
     book = Book()
@@ -123,11 +133,11 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         book,
         log,
         grace_seconds=GRACE_SECONDS,
-        idle_timeout_seconds=IDLE_TIMEOUT_SECONDS,
+        idle_timeout_seconds=world.idle_timeout_seconds,
         prestart_budget=PRESTART_BUDGET,
     )
     injector = Injector(world, book, log, can_skew, before_deletion=checker.before_deletion, judge=checker)
-    checked_commands = checked_deliveries = checked_rounds = idle_stops = checked_refusals = 0
+    checked_commands = checked_deliveries = checked_rounds = idle_stops = checked_refusals = checked_restores = 0
     try:
         world.start()
         log.t0 = time.time()  # the schedule's times count from here
@@ -135,6 +145,8 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         log.add(
             "note", f"executor: {'codex' if real_codex else 'the STAND-IN (runs no commands: markers not checked)'}"
         )
+        if criu is not None:
+            log.add("note", f"idle sandboxes are checkpointed ({criu}), idle timeout {world.idle_timeout_seconds:g}s")
         if world.unknown_settings:
             log.add("note", f"not set (the controller does not know them yet): {', '.join(world.unknown_settings)}")
         if not can_skew:
@@ -143,7 +155,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         injector.run(schedule)
         log.add("note", "the schedule is over: final turns, then the end checks")
         _final_turns(injector, simulator, book, log)
-        idle_stops = _wait_stopped(checker, book, log)
+        idle_stops = _wait_stopped(checker, book, log, world.idle_timeout_seconds + IDLE_STOP_MARGIN_SECONDS)
         checker.stop()
         if real_codex:
             checked_commands = checker.check_markers()
@@ -152,6 +164,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         checker.check_idle_stopped()
         checked_refusals = checker.check_crash_loops()
         checked_rounds = checker.check_leases([w.log_path for w in world.workers], LEASE_TTL_SECONDS)
+        checked_restores = checker.check_restores([w.log_path for w in world.workers])
     finally:
         checker.stop()
         teardown(world, checker, directory)
@@ -166,7 +179,8 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         f"at once; pre-started at most {checker.most_prestarted}); samples: {checker.samples}",
         f"marker commands checked: {checked_commands}; acknowledged connection deliveries checked: "
         f"{checked_deliveries}; tasks' tries checked for their lease: {checked_rounds}; idle stops seen at the "
-        f"end: {idle_stops}; refused registrations checked: {checked_refusals}; faults injected: {log.count('fault')}",
+        f"end: {idle_stops}; refused registrations checked: {checked_refusals}; restores checked: {checked_restores}; "
+        f"faults injected: {log.count('fault')}",
         "violations by invariant: " + ", ".join(f"{i}: {n}" for i, n in per_invariant.items()),
         f"took {time.time() - log.t0:.0f}s after start-up; event log: {directory / 'events.log'}",
     ]
@@ -201,10 +215,11 @@ def _final_turns(injector: Injector, simulator: observe.Simulator, book: Book, l
         log.add("note", f"final turns not all finished after {FINAL_TURN_SECONDS:g}s (judged by 2 and 4)")
 
 
-def _wait_stopped(checker: Checker, book: Book, log: EventLog) -> int:
+def _wait_stopped(checker: Checker, book: Book, log: EventLog, idle_stop_seconds: float) -> int:
     """Every executor must go: deleted and failed sessions' are released (deletion confirmation,
-    a full sweep and a margin), and the others', idle after their final turns, stop at the idle
-    timeout (``IDLE_STOP_SECONDS``; the checker's sampling judges a late one by 7 meanwhile).
+    a full sweep and a margin), and the others', idle after their final turns, stop (or are
+    suspended) at the idle timeout (``idle_stop_seconds``; the checker's sampling judges a late
+    one by 7 meanwhile).
     5 and 7 judge what is left (``check_ended_sessions_released``, ``check_idle_stopped``).
     Returns how many executors of sessions that still exist stopped meanwhile."""
     failed = {s["id"] for s in checker.sim.sessions().values() if s["status"] == "failed"}
@@ -217,7 +232,7 @@ def _wait_stopped(checker: Checker, book: Book, log: EventLog) -> int:
 
     try:
         wait_for(
-            stopped, max(RELEASE_SECONDS, IDLE_STOP_SECONDS), "every executor to stop or be released", interval=0.5
+            stopped, max(RELEASE_SECONDS, idle_stop_seconds), "every executor to stop or be released", interval=0.5
         )
     except AssertionError:
         log.add("note", "executors still run after the final turns' idle timeout (judged by 5 and 7)")

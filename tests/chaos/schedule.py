@@ -92,16 +92,44 @@ wedged-link         (opt-in) one session given input, then its executor's link d
                     back), while its environment's reads answer 503 for 3 s of every 8 s (each
                     a blind spot for the grace clock): it must be replaced within
                     ``WEDGED_BOUND_SECONDS`` of the drop, whatever the API does (12)
+suspend-cycles      (opt-in; the run checkpoints idle sandboxes: ``CHECKPOINT_FAULTS``) a session
+                    made for it, 6 s in: its first turn starts a background process that keeps
+                    a token only in memory (``tests/support/keeper.py``); then, ``SUSPEND_CYCLES``
+                    times, once its sandbox is suspended at the idle timeout, input at once:
+                    each restore must reconnect within ``checker.RESTORE_CONNECT_SECONDS`` of
+                    the restored executor's appearance, and every turn must find the same
+                    token, unless a worker logged the restore impossible (13)
+corrupt-checkpoint  (opt-in; checkpoints too) a session made for it, 9 s in, given input; once
+                    its sandbox is suspended, the largest pages image of its checkpoint is cut
+                    to half its length (a disk that filled during the dump), then input: a
+                    fresh start on the same workspace must be connected within
+                    ``schedule.FALLBACK_SECONDS`` of the input (13), its workspace kept (4),
+                    nothing of the cut tree left running (6)
+orphan-child        (opt-in) a session made for it, 7 s in, whose turn starts a detached child
+                    (``setsid -f sleep``: a session of its own, as a dev server an agent starts);
+                    then SIGKILL of its executor's process group (an OOM kill) and input: the
+                    child must be gone ``schedule.ORPHAN_SECONDS`` after the kill, with the
+                    sandbox it belonged to (14)
 ==================  =============================================================================
+
+The three faults made for issue 37's sandboxes (``suspend-cycles``, ``corrupt-checkpoint``,
+``orphan-child``) are not drawn among the others: each is one step at a fixed time after the
+start (``PLACED_FAULTS``) with a session made for it, so that naming them leaves the other
+faults a seed draws as they were. ``CHECKPOINT_FAULTS`` in a run turn checkpointing on
+(``CONTROLLER_IDLE_SUSPEND=checkpoint``, CRIU) for its whole world, with an idle timeout of
+``world.CHECKPOINT_IDLE_TIMEOUT_SECONDS``: every idle sandbox of that run is suspended, and
+every turn after it restores one.
 
 The opt-in faults are not in ``DEFAULT_FAULTS``: adding them to the default set would change
 what CI's fixed seeds draw (a seed's faults are drawn from the weights of the whole set), so
 they are named with ``--faults +api-404-partial,+delete-several`` until CI's seeds are moved.
 CI's third run (``CI_RUNS``) names ``lone-404``, ``api-404-recheck`` and ``wrong-key`` alone:
 they reach the deletion defects the default set cannot (issue 25, defects 1, 2 and 5); its
-fourth names ``stale-worker``, ``crash-loop``, ``wedged-link`` and ``failing-start-404`` (the
-lease checked before a start; the crash loop's back-off; blind spots bounded; a good read
-forgetting the 404s: issue 37, defects 2, 3 and 1).
+fourth names ``stale-worker``, ``crash-loop``, ``wedged-link``, ``failing-start-404`` and
+``orphan-child`` (the lease checked before a start; the crash loop's back-off; blind spots
+bounded; a good read forgetting the 404s; a sandbox's processes contained: issue 37, defects 2,
+3, 1 and 4); its fifth adds ``suspend-cycles`` and ``corrupt-checkpoint`` to the default set, in
+a world that checkpoints its idle sandboxes (defects 8 and 5).
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -132,16 +160,23 @@ DELETION_FAULTS = "lone-404,api-404-recheck,wrong-key"
 """The faults of CI's third run: the deletion defects the default set cannot reach."""
 STALE_SEED = 173
 STALE_MINUTES = 0.3
-STALE_FAULTS = "stale-worker,crash-loop,wedged-link,failing-start-404"
+STALE_FAULTS = "stale-worker,crash-loop,wedged-link,failing-start-404,orphan-child"
 """The faults of CI's fourth run: a worker that lost its lease mid-round (the lease mutant), an
 executor that exits at start for a while (the crash loop's back-off), a wedged executor while
-its environment's reads fail now and then (blind spots bounded), and 404s with good reads in
-failing rounds between them (a good read forgets the 404s)."""
+its environment's reads fail now and then (blind spots bounded), 404s with good reads in
+failing rounds between them (a good read forgets the 404s), and a detached child of a sandbox
+whose executor is SIGKILLed (contained: it ends with its sandbox)."""
+SUSPEND_SEED = 5
+SUSPEND_MINUTES = 0.75
+SUSPEND_FAULTS = "+suspend-cycles,+corrupt-checkpoint"
+"""The faults of CI's fifth run: the default set in a world that checkpoints its idle sandboxes,
+with many short suspensions of one session and a cut checkpoint (issue 37, defects 5 and 8)."""
 CI_RUNS: tuple[tuple[int, str, float], ...] = (
     (93, "default", CI_MINUTES),
     (2, "default", CI_MINUTES),
     (DELETION_SEED, DELETION_FAULTS, DELETION_MINUTES),
     (STALE_SEED, STALE_FAULTS, STALE_MINUTES),
+    (SUSPEND_SEED, SUSPEND_FAULTS, SUSPEND_MINUTES),
 )
 """Every run CI makes, and ``scripts/test chaos --mutants`` too: (seed, ``--faults`` value,
 minutes of faults)."""
@@ -213,6 +248,26 @@ WEDGED_EVERY_SECONDS = 8.0
 WEDGED_BOUND_SECONDS = 35.0
 """Invariant 12: a wedged executor is gone within this of its link's drop (two graces after the
 first look that saw it down, a look's interval and the reads' retries: about 25 s)."""
+SUSPEND_CYCLES = 5
+"""Suspensions of the suspend-cycles session, each resumed by input at once (codex's reconnect
+backoff, kept asleep in the image, grew past 7 s by the fourth before issue 37's fix)."""
+SUSPEND_CYCLES_SECONDS = 150.0
+"""The suspend-cycles fault ends by then (each cycle takes the idle timeout and a turn)."""
+FALLBACK_SECONDS = 20.0
+"""Invariant 13: a session whose checkpoint was cut is connected this long after its input at
+most (the cut refused at once, a fresh start; CRIU left to spin took 120 s before the fix)."""
+CORRUPT_SECONDS = 60.0
+"""The corrupt-checkpoint fault ends by then."""
+ORPHAN_SECONDS = 30.0
+"""Invariant 14: a sandbox's detached child is gone this long after its executor was killed
+(the controller sees the dead executor at its next look, replaces it, and the stop of the old
+sandbox ends all of it)."""
+ORPHAN_FAULT_SECONDS = 45.0
+"""The orphan-child fault ends by then."""
+PLACED_AT = {"suspend-cycles": 6.0, "orphan-child": 7.0, "corrupt-checkpoint": 9.0}
+"""Seconds after the start (and any opening) of each placed fault's one step."""
+CHECKPOINT_FAULTS = frozenset({"suspend-cycles", "corrupt-checkpoint"})
+"""Faults that turn checkpointing on for the whole world of their run."""
 CRASH_LOOP = (12.0, 18.0)
 """A crash-loop session's registrations answering 503."""
 MADE_LIVES = (60.0, 75.0)
@@ -295,7 +350,11 @@ def catalogue_text() -> str:
         f"for {WEDGED_FAILS_SECONDS:g} s of every {WEDGED_EVERY_SECONDS:g} s; one session's reads answering "
         f"404 for {FIRST_404S_SECONDS:g} s (two spread reads), then its executor killed and the executor binary "
         "missing while it is given input (good reads in rounds whose start fails), then one more 404 "
-        "past the confirmation period."
+        "past the confirmation period; a session made for it whose turn starts a detached child "
+        "(`setsid -f`), then its executor SIGKILLed and input given. With checkpointing on (idle "
+        f"sandboxes suspended with CRIU): one session suspended and resumed {SUSPEND_CYCLES} times in "
+        "a row, a background process keeping a token in its memory; one session's checkpoint cut to "
+        "half its largest pages image (a disk that filled during the dump) before its next turn."
     )
 
 
@@ -441,6 +500,8 @@ def draw(seed: int, minutes: float, faults: Iterable[str]) -> Schedule:
     if opening:
         steps.append(_lone(random.Random(f"{seed}:lone"), story))
     _story(random.Random(f"{seed}:sessions"), duration, story, opening)
+    for name in sorted(chosen & PLACED_FAULTS.keys(), key=PLACED_AT.__getitem__):
+        steps += PLACED_FAULTS[name](round(opening + PLACED_AT[name], 2), story)
     rng = random.Random(f"{seed}:faults")
     names = [n for n in sorted(chosen) if FAULTS[n].weight > 0]  # an opening is not drawn
     weights = [FAULTS[n].weight for n in names]
@@ -635,6 +696,39 @@ def _crash_loop(rng: random.Random, at: float, story: _Story) -> list[Step]:
     return [Step(at, "crash-loop", name, seconds)]
 
 
+def _made_alone(at: float, story: _Story) -> str:
+    """A session made for a placed fault at ``at``: no other fault picks it and the story gives
+    it nothing (its handler gives it input; the harness, its final turn)."""
+    name = story.made_by_fault(at)
+    story.fresh.discard(name)
+    story.gone[name] = at
+    return name
+
+
+def _suspend_cycles(at: float, story: _Story) -> list[Step]:
+    """Many short suspensions of one session, each resumed at once (issue 37, defect 8)."""
+    name = _made_alone(at, story)
+    return [Step(at, "suspend-cycles", name, SUSPEND_CYCLES_SECONDS, str(SUSPEND_CYCLES))]
+
+
+def _corrupt_checkpoint(at: float, story: _Story) -> list[Step]:
+    """A suspended session's checkpoint cut in half, then input (issue 37, defect 5)."""
+    return [Step(at, "corrupt-checkpoint", _made_alone(at, story), CORRUPT_SECONDS)]
+
+
+def _orphan_child(at: float, story: _Story) -> list[Step]:
+    """A detached child in a sandbox whose executor is SIGKILLed (issue 37, defect 4)."""
+    return [Step(at, "orphan-child", _made_alone(at, story), ORPHAN_FAULT_SECONDS)]
+
+
+PLACED_FAULTS: dict[str, Callable[[float, _Story], list[Step]]] = {
+    "suspend-cycles": _suspend_cycles,
+    "corrupt-checkpoint": _corrupt_checkpoint,
+    "orphan-child": _orphan_child,
+}
+"""Faults that are one step at a fixed time (``PLACED_AT``), never drawn (weight 0)."""
+
+
 def _failing_start_404(rng: random.Random, at: float, story: _Story) -> list[Step]:
     """404, 404, good reads in rounds whose start fails, 404 (issue 37, defect 1): one session
     alive well past it, no other 404 window near it."""
@@ -778,6 +872,9 @@ OPT_IN_FAULTS = frozenset(
         "crash-loop",
         "wedged-link",
         "failing-start-404",
+        "suspend-cycles",
+        "corrupt-checkpoint",
+        "orphan-child",
     }
 )
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
@@ -794,6 +891,9 @@ FAULTS.update(
             Fault("crash-loop", 1.0, _crash_loop),
             Fault("wedged-link", 1.0, _wedged),
             Fault("failing-start-404", 1.0, _failing_start_404),
+            Fault("suspend-cycles", 0.0, lambda rng, at, story: []),  # placed (``PLACED_FAULTS``)
+            Fault("corrupt-checkpoint", 0.0, lambda rng, at, story: []),
+            Fault("orphan-child", 0.0, lambda rng, at, story: []),
         )
     }
 )

@@ -31,6 +31,9 @@ from tests.support.redis_server import RedisServer
 from tests.system.loop import Loop
 
 IDLE_TIMEOUT_SECONDS = 20.0
+CHECKPOINT_IDLE_TIMEOUT_SECONDS = 10.0
+"""The idle timeout of a world that checkpoints its idle sandboxes (``schedule.CHECKPOINT_FAULTS``):
+shorter, so that one run holds many suspensions and restores."""
 API_TIMEOUT_SECONDS = 2.0
 API_HOLD_SECONDS = 5.0
 """How long an ``api-timeout`` fault holds an answer: past the controller's API timeout."""
@@ -60,10 +63,18 @@ SETTINGS = {
 }
 
 
-def settings() -> tuple[dict[str, str | None], list[str]]:
-    """The chaos settings the controller knows, and the names of those it does not (yet)."""
-    known = {k: v for k, v in SETTINGS.items() if k in KEYS}
-    return dict(known), sorted(set(SETTINGS) - set(known))
+def settings(criu: str | None = None) -> tuple[dict[str, str | None], list[str]]:
+    """The chaos settings the controller knows, and the names of those it does not (yet). With
+    ``criu`` (a CRIU binary), idle sandboxes are checkpointed with it, at a shorter idle timeout."""
+    wanted = dict(SETTINGS)
+    if criu is not None:
+        wanted.update(
+            CONTROLLER_IDLE_SUSPEND="checkpoint",
+            CONTROLLER_CRIU=criu,
+            CONTROLLER_IDLE_TIMEOUT_SECONDS=f"{CHECKPOINT_IDLE_TIMEOUT_SECONDS:g}",
+        )
+    known = {k: v for k, v in wanted.items() if k in KEYS}
+    return dict(known), sorted(set(wanted) - set(known))
 
 
 def executor_command() -> tuple[str, bool]:
@@ -96,8 +107,18 @@ def clock_offsets(env: dict[str, str]) -> tuple[float, float]:
 
 
 class ChaosWorld(Loop):
-    def __init__(self, directory: Path, executor: str, role_flip: bool = False, run_seconds: float = 0.0) -> None:
-        known, self.unknown_settings = settings()
+    def __init__(
+        self,
+        directory: Path,
+        executor: str,
+        role_flip: bool = False,
+        run_seconds: float = 0.0,
+        criu: str | None = None,
+    ) -> None:
+        """``criu``: checkpoint idle sandboxes with this CRIU binary (``settings``)."""
+        known, self.unknown_settings = settings(criu)
+        self.idle_timeout_seconds = float(known.get("CONTROLLER_IDLE_TIMEOUT_SECONDS") or IDLE_TIMEOUT_SECONDS)
+        self.checkpoints = criu is not None
         self.connect_timeout_seconds = run_seconds + CONNECT_MARGIN_SECONDS
         """The simulator's connect deadline: past the whole run, so a request the controller
         lost stays pending (invariants 2 and 5) instead of turning the session "failed"."""

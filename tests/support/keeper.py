@@ -2,7 +2,8 @@
 (issue 29): a random token and a counter it increments every 50 ms; it answers
 ``"<token> <counter> <pid>"`` on a loopback port it writes to the file ``port`` in its working
 directory. Restored from a checkpoint it answers with the same token and a counter that went on
-from where it stopped. ``KEEPER`` is its program, without a single quote (a shell may quote it)."""
+from where it stopped. ``KEEPER`` is its program, without a single quote (a shell may quote it);
+``ASK`` a program that prints its answer (run in the same directory)."""
 
 from __future__ import annotations
 
@@ -27,3 +28,8 @@ while True:
     conn.close()
 """
 assert "'" not in KEEPER
+
+ASK = (
+    "import socket; s = socket.create_connection(('127.0.0.1', int(open('port').read())), timeout=5); "
+    "print(s.recv(100).decode())"
+)

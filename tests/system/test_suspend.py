@@ -21,7 +21,7 @@ import pytest
 
 from tests.support.codex import codex_binary
 from tests.support.criu import criu_binary
-from tests.support.keeper import KEEPER
+from tests.support.keeper import ASK, KEEPER
 from tests.support.processes import python_module, wait_for
 from tests.support.simulator import run_turn
 from tests.system.loop import Loop, scrape, stops, total, wait_idle, workspace_of
@@ -36,11 +36,6 @@ TIMEOUT = 3  # CONTROLLER_IDLE_TIMEOUT_SECONDS in this world
 
 # The background process (tests/support/keeper.py) keeps its state only in memory; here it
 # leaves the command's session (setsid -f), as a dev server started by an agent would.
-
-ASK = (
-    "import socket; s = socket.create_connection(('127.0.0.1', int(open('port').read())), timeout=5); "
-    "print(s.recv(100).decode())"
-)
 
 
 @pytest.fixture(scope="module")

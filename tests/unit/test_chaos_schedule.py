@@ -10,6 +10,7 @@ import re
 import pytest
 
 from tests.chaos.schedule import (
+    CHECKPOINT_FAULTS,
     CI_MINUTES,
     CI_RUNS,
     CI_SEEDS,
@@ -25,15 +26,19 @@ from tests.chaos.schedule import (
     NO_404_SECONDS,
     OPERATOR_RELEASE_SECONDS,
     OPT_IN_FAULTS,
+    PLACED_FAULTS,
     QUIET_EVERY_SECONDS,
     QUIET_SECONDS,
     STALE_FAULTS,
     STALE_WORKER_SECONDS,
+    SUSPEND_CYCLES,
+    SUSPEND_FAULTS,
     WEDGED_BOUND_SECONDS,
     Step,
     draw,
     select,
 )
+from tests.chaos.world import CHECKPOINT_IDLE_TIMEOUT_SECONDS
 
 
 def test_the_same_seed_gives_the_same_schedule_and_another_seed_another() -> None:
@@ -116,6 +121,9 @@ def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_s
         "crash-loop",
         "wedged-link",
         "failing-start-404",
+        "suspend-cycles",
+        "corrupt-checkpoint",
+        "orphan-child",
     } == OPT_IN_FAULTS
     assert not OPT_IN_FAULTS & DEFAULT_FAULTS
     assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | {"api-404-partial", "delete-several"}
@@ -437,13 +445,13 @@ def test_cis_fourth_run_draws_a_stale_worker_a_crash_loop_a_wedged_link_and_fail
     its start past its lease); one crash loop, which ``crash-loop-no-backoff`` needs (an
     executor that exits at start for longer than a few back-offs); one wedged link, which
     ``blind-spots-unbounded`` needs (down for longer than the bound, with input just before); and
-    one failing-start-404, which ``found-not-before-acting`` needs. A change that takes one away
-    fails here: move the seed."""
+    one failing-start-404, which ``found-not-before-acting`` needs; and the orphan-child, placed,
+    which ``stop-spares-detached`` needs. A change that takes one away fails here: move the seed."""
     seed, faults, minutes = CI_RUNS[3]
     assert faults == STALE_FAULTS
-    assert select(faults) == {"stale-worker", "crash-loop", "wedged-link", "failing-start-404"}
+    assert select(faults) == {"stale-worker", "crash-loop", "wedged-link", "failing-start-404", "orphan-child"}
     schedule = draw(seed, minutes, select(faults))
-    kinds = ["crash-loop", "failing-start-404", "stale-worker", "wedged-link"]
+    kinds = ["crash-loop", "failing-start-404", "orphan-child", "stale-worker", "wedged-link"]
     assert sorted(s.kind for s in schedule.fault_steps()) == kinds
     [loop] = [s for s in schedule.steps if s.kind == "crash-loop"]
     assert loop.seconds >= CRASH_LOOP[0] and not any(s.subject == loop.subject for s in schedule.steps if s is not loop)
@@ -481,3 +489,40 @@ def test_a_thawed_stale_worker_would_start_past_the_checkers_limit() -> None:
     from tests.chaos.schedule import STALE_AFTER_END_SECONDS
 
     assert STALE_START_SECONDS < STALE_AFTER_END_SECONDS
+
+
+def test_placed_faults_leave_what_a_seed_draws_alone() -> None:
+    """The faults made for issue 37's sandboxes are one step each at a fixed time, with a session
+    made for it that no other fault picks: naming them leaves every other step a seed draws
+    where it was (only the names of sessions made for faults move), so CI's runs that add one
+    still reach what their mutants need."""
+    placed_names = ",".join(sorted(PLACED_FAULTS))
+    for seed in (5, 93, 173):
+        for base in ("default", "stale-worker,crash-loop,wedged-link,failing-start-404"):
+            plain = draw(seed, 0.75, select(base))
+            spec = "+" + placed_names.replace(",", ",+") if base == "default" else f"{base},{placed_names}"
+            placed = draw(seed, 0.75, select(spec))
+            added = [s for s in placed.steps if s.kind in PLACED_FAULTS]
+            assert sorted(s.kind for s in added) == sorted(PLACED_FAULTS)
+            made = {s.subject for s in added}
+            others = [s for s in placed.steps if s not in added]
+            assert not any(s.subject in made for s in others)  # nothing else acts on their sessions
+
+            def shape(steps: list[Step]) -> list[tuple[float, str, float, str]]:
+                return sorted((s.at, s.kind, s.seconds, s.value) for s in steps)
+
+            assert shape(others) == shape(list(plain.steps))
+
+
+def test_cis_fifth_run_checkpoints_and_draws_short_suspensions_and_a_cut_checkpoint() -> None:
+    """CI's fifth run is the default set in a world that checkpoints its idle sandboxes, with
+    many short suspensions of one session (``restore-clocks-kept`` needs the fourth or later)
+    and a cut checkpoint (``cut-checkpoint-waits``); it lasts long enough for every cycle."""
+    seed, faults, minutes = CI_RUNS[4]
+    assert faults == SUSPEND_FAULTS and select(faults) == DEFAULT_FAULTS | CHECKPOINT_FAULTS
+    schedule = draw(seed, minutes, select(faults))
+    [cycles] = [s for s in schedule.steps if s.kind == "suspend-cycles"]
+    assert int(cycles.value) == SUSPEND_CYCLES >= 5
+    assert cycles.seconds >= SUSPEND_CYCLES * (CHECKPOINT_IDLE_TIMEOUT_SECONDS + 15.0)
+    assert [s.kind for s in schedule.steps if s.kind == "corrupt-checkpoint"] == ["corrupt-checkpoint"]
+    assert schedule.seconds >= cycles.at + cycles.seconds
