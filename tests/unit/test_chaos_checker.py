@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -617,3 +618,135 @@ def test_a_wedged_executor_still_running_past_the_bound_breaks_12_and_a_replaced
         world.now = T0 + 36
         world.checker.judge_wedged(session, [100], T0 + 1, 35.0)
         assert [v.invariant for v in world.violations()] == ([12] if broken else [])
+
+
+def _restored_session(world: World, tmp_path: Path, connects_after: float) -> tuple[Session, Path]:
+    """s0 registered and connected at 1, idle, suspended at 40 (its executor gone), asking again
+    at 59.8 and restored at 60 (a worker logged it): the restored executor's processes show up at 60 and its link comes up
+    ``connects_after`` seconds later, on its original registration (none near 60)."""
+    changes = [(0, "requires_action", True), (1, "idle", False), (59.8, "requires_action", True), (61, "idle", False)]
+    session = world.sim.session(world.book, "s0", changes)
+    world.sim.registration_log.append(
+        {"environment_id": session.environment_id, "received_at": T0 + 0.5, "status_code": 200}
+    )
+    world.sim.links[session.environment_id] = [[T0 + 1, T0 + 39], [T0 + 60 + connects_after, None]]
+    world.run(session.environment_id, 100)
+    world.at(1)
+    world.run(session.environment_id, None)
+    world.at(40)
+    world.run(session.environment_id, 200)
+    world.at(60)
+    world.at(75)
+    log = tmp_path / "worker0.log"
+    log.write_text(json.dumps({"time": T0 + 60.4, "event": "executor restored", "session_id": session.id}) + "\n")
+    return session, log
+
+
+def test_13_a_restore_that_reconnects_late_is_a_violation_and_one_at_once_is_not(tmp_path: Path) -> None:
+    """13: a restored executor (no registration near it) must have its link up within
+    ``RESTORE_CONNECT_SECONDS`` of showing up: 0.4 s passes, 7.9 s (codex's backoff kept asleep
+    in the image, the fourth short suspension before issue 37's fix) does not."""
+    on_time = World()
+    _, log = _restored_session(on_time, tmp_path, 0.4)
+    assert on_time.checker.check_restores([log]) == 1 and not on_time.violations()
+    late = World()
+    _, log = _restored_session(late, tmp_path, 7.9)
+    assert late.checker.check_restores([log]) == 1
+    [violation] = late.violations(13)
+    assert "connected 7.9s after it showed up" in violation.text
+
+
+def test_13_an_executor_that_registered_is_a_fresh_start_not_a_restore(tmp_path: Path) -> None:
+    """13 judges restores only: an executor with a registration of its environment near it
+    started afresh (it registers; a restore reconnects on its original registration)."""
+    world = World()
+    session, log = _restored_session(world, tmp_path, 7.9)
+    world.sim.registration_log.append(
+        {"environment_id": session.environment_id, "received_at": T0 + 61.0, "status_code": 200}
+    )
+    assert world.checker.check_restores([log]) == 0 and not world.violations()
+
+
+def test_13_a_late_reconnect_while_a_fault_disturbed_the_system_is_not_judged(tmp_path: Path) -> None:
+    world = World()
+    _, log = _restored_session(world, tmp_path, 7.9)
+    world.log.windows.append(Window("link-drop s0 for 5.0s", T0 + 59.0, T0 + 64.0))
+    world.checker.check_restores([log])
+    assert not world.violations()
+
+
+def _memory_turns(world: World, session: Session, answers: list[tuple[str, int]]) -> None:
+    """Turns of ``session`` whose second command asked the background process: (stdout, exit code)."""
+    session.memory_turns = [f"turn_{i}" for i in range(len(answers))]
+    world.sim.turn_log[session.id] = [
+        {
+            "id": f"turn_{i}",
+            "commands": [
+                {"status": "completed", "exit_code": 0, "stdout": ""},
+                {"status": "completed", "exit_code": code, "stdout": stdout},
+            ],
+        }
+        for i, (stdout, code) in enumerate(answers)
+    ]
+
+
+def test_13_every_turn_after_a_suspension_finds_the_same_memory_unless_it_was_given_up_on_purpose(
+    tmp_path: Path,
+) -> None:
+    """13: the suspend-cycles session's turns must all reach the same background process (its
+    token, kept only in memory); a different token, or none answering, is memory lost, unless
+    a worker logged a fallback for the session (a restore impossible, a checkpoint refused)."""
+    kept = World()
+    session = kept.sim.session(kept.book, "s0", [(0, "idle", False)])
+    _memory_turns(kept, session, [("abc 10 7", 0), ("abc 90 7", 0), ("abc 140 7", 0)])
+    kept.checker.check_restores([tmp_path / "none.log"])
+    assert not kept.violations()
+
+    for lost in ([("abc 10 7", 0), ("def 3 9", 0)], [("abc 10 7", 0), ("", 1)]):
+        world = World()
+        session = world.sim.session(world.book, "s0", [(0, "idle", False)])
+        _memory_turns(world, session, lost)
+        world.checker.check_restores([tmp_path / "none.log"])
+        [violation] = world.violations(13)
+        assert "was lost" in violation.text
+
+    excused = World()
+    session = excused.sim.session(excused.book, "s0", [(0, "idle", False)])
+    _memory_turns(excused, session, [("abc 10 7", 0), ("def 3 9", 0)])
+    log = tmp_path / "fallback.log"
+    line = {"time": T0 + 5, "event": "restore impossible, starting a fresh executor", "session_id": session.id}
+    log.write_text(json.dumps(line) + "\n")
+    excused.checker.check_restores([log])
+    assert not excused.violations()
+
+
+def test_13_a_cut_checkpoint_must_fall_back_to_a_connected_executor_within_the_bound() -> None:
+    """13 (``corrupt-checkpoint``): connected 1.5 s after the input passes; never connected
+    within the bound (CRIU left spinning on the cut image) is a violation."""
+    world = World()
+    session = world.sim.session(world.book, "s0", [(0, "idle", False)])
+    world.sim.links[session.environment_id] = [[T0 + 1, T0 + 30], [T0 + 51.5, None]]
+    world.now = T0 + 55
+    world.checker.judge_fallback(session, T0 + 50, 20.0)
+    assert not world.violations()
+    world.sim.links[session.environment_id] = [[T0 + 1, T0 + 30]]
+    world.now = T0 + 71
+    world.checker.judge_fallback(session, T0 + 50, 20.0)
+    [violation] = world.violations(13)
+    assert "no executor connected 20s later" in violation.text
+
+
+def test_14_a_detached_child_left_after_its_executor_was_killed_is_a_violation() -> None:
+    """14: a process of the sandbox still running (same pid, same start time) past the bound
+    is a violation; one whose pid now names another process (another start time) is gone."""
+    world = World()
+    session = world.sim.session(world.book, "s0", [(0, "idle", False)])
+    me = os.getpid()
+    ticks = observe.start_ticks(me)
+    assert ticks is not None
+    world.now = T0 + 31
+    world.checker.judge_orphans(session, {me: ticks + 1}, T0, 30.0)  # the pid reused: not that process
+    assert not world.violations()
+    world.checker.judge_orphans(session, {me: ticks}, T0, 30.0)
+    [violation] = world.violations(14)
+    assert f"pids [{me}]" in violation.text
