@@ -20,6 +20,10 @@ The rules are stated once, in docs/lifecycle.md (L1–L18); here, which rule giv
   ``OUTAGE_LOOKS``, and blind spots delay a replacement by at most ``BLIND_SPOT_GRACES``
   graces. An executor that exits again and again backs off (``crash_backoff``): the sandbox is
   kept, dead, until its back-off is over.
+  A sandbox its runner says cannot start (``CannotStart``: a pod whose node lacks its seccomp
+  profile) is kept and reported, not replaced: a new one could not start either, and the
+  scheduler or the kubelet starts it by itself once the profile is there; the first look that
+  finds it able to start gives its executor a whole grace period from then.
 - STOP: idle for the idle timeout with no connection wanted (L11–L13), the workspace kept
   (L16); DISCARD once its retention is over.
 - RELEASE: a failed session (L7); a session answering 404 only once its deletion is confirmed
@@ -35,7 +39,7 @@ from enum import StrEnum
 from typing import Protocol
 
 from controller import trust
-from controller.model import Health, Record, Session, SessionStatus
+from controller.model import CannotStart, Health, Record, Session, SessionStatus
 
 
 class Verdict(StrEnum):
@@ -90,6 +94,9 @@ class Decision:
     crash_loop: bool = False
     """A crash loop's back-off begins: the executor exited again, and its replacement waits
     (``crash_backoff``; counted in ``controller_sandbox_crash_loops_total``)."""
+    cannot_start: CannotStart | None = None
+    """Set by the look that first finds the sandbox unable to start (``_unstartable``): it is
+    reported then (a warning line, an Event on the sandbox, ``controller_sandboxes_cannot_start_total``)."""
 
 
 @dataclass(frozen=True)
@@ -225,6 +232,7 @@ def decide(
     missing: Missing | None = None,
     deletion_confirm_seconds: float = 0.0,
     link_dropped: bool = False,
+    cannot_start: CannotStart | None = None,
 ) -> Decision:
     """What to do about one session, from what was observed (pure).
 
@@ -237,6 +245,8 @@ def decide(
     than ``PRESTART_WINDOW_SECONDS`` ago with no sandbox yet gets one before it asks.
     ``missing``: what is known of a session whose read answered 404 (``session`` is None);
     ``deletion_confirm_seconds``: how long its reads must answer 404 before it counts as deleted.
+    ``cannot_start``: why the sandbox, still starting, cannot start, as its runner reads it (None:
+    nothing known against it).
     """
     if session is None:
         gone = _deleted(record, missing or Missing(), now, deletion_confirm_seconds)
@@ -326,6 +336,10 @@ def decide(
         if current.crashes and now - current.started_at >= CRASH_LOOP_RESET_SECONDS:  # it stayed up: over
             looked = replace(current, crashes=0)
         return Decision(Verdict.KEEP, "executor is connected", recheck_at=soon, update=looked)
+    if cannot_start is not None and health is Health.STARTING:
+        return _unstartable(current, looked, cannot_start, now, grace_seconds, lifetime_check)
+    if current.cannot_start_since is not None:  # it can start now: its grace counts from this look
+        looked = current = replace(current, cannot_start_since=None, disconnected_at=now)
     since = current.disconnected_at
     bound = _bound(current, grace_seconds)
     if connected is None and bound is not None and now >= bound and current.down_since is not None:
@@ -375,6 +389,33 @@ def decide(
         f"executor not connected for {now - since:.0f}s, past the grace period ({grace_seconds:g}s)",
         cause=replaced,
         recheck_at=first_look,
+    )
+
+
+def _unstartable(
+    record: Record,
+    looked: Record | None,
+    found: CannotStart,
+    now: float,
+    grace_seconds: float,
+    lifetime_check: float | None,
+) -> Decision:
+    """A sandbox that cannot start (its pod's node lacks its seccomp profile) while a connection
+    is wanted: kept, not replaced, whatever its grace period says — a new one could not start
+    either, and replacing it again and again would only churn pods; the scheduler places it, or
+    the kubelet starts its container, by itself once the profile is there. Reported by the look
+    that first finds it (``Decision.cannot_start``); looked at again every grace period, so
+    ``explain`` and the latest decision stay current and the first look after the cause is gone
+    starts its grace clock afresh. ``record``: as this look found it (``looked``, when the look
+    changed it)."""
+    since = record.cannot_start_since
+    return Decision(
+        Verdict.KEEP,
+        f"sandbox cannot start: {found.reason}; kept, not replaced (a new one could not start either)"
+        + ("" if since is None else f"; for {now - since:.0f}s"),
+        recheck_at=earliest(lifetime_check, now + max(grace_seconds, FIRST_LOOK_SECONDS)),
+        update=replace(record, cannot_start_since=now) if since is None else looked,
+        cannot_start=found if since is None else None,
     )
 
 

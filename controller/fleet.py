@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 from controller.decide import Decision
 from controller.lifecycle import Deps, decide_observed, observe
-from controller.model import LastDecision, Record
+from controller.model import CannotStart, LastDecision, Record
 from controller.runners.base import Runner, Suspends
 from controller.store.base import SessionStore
 
@@ -103,6 +103,21 @@ def crash_loop(record: Record | None, now: float) -> dict[str, float | int | Non
     return {"restarts": record.crashes, "next_start_in_seconds": left}
 
 
+def cannot_start(found: CannotStart | None, record: Record | None, now: float) -> dict[str, Any] | None:
+    """Why the sandbox cannot start, as ``explain`` shows it: ``kind``, ``reason`` (what to do),
+    ``template`` and ``for_seconds`` since a worker's look first found it (None: no look has
+    yet); None when its runner knows nothing against it."""
+    if found is None:
+        return None
+    since = None if record is None else record.cannot_start_since
+    return {
+        "kind": found.kind,
+        "reason": found.reason,
+        "template": found.template,
+        "for_seconds": None if since is None else round(max(0.0, now - since), 1),
+    }
+
+
 def checkpoint_of(runner: Runner, session_id: str, now: float) -> dict[str, float] | None:
     """The session's checkpoint, when its runner suspends sandboxes and keeps one for it."""
     if not isinstance(runner, Suspends):
@@ -173,6 +188,7 @@ def explain(session_id: str, deps: Deps) -> Explanation:
         "suspended": checkpoint_of(deps.runner, session_id, now),
         "executor_connected": seen.connected,
         "crash_loop": crash_loop(record, now),
+        "cannot_start": cannot_start(seen.cannot_start, record, now),
         "not_found_since": seen.missing.since if seen.missing is not None else None,
         "grace_seconds": deps.grace_seconds,
         "max_lifetime_seconds": deps.max_lifetime_seconds,

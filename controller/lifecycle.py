@@ -38,8 +38,8 @@ from controller.config import RoutingSettings
 from controller.decide import Cause, Decision, Missing, Verdict, confirmable, decide, refusal, unread
 from controller.errors import ApiRejected, ApiUnavailable, Fenced, Permanent, RunnerRejected, SpecRefused, StartFailed
 from controller.heartbeat import Heartbeat
-from controller.model import Handle, Health, Link, Record, SandboxSpec, Session
-from controller.runners.base import Runner, Suspends
+from controller.model import CannotStart, Handle, Health, Link, Record, SandboxSpec, Session
+from controller.runners.base import Diagnoses, Runner, Suspends
 from controller.store.base import Busy, Lease, SessionStore
 
 log = logs.get(__name__)
@@ -111,6 +111,8 @@ class Deps:
     """Called for each deletion held because most sessions read answer 404 (a metric)."""
     on_crash_loop: Callable[[], None] = lambda: None
     """Called for each crash-loop back-off begun (``Decision.crash_loop``: a metric)."""
+    on_cannot_start: Callable[[str], None] = lambda kind: None
+    """Called with ``CannotStart.kind`` for each sandbox first found unable to start (a metric)."""
     on_start_failed: Callable[[str, str, bool], None] = lambda session_id, reason, permanent: None
     """Called with (session id, reason, permanent) for each sandbox start that failed (a metric,
     and the session's latest decision for ``status``/``explain``)."""
@@ -190,6 +192,8 @@ class Observation:
     reading made as it is found)."""
     missing: Missing | None = None
     """What is known of a session whose read answered 404 (None: it was found)."""
+    cannot_start: CannotStart | None = None
+    """Why the sandbox, starting, cannot start, when its runner ``Diagnoses`` it (None: nothing known)."""
 
 
 def observe(sid: str, deps: Deps) -> Observation:
@@ -215,7 +219,7 @@ def observe(sid: str, deps: Deps) -> Observation:
                 lineage_started_at=found.lineage_started_at or None,
             )
             adopted = True
-    health = deps.runner.status(record.handle) if record else None
+    health, cannot_start = _health(record, deps.runner)
     link = None
     if (
         record is not None
@@ -228,7 +232,16 @@ def observe(sid: str, deps: Deps) -> Observation:
     connected = None if link is None else link is Link.UP
     now = deps.clock.now()
     missing = _missing(sid, deps, now) if session is None else None
-    return Observation(session, record, adopted, health, connected, link is Link.DROPPED, now, missing)
+    return Observation(session, record, adopted, health, connected, link is Link.DROPPED, now, missing, cannot_start)
+
+
+def _health(record: Record | None, runner: Runner) -> tuple[Health | None, CannotStart | None]:
+    """The sandbox's health and, from the same read when the runner can tell, why it cannot start."""
+    if record is None:
+        return None, None
+    if isinstance(runner, Diagnoses):
+        return runner.diagnose(record.handle)
+    return runner.status(record.handle), None
 
 
 def _missing(sid: str, deps: Deps, now: float) -> Missing:
@@ -275,6 +288,7 @@ def decide_observed(seen: Observation, deps: Deps) -> Decision:
         seen.missing,
         deps.deletion_confirm_seconds,
         seen.link_dropped,
+        seen.cannot_start,
     )
 
 
@@ -319,6 +333,9 @@ def act(lease: Lease, deps: Deps) -> Decision:
                 extra={"reason": decision.reason, "restarts": decision.update.crashes, "until": decision.recheck_at},
             )
             deps.on_crash_loop()
+        if decision.cannot_start is not None:
+            assert seen.record is not None
+            _cannot_start(seen.record.handle, decision.cannot_start, deps)
         if decision.held:
             log.error(
                 "deletions held",
@@ -430,6 +447,17 @@ def _stopped_log(decision: Decision, session: Session | None, record: Record, de
         },
     )
     deps.on_stop(cause)
+
+
+def _cannot_start(handle: Handle, found: CannotStart, deps: Deps) -> None:
+    """A sandbox first found unable to start: one warning line, an Event on it, the count."""
+    log.warning(
+        "sandbox cannot start",
+        extra={"sandbox": handle.name, "template": found.template, "kind": found.kind, "reason": found.reason},
+    )
+    if isinstance(deps.runner, Diagnoses):
+        deps.runner.tell_cannot_start(handle, found)
+    deps.on_cannot_start(found.kind)
 
 
 def _refused(decision: Decision, deps: Deps) -> None:

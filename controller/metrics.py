@@ -41,6 +41,12 @@ each worker or switch to prometheus_client's multiprocess mode.
         crash-loop back-offs begun: a sandbox's executor exited again (the second time in a row or
         later, ``decide.crash_backoff``) and its replacement waits; each also a "crash loop
         back-off" warning line
+    controller_sandboxes_cannot_start_total{reason}
+        sandboxes first found unable to start, kept and reported rather than replaced
+        (``decide._unstartable``); reason: ``no_node_with_profile`` (no node has the seccomp profile
+        the template names) | ``profile_missing_on_node`` (the pod's node lacks the file)
+        (``runners/kubernetes/seccomp.py``); each also a "sandbox cannot start" warning line and a
+        Warning Event on the pod
     controller_prestarts_skipped_total
         session creations that started no sandbox because the pre-start budget was used up
         (``CONTROLLER_PRESTART_MAX_SANDBOXES``); each also a "pre-start skipped" log line
@@ -153,6 +159,7 @@ DELETIONS_HELD_TOTAL = "controller_deletions_held_total"
 PRESTARTS_SKIPPED_TOTAL = "controller_prestarts_skipped_total"
 START_FAILURES_TOTAL = "controller_sandbox_start_failures_total"
 CRASH_LOOPS_TOTAL = "controller_sandbox_crash_loops_total"
+CANNOT_START_TOTAL = "controller_sandboxes_cannot_start_total"
 API_REQUESTS_TOTAL = "controller_agents_api_requests_total"
 QUEUE_DEPTH = "controller_queue_depth"
 WORK_PENDING = "controller_work_pending"
@@ -268,6 +275,13 @@ class Metrics:
             CRASH_LOOPS_TOTAL: Counter(
                 CRASH_LOOPS_TOTAL,
                 "Crash-loop back-offs begun: an executor exited again in a row and its replacement waits.",
+                registry=self.registry,
+            ),
+            CANNOT_START_TOTAL: Counter(
+                CANNOT_START_TOTAL,
+                "Sandboxes found unable to start (kept and reported, not replaced), by reason: "
+                "no_node_with_profile or profile_missing_on_node (its seccomp profile).",
+                ("reason",),
                 registry=self.registry,
             ),
             START_FAILURES_TOTAL: Counter(

@@ -128,6 +128,20 @@ class Handle:
 
 
 @dataclass(frozen=True)
+class CannotStart:
+    """Why a sandbox that is starting cannot start, as its runner reads it (a Kubernetes pod
+    whose node lacks the seccomp profile its template names): a replacement would not start
+    either, so it is reported and kept, not replaced (``decide``)."""
+
+    kind: str
+    """A fixed word (the ``reason`` label of ``controller_sandboxes_cannot_start_total``)."""
+    reason: str
+    """In plain words, with what to do about it (ids only, never a secret)."""
+    template: str = ""
+    """The template the sandbox was made from ("": unknown)."""
+
+
+@dataclass(frozen=True)
 class PoolState:
     """One warm pool as its tending found it (before adding or deleting any pod)."""
 
@@ -190,6 +204,10 @@ class Record:
     backoff_until: float | None = None
     """While a crash loop backs off: when the exited sandbox may be replaced (``decide``'s
     crash-loop back-off); None otherwise."""
+    cannot_start_since: float | None = None
+    """When a look first found this sandbox unable to start (``CannotStart``: reported then, kept
+    and not replaced while it lasts); None otherwise. The first look that finds it able to start
+    again starts its grace clock afresh."""
 
     @property
     def stopped(self) -> bool:

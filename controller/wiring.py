@@ -33,6 +33,7 @@ from controller.errors import ConfigError, StoreUnavailable
 from controller.lifecycle import Deps
 from controller.metrics import (
     API_REQUESTS_TOTAL,
+    CANNOT_START_TOTAL,
     CHECKPOINT_BYTES,
     CHECKPOINTS_REFUSED_TOTAL,
     COLD_STARTS_TOTAL,
@@ -406,6 +407,7 @@ def worker_deps(settings: Settings, counters: Counters | None = None) -> Deps:
         on_held=lambda: metrics.inc(DELETIONS_HELD_TOTAL),
         on_start_failed=note_start_failures(session_store, metrics),
         on_crash_loop=lambda: metrics.inc(CRASH_LOOPS_TOTAL),
+        on_cannot_start=lambda kind: metrics.inc(CANNOT_START_TOTAL, reason=kind),
     )
 
 

@@ -18,6 +18,10 @@ makes it so, safely under repetition:
   sandbox, so that the sweep can discard one whose session is gone (L16, L17);
   ``keeps_workspace(session_id)`` asks the same of one session.
 
+A runner may also say why a sandbox that is starting cannot start (``Diagnoses``: a pod whose
+node lacks its seccomp profile), so that it is reported and kept rather than replaced by one
+that could not start either.
+
 A runner may also keep warm pools (``Pools``): sandboxes started ahead of any session, one of
 which ``ensure`` claims for a session instead of starting one; ``tend_pools`` keeps them at
 their size (the scheduler's leader calls it every few seconds) and tells how it found each. A
@@ -35,7 +39,7 @@ from typing import Protocol, runtime_checkable
 
 from controller import trust
 from controller.errors import SpecRefused
-from controller.model import Handle, Health, PoolState, SandboxSpec
+from controller.model import CannotStart, Handle, Health, PoolState, SandboxSpec
 
 
 def checked(spec: SandboxSpec) -> SandboxSpec:
@@ -113,6 +117,20 @@ class Suspends(Protocol):
 
     def suspended(self, session_id: str) -> dict[str, float] | None:
         """The session's checkpoint (``size_bytes``, ``suspended_at``), or None."""
+        ...
+
+
+@runtime_checkable
+class Diagnoses(Protocol):
+    """A runner that can tell why a sandbox that is starting cannot start."""
+
+    def diagnose(self, handle: Handle) -> tuple[Health, CannotStart | None]:
+        """The sandbox's health (as ``status``, from the same read) and, while it is starting,
+        why it cannot start, or None."""
+        ...
+
+    def tell_cannot_start(self, handle: Handle, found: CannotStart) -> None:
+        """Say it on the sandbox itself (a Kubernetes Event on the pod); best effort."""
         ...
 
 

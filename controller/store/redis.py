@@ -616,6 +616,7 @@ def _record_fields(record: Record) -> dict[str, str]:
         "down_since": "" if record.down_since is None else repr(record.down_since),
         "crashes": str(record.crashes),
         "backoff_until": "" if record.backoff_until is None else repr(record.backoff_until),
+        "cannot_start_since": "" if record.cannot_start_since is None else repr(record.cannot_start_since),
     }
 
 
@@ -645,6 +646,7 @@ def _record_from(session_id: str, data: dict[str, str]) -> Record:
         down_since=_optional_time(data.get("down_since")),
         crashes=int(data.get("crashes") or "0"),
         backoff_until=_optional_time(data.get("backoff_until")),
+        cannot_start_since=_optional_time(data.get("cannot_start_since")),
     )
 
 

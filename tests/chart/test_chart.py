@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from controller.config import BOUNDS, KEYS
+from controller.runners.kubernetes import seccomp
 from controller.runners.kubernetes.manifests import SandboxTemplate
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -1426,7 +1427,8 @@ def test_the_seccomp_installer_puts_the_profile_on_the_nodes_and_steers_its_temp
     Codex's sandbox, select the labelled nodes. Its ServiceAccount may only get and patch nodes."""
     profile = (CHART / "files" / "codex-sandbox-seccomp.json").read_bytes()
     digest = hashlib.sha256(profile).hexdigest()[:16]
-    label = "sandbox-controller/codex-sandbox-seccomp"
+    label = seccomp.PROFILE_LABEL  # the label the controller reads when such a pod cannot be scheduled
+    assert label == "sandbox-controller/codex-sandbox-seccomp"
     templates = {
         "codex": {"seccompProfile": "sandbox-controller/codex-sandbox.json", "nodeSelector": {"pool": "a"}},
         "other": {"seccompProfile": "other/profile.json"},

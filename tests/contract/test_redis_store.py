@@ -825,6 +825,9 @@ def test_new_record_fields_round_trip(client: redis.Redis, sid: str) -> None:
     looping = replace(bounded, crashes=5, backoff_until=1_700_000_016.5)  # a crash loop's count and back-off
     store.save(lease, looping)
     assert store.record(sid) == looping
+    stuck = replace(looping, cannot_start_since=1_700_000_020.25)  # issue 39: found unable to start (no profile)
+    store.save(lease, stuck)
+    assert store.record(sid) == stuck
 
 
 def test_a_decision_is_noted_with_redis_time_and_whether_it_held(client: redis.Redis, sid: str) -> None:

@@ -55,6 +55,10 @@ PROXY_PORT = 3128
 # (sandbox.seccompInstaller) puts the profile where the node's kubelet reads Localhost profiles.
 CODEX_SANDBOX_TEMPLATE = "codex-sandbox"
 CODEX_SECCOMP_PROFILE = "sandbox-controller/codex-sandbox.json"
+# A template of the operator's own naming a Localhost profile no node has (no installer puts it
+# there, and no node selector steers it): its pods cannot start (tests/node/test_missing_profile.py).
+MISSING_PROFILE_TEMPLATE = "missing-profile"
+MISSING_SECCOMP_PROFILE = "sandbox-controller/not-installed.json"
 # A template whose sandboxes run in their own user namespace (hostUsers: false), with a workspace
 # volume (tests/node/test_user_namespaces.py).
 USER_NAMESPACE_TEMPLATE = "own-user-namespace"
@@ -139,6 +143,7 @@ def _values(
                 WARM_TEMPLATE: {"resources": SANDBOX_RESOURCES, "warmPool": {"size": WARM_POOL_SIZE}},
                 PROXIED_TEMPLATE: {"resources": SANDBOX_RESOURCES, "httpsProxy": f"http://{PROXY_IP}:{PROXY_PORT}"},
                 CODEX_SANDBOX_TEMPLATE: {"resources": SANDBOX_RESOURCES, "seccompProfile": CODEX_SECCOMP_PROFILE},
+                MISSING_PROFILE_TEMPLATE: {"resources": SANDBOX_RESOURCES, "seccompProfile": MISSING_SECCOMP_PROFILE},
                 USER_NAMESPACE_TEMPLATE: {
                     "resources": SANDBOX_RESOURCES,
                     "hostUsers": False,

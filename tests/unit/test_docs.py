@@ -177,6 +177,21 @@ def test_every_metric_a_doc_names_is_exported() -> None:
     assert unknown == [], unknown
 
 
+def test_every_metric_exported_has_a_row_in_the_metrics_table() -> None:
+    """The other way: each metric the controller exports is in README's metrics table (a row
+    names it first, maybe beside others), so a new metric cannot stay undocumented."""
+    from tests.support.metrics import exported
+
+    named = set()
+    for line in _text(ROOT / "README.md").splitlines():
+        if line.lstrip().startswith("| `controller_"):
+            named |= set(re.findall(r"`(controller_[a-z_]*[a-z])", line.split("|")[1]))
+    suffixes = ("_total", "_bucket", "_sum", "_count")
+    families = {name for name in exported() if not name.endswith(suffixes)}  # a counter's family has no _total
+    missing = sorted(name for name in families if name not in named and f"{name}_total" not in named)
+    assert missing == [], missing
+
+
 def _settings_rows() -> dict[str, str]:
     """README's settings table: each variable named at the start of a row, with its row."""
     rows = {}
@@ -250,11 +265,13 @@ def test_the_metrics_table_names_every_label_value_the_code_counts() -> None:
     ``controller_webhooks_total``, ``decide.Verdict``, ``decide.Cause``), so an added value
     cannot stay undocumented."""
     from controller.decide import Cause, Verdict
+    from controller.runners.kubernetes import seccomp
 
     labelled = {
         "controller_webhooks_total": _receiver_outcomes(),
         "controller_decisions_total": {v.value for v in Verdict},
         "controller_sandboxes_stopped_total": {c.value for c in Cause},
+        "controller_sandboxes_cannot_start_total": {seccomp.NO_NODE, seccomp.MISSING_ON_NODE},
     }
     missing = []
     for metric, values in labelled.items():

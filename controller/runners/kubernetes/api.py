@@ -211,9 +211,9 @@ class KubeApi:
 
     # -- events ----------------------------------------------------------------------------
 
-    def note(self, namespace: str, pod: PodRef, reason: str, message: str) -> None:
+    def note(self, namespace: str, pod: PodRef, reason: str, message: str, warning: bool = False) -> None:
         """Best effort, tried once: an Event on the pod for ``kubectl describe`` (ids only,
-        never a secret). A failure is logged, never raised."""
+        never a secret; a ``Warning`` when ``warning``). A failure is logged, never raised."""
         now = _stamp(datetime.now(UTC))
         event = {
             "metadata": {"generateName": f"{pod.name}."},
@@ -226,7 +226,7 @@ class KubeApi:
             },
             "reason": reason,
             "message": message,
-            "type": "Normal",
+            "type": "Warning" if warning else "Normal",
             "firstTimestamp": now,
             "lastTimestamp": now,
             "count": 1,

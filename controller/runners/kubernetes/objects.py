@@ -3,10 +3,12 @@
 ``api`` (the one door to the API server) makes them from its answers; the runner, the placement
 protocol and the pod watch read only these, never the client's models. A ``Pod`` carries what
 they look at: its name and uid, its resource version, its labels and annotations (the session,
-generation and pool that ``names`` defines), whether it is being deleted, and its status (phase,
-a terminated container, the Ready condition, restarts, when it was scheduled and its container
-started), read from the API server's JSON (``pod_from_json``: the client's models are never
-built on a claim's path). Its properties say what those mean:
+generation and pool that ``names`` defines), whether it is being deleted, the node selector,
+node and Localhost seccomp profile of its spec, and its status (phase, a terminated container,
+the Ready condition, restarts, when it was scheduled and its container started, why the
+scheduler could not place it, why its container waits), read from the API server's JSON
+(``pod_from_json``: the client's models are never built on a claim's path). Its properties say
+what those mean:
 its ``health`` as the runner reports it, its ``generation``, and when it began to serve its
 session (``started_at``: its claim for a warm pod, else its creation).
 """
@@ -54,6 +56,15 @@ class Pod:
     """When its ``PodScheduled`` condition turned True (the API's stamp, to the second; 0: not yet)."""
     container_started_at: float = 0.0
     """When its (first) container started running (the kubelet's stamp, to the second; 0: not yet)."""
+    node_selector: dict[str, str] = field(default_factory=dict)
+    node_name: str = ""
+    """The node it was bound to ("": not scheduled yet)."""
+    seccomp_profile: str | None = None
+    """The ``Localhost`` seccomp profile its (first) container names, else the pod's; None: none."""
+    unschedulable: str | None = None
+    """The scheduler's message while its ``PodScheduled`` condition is False for ``Unschedulable``."""
+    waiting: tuple[str, str] | None = None
+    """(reason, message) of the first container waiting with a reason (``CreateContainerError``…)."""
 
     @property
     def ref(self) -> PodRef:
@@ -122,9 +133,10 @@ def newest(live: list[Pod]) -> tuple[int, list[Pod]]:
 
 def pod_from_json(pod: Mapping[str, Any]) -> Pod:
     """The project's ``Pod`` from a pod as the API server's JSON has it (camelCase fields)."""
-    meta, status = pod.get("metadata") or {}, pod.get("status") or {}
+    meta, spec, status = pod.get("metadata") or {}, pod.get("spec") or {}, pod.get("status") or {}
     containers = status.get("containerStatuses") or []
     conditions = status.get("conditions") or []
+    waiting = [w for c in containers if (w := (c.get("state") or {}).get("waiting") or {}).get("reason")]
     return Pod(
         name=meta.get("name") or "",
         uid=meta.get("uid") or "",
@@ -153,7 +165,30 @@ def pod_from_json(pod: Mapping[str, Any]) -> Pod:
             ),
             0.0,
         ),
+        node_selector=dict(spec.get("nodeSelector") or {}),
+        node_name=spec.get("nodeName") or "",
+        seccomp_profile=_localhost_profile(spec),
+        unschedulable=next(
+            (
+                c.get("message") or ""
+                for c in conditions
+                if c.get("type") == "PodScheduled" and c.get("status") == "False" and c.get("reason") == "Unschedulable"
+            ),
+            None,
+        ),
+        waiting=(waiting[0]["reason"], waiting[0].get("message") or "") if waiting else None,
     )
+
+
+def _localhost_profile(spec: Mapping[str, Any]) -> str | None:
+    """The ``Localhost`` seccomp profile the first container names (its own security context
+    wins over the pod's), or None."""
+    containers = spec.get("containers") or [{}]
+    for context in ((containers[0] or {}).get("securityContext"), spec.get("securityContext")):
+        profile = (context or {}).get("seccompProfile") or {}
+        if profile.get("type"):
+            return profile.get("localhostProfile") if profile["type"] == "Localhost" else None
+    return None
 
 
 def _seconds(stamp: str | None) -> float:

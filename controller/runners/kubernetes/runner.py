@@ -4,7 +4,8 @@ an optional workspace PVC), as a thin adapter.
 Where a session's pod comes from is ``placement.Placement``'s whole choice (its live pod, a
 claimed warm pod, or a cold pod, one per session and generation, L1, never reusing a terminating
 pod's name, L14), and so is its release; this adapter checks the spec (L2), picks the template,
-and turns the pod placed into a ``Handle``. It reads a pod's health and start stamps, the
+and turns the pod placed into a ``Handle``. It reads a pod's health (and, while it starts, why it
+cannot: ``seccomp``, its node lacking its seccomp profile) and start stamps, the
 session's workspace PVC, and the managed pods; deletes carry a UID precondition, so a stale
 handle can never delete a newer pod of the same name. A pool sized by demand is tended at the
 target of its recent placements (``pool.peak``, ``pool.target``), which the workers note in a
@@ -22,9 +23,9 @@ from collections.abc import Callable, Sequence
 
 from controller import logs
 from controller.errors import StoreUnavailable
-from controller.model import Handle, Health, PoolState, SandboxSpec
+from controller.model import CannotStart, Handle, Health, PoolState, SandboxSpec
 from controller.runners.base import DemandLog, checked
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import names, seccomp
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.objects import Pod, PodRef
@@ -131,10 +132,20 @@ class KubernetesRunner:
         return aim
 
     def status(self, handle: Handle) -> Health:
+        return self.diagnose(handle)[0]
+
+    def diagnose(self, handle: Handle) -> tuple[Health, CannotStart | None]:
+        """The pod's health and, while it starts, why it cannot (``seccomp.cannot_start``: its
+        node lacks its seccomp profile), from one read (``runners.base.Diagnoses``)."""
         pod = self._kube.read_pod(self._ns, handle.name)
         if pod is None or pod.uid != handle.uid:
-            return Health.GONE
-        return pod.health
+            return Health.GONE, None
+        return pod.health, seccomp.cannot_start(pod) if pod.health is Health.STARTING else None
+
+    def tell_cannot_start(self, handle: Handle, found: CannotStart) -> None:
+        """A Warning Event on the pod, for ``kubectl describe`` and ``kubectl get events``."""
+        message = f"cannot start for session {handle.session_id}: {found.reason}"
+        self._kube.note(self._ns, PodRef(handle.name, handle.uid), "SandboxCannotStart", message, warning=True)
 
     def release(self, handle: Handle) -> None:
         self._placement.release(handle.session_id, PodRef(handle.name, handle.uid))
