@@ -200,6 +200,14 @@ MUTANTS = (
         "    if False:\n",
     ),
     Mutant(
+        "found-not-before-acting",
+        "a round that found its session forgets its 404 marks only at its end, so rounds whose start "
+        "fails keep them and one later 404 confirms a deletion (issue 37, defect 1)",
+        "controller/lifecycle.py",
+        "            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps no 404 mark\n",
+        "            pass\n",
+    ),
+    Mutant(
         "stop-spares-detached",
         "a sandbox is not a cgroup: its stop signals the executor's own process session only, so a "
         "command's detached child (a session of its own) outlives the sandbox once the executor died "
@@ -230,14 +238,6 @@ MUTANTS = (
                 "",
             ),
         ),
-    ),
-    Mutant(
-        "found-not-before-acting",
-        "a round that found its session forgets its 404 marks only at its end, so rounds whose start "
-        "fails keep them and one later 404 confirms a deletion (issue 37, defect 1)",
-        "controller/lifecycle.py",
-        "            deps.store.found(lease)  # fenced; before acting: a round that then fails keeps no 404 mark\n",
-        "            pass\n",
     ),
 )
 

@@ -622,8 +622,9 @@ def test_a_wedged_executor_still_running_past_the_bound_breaks_12_and_a_replaced
 
 def _restored_session(world: World, tmp_path: Path, connects_after: float) -> tuple[Session, Path]:
     """s0 registered and connected at 1, idle, suspended at 40 (its executor gone), asking again
-    at 59.8 and restored at 60 (a worker logged it): the restored executor's processes show up at 60 and its link comes up
-    ``connects_after`` seconds later, on its original registration (none near 60)."""
+    at 59.8 and restored at 60 (a worker logged it): the restored executor's processes show up
+    at 60 and its link comes up ``connects_after`` seconds later, on its original registration
+    (none near 60)."""
     changes = [(0, "requires_action", True), (1, "idle", False), (59.8, "requires_action", True), (61, "idle", False)]
     session = world.sim.session(world.book, "s0", changes)
     world.sim.registration_log.append(

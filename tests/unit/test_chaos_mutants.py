@@ -41,6 +41,9 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "crash-loop-no-backoff",
         "blind-spots-unbounded",
         "found-not-before-acting",
+        "stop-spares-detached",
+        "cut-checkpoint-waits",
+        "restore-clocks-kept",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
