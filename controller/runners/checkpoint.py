@@ -77,6 +77,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from controller.runners import cgroups
+from controller.runners.procfs import start_ticks
 
 __all__ = [
     "CheckpointFailed",
@@ -450,16 +451,6 @@ def restore_bound(size_bytes: int) -> float:
     return _RESTORE_BASE_SECONDS + _RESTORE_SECONDS_PER_MIB * size_bytes / _MIB
 
 
-def _started(pid: int) -> int | None:
-    """The start time (clock ticks after boot) of ``pid`` if it runs (not a zombie), else None."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return None if fields[0] in ("Z", "X") else int(fields[19])
-
-
 def _children(pid: int) -> list[int]:
     try:
         return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
@@ -476,7 +467,7 @@ def _end_restore(criu: subprocess.Popen[bytes], roots: dict[int, int], cgroup: P
         with suppress(OSError):
             (cgroup / "cgroup.kill").write_text("1")
     for pid, ticks in roots.items():
-        if _started(pid) == ticks:
+        if start_ticks(pid) == ticks:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
     if criu.poll() is None:
@@ -485,7 +476,7 @@ def _end_restore(criu: subprocess.Popen[bytes], roots: dict[int, int], cgroup: P
         criu.wait(timeout=_GONE_WAIT_SECONDS)
     deadline = time.monotonic() + _GONE_WAIT_SECONDS
     while time.monotonic() < deadline:
-        if not any(_started(pid) == ticks for pid, ticks in roots.items()) and not (
+        if not any(start_ticks(pid) == ticks for pid, ticks in roots.items()) and not (
             cgroup is not None and cgroups.populated(cgroup)
         ):
             return
@@ -522,7 +513,7 @@ def restore(binary: str, images: Path, cgroup: Path | None = None) -> int:
     deadline = time.monotonic() + bound
     while criu.poll() is None and time.monotonic() < deadline:
         for child in _children(criu.pid):
-            if child not in roots and (ticks := _started(child)) is not None:
+            if child not in roots and (ticks := start_ticks(child)) is not None:
                 roots[child] = ticks
         time.sleep(0.01)
     if criu.returncode is None:

@@ -100,6 +100,7 @@ from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners import cgroups, checkpoint
 from controller.runners.base import checked
+from controller.runners.procfs import ProcStat, proc_stat
 from controller.runners.uids import UidClaims, UidRange, signal_uid, uid_processes
 
 __all__ = ["LocalRunner", "RunAs", "UidRange", "prepare_state_directory", "session_key", "state_directory_problems"]
@@ -132,31 +133,6 @@ class RunAs:
     uid: int
     gid: int
     name: str
-
-
-@dataclass(frozen=True)
-class ProcStat:
-    """What ``/proc/<pid>/stat`` says about one process."""
-
-    pid: int
-    state: str
-    pgid: int
-    sid: int
-    start_ticks: int
-
-    @property
-    def running(self) -> bool:
-        return self.state not in ("Z", "X")
-
-
-def proc_stat(pid: int) -> ProcStat | None:
-    """The process's stat fields, or None if it is gone."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rindex(")") + 2 :].split()
-    return ProcStat(pid=pid, state=fields[0], pgid=int(fields[2]), sid=int(fields[3]), start_ticks=int(fields[19]))
 
 
 def _wait_for_uid(pid: int, uid: int, seconds: float = 5.0) -> None:
