@@ -55,7 +55,7 @@ How each is seen from outside:
    (with the back-off, its starts come at about 0, 1, 4, 9 and 18 s; a start at each look made
    13 or more in 20 s).
 12. A wedged executor is replaced within a bound (``wedged-link``): the executor running when its
-   link dropped for good (40–45 s), while its environment's reads fail 3 s of every 8 s, must be
+   link dropped for good (40–45 s), while its environment's reads fail 5 s of every 8 s, must be
    gone ``schedule.WEDGED_BOUND_SECONDS`` (35 s; the injector passes it) after the drop
    (``judge_wedged``): blind spots delay a replacement by two graces at most.
 13. A suspended sandbox resumes with its memory and at once (in a world that checkpoints idle

@@ -194,10 +194,12 @@ MUTANTS = (
     Mutant(
         "blind-spots-unbounded",
         "blind spots (reads that fail) restart a wedged executor's grace clock for ever: it is never "
-        "replaced while the API fails a read every few seconds (issue 37, defect 3)",
+        "replaced while the API fails a read every few seconds (issue 37, defect 3); the bound goes "
+        "whole (``_bound``), both of its uses with it: the one-line form of before took one use "
+        "away and left the other (an executor whose link no look can read) in place",
         "controller/decide.py",
-        "    if bound is not None and now >= bound:\n",
-        "    if False:\n",
+        "    return record.down_since + BLIND_SPOT_GRACES * grace_seconds\n",
+        "    return None\n",
     ),
     Mutant(
         "found-not-before-acting",

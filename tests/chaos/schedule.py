@@ -89,7 +89,7 @@ failing-start-404   (opt-in) one session's reads answer 404 for 5.5 s, until a w
                     its workspace stays (4, 7)
 wedged-link         (opt-in) one session given input, then its executor's link down for
                     40–45 s (a wedged executor: the process lives, its link does not come
-                    back), while its environment's reads answer 503 for 3 s of every 8 s (each
+                    back), while its environment's reads answer 503 for 5 s of every 8 s (each
                     a blind spot for the grace clock): it must be replaced within
                     ``WEDGED_BOUND_SECONDS`` of the drop, whatever the API does (12)
 suspend-cycles      (opt-in; the run checkpoints idle sandboxes: ``CHECKPOINT_FAULTS``) a session
@@ -242,9 +242,14 @@ FIRST_404S_SECONDS = 5.5
 comes every 3 s at most, and the one a third of the period after it counts as the second)."""
 WEDGED = (40.0, 45.0)
 """A wedged executor's link down (longer than ``WEDGED_BOUND_SECONDS``)."""
-WEDGED_FAILS_SECONDS = 3.0
+WEDGED_FAILS_SECONDS = 5.0
 WEDGED_EVERY_SECONDS = 8.0
-"""During a wedged link, the environment's reads answer 503 this long, this often."""
+"""During a wedged link, the environment's reads answer 503 this long, this often: longer than a
+look's retries and than the looks' interval (2.5 s while the grace clock runs), so that every
+8 s holds a look that cannot read the link (a blind spot) and a clock that blind spots restart
+without bound never reaches the 10-s grace (``blind-spots-unbounded``). With 3 s of every 8 s
+a look's retries can outlast a window, and whether the mutant's clock runs out is left to the
+looks' timing."""
 WEDGED_BOUND_SECONDS = 35.0
 """Invariant 12: a wedged executor is gone within this of its link's drop (two graces after the
 first look that saw it down, a look's interval and the reads' retries: about 25 s)."""
