@@ -1,9 +1,11 @@
 """The seeded fault schedule against the whole system (``tests/chaos/__init__.py``).
 
 Without ``CHAOS_SEED`` this runs CI's fixed runs (``schedule.CI_RUNS``: two seeds of the default
-faults for ``CI_MINUTES`` each, one of the deletion faults, and one of the stale-worker,
-crash-loop, wedged-link and failing-start-404 faults; about seven minutes in all with start-up
-and the quiet ends, which wait for the idle sandboxes to stop). ``scripts/test chaos --seed N --minutes M
+faults for ``CI_MINUTES`` each, one of the deletion faults, one of the stale-worker,
+crash-loop, wedged-link, failing-start-404 and orphan-child faults, and one of the default
+faults with the suspend-cycles and corrupt-checkpoint faults in a world that checkpoints its idle
+sandboxes; about ten minutes in all with start-up and the quiet ends, which wait for the idle
+sandboxes to stop). ``scripts/test chaos --seed N --minutes M
 --faults SPEC`` sets ``CHAOS_SEED``, ``CHAOS_MINUTES`` and ``CHAOS_FAULTS``. A failing run
 prints its seed, the command that replays it, its violations and its whole event log.
 """
