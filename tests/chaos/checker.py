@@ -71,6 +71,9 @@ How each is seen from outside:
 14. No process of a sandbox outlives it (``orphan-child``; ``judge_orphans``): a turn's detached
    child (a session of its own) is gone ``schedule.ORPHAN_SECONDS`` after its sandbox's
    executor was SIGKILLed and its session given input (the injector passes it).
+15. The state volume never blocks a live workspace (``fill-volume``; ``judge_write``): with two
+   idle sessions' memory too big for the checkpoint images' cap, a write of
+   ``schedule.WRITE_MIB`` to another session's workspace on the same volume succeeds.
 """
 
 from __future__ import annotations
@@ -117,6 +120,7 @@ INVARIANTS = {
     13: "a suspended sandbox resumes with its memory and its executor connected at once (a cut checkpoint: a "
     "fresh start within a bound)",
     14: "no process of a sandbox outlives it: a detached child ends with its sandbox",
+    15: "the state volume never blocks a live workspace: checkpoint images leave room for a workspace's write",
 }
 RESTORE_CONNECT_SECONDS = 3.0
 """13: a restored executor's link is up this long after the checker first saw its processes at
@@ -548,6 +552,19 @@ class Checker:
                 f"still runs {within:g}s later (executors of the session now: "
                 f"{self.live_executors(session.environment_id)})",
             )
+
+    def judge_write(self, session: Session, turn_id: str, mib: int) -> None:
+        """15: the command that wrote ``mib`` MiB to the session's workspace (the second of turn
+        ``turn_id``) succeeded."""
+        turn = {t["id"]: t for t in self.sim.turns(session.id)}.get(turn_id)
+        commands = turn["commands"] if turn else []
+        write = commands[1] if len(commands) > 1 else None
+        name = f"{session.name} ({session.id})"
+        if write is not None and write["status"] == "completed" and write["exit_code"] == 0:
+            self.log.add("note", f"{name}: wrote {mib} MiB to its workspace beside the checkpoint images")
+            return
+        said = "not run" if write is None else f"{write['status']}, exit {write['exit_code']}: {write['stderr']!r}"
+        self.violate(("15", session.id), 15, name, f"a write of {mib} MiB to its workspace failed ({said})")
 
     def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None:
         """12: the executors ``wedged`` (process sessions) of ``session`` whose link dropped at

@@ -30,12 +30,14 @@ from tests.chaos.schedule import (
     DELETION_CONFIRM_SECONDS,
     FALLBACK_SECONDS,
     FIRST_404S_SECONDS,
+    HOLD_MIB,
     OPERATOR_RELEASE_SECONDS,
     ORPHAN_SECONDS,
     STALE_AFTER_END_SECONDS,
     WEDGED_BOUND_SECONDS,
     WEDGED_EVERY_SECONDS,
     WEDGED_FAILS_SECONDS,
+    WRITE_MIB,
     Schedule,
     Step,
 )
@@ -70,6 +72,8 @@ class Judge(Protocol):
 
     def judge_orphans(self, session: Session, children: dict[int, int], killed_at: float, within: float) -> None: ...
 
+    def judge_write(self, session: Session, turn_id: str, mib: int) -> None: ...
+
 
 def marker_command(token: str) -> list[str]:
     """Print what the workspace's marker file holds, then add ``token`` to it."""
@@ -82,6 +86,23 @@ ASK_COMMAND = ["python3", "-c", ASK]
 """Print that process's token, counter and pid (fails when none answers)."""
 ORPHAN_COMMAND = ["sh", "-c", "setsid -f sleep 3600 </dev/null >/dev/null 2>&1"]
 """A detached child: a session of its own, as a dev server an agent starts."""
+HOLD_COMMAND = [
+    "sh",
+    "-c",
+    f"setsid -f python3 -c 'import os, time; kept = bytearray(os.urandom({HOLD_MIB} * 2**20)); "
+    "open(chr(104), chr(119)).close(); time.sleep(10**9)' >/dev/null 2>&1",
+]
+"""A background process holding ``HOLD_MIB`` of memory; it writes the file ``h`` once filled."""
+WRITE_COMMAND = ["sh", "-c", f"head -c {WRITE_MIB}M /dev/zero > volume-fill; s=$?; rm -f volume-fill; exit $s"]
+"""Write ``WRITE_MIB`` to the workspace (and remove it): fails with the volume full."""
+STOPPED = frozenset(
+    {
+        "executor suspended",
+        "executor stopped",
+        "checkpoint refused, executor stopped instead",
+        "checkpoint failed, executor stopped instead",
+    }
+)
 TURN_WAIT_SECONDS = 60.0
 SUSPEND_WAIT_SECONDS = 60.0
 """How long a placed fault waits for its session's turn to end, or for its sandbox to be
@@ -253,6 +274,7 @@ class Injector:
             "suspend-cycles": self._suspend_cycles,
             "corrupt-checkpoint": self._corrupt_checkpoint,
             "orphan-child": self._orphan_child,
+            "fill-volume": self._fill_volume,
             "webhook-duplicate": self._duplicate,
             "webhook-hold": self._hold,
         }
@@ -770,6 +792,41 @@ class Injector:
         asked = time.time()
         self.give_input(session)
         self.judge.judge_fallback(session, asked, FALLBACK_SECONDS)
+
+    def _stops(self, session: Session) -> int:
+        """How many times a worker logged the session's sandbox stopped, suspended or refused its checkpoint."""
+        return sum(
+            1
+            for worker in self.world.workers
+            for line in worker.log_lines()
+            if line.get("event") in STOPPED and line.get("session_id") == session.id
+        )
+
+    def _fill_volume(self, step: Step) -> None:
+        """``step.value`` sessions made for it whose turns start a background process holding
+        ``HOLD_MIB`` (an image larger than the cap); once their sandboxes are gone (suspended,
+        or stopped with their image refused), a session made for it writes ``WRITE_MIB`` to its
+        workspace on the same volume: the write must succeed (15)."""
+        assert self.judge is not None
+        holders = [self.create(f"{step.subject}h{index}") for index in range(int(step.value))]
+        turns = [self.give_input(holder, then=[HOLD_COMMAND]) for holder in holders]
+        if not all(self._finished(holder, turn) for holder, turn in zip(holders, turns, strict=True)):
+            self.log.add("note", f"{step.describe()}: a holder's turn did not finish: not carried out")
+            return
+        gone = self._wait(
+            lambda: all(self._stops(h) and not self._executors_of(h) for h in holders), SUSPEND_WAIT_SECONDS
+        )
+        if not gone:
+            self.log.add("note", f"{step.describe()}: the holders' sandboxes were not gone: not carried out")
+            return
+        self.log.add("fault", f"{len(holders)} sessions holding {HOLD_MIB} MiB each gone idle: {WRITE_MIB} MiB written")
+        writer = self.create(step.subject)
+        turn = self.give_input(writer, then=[WRITE_COMMAND])
+        if not self._finished(writer, turn):
+            self.log.add("note", f"{step.describe()}: the writer's turn did not finish")
+            return
+        assert turn is not None
+        self.judge.judge_write(writer, turn.id, WRITE_MIB)
 
     def _orphan_child(self, step: Step) -> None:
         """A session made for it whose turn starts a detached child (a session of its own);

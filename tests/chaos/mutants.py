@@ -241,6 +241,15 @@ MUTANTS = (
             ),
         ),
     ),
+    Mutant(
+        "checkpoint-images-unbounded",
+        "nothing caps the checkpoint images or keeps room for live workspaces: idle sessions' images "
+        "fill the state volume, and a live session's write fails with the disk full (issue 37, defect 6)",
+        "controller/runners/checkpoint.py",
+        '    if room.images_bytes + image_bytes > room.size_bytes * max_percent / 100:\n        return "cap"\n'
+        '    if room.free_bytes - image_bytes < room.size_bytes * reserve_percent / 100:\n        return "reserve"\n',
+        "",
+    ),
 )
 
 

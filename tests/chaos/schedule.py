@@ -105,6 +105,12 @@ corrupt-checkpoint  (opt-in; checkpoints too) a session made for it, 9 s in, giv
                     fresh start on the same workspace must be connected within
                     ``schedule.FALLBACK_SECONDS`` of the input (13), its workspace kept (4),
                     nothing of the cut tree left running (6)
+fill-volume         (opt-in; checkpoints too; the state directory is a tmpfs of
+                    ``world.VOLUME_MIB``) 12 s in, two sessions made for it whose turns each
+                    start a background process holding ``HOLD_MIB`` (an image larger than the
+                    images' cap); once both are idle and their sandboxes gone, a third session
+                    made for it writes ``WRITE_MIB`` to its workspace: the write must succeed
+                    (15: images never take the room live workspaces need)
 orphan-child        (opt-in) a session made for it, 7 s in, whose turn starts a detached child
                     (``setsid -f sleep``: a session of its own, as a dev server an agent starts);
                     then SIGKILL of its executor's process group (an OOM kill) and input: the
@@ -112,13 +118,14 @@ orphan-child        (opt-in) a session made for it, 7 s in, whose turn starts a 
                     sandbox it belonged to (14)
 ==================  =============================================================================
 
-The three faults made for issue 37's sandboxes (``suspend-cycles``, ``corrupt-checkpoint``,
-``orphan-child``) are not drawn among the others: each is one step at a fixed time after the
-start (``PLACED_FAULTS``) with a session made for it, so that naming them leaves the other
-faults a seed draws as they were. ``CHECKPOINT_FAULTS`` in a run turn checkpointing on
+The four faults made for issue 37's sandboxes (``suspend-cycles``, ``corrupt-checkpoint``,
+``fill-volume``, ``orphan-child``) are not drawn among the others: each is one step at a fixed
+time after the start (``PLACED_FAULTS``) with sessions made for it, so that naming them leaves
+the other faults a seed draws as they were. ``CHECKPOINT_FAULTS`` in a run turn checkpointing on
 (``CONTROLLER_IDLE_SUSPEND=checkpoint``, CRIU) for its whole world, with an idle timeout of
-``world.CHECKPOINT_IDLE_TIMEOUT_SECONDS``: every idle sandbox of that run is suspended, and
-every turn after it restores one.
+``world.CHECKPOINT_IDLE_TIMEOUT_SECONDS`` and its state directory on a tmpfs of
+``world.VOLUME_MIB`` (checkpoint images capped at 25 % of it, the default): every idle sandbox
+of that run is suspended, and every turn after it restores one.
 
 The opt-in faults are not in ``DEFAULT_FAULTS``: adding them to the default set would change
 what CI's fixed seeds draw (a seed's faults are drawn from the weights of the whole set), so
@@ -128,8 +135,8 @@ they reach the deletion defects the default set cannot (issue 25, defects 1, 2 a
 fourth names ``stale-worker``, ``crash-loop``, ``wedged-link``, ``failing-start-404`` and
 ``orphan-child`` (the lease checked before a start; the crash loop's back-off; blind spots
 bounded; a good read forgetting the 404s; a sandbox's processes contained: issue 37, defects 2,
-3, 1 and 4); its fifth adds ``suspend-cycles`` and ``corrupt-checkpoint`` to the default set, in
-a world that checkpoints its idle sandboxes (defects 8 and 5).
+3, 1 and 4); its fifth adds ``suspend-cycles``, ``corrupt-checkpoint`` and ``fill-volume`` to the
+default set, in a world that checkpoints its idle sandboxes (defects 8, 5 and 6).
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -168,9 +175,10 @@ failing rounds between them (a good read forgets the 404s), and a detached child
 whose executor is SIGKILLed (contained: it ends with its sandbox)."""
 SUSPEND_SEED = 5
 SUSPEND_MINUTES = 0.75
-SUSPEND_FAULTS = "+suspend-cycles,+corrupt-checkpoint"
+SUSPEND_FAULTS = "+suspend-cycles,+corrupt-checkpoint,+fill-volume"
 """The faults of CI's fifth run: the default set in a world that checkpoints its idle sandboxes,
-with many short suspensions of one session and a cut checkpoint (issue 37, defects 5 and 8)."""
+with many short suspensions of one session, a cut checkpoint and big images beside a big
+workspace write (issue 37, defects 8, 5 and 6)."""
 CI_RUNS: tuple[tuple[int, str, float], ...] = (
     (93, "default", CI_MINUTES),
     (2, "default", CI_MINUTES),
@@ -269,9 +277,19 @@ ORPHAN_SECONDS = 30.0
 sandbox ends all of it)."""
 ORPHAN_FAULT_SECONDS = 45.0
 """The orphan-child fault ends by then."""
-PLACED_AT = {"suspend-cycles": 6.0, "orphan-child": 7.0, "corrupt-checkpoint": 9.0}
+PLACED_AT = {"suspend-cycles": 6.0, "orphan-child": 7.0, "corrupt-checkpoint": 9.0, "fill-volume": 12.0}
 """Seconds after the start (and any opening) of each placed fault's one step."""
-CHECKPOINT_FAULTS = frozenset({"suspend-cycles", "corrupt-checkpoint"})
+HOLDERS = 2
+HOLD_MIB = 224
+"""Each fill-volume holder's memory: more than the images' cap of the checkpointing world
+(``world.VOLUME_MIB`` × 25 %), so its image is never written; with no cap (the mutant), the
+two images and the others leave too little room for the write."""
+WRITE_MIB = 300
+"""What the fill-volume writer writes to its workspace (and removes): it fits beside the
+capped images, not beside uncapped ones."""
+FILL_SECONDS = 75.0
+"""The fill-volume fault ends by then."""
+CHECKPOINT_FAULTS = frozenset({"suspend-cycles", "corrupt-checkpoint", "fill-volume"})
 """Faults that turn checkpointing on for the whole world of their run."""
 CRASH_LOOP = (12.0, 18.0)
 """A crash-loop session's registrations answering 503."""
@@ -359,7 +377,9 @@ def catalogue_text() -> str:
         "(`setsid -f`), then its executor SIGKILLed and input given. With checkpointing on (idle "
         f"sandboxes suspended with CRIU): one session suspended and resumed {SUSPEND_CYCLES} times in "
         "a row, a background process keeping a token in its memory; one session's checkpoint cut to "
-        "half its largest pages image (a disk that filled during the dump) before its next turn."
+        "half its largest pages image (a disk that filled during the dump) before its next turn; "
+        f"{HOLDERS} sessions holding {HOLD_MIB} MiB each gone idle, then {WRITE_MIB} MiB written to "
+        "another session's workspace on the same state volume."
     )
 
 
@@ -721,6 +741,11 @@ def _corrupt_checkpoint(at: float, story: _Story) -> list[Step]:
     return [Step(at, "corrupt-checkpoint", _made_alone(at, story), CORRUPT_SECONDS)]
 
 
+def _fill_volume(at: float, story: _Story) -> list[Step]:
+    """Two holders of big memory idle, then a big workspace write (issue 37, defect 6)."""
+    return [Step(at, "fill-volume", _made_alone(at, story), FILL_SECONDS, str(HOLDERS))]
+
+
 def _orphan_child(at: float, story: _Story) -> list[Step]:
     """A detached child in a sandbox whose executor is SIGKILLed (issue 37, defect 4)."""
     return [Step(at, "orphan-child", _made_alone(at, story), ORPHAN_FAULT_SECONDS)]
@@ -730,6 +755,7 @@ PLACED_FAULTS: dict[str, Callable[[float, _Story], list[Step]]] = {
     "suspend-cycles": _suspend_cycles,
     "corrupt-checkpoint": _corrupt_checkpoint,
     "orphan-child": _orphan_child,
+    "fill-volume": _fill_volume,
 }
 """Faults that are one step at a fixed time (``PLACED_AT``), never drawn (weight 0)."""
 
@@ -880,6 +906,7 @@ OPT_IN_FAULTS = frozenset(
         "suspend-cycles",
         "corrupt-checkpoint",
         "orphan-child",
+        "fill-volume",
     }
 )
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
@@ -899,6 +926,7 @@ FAULTS.update(
             Fault("suspend-cycles", 0.0, lambda rng, at, story: []),  # placed (``PLACED_FAULTS``)
             Fault("corrupt-checkpoint", 0.0, lambda rng, at, story: []),
             Fault("orphan-child", 0.0, lambda rng, at, story: []),
+            Fault("fill-volume", 0.0, lambda rng, at, story: []),
         )
     }
 )

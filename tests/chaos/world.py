@@ -34,6 +34,9 @@ IDLE_TIMEOUT_SECONDS = 20.0
 CHECKPOINT_IDLE_TIMEOUT_SECONDS = 10.0
 """The idle timeout of a world that checkpoints its idle sandboxes (``schedule.CHECKPOINT_FAULTS``):
 shorter, so that one run holds many suspensions and restores."""
+VOLUME_MIB = 768
+"""The state volume of a world that checkpoints: a tmpfs of this size, so that images and
+workspaces share a known room (checkpoint images capped at the default 25 %: 192 MiB)."""
 API_TIMEOUT_SECONDS = 2.0
 API_HOLD_SECONDS = 5.0
 """How long an ``api-timeout`` fault holds an answer: past the controller's API timeout."""
@@ -119,6 +122,8 @@ class ChaosWorld(Loop):
         known, self.unknown_settings = settings(criu)
         self.idle_timeout_seconds = float(known.get("CONTROLLER_IDLE_TIMEOUT_SECONDS") or IDLE_TIMEOUT_SECONDS)
         self.checkpoints = criu is not None
+        self.volume: Path | None = None
+        """The tmpfs the state directory is on, while mounted (a world that checkpoints)."""
         self.connect_timeout_seconds = run_seconds + CONNECT_MARGIN_SECONDS
         """The simulator's connect deadline: past the whole run, so a request the controller
         lost stays pending (invariants 2 and 5) instead of turning the session "failed"."""
@@ -154,6 +159,8 @@ class ChaosWorld(Loop):
 
     def start(self) -> ChaosWorld:
         self.directory.mkdir(parents=True, exist_ok=True)
+        if self.checkpoints:
+            self._mount_volume()
         super().start()
         self.standby = Managed(
             "scheduler1",
@@ -172,7 +179,25 @@ class ChaosWorld(Loop):
             if self.replica is not None:
                 self.replica.stop()
         finally:
-            super().stop()
+            try:
+                super().stop()
+            finally:
+                if self.volume is not None:
+                    subprocess.run(["umount", "-l", str(self.volume)], check=False, capture_output=True)
+                    self.volume = None
+
+    def _mount_volume(self) -> None:
+        """The state directory on a tmpfs of ``VOLUME_MIB`` (root: a world that checkpoints is)."""
+        volume = self.directory / "volume"
+        volume.mkdir(exist_ok=True)
+        subprocess.run(
+            ["mount", "-t", "tmpfs", "-o", f"size={VOLUME_MIB}m,mode=0700", "tmpfs", str(volume)],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
+        self.volume = volume
+        self.state_directory = volume / "sandboxes"
 
     # -- processes by name -------------------------------------------------------------------
 

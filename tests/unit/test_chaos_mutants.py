@@ -44,6 +44,7 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "stop-spares-detached",
         "cut-checkpoint-waits",
         "restore-clocks-kept",
+        "checkpoint-images-unbounded",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 

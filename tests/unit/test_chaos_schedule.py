@@ -124,6 +124,7 @@ def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_s
         "suspend-cycles",
         "corrupt-checkpoint",
         "orphan-child",
+        "fill-volume",
     } == OPT_IN_FAULTS
     assert not OPT_IN_FAULTS & DEFAULT_FAULTS
     assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | {"api-404-partial", "delete-several"}
