@@ -3,7 +3,10 @@ kept workspace is worked again, through the same queue and lease as a webhook.
 
 Deleting a session sends nothing, so only a sweep finds compute whose session is gone
 (404), failed or past its maximum lifetime, a mapping whose sandbox vanished, a sandbox
-nobody recorded, or a kept workspace whose session is gone. The sweep decides nothing
+nobody recorded, or a kept workspace whose session is gone. A full sweep first has the runner
+stop a sandbox whose start was cut short before the runner itself recorded it
+(``EndsUnrecorded``: the local runner's worker killed between the executor's spawn and its
+``sandbox.json``), which no worker could ever find to stop. The sweep decides nothing
 itself: it asks for work on each such session; the worker, holding the session's lease,
 re-reads it and decides with ``decide.decide`` (release, adopt, discard, or leave
 alone). A start and a cleanup of one session therefore never interleave (L18). Each of those
@@ -32,7 +35,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from controller import logs
-from controller.runners.base import Runner
+from controller.runners.base import EndsUnrecorded, Runner
 from controller.store.base import SessionStore
 
 log = logs.get(__name__)
@@ -65,6 +68,8 @@ def sweep(
     sandbox is there to watch, ``batch`` sessions at a time: one store round trip and one queue
     round trip per batch (each session's work is wanted before its job exists, as for a
     webhook)."""
+    if full and isinstance(runner, EndsUnrecorded):
+        runner.end_unrecorded()  # a start cut short: its sandbox would run with nothing to stop it
     mapped = set(store.session_ids())
     handles = runner.list_managed()
     managed = {handle.session_id for handle in handles} | set(runner.workspaces())

@@ -108,6 +108,18 @@ class Connects(Protocol):
 
 
 @runtime_checkable
+class EndsUnrecorded(Protocol):
+    """A runner whose start can be cut short between its sandbox's first process and the record
+    of it (the worker that started it killed in between): such a sandbox runs with nothing that
+    would ever stop it. ``end_unrecorded`` stops every one found, the sweep's safety net."""
+
+    def end_unrecorded(self) -> list[str]:
+        """Stop every sandbox no record names (none being started now); the sessions whose
+        sandbox it stopped."""
+        ...
+
+
+@runtime_checkable
 class Suspends(Protocol):
     """A runner that can stop an idle sandbox with its memory kept (issue 29): ``suspend``
     checkpoints the sandbox and frees it (or releases it when it cannot: then it is a plain

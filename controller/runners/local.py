@@ -539,6 +539,41 @@ class LocalRunner:
                 handles.append(handle)
         return handles
 
+    def end_unrecorded(self) -> list[str]:
+        """Stop every sandbox whose start never recorded it: its executor spawned in the
+        session's cgroup, then the worker starting it killed before ``sandbox.json`` (or after a
+        restore, before its record): nothing names it, so no worker would ever stop it, idle or
+        not. Each session directory without ``sandbox.json`` whose cgroup holds processes, and
+        whose lock no start holds now, has its cgroup ended (one warning line each). Without
+        cgroups such a sandbox cannot be told apart, and is left (README: containment)."""
+        if self._cgroups is None:
+            return []
+        ended = []
+        for directory in sorted(self._root.glob("*")):
+            cgroup = cgroups.sandbox_cgroup(self._cgroups, self._state, directory.name)
+            if (directory / "sandbox.json").exists() or not cgroups.populated(cgroup):
+                continue
+            with self._locked(directory, wait=False) as held:
+                if not held or self._read(directory) is not None or not cgroups.populated(cgroup):
+                    continue  # being started now, or recorded meanwhile
+                pids = cgroups.members(cgroup)
+                cgroups.end(cgroup, _KILL_WAIT_SECONDS)
+            try:
+                session_id = (directory / "session").read_text()
+            except OSError:
+                session_id = directory.name
+            log.warning(
+                "unrecorded sandbox stopped",
+                extra={
+                    "session_id": session_id,
+                    "cgroup": str(cgroup),
+                    "pids": pids,
+                    "reason": "its start never recorded it (the worker starting it died first)",
+                },
+            )
+            ended.append(session_id)
+        return ended
+
     # -- helpers --------------------------------------------------------------------------
 
     def live(self) -> list[Handle]:
@@ -562,12 +597,18 @@ class LocalRunner:
         self._reap()
 
     @contextmanager
-    def _locked(self, directory: Path) -> Iterator[None]:
+    def _locked(self, directory: Path, wait: bool = True) -> Iterator[bool]:
+        """The session directory's lock for the block (every start, stop and suspend holds it);
+        with ``wait=False``, the block learns whether it got it (False: another holds it now)."""
         directory.mkdir(mode=self._dir_mode, exist_ok=True)
         descriptor = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
         try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
-            yield
+            try:
+                fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield False
+                return
+            yield True
         finally:
             os.close(descriptor)  # closing releases the lock
 

@@ -134,9 +134,11 @@ FALLBACKS = frozenset(
         "restore impossible, starting a fresh executor",
         "checkpoint failed, executor stopped instead",
         "checkpoint refused, executor stopped instead",
+        "unrecorded sandbox stopped",
     }
 )
-"""What a worker logs when a session's memory is given up on purpose (counted, shown)."""
+"""What a worker (or the sweep, for a sandbox whose start was cut short) logs when a session's
+memory is given up on purpose (counted, shown)."""
 SAMPLE_SECONDS = 0.5
 ASK_SECONDS = 30.0
 REPLACEMENT_SECONDS = 10.0
@@ -642,11 +644,11 @@ class Checker:
                 )
         return checked
 
-    def check_restores(self, worker_logs: list[Path]) -> int:
+    def check_restores(self, logs: list[Path]) -> int:
         """13 after the run: each restored executor connected at once, and the memory of the
-        sessions whose turns asked for it (``Session.memory_turns``) kept. Returns how many
-        restored executors were checked."""
-        lines = [line for path in worker_logs for line in _json_lines(path)]
+        sessions whose turns asked for it (``Session.memory_turns``) kept, from the workers' and
+        schedulers' logs (``logs``). Returns how many restored executors were checked."""
+        lines = [line for path in logs for line in _json_lines(path)]
         restored = {str(line.get("session_id")) for line in lines if line.get("event") == "executor restored"}
         fallbacks = {str(line.get("session_id")) for line in lines if line.get("event") in FALLBACKS}
         registered: dict[str, list[float]] = {}

@@ -101,8 +101,11 @@ STOPPED = frozenset(
         "executor stopped",
         "checkpoint refused, executor stopped instead",
         "checkpoint failed, executor stopped instead",
+        "unrecorded sandbox stopped",
     }
 )
+"""What a worker (or, for a sandbox whose start was cut short, the sweep) logs as a session's
+sandbox goes: suspended, or stopped."""
 TURN_WAIT_SECONDS = 60.0
 SUSPEND_WAIT_SECONDS = 60.0
 """How long a placed fault waits for its session's turn to end, or for its sandbox to be
@@ -730,27 +733,20 @@ class Injector:
 
         return self._wait(done, TURN_WAIT_SECONDS)
 
-    def _suspensions(self, session: Session) -> int:
-        """How many times a worker logged the session's sandbox suspended (checkpointed)."""
-        return sum(
-            1
-            for worker in self.world.workers
-            for line in worker.log_lines()
-            if line.get("event") == "executor suspended" and line.get("session_id") == session.id
-        )
-
     def _suspended(self, session: Session, times: int) -> bool:
-        """Wait (bounded) until the session's sandbox was suspended ``times`` times and its executor is gone."""
+        """Wait (bounded) until the session's sandbox went ``times`` times (suspended, or stopped
+        when its checkpoint was refused or failed) and its executor is gone."""
         return self._wait(
-            lambda: self._suspensions(session) >= times and not self._executors_of(session), SUSPEND_WAIT_SECONDS
+            lambda: self._stops(session) >= times and not self._executors_of(session), SUSPEND_WAIT_SECONDS
         )
 
     def _suspend_cycles(self, step: Step) -> None:
         """A session made for it: its first turn starts a background process that keeps a token
         only in memory; then, ``step.value`` times, once its sandbox is suspended at the idle
-        timeout, input at once, each turn asking that process for its token (13: the restores
-        reconnect at once, the token is the same throughout). Not a disturbance: this is how a
-        session is used."""
+        timeout (or stopped: a checkpoint refused, a start cut short), input at once, each turn
+        asking that process for its token (13: the restores reconnect at once, the token is the
+        same throughout unless a fallback was logged). Not a disturbance: this is how a session
+        is used."""
         session = self.create(step.subject)
         cycles = int(step.value)
         if not self._finished(session, self.give_input(session, then=[KEEP_COMMAND])):
@@ -794,11 +790,13 @@ class Injector:
         self.judge.judge_fallback(session, asked, FALLBACK_SECONDS)
 
     def _stops(self, session: Session) -> int:
-        """How many times a worker logged the session's sandbox stopped, suspended or refused its checkpoint."""
+        """How many times the session's sandbox went (``STOPPED``), by the workers' and the schedulers' logs."""
+        processes = [*self.world.workers, self.world.scheduler, self.world.standby]
         return sum(
             1
-            for worker in self.world.workers
-            for line in worker.log_lines()
+            for process in processes
+            if process is not None
+            for line in process.log_lines()
             if line.get("event") in STOPPED and line.get("session_id") == session.id
         )
 

@@ -164,7 +164,8 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         checker.check_idle_stopped()
         checked_refusals = checker.check_crash_loops()
         checked_rounds = checker.check_leases([w.log_path for w in world.workers], LEASE_TTL_SECONDS)
-        checked_restores = checker.check_restores([w.log_path for w in world.workers])
+        schedulers = [s.log_path for s in (world.scheduler, world.standby) if s is not None]
+        checked_restores = checker.check_restores([w.log_path for w in world.workers] + schedulers)
     finally:
         checker.stop()
         teardown(world, checker, directory)

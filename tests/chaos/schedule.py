@@ -93,7 +93,7 @@ wedged-link         (opt-in) one session given input, then its executor's link d
                     a blind spot for the grace clock): it must be replaced within
                     ``WEDGED_BOUND_SECONDS`` of the drop, whatever the API does (12)
 suspend-cycles      (opt-in; the run checkpoints idle sandboxes: ``CHECKPOINT_FAULTS``) a session
-                    made for it, 6 s in: its first turn starts a background process that keeps
+                    made for it, 4.5 s in: its first turn starts a background process that keeps
                     a token only in memory (``tests/support/keeper.py``); then, ``SUSPEND_CYCLES``
                     times, once its sandbox is suspended at the idle timeout, input at once:
                     each restore must reconnect within ``checker.RESTORE_CONNECT_SECONDS`` of
@@ -277,7 +277,7 @@ ORPHAN_SECONDS = 30.0
 sandbox ends all of it)."""
 ORPHAN_FAULT_SECONDS = 45.0
 """The orphan-child fault ends by then."""
-PLACED_AT = {"suspend-cycles": 6.0, "orphan-child": 7.0, "corrupt-checkpoint": 9.0, "fill-volume": 12.0}
+PLACED_AT = {"suspend-cycles": 4.5, "orphan-child": 7.0, "corrupt-checkpoint": 9.0, "fill-volume": 12.0}
 """Seconds after the start (and any opening) of each placed fault's one step."""
 HOLDERS = 2
 HOLD_MIB = 224

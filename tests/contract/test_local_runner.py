@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import pwd
@@ -395,6 +396,40 @@ def test_a_daemon_that_left_the_sandboxs_session_ends_with_it(runners: Runners, 
     finally:
         if alive(daemon):  # the test failed: nothing left behind all the same
             os.kill(daemon, signal.SIGKILL)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="a cgroup per sandbox needs root")
+def test_a_sandbox_whose_start_never_recorded_it_is_stopped_by_the_sweep_and_one_being_started_is_not(
+    runners: Runners,
+) -> None:
+    """L17, issue 37: a worker killed between the executor's spawn and its ``sandbox.json`` (a
+    chaos run's SIGKILL of a worker 10 ms after a start) leaves an executor that no record names:
+    it connected, its session went idle, and nothing ever stopped it. What it leaves is made
+    here (a whole start, then its record removed). ``end_unrecorded`` (every full sweep) stops
+    it and removes its cgroup; while a start holds the session directory's lock it is left
+    alone, and a recorded sandbox is never touched."""
+    runner = runners.new()
+    assert runner.contained, runner.containment
+    kept = runner.ensure(spec("sess_kept"), 1)
+    cut = runner.ensure(spec(), 1)
+    wait_ready(runners)
+    directory = runners.state / "sessions" / session_key("sess_1")
+    cgroup = Path(json.loads((directory / "sandbox.json").read_text())["cgroup"])
+    (directory / "sandbox.json").unlink()  # what a worker killed before the record leaves
+    assert runner.find("sess_1") is None and running(pid_of(cut), runners.script)
+
+    descriptor = os.open(directory / "lock", os.O_RDWR)
+    try:
+        fcntl.flock(descriptor, fcntl.LOCK_EX)  # a start under way holds it
+        assert runner.end_unrecorded() == [] and running(pid_of(cut), runners.script)
+    finally:
+        os.close(descriptor)
+
+    assert runner.end_unrecorded() == ["sess_1"]
+    wait_for(lambda: not running(pid_of(cut), runners.script), 10, "the unrecorded executor to end")
+    assert not cgroup.exists()
+    assert runner.live() == [kept] and runner.status(kept) is Health.RUNNING
+    assert runner.end_unrecorded() == []
 
 
 def test_launcher_sigkill_then_release_leaves_no_codex_process(tmp_path: Path, start_simulator: StartSimulator) -> None:

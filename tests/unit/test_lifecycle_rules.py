@@ -178,6 +178,26 @@ def test_a_partial_sweep_leaves_timed_sessions_to_their_timers() -> None:
     assert full.left_to_timers == 0
 
 
+def test_a_full_sweep_first_has_the_runner_stop_sandboxes_no_record_names_and_a_partial_one_does_not() -> None:
+    """L17, issue 37: a sandbox whose start was cut short before its runner recorded it is found
+    by nothing a worker reads; each full sweep asks a runner that can tell them
+    (``EndsUnrecorded``) to stop them, before it lists what it manages. A partial sweep does not
+    (it runs every few seconds, and a start may be under way)."""
+    world = World()
+    asked: list[str] = []
+
+    class Ending(type(world.runner)):  # type: ignore[misc]
+        def end_unrecorded(self) -> list[str]:
+            asked.append("end")
+            return []
+
+    world.runner.__class__ = Ending
+    reconcile.sweep(world.store, world.runner, world.published.extend, full=False)
+    assert asked == []
+    reconcile.sweep(world.store, world.runner, world.published.extend, full=True)
+    assert asked == ["end"]
+
+
 def test_a_partial_sweep_with_the_pod_watch_live_leaves_watched_sandboxes_to_it() -> None:
     """L17: with the pod watch live, a partial sweep also leaves a mapped session whose sandbox is
     there to the watch (it reports the sandbox going, failing, restarting); a mapping whose
