@@ -287,6 +287,11 @@ def _hand_over(path: Path, uid: int, gid: int) -> None:
                 os.chown(name, uid, gid, dir_fd=descriptor, follow_symlinks=False)
 
 
+STARTING = "starting.json"
+"""In a session's directory while a start (or a restore) is under way: the cgroup it runs in,
+until ``sandbox.json`` names the sandbox (``LocalRunner.end_unrecorded``)."""
+
+
 def _write_private(path: Path, text: str) -> None:
     """Write a file only the runner's uid can read (0600), replacing it atomically."""
     partial = path.with_name(path.name + ".partial")
@@ -540,38 +545,45 @@ class LocalRunner:
         return handles
 
     def end_unrecorded(self) -> list[str]:
-        """Stop every sandbox whose start never recorded it: its executor spawned in the
-        session's cgroup, then the worker starting it killed before ``sandbox.json`` (or after a
-        restore, before its record): nothing names it, so no worker would ever stop it, idle or
-        not. Each session directory without ``sandbox.json`` whose cgroup holds processes, and
-        whose lock no start holds now, has its cgroup ended (one warning line each). Without
-        cgroups such a sandbox cannot be told apart, and is left (README: containment)."""
-        if self._cgroups is None:
-            return []
+        """Stop every sandbox whose start never recorded it: its executor spawned (or restored)
+        in the session's cgroup, then the worker starting it killed before ``sandbox.json``.
+        Nothing names such a sandbox, so no worker would ever stop it, idle or not. A start
+        writes ``starting.json`` (the cgroup) before it spawns and removes it once recorded: a
+        session directory that still has one and no ``sandbox.json``, whose lock no start holds
+        now, has that cgroup ended (one warning line each). Any runner on the state directory
+        can do it (the cgroup's path is on disk, not worked out from its own cgroup). Without
+        cgroups a start writes none, and such a sandbox is left (README: containment)."""
         ended = []
         for directory in sorted(self._root.glob("*")):
-            cgroup = cgroups.sandbox_cgroup(self._cgroups, self._state, directory.name)
-            if (directory / "sandbox.json").exists() or not cgroups.populated(cgroup):
+            if not (directory / STARTING).exists() or (directory / "sandbox.json").exists():
                 continue
             with self._locked(directory, wait=False) as held:
-                if not held or self._read(directory) is not None or not cgroups.populated(cgroup):
+                if not held or (directory / "sandbox.json").exists():
                     continue  # being started now, or recorded meanwhile
+                try:
+                    marker = json.loads((directory / STARTING).read_text())
+                    session_id, cgroup = str(marker["session_id"]), Path(marker["cgroup"])
+                except (OSError, ValueError, KeyError, TypeError):
+                    continue
+                if not cgroup.is_absolute() or not cgroup.name.endswith(f".{directory.name}"):
+                    continue  # not a sandbox cgroup of this session: never touched
                 pids = cgroups.members(cgroup)
-                cgroups.end(cgroup, _KILL_WAIT_SECONDS)
-            try:
-                session_id = (directory / "session").read_text()
-            except OSError:
-                session_id = directory.name
-            log.warning(
-                "unrecorded sandbox stopped",
-                extra={
-                    "session_id": session_id,
-                    "cgroup": str(cgroup),
-                    "pids": pids,
-                    "reason": "its start never recorded it (the worker starting it died first)",
-                },
-            )
-            ended.append(session_id)
+                if not cgroups.end(cgroup, _KILL_WAIT_SECONDS):
+                    where = {"session_id": session_id, "cgroup": str(cgroup)}
+                    log.warning("unrecorded sandbox not stopped", extra=where)
+                    continue
+                (directory / STARTING).unlink(missing_ok=True)
+            if pids:
+                log.warning(
+                    "unrecorded sandbox stopped",
+                    extra={
+                        "session_id": session_id,
+                        "cgroup": str(cgroup),
+                        "pids": pids,
+                        "reason": "its start never recorded it (the worker starting it died first)",
+                    },
+                )
+                ended.append(session_id)
         return ended
 
     # -- helpers --------------------------------------------------------------------------
@@ -658,9 +670,11 @@ class LocalRunner:
             return None
         return Path(data["cgroup"])
 
-    def _fresh_cgroup(self, directory: Path) -> Path | None:
+    def _fresh_cgroup(self, directory: Path, session_id: str) -> Path | None:
         """The session's cgroup, made empty for a sandbox about to start in it (anything left
-        in it belongs to an older sandbox of the session: killed); None without containment."""
+        in it belongs to an older sandbox of the session: killed); None without containment.
+        Until ``_record`` names the sandbox, ``starting.json`` names the cgroup, so that a start
+        cut short leaves a sandbox the sweep can find and stop (``end_unrecorded``)."""
         if self._cgroups is None:
             return None
         cgroup = cgroups.sandbox_cgroup(self._cgroups, self._state, directory.name)
@@ -670,6 +684,7 @@ class LocalRunner:
             cgroup.mkdir()
         except OSError as exc:
             raise RunnerRejected(f"cannot create the sandbox's cgroup {cgroup}: {exc.strerror}") from exc
+        _write_private(directory / STARTING, json.dumps({"session_id": session_id, "cgroup": str(cgroup)}))
         return cgroup
 
     def _identity(self, directory: Path) -> tuple[int, int] | None:
@@ -733,7 +748,8 @@ class LocalRunner:
                 )
             suspended_for = time.time() - float(saved.get("suspended_at", time.time()))
             checkpoint.advance_clocks(images, max(CLOCK_CATCH_UP_SECONDS, round(suspended_for)))
-            cgroup = self._fresh_cgroup(directory)  # CRIU runs in it: all it restores is born there
+            # CRIU runs in the cgroup: all it restores is born there
+            cgroup = self._fresh_cgroup(directory, spec.session_id)
             pid = checkpoint.restore(self._criu, images, cgroup)
             found = proc_stat(pid)
             if found is None or not found.running:
@@ -797,6 +813,7 @@ class LocalRunner:
                 }
             ),
         )
+        (directory / STARTING).unlink(missing_ok=True)  # recorded: no longer a start under way
         return Handle(
             session_id=spec.session_id,
             name=name,
@@ -842,7 +859,7 @@ class LocalRunner:
             spec.environment_id,
         ]
         namespaced = self._criu is not None  # checkpointable: a pid namespace of its own
-        cgroup = self._fresh_cgroup(directory)
+        cgroup = self._fresh_cgroup(directory, spec.session_id)
         # In a cgroup the executor is started by root (who joins it) and drops to its uid
         # itself, as in a pid namespace; otherwise Popen drops to it before the exec.
         drops_itself = namespaced or cgroup is not None

@@ -404,30 +404,41 @@ def test_a_sandbox_whose_start_never_recorded_it_is_stopped_by_the_sweep_and_one
 ) -> None:
     """L17, issue 37: a worker killed between the executor's spawn and its ``sandbox.json`` (a
     chaos run's SIGKILL of a worker 10 ms after a start) leaves an executor that no record names:
-    it connected, its session went idle, and nothing ever stopped it. What it leaves is made
-    here (a whole start, then its record removed). ``end_unrecorded`` (every full sweep) stops
-    it and removes its cgroup; while a start holds the session directory's lock it is left
-    alone, and a recorded sandbox is never touched."""
+    it connected, its session went idle, and nothing ever stopped it. Here the start is cut
+    short where the worker died: its record is never written. ``end_unrecorded`` (every full
+    sweep) stops it and removes its cgroup; while a start holds the session directory's lock it
+    is left alone, and a recorded sandbox is never touched."""
     runner = runners.new()
     assert runner.contained, runner.containment
     kept = runner.ensure(spec("sess_kept"), 1)
-    cut = runner.ensure(spec(), 1)
+
+    class Killed(BaseException):
+        """The worker's death between the spawn and the record."""
+
+    def killed(*args: object, **kwargs: object) -> None:
+        raise Killed
+
+    record = runner._record
+    runner._record = killed  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        runner.ensure(spec(), 1)
+    runner._record = record  # type: ignore[method-assign]
     wait_ready(runners)
+    [cut] = [pid for pid in runners.started() if running(pid, runners.script) and pid != pid_of(kept)]
     directory = runners.state / "sessions" / session_key("sess_1")
-    cgroup = Path(json.loads((directory / "sandbox.json").read_text())["cgroup"])
-    (directory / "sandbox.json").unlink()  # what a worker killed before the record leaves
-    assert runner.find("sess_1") is None and running(pid_of(cut), runners.script)
+    cgroup = Path(json.loads((directory / "starting.json").read_text())["cgroup"])
+    assert not (directory / "sandbox.json").exists() and runner.find("sess_1") is None
 
     descriptor = os.open(directory / "lock", os.O_RDWR)
     try:
         fcntl.flock(descriptor, fcntl.LOCK_EX)  # a start under way holds it
-        assert runner.end_unrecorded() == [] and running(pid_of(cut), runners.script)
+        assert runner.end_unrecorded() == [] and running(cut, runners.script)
     finally:
         os.close(descriptor)
 
     assert runner.end_unrecorded() == ["sess_1"]
-    wait_for(lambda: not running(pid_of(cut), runners.script), 10, "the unrecorded executor to end")
-    assert not cgroup.exists()
+    wait_for(lambda: not running(cut, runners.script), 10, "the unrecorded executor to end")
+    assert not cgroup.exists() and not (directory / "starting.json").exists()
     assert runner.live() == [kept] and runner.status(kept) is Health.RUNNING
     assert runner.end_unrecorded() == []
 
