@@ -479,10 +479,12 @@ def test_without_renewal_a_long_round_loses_its_lease(server: RedisServer, sid: 
 
     thread = threading.Thread(target=run)
     thread.start()
+    watcher = server.client()  # the round holds the lease first (else the other worker takes it before the round)
+    wait_for(lambda: watcher.exists(f"sc:lease:{sid}"), 5, "the worker to take the lease", interval=0.02)
     taken = wait_for(lambda: isinstance(other.acquire(sid), Lease), 5, "the lapsed lease to be taken")
     assert taken
     thread.join()
-    assert len(errors) == 1 and isinstance(errors[0], Fenced)
+    assert len(errors) == 1 and isinstance(errors[0], Fenced), errors
 
 
 class SlowAskingSessions:
