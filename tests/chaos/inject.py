@@ -95,17 +95,10 @@ HOLD_COMMAND = [
 """A background process holding ``HOLD_MIB`` of memory; it writes the file ``h`` once filled."""
 WRITE_COMMAND = ["sh", "-c", f"head -c {WRITE_MIB}M /dev/zero > volume-fill; s=$?; rm -f volume-fill; exit $s"]
 """Write ``WRITE_MIB`` to the workspace (and remove it): fails with the volume full."""
-STOPPED = frozenset(
-    {
-        "executor suspended",
-        "executor stopped",
-        "checkpoint refused, executor stopped instead",
-        "checkpoint failed, executor stopped instead",
-        "unrecorded sandbox stopped",
-    }
-)
-"""What a worker (or, for a sandbox whose start was cut short, the sweep) logs as a session's
-sandbox goes: suspended, or stopped."""
+STOPPED = frozenset({"executor suspended", "executor stopped", "unrecorded sandbox stopped"})
+"""What a worker (or, for a sandbox whose start was cut short, the sweep) logs once as a
+session's sandbox goes: suspended, or stopped (a checkpoint refused or failed is followed by
+"executor stopped", so it is not counted apart)."""
 TURN_WAIT_SECONDS = 60.0
 SUSPEND_WAIT_SECONDS = 60.0
 """How long a placed fault waits for its session's turn to end, or for its sandbox to be
