@@ -487,12 +487,9 @@ class Checker:
                 [f"workspace {workspace}"] if workspace.exists() else []
             )
 
-        deadline = asked_at + within
-        while self.clock() < deadline:
-            if not left():
-                self.log.add("note", f"{name}: released {self.clock() - asked_at:.1f}s after the operator asked")
-                return
-            time.sleep(SAMPLE_SECONDS / 2)
+        if self._until(lambda: not left(), asked_at + within):
+            self.log.add("note", f"{name}: released {self.clock() - asked_at:.1f}s after the operator asked")
+            return
         still = left()
         if still:
             self.violate(
@@ -503,7 +500,15 @@ class Checker:
                 f"there {within:g}s later, while every read answers 404",
             )
 
-    # -- a wedged executor ----------------------------------------------------------------------
+    def _until(self, done: Callable[[], bool], deadline: float) -> bool:
+        """Sample ``done`` until it holds (True) or the checker's clock reaches ``deadline`` (False)."""
+        while self.clock() < deadline:
+            if done():
+                return True
+            time.sleep(SAMPLE_SECONDS / 2)
+        return False
+
+    # -- suspend, containment and the state volume (issue 37) ---------------------------------
 
     def judge_fallback(self, session: Session, asked_at: float, within: float) -> None:
         """13: the session whose checkpoint was cut, given input at ``asked_at``, must have its
@@ -515,12 +520,11 @@ class Checker:
             ups = [float(up) for up, _ in links if up is not None and float(up) >= asked_at]
             return min(ups, default=None)
 
-        while self.clock() < asked_at + within:
+        if self._until(lambda: connected() is not None, asked_at + within):
             up = connected()
-            if up is not None:
-                self.log.add("note", f"{name}: connected {up - asked_at:.1f}s after the input, its checkpoint cut")
-                return
-            time.sleep(SAMPLE_SECONDS / 2)
+            assert up is not None
+            self.log.add("note", f"{name}: connected {up - asked_at:.1f}s after the input, its checkpoint cut")
+            return
         if connected() is None and session.ended_at is None:
             self.violate(
                 ("13cut", session.id),
@@ -539,11 +543,9 @@ class Checker:
         def alive() -> list[int]:
             return sorted(pid for pid, ticks in children.items() if observe.start_ticks(pid) == ticks)
 
-        while self.clock() < killed_at + within:
-            if not alive():
-                self.log.add("note", f"{name}: its detached child gone {self.clock() - killed_at:.1f}s after the kill")
-                return
-            time.sleep(SAMPLE_SECONDS / 2)
+        if self._until(lambda: not alive(), killed_at + within):
+            self.log.add("note", f"{name}: its detached child gone {self.clock() - killed_at:.1f}s after the kill")
+            return
         left = alive()
         if left:
             self.violate(
@@ -567,6 +569,8 @@ class Checker:
             return
         said = "not run" if write is None else f"{write['status']}, exit {write['exit_code']}: {write['stderr']!r}"
         self.violate(("15", session.id), 15, name, f"a write of {mib} MiB to its workspace failed ({said})")
+
+    # -- a wedged executor ----------------------------------------------------------------------
 
     def judge_wedged(self, session: Session, wedged: list[int], dropped_at: float, within: float) -> None:
         """12: the executors ``wedged`` (process sessions) of ``session`` whose link dropped at

@@ -349,13 +349,21 @@ class Injector:
 
         return self._wait(ready, READY_SECONDS)
 
+    def _logged(self, session: Session, events: frozenset[str], schedulers: bool = False) -> int:
+        """How many lines of ``events`` about ``session`` the workers (and, with ``schedulers``,
+        the schedulers) logged."""
+        processes = [*self.world.workers, *((self.world.scheduler, self.world.standby) if schedulers else ())]
+        return sum(
+            1
+            for process in processes
+            if process is not None
+            for line in process.log_lines()
+            if line.get("event") in events and line.get("session_id") == session.id
+        )
+
     def _held(self, session: Session) -> bool:
         """Whether a worker logged the deletion of ``session`` as held."""
-        return any(
-            line.get("event") == "deletions held" and line.get("session_id") == session.id
-            for worker in self.world.workers
-            for line in worker.log_lines()
-        )
+        return bool(self._logged(session, frozenset({"deletions held"})))
 
     def _recheck(self, step: Step) -> None:
         """One-shot 404, reads answering 503 for ``step.seconds``, one more one-shot 404 on the
@@ -419,13 +427,7 @@ class Injector:
             link.rename(away)
             moved = True
             sids = sorted({p.sid for p in self._executors_of(session)})
-            now = time.time()
-            for sid in sids:
-                self.book.kill(session.environment_id, sid, now)
-                try:
-                    os.killpg(sid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            self._sigkill(session, sids, time.time())
             self.give_input(session)
             self.log.add(
                 "fault",
@@ -728,12 +730,7 @@ class Injector:
 
     def _suspensions(self, session: Session) -> int:
         """How many times a worker logged the session's sandbox suspended (checkpointed)."""
-        return sum(
-            1
-            for worker in self.world.workers
-            for line in worker.log_lines()
-            if line.get("event") == "executor suspended" and line.get("session_id") == session.id
-        )
+        return self._logged(session, frozenset({"executor suspended"}))
 
     def _suspended(self, session: Session, times: int) -> bool:
         """Wait (bounded) until the session's sandbox went ``times`` times (suspended, or stopped
@@ -796,14 +793,7 @@ class Injector:
 
     def _stops(self, session: Session) -> int:
         """How many times the session's sandbox went (``STOPPED``), by the workers' and the schedulers' logs."""
-        processes = [*self.world.workers, self.world.scheduler, self.world.standby]
-        return sum(
-            1
-            for process in processes
-            if process is not None
-            for line in process.log_lines()
-            if line.get("event") in STOPPED and line.get("session_id") == session.id
-        )
+        return self._logged(session, STOPPED, schedulers=True)
 
     def _fill_volume(self, step: Step) -> None:
         """``step.value`` sessions made for it whose turns start a background process holding
@@ -852,12 +842,7 @@ class Injector:
             return
         window = self.log.disturbed(step.describe())
         killed = time.time()
-        for sid in sids:
-            self.book.kill(session.environment_id, sid, killed)
-            try:
-                os.killpg(sid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self._sigkill(session, sids, killed)
         self.log.ended(window)
         self.log.add(
             "fault",
@@ -866,6 +851,20 @@ class Injector:
         )
         self.give_input(session)
         self.judge.judge_orphans(session, children, killed, ORPHAN_SECONDS)
+
+    def _sigkill(self, session: Session, sids: list[int], at: float, leader_only: bool = False) -> None:
+        """SIGKILL the executor process sessions ``sids`` of ``session`` (each its process group,
+        or with ``leader_only`` its leader alone: the npm launcher, the native codex living on),
+        booked as the chaos's kills at ``at`` (so their end is blamed on nobody)."""
+        for sid in sids:
+            self.book.kill(session.environment_id, sid, at)
+            try:
+                if leader_only:
+                    os.kill(sid, signal.SIGKILL)
+                else:
+                    os.killpg(sid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
     def _executors_of(self, session: Session) -> list[observe.Process]:
         processes = observe.executor_processes(self.world.simulator_url)
@@ -896,16 +895,7 @@ class Injector:
             self.log.add("note", f"{step.describe()}: {session.name} has no executor now")
             return
         window = self.log.disturbed(step.describe())
-        now = time.time()
-        for sid in sids:
-            self.book.kill(session.environment_id, sid, now)
-            try:
-                if step.value == "leader":
-                    os.kill(sid, signal.SIGKILL)  # the npm launcher; the native codex lives on
-                else:
-                    os.killpg(sid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        self._sigkill(session, sids, time.time(), leader_only=step.value == "leader")
         self.log.ended(window)
         what = "its leader" if step.value == "leader" else "its whole process group"
         self.log.add("fault", f"SIGKILL of {session.name}'s executor (session {sids}): {what}")
