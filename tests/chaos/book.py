@@ -28,6 +28,9 @@ class Session:
     memory_turns: list[str] = field(default_factory=list)
     """Turns whose second command asked the background process of its first turn for its token
     (``suspend-cycles``: invariant 13 checks they all got the same one)."""
+    lineage_turns: list[str] = field(default_factory=list)
+    """Turns that asked the same, across the maximum lifetime (``lifetime-cycles``: invariant 16
+    checks that none posted well past it got the first lineage's token)."""
 
     @property
     def ended_at(self) -> float | None:

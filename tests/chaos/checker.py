@@ -74,6 +74,13 @@ How each is seen from outside:
 15. The state volume never blocks a live workspace (``fill-volume``; ``judge_write``): with two
    idle sessions' memory too big for the checkpoint images' cap, a write of
    ``schedule.WRITE_MIB`` to another session's workspace on the same volume succeeds.
+16. A lineage never outlives its maximum lifetime (in a world that has one; ``lifetime-cycles``;
+   ``check_lineages`` after the run): no turn of the session posted
+   ``schedule.LINEAGE_SLACK_SECONDS`` (the run passes it) past the lifetime, counted from its first executor's
+   sighting, finds the background process its first turn started (restores do not renew the
+   lifetime). In such a world a sandbox stopped or replaced at its lifetime is a stop the rules
+   make: 3 and 7 do not count an executor's end that a worker logged as a stop for the maximum
+   lifetime (``cause: lifetime``) just before it was found gone.
 """
 
 from __future__ import annotations
@@ -121,6 +128,7 @@ INVARIANTS = {
     "fresh start within a bound)",
     14: "no process of a sandbox outlives it: a detached child ends with its sandbox",
     15: "the state volume never blocks a live workspace: checkpoint images leave room for a workspace's write",
+    16: "a lineage never outlives its maximum lifetime: suspensions and restores do not renew it",
 }
 RESTORE_CONNECT_SECONDS = 3.0
 """13: a restored executor's link is up this long after the checker first saw its processes at
@@ -139,6 +147,11 @@ FALLBACKS = frozenset(
 )
 """What a worker (or the sweep, for a sandbox whose start was cut short) logs when a session's
 memory is given up on purpose (counted, shown)."""
+LIFETIME_STOP_NEAR_SECONDS = (2.0, 5.0)
+"""A stop for the maximum lifetime logged this long before (after) the sample that found its
+executor gone explains that end: a worker logs it once the runner has ended the sandbox (for a
+replacement, once the new one started), so never much before the sample, and within seconds
+after it."""
 SAMPLE_SECONDS = 0.5
 ASK_SECONDS = 30.0
 REPLACEMENT_SECONDS = 10.0
@@ -215,7 +228,11 @@ class Checker:
         prestart_budget: int,
         scan: Scan | None = None,
         clock: Callable[[], float] = time.time,
+        max_lifetime_seconds: float | None = None,
+        controller_logs: Callable[[], list[Path]] = list,
     ) -> None:
+        """``max_lifetime_seconds``: the world's maximum lifetime (16), if it has one;
+        ``controller_logs``: the workers' and schedulers' JSON logs, read for the stops it makes."""
         self.sim = simulator
         self.remote_url = simulator.base_url
         self.scan: Scan = scan or partial(observe.executors, simulator.base_url)
@@ -225,6 +242,8 @@ class Checker:
         self.grace = grace_seconds
         self.idle_timeout = idle_timeout_seconds
         self.prestart_budget = prestart_budget
+        self.max_lifetime = max_lifetime_seconds
+        self.controller_logs = controller_logs
         self.violations: list[Violation] = []
         self.executors: dict[tuple[str, int], Executor] = {}
         self.samples = 0
@@ -426,9 +445,13 @@ class Checker:
             return
         name = f"{session.name} ({session.id})"
         at = f"+{executor.gone_seen - self.log.t0:.1f}s"
+        lifetime = partial(self._stopped_for_lifetime, session.id, executor.gone_seen)
+        excused = f"{name}: executor {executor.sid} stopped at its maximum lifetime ({at}): not judged"
         if state["status"] == "idle" and not state["wants_connection"]:
             idle_for = executor.gone_seen - float(state["at"])
-            if idle_for < self.idle_timeout - EARLY_MARGIN_SECONDS:
+            if idle_for < self.idle_timeout - EARLY_MARGIN_SECONDS and lifetime():
+                self.log.add("note", excused)
+            elif idle_for < self.idle_timeout - EARLY_MARGIN_SECONDS:
                 self.violate(
                     ("7early", executor.environment_id, executor.sid),
                     7,
@@ -454,7 +477,9 @@ class Checker:
             # Back only just before it went: the decision was taken while it was down.
             until, since = up, observe.down_since(links, up - 0.001)
         down = 0.0 if since is None else until - max(since, executor.first_seen - SAMPLE_SECONDS)
-        if down < self.grace - GRACE_MARGIN_SECONDS:
+        if down < self.grace - GRACE_MARGIN_SECONDS and lifetime():
+            self.log.add("note", excused)
+        elif down < self.grace - GRACE_MARGIN_SECONDS:
             link = "its link up" if since is None else f"its link down for {down:.1f}s"
             what = f"replaced by executor {replacement.sid}" if replacement is not None else "stopped"
             earlier = f", {before[-1]['status']} before that" if before else ""
@@ -465,6 +490,29 @@ class Checker:
                 f"executor {executor.sid} {what} at {at} while its session was {state['status']} "
                 f"(since +{float(state['at']) - self.log.t0:.1f}s{earlier}; {link}; grace {self.grace:g}s)",
             )
+
+    def _stopped_for_lifetime(self, session_id: str, gone_seen: float) -> bool:
+        """Whether a worker or scheduler logged a stop of the session's sandbox for its maximum
+        lifetime near ``gone_seen`` (``LIFETIME_STOP_NEAR_SECONDS``), waiting until the end of
+        that window for the line to be written. Asked only of an end that would otherwise be a
+        violation."""
+        if self.max_lifetime is None:
+            return False
+        before, after = LIFETIME_STOP_NEAR_SECONDS
+        waited_until = time.monotonic() + max(0.0, gone_seen + after - self.clock())
+        while True:
+            if any(
+                line.get("event") == "sandbox stopped"
+                and line.get("cause") == "lifetime"
+                and line.get("session_id") == session_id
+                and gone_seen - before <= float(line.get("time", 0.0)) <= gone_seen + after
+                for path in self.controller_logs()
+                for line in _json_lines(path)
+            ):
+                return True
+            if time.monotonic() >= waited_until:
+                return False
+            time.sleep(SAMPLE_SECONDS)
 
     # -- an operator's release ----------------------------------------------------------------
 
@@ -697,18 +745,25 @@ class Checker:
                 self._check_memory(session, fallbacks)
         return checked
 
-    def _check_memory(self, session: Session, fallbacks: set[str]) -> None:
-        """13: every turn of ``session.memory_turns`` found the background process of its first
-        turn with the same token, unless its memory was given up on purpose (``fallbacks``)."""
+    def _answers(self, session: Session, turn_ids: list[str]) -> list[tuple[str, str | None]]:
+        """What each of these turns' second command (``ASK_COMMAND``) got from the session's
+        background process: its token, or None when none answered; turns not run are left out
+        (the session ended, the run ended first)."""
         by_id = {t["id"]: t for t in self.sim.turns(session.id)}
         answers = []
-        for turn_id in session.memory_turns:
+        for turn_id in turn_ids:
             turn = by_id.get(turn_id)
             commands = turn["commands"] if turn else []
             if len(commands) < 2 or commands[1]["status"] != "completed":
-                continue  # not run (the session ended, the run ended first)
+                continue
             printed = str(commands[1]["stdout"]).split()
             answers.append((turn_id, printed[0] if printed and commands[1]["exit_code"] == 0 else None))
+        return answers
+
+    def _check_memory(self, session: Session, fallbacks: set[str]) -> None:
+        """13: every turn of ``session.memory_turns`` found the background process of its first
+        turn with the same token, unless its memory was given up on purpose (``fallbacks``)."""
+        answers = self._answers(session, session.memory_turns)
         tokens = {token for _, token in answers}
         if len(tokens) <= 1 and None not in tokens:
             self.log.add("note", f"{session.name}: {len(answers)} turns found the same background process in memory")
@@ -723,6 +778,48 @@ class Checker:
             "its background process (a token kept only in memory) was lost with no fallback logged: the turns "
             f"found {[token or 'none answering' for _, token in answers]}",
         )
+
+    def check_lineages(self, slack_seconds: float) -> int:
+        """16 after the run: no turn of ``Session.lineage_turns`` posted ``slack_seconds``
+        (``schedule.LINEAGE_SLACK_SECONDS``; the run passes it) past the maximum lifetime, from
+        the session's first executor's sighting, got the token a turn inside the lifetime got.
+        Returns how many turns were judged past it; a session whose cycles reached no turn past
+        it is a harness error (the check would judge nothing)."""
+        if self.max_lifetime is None:
+            return 0
+        judged = 0
+        for session in self.book.all():
+            if not session.lineage_turns:
+                continue
+            name = f"{session.name} ({session.id})"
+            sighted = [e.first_seen for e in self.executors.values() if e.environment_id == session.environment_id]
+            if not sighted:
+                self.errors.append(f"{name}: lifetime cycles with no executor seen")
+                continue
+            first = min(sighted)
+            posted = {t.id: t.posted_at for t in session.turns}
+            answers = [(posted[turn_id], token) for turn_id, token in self._answers(session, session.lineage_turns)]
+            inside = [token for at, token in answers if at <= first + self.max_lifetime and token is not None]
+            bound = first + self.max_lifetime + slack_seconds
+            late = [(at, token) for at, token in answers if at > bound]
+            if not late:
+                self.errors.append(f"{name}: no turn came {slack_seconds:g}s past the lifetime: 16 judged nothing")
+                continue
+            if not inside:
+                self.log.add("note", f"{name}: no turn inside the lifetime found the background process: 16 not judged")
+                continue
+            judged += len(late)
+            for at, token in late:
+                if token == inside[0]:
+                    self.violate(
+                        ("16", session.id, at),
+                        16,
+                        name,
+                        f"a turn posted at +{at - self.log.t0:.1f}s, {at - first:.1f}s after its first executor was "
+                        f"seen (maximum lifetime {self.max_lifetime:g}s), found the first lineage's background process "
+                        f"(token {token}): its lineage outlived the lifetime",
+                    )
+        return judged
 
     def live_executors(self, environment_id: str) -> list[int]:
         return sorted(self.scan().get(environment_id, {}))

@@ -218,14 +218,20 @@ class Injector:
         return session
 
     def give_input(
-        self, session: Session, final: bool = False, then: list[list[str]] | None = None, memory: bool = False
+        self,
+        session: Session,
+        final: bool = False,
+        then: list[list[str]] | None = None,
+        memory: bool = False,
+        lineage: bool = False,
     ) -> Turn | None:
         """A turn whose command reads the marker file and adds this turn's token to it; ``then``:
         commands it runs after that one; ``memory``: its second command asks the session's
-        background process for its token (``Session.memory_turns``)."""
+        background process for its token (``Session.memory_turns``); ``lineage``: the same, judged
+        against the maximum lifetime (``Session.lineage_turns``)."""
         self._turns += 1
         token = f"{session.name}-final" if final else f"{session.name}-t{self._turns}"
-        commands = [marker_command(token), *(then or []), *([ASK_COMMAND] if memory else [])]
+        commands = [marker_command(token), *(then or []), *([ASK_COMMAND] if memory or lineage else [])]
         answer = self.world.admin("POST", f"/admin/sessions/{session.id}/turns", {"commands": commands})
         if answer.status_code != 202:
             self.log.add("session", f"input {session.name}: {answer.status_code} (not taken)")
@@ -234,6 +240,8 @@ class Injector:
         session.turns.append(turn)
         if memory:
             session.memory_turns.append(turn.id)
+        if lineage:
+            session.lineage_turns.append(turn.id)
         self.log.add("session", f"input {session.name}: turn {turn.id} writes {token}")
         return turn
 
@@ -268,6 +276,7 @@ class Injector:
             "wedged-link": self._wedged_link,
             "failing-start-404": self._failing_start_404,
             "suspend-cycles": self._suspend_cycles,
+            "lifetime-cycles": self._lifetime_cycles,
             "corrupt-checkpoint": self._corrupt_checkpoint,
             "orphan-child": self._orphan_child,
             "fill-volume": self._fill_volume,
@@ -746,6 +755,15 @@ class Injector:
         asking that process for its token (13: the restores reconnect at once, the token is the
         same throughout unless a fallback was logged). Not a disturbance: this is how a session
         is used."""
+        self._cycles(step, lineage=False)
+
+    def _lifetime_cycles(self, step: Step) -> None:
+        """The same cycles in a world with a maximum lifetime, across it: once the lineage of
+        the session's first sandbox is past its lifetime, its sandbox is stopped or its restore
+        refused, and a turn finds its background process gone (16). Not a disturbance either."""
+        self._cycles(step, lineage=True)
+
+    def _cycles(self, step: Step, lineage: bool) -> None:
         session = self.create(step.subject)
         cycles = int(step.value)
         if not self._finished(session, self.give_input(session, then=[KEEP_COMMAND])):
@@ -757,7 +775,7 @@ class Injector:
                     "note", f"{step.describe()}: {session.name} not suspended a {cycle}th time: not carried further"
                 )
                 return
-            turn = self.give_input(session, memory=True)
+            turn = self.give_input(session, memory=not lineage, lineage=lineage)
             self.log.add("fault", f"{session.name} suspended ({cycle} of {cycles}): input at once (a restore)")
             if not self._finished(session, turn):
                 self.log.add("note", f"{step.describe()}: {session.name}'s turn after suspension {cycle} unfinished")

@@ -26,6 +26,9 @@ from tests.chaos.schedule import (
     DEFAULT_FAULTS,
     DELETION_CONFIRM_SECONDS,
     GRACE_SECONDS,
+    LIFETIME_FAULTS,
+    LIFETIME_SECONDS,
+    LINEAGE_SLACK_SECONDS,
     Schedule,
     draw,
 )
@@ -120,9 +123,15 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
     except pytest.skip.Exception:
         can_skew = False
     criu = criu_binary() if faults & CHECKPOINT_FAULTS else None  # skipped (failed under CI) without one
+    max_lifetime = LIFETIME_SECONDS if faults & LIFETIME_FAULTS else None
     directory.mkdir(parents=True, exist_ok=True)
     world = ChaosWorld(
-        directory / "world", executor, role_flip="role-flip" in faults, run_seconds=schedule.seconds, criu=criu
+        directory / "world",
+        executor,
+        role_flip="role-flip" in faults,
+        run_seconds=schedule.seconds,
+        criu=criu,
+        max_lifetime=max_lifetime,
     )
     log = EventLog(directory / "events.log")
     result = Result(schedule, log)
@@ -135,9 +144,12 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         grace_seconds=GRACE_SECONDS,
         idle_timeout_seconds=world.idle_timeout_seconds,
         prestart_budget=PRESTART_BUDGET,
+        max_lifetime_seconds=max_lifetime,
+        controller_logs=lambda: [p.log_path for p in (*world.workers, world.scheduler, world.standby) if p is not None],
     )
     injector = Injector(world, book, log, can_skew, before_deletion=checker.before_deletion, judge=checker)
     checked_commands = checked_deliveries = checked_rounds = idle_stops = checked_refusals = checked_restores = 0
+    checked_lineages = 0
     try:
         world.start()
         log.t0 = time.time()  # the schedule's times count from here
@@ -147,6 +159,8 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         )
         if criu is not None:
             log.add("note", f"idle sandboxes are checkpointed ({criu}), idle timeout {world.idle_timeout_seconds:g}s")
+        if max_lifetime is not None:
+            log.add("note", f"every sandbox's lineage has a maximum lifetime of {max_lifetime:g}s")
         if world.unknown_settings:
             log.add("note", f"not set (the controller does not know them yet): {', '.join(world.unknown_settings)}")
         if not can_skew:
@@ -166,6 +180,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         checked_rounds = checker.check_leases([w.log_path for w in world.workers], LEASE_TTL_SECONDS)
         schedulers = [s.log_path for s in (world.scheduler, world.standby) if s is not None]
         checked_restores = checker.check_restores([w.log_path for w in world.workers] + schedulers)
+        checked_lineages = checker.check_lineages(LINEAGE_SLACK_SECONDS)
     finally:
         checker.stop()
         teardown(world, checker, directory)
@@ -181,6 +196,7 @@ def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> R
         f"marker commands checked: {checked_commands}; acknowledged connection deliveries checked: "
         f"{checked_deliveries}; tasks' tries checked for their lease: {checked_rounds}; idle stops seen at the "
         f"end: {idle_stops}; refused registrations checked: {checked_refusals}; restores checked: {checked_restores}; "
+        f"turns past a maximum lifetime checked: {checked_lineages}; "
         f"faults injected: {log.count('fault')}",
         "violations by invariant: " + ", ".join(f"{i}: {n}" for i, n in per_invariant.items()),
         f"took {time.time() - log.t0:.0f}s after start-up; event log: {directory / 'events.log'}",

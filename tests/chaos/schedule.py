@@ -111,6 +111,13 @@ fill-volume         (opt-in; checkpoints too; the state directory is a tmpfs of
                     images' cap); once both are idle and their sandboxes gone, a third session
                     made for it writes ``WRITE_MIB`` to its workspace: the write must succeed
                     (15: images never take the room live workspaces need)
+lifetime-cycles     (opt-in; checkpoints too, and the run's world sets a maximum lifetime of
+                    ``LIFETIME_SECONDS``: ``LIFETIME_FAULTS``) a session made for it, 2 s in: its
+                    first turn starts the background process of ``suspend-cycles``; then,
+                    ``LIFETIME_CYCLES`` times, once its sandbox is suspended or stopped, input at
+                    once, each turn asking that process for its token: no turn posted
+                    ``LINEAGE_SLACK_SECONDS`` past the lineage's maximum lifetime (counted from
+                    its first executor) may find it (16: a restore never renews the lifetime)
 orphan-child        (opt-in) a session made for it, 7 s in, whose turn starts a detached child
                     (``setsid -f sleep``: a session of its own, as a dev server an agent starts);
                     then SIGKILL of its executor's process group (an OOM kill) and input: the
@@ -118,8 +125,8 @@ orphan-child        (opt-in) a session made for it, 7 s in, whose turn starts a 
                     sandbox it belonged to (14)
 ==================  =============================================================================
 
-The four faults made for issue 37's sandboxes (``suspend-cycles``, ``corrupt-checkpoint``,
-``fill-volume``, ``orphan-child``) are not drawn among the others: each is one step at a fixed
+The five faults made for issue 37's sandboxes (``suspend-cycles``, ``corrupt-checkpoint``,
+``fill-volume``, ``orphan-child``, ``lifetime-cycles``) are not drawn among the others: each is one step at a fixed
 time after the start (``PLACED_FAULTS``) with sessions made for it, so that naming them leaves
 the other faults a seed draws as they were. ``CHECKPOINT_FAULTS`` in a run turn checkpointing on
 (``CONTROLLER_IDLE_SUSPEND=checkpoint``, CRIU) for its whole world, with an idle timeout of
@@ -136,7 +143,9 @@ fourth names ``stale-worker``, ``crash-loop``, ``wedged-link``, ``failing-start-
 ``orphan-child`` (the lease checked before a start; the crash loop's back-off; blind spots
 bounded; a good read forgetting the 404s; a sandbox's processes contained: issue 37, defects 2,
 3, 1 and 4); its fifth adds ``suspend-cycles``, ``corrupt-checkpoint`` and ``fill-volume`` to the
-default set, in a world that checkpoints its idle sandboxes (defects 8, 5 and 6).
+default set, in a world that checkpoints its idle sandboxes (defects 8, 5 and 6); its sixth
+names ``lifetime-cycles`` alone, in a world that checkpoints and has a maximum lifetime (defect
+7: every lifetime stop of the story's sessions is one too, excused by the workers' logs).
 
 Runs of 3 minutes or more leave a fault-free stretch of 50 s (after the last fault is over)
 every 150 s, so that invariants 2 and 7 are judged during the run as well as at its end.
@@ -179,12 +188,18 @@ SUSPEND_FAULTS = "+suspend-cycles,+corrupt-checkpoint,+fill-volume"
 """The faults of CI's fifth run: the default set in a world that checkpoints its idle sandboxes,
 with many short suspensions of one session, a cut checkpoint and big images beside a big
 workspace write (issue 37, defects 8, 5 and 6)."""
+LIFETIME_SEED = 7
+LIFETIME_MINUTES = 0.25
+LIFETIME_RUN_FAULTS = "lifetime-cycles"
+"""The faults of CI's sixth run: suspensions and restores of one session across its maximum
+lifetime (issue 37, defect 7), in a world whose every sandbox has that lifetime."""
 CI_RUNS: tuple[tuple[int, str, float], ...] = (
     (93, "default", CI_MINUTES),
     (2, "default", CI_MINUTES),
     (DELETION_SEED, DELETION_FAULTS, DELETION_MINUTES),
     (STALE_SEED, STALE_FAULTS, STALE_MINUTES),
     (SUSPEND_SEED, SUSPEND_FAULTS, SUSPEND_MINUTES),
+    (LIFETIME_SEED, LIFETIME_RUN_FAULTS, LIFETIME_MINUTES),
 )
 """Every run CI makes, and ``scripts/test chaos --mutants`` too: (seed, ``--faults`` value,
 minutes of faults)."""
@@ -277,7 +292,27 @@ ORPHAN_SECONDS = 30.0
 sandbox ends all of it)."""
 ORPHAN_FAULT_SECONDS = 45.0
 """The orphan-child fault ends by then."""
-PLACED_AT = {"suspend-cycles": 4.5, "orphan-child": 7.0, "corrupt-checkpoint": 9.0, "fill-volume": 12.0}
+LIFETIME_SECONDS = 20.0
+"""``CONTROLLER_MAX_LIFETIME_SECONDS`` of a world with ``LIFETIME_FAULTS``: two idle timeouts of a
+checkpointing world, so that the lifetime-cycles session's second restore comes past it."""
+LIFETIME_CYCLES = 4
+"""Suspensions (or stops) of the lifetime-cycles session, each followed by input at once: the
+first restore comes inside the lifetime; at an idle timeout and a turn a cycle, the third and
+fourth turns come past it and the slack (with restores renewing it, both find the first
+lineage)."""
+LIFETIME_CYCLES_SECONDS = 120.0
+"""The lifetime-cycles fault ends by then (each cycle takes the idle timeout and a turn)."""
+LINEAGE_SLACK_SECONDS = 5.0
+"""Invariant 16: a turn posted this long past the lineage's maximum lifetime (from its first
+executor's sighting) finds the lineage's processes gone (the lifetime's timer fires a second
+past it; a restore past it is refused)."""
+PLACED_AT = {
+    "lifetime-cycles": 2.0,
+    "suspend-cycles": 4.5,
+    "orphan-child": 7.0,
+    "corrupt-checkpoint": 9.0,
+    "fill-volume": 12.0,
+}
 """Seconds after the start (and any opening) of each placed fault's one step."""
 HOLDERS = 2
 HOLD_MIB = 224
@@ -289,8 +324,10 @@ WRITE_MIB = 300
 capped images, not beside uncapped ones."""
 FILL_SECONDS = 75.0
 """The fill-volume fault ends by then."""
-CHECKPOINT_FAULTS = frozenset({"suspend-cycles", "corrupt-checkpoint", "fill-volume"})
+CHECKPOINT_FAULTS = frozenset({"suspend-cycles", "corrupt-checkpoint", "fill-volume", "lifetime-cycles"})
 """Faults that turn checkpointing on for the whole world of their run."""
+LIFETIME_FAULTS = frozenset({"lifetime-cycles"})
+"""Faults that give every sandbox of their run's world a maximum lifetime (``LIFETIME_SECONDS``)."""
 CRASH_LOOP = (12.0, 18.0)
 """A crash-loop session's registrations answering 503."""
 MADE_LIVES = (60.0, 75.0)
@@ -379,7 +416,9 @@ def catalogue_text() -> str:
         "a row, a background process keeping a token in its memory; one session's checkpoint cut to "
         "half its largest pages image (a disk that filled during the dump) before its next turn; "
         f"{HOLDERS} sessions holding {HOLD_MIB} MiB each gone idle, then {WRITE_MIB} MiB written to "
-        "another session's workspace on the same state volume."
+        "another session's workspace on the same state volume; with a maximum lifetime of "
+        f"{LIFETIME_SECONDS:g} s too, one session suspended and resumed {LIFETIME_CYCLES} times across it, "
+        "a background process keeping a token in its memory."
     )
 
 
@@ -736,6 +775,12 @@ def _suspend_cycles(at: float, story: _Story) -> list[Step]:
     return [Step(at, "suspend-cycles", name, SUSPEND_CYCLES_SECONDS, str(SUSPEND_CYCLES))]
 
 
+def _lifetime_cycles(at: float, story: _Story) -> list[Step]:
+    """Suspensions and restores of one session across its maximum lifetime (issue 37, defect 7)."""
+    name = _made_alone(at, story)
+    return [Step(at, "lifetime-cycles", name, LIFETIME_CYCLES_SECONDS, str(LIFETIME_CYCLES))]
+
+
 def _corrupt_checkpoint(at: float, story: _Story) -> list[Step]:
     """A suspended session's checkpoint cut in half, then input (issue 37, defect 5)."""
     return [Step(at, "corrupt-checkpoint", _made_alone(at, story), CORRUPT_SECONDS)]
@@ -756,6 +801,7 @@ PLACED_FAULTS: dict[str, Callable[[float, _Story], list[Step]]] = {
     "corrupt-checkpoint": _corrupt_checkpoint,
     "orphan-child": _orphan_child,
     "fill-volume": _fill_volume,
+    "lifetime-cycles": _lifetime_cycles,
 }
 """Faults that are one step at a fixed time (``PLACED_AT``), never drawn (weight 0)."""
 
@@ -907,6 +953,7 @@ OPT_IN_FAULTS = frozenset(
         "corrupt-checkpoint",
         "orphan-child",
         "fill-volume",
+        "lifetime-cycles",
     }
 )
 """Faults a run injects only when ``--faults`` names them (see the table above)."""
@@ -927,6 +974,7 @@ FAULTS.update(
             Fault("corrupt-checkpoint", 0.0, lambda rng, at, story: []),
             Fault("orphan-child", 0.0, lambda rng, at, story: []),
             Fault("fill-volume", 0.0, lambda rng, at, story: []),
+            Fault("lifetime-cycles", 0.0, lambda rng, at, story: []),
         )
     }
 )

@@ -66,10 +66,13 @@ SETTINGS = {
 }
 
 
-def settings(criu: str | None = None) -> tuple[dict[str, str | None], list[str]]:
+def settings(criu: str | None = None, max_lifetime: float | None = None) -> tuple[dict[str, str | None], list[str]]:
     """The chaos settings the controller knows, and the names of those it does not (yet). With
-    ``criu`` (a CRIU binary), idle sandboxes are checkpointed with it, at a shorter idle timeout."""
+    ``criu`` (a CRIU binary), idle sandboxes are checkpointed with it, at a shorter idle timeout;
+    with ``max_lifetime``, every sandbox's lineage has that maximum lifetime."""
     wanted = dict(SETTINGS)
+    if max_lifetime is not None:
+        wanted["CONTROLLER_MAX_LIFETIME_SECONDS"] = f"{max_lifetime:g}"
     if criu is not None:
         wanted.update(
             CONTROLLER_IDLE_SUSPEND="checkpoint",
@@ -117,9 +120,11 @@ class ChaosWorld(Loop):
         role_flip: bool = False,
         run_seconds: float = 0.0,
         criu: str | None = None,
+        max_lifetime: float | None = None,
     ) -> None:
-        """``criu``: checkpoint idle sandboxes with this CRIU binary (``settings``)."""
-        known, self.unknown_settings = settings(criu)
+        """``criu``: checkpoint idle sandboxes with this CRIU binary; ``max_lifetime``: every
+        sandbox's maximum lifetime (``settings``)."""
+        known, self.unknown_settings = settings(criu, max_lifetime)
         self.idle_timeout_seconds = float(known.get("CONTROLLER_IDLE_TIMEOUT_SECONDS") or IDLE_TIMEOUT_SECONDS)
         self.checkpoints = criu is not None
         self.volume: Path | None = None

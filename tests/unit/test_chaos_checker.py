@@ -95,7 +95,7 @@ class FakeSimulator:
 class World:
     """A checker on a fake simulator, a fake /proc and a clock the test moves."""
 
-    def __init__(self) -> None:
+    def __init__(self, max_lifetime: float | None = None, controller_logs: list[Path] | None = None) -> None:
         self.now = T0
         self.sim = FakeSimulator()
         self.book = Book()
@@ -110,6 +110,8 @@ class World:
             prestart_budget=2,
             scan=lambda: {env: dict(groups) for env, groups in self.processes.items() if groups},
             clock=lambda: self.now,
+            max_lifetime_seconds=max_lifetime,
+            controller_logs=lambda: list(controller_logs or []),
         )
 
     def at(self, seconds: float) -> None:
@@ -751,3 +753,89 @@ def test_14_a_detached_child_left_after_its_executor_was_killed_is_a_violation()
     world.checker.judge_orphans(session, {me: ticks}, T0, 30.0)
     [violation] = world.violations(14)
     assert f"pids [{me}]" in violation.text
+
+
+LIFETIME = 20.0
+SLACK = 5.0
+
+
+def _idle_stop_at(world: World, stop_after: float) -> Session:
+    """s0 busy from 1, idle from 3; its executor found gone ``stop_after`` seconds after that."""
+    session = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)])
+    world.run(session.environment_id, 100)
+    world.at(2)
+    world.at(3 + stop_after - 0.3)
+    world.run(session.environment_id, None)
+    world.at(3 + stop_after + 0.2)
+    world.at(3 + stop_after + 11)
+    return session
+
+
+def test_16_a_stop_at_the_maximum_lifetime_is_not_judged_as_an_early_idle_stop(tmp_path: Path) -> None:
+    """In a world with a maximum lifetime, an executor a worker logged stopping for it (cause
+    ``lifetime``) just before it went is a stop the rules make, not an early idle stop (7); a
+    stop logged for another cause, long before, for another session, or in a world without a
+    lifetime excuses nothing."""
+    log = tmp_path / "worker0.log"
+    stop = {"time": T0 + 7.5, "event": "sandbox stopped", "cause": "lifetime", "session_id": "sess_s0"}
+    for line, lifetime, broken in (
+        (stop, LIFETIME, False),
+        ({**stop, "cause": "idle"}, LIFETIME, True),
+        ({**stop, "time": T0 - 20}, LIFETIME, True),
+        ({**stop, "session_id": "sess_s1"}, LIFETIME, True),
+        (stop, None, True),
+    ):
+        log.write_text(json.dumps(line) + "\n")
+        world = World(max_lifetime=lifetime, controller_logs=[log])
+        _idle_stop_at(world, 5.0)
+        assert [v.invariant for v in world.violations()] == ([7] if broken else []), line
+
+
+def _lineage_turns(world: World, session: Session, answers: list[tuple[float, str, int]]) -> None:
+    """Turns of ``session`` posted at ``T0 + at`` whose second command asked the background
+    process: (at, stdout, exit code)."""
+    for index, (at, _, _) in enumerate(answers):
+        session.turns.append(Turn(f"turn_{index}", f"s0-t{index}", T0 + at))
+        session.lineage_turns.append(f"turn_{index}")
+    world.sim.turn_log[session.id] = [
+        {
+            "id": f"turn_{index}",
+            "commands": [
+                {"status": "completed", "exit_code": 0, "stdout": ""},
+                {"status": "completed", "exit_code": code, "stdout": stdout},
+            ],
+        }
+        for index, (_, stdout, code) in enumerate(answers)
+    ]
+
+
+def _lifetime_world(answers: list[tuple[float, str, int]]) -> World:
+    """s0's first executor seen at 2 (its lineage's lifetime ends at 22, judged from 27)."""
+    world = World(max_lifetime=LIFETIME)
+    session = world.sim.session(world.book, "s0", [(0, "idle", False)])
+    world.run(session.environment_id, 100)
+    world.at(2)
+    _lineage_turns(world, session, answers)
+    return world
+
+
+def test_16_a_turn_well_past_the_lifetime_that_finds_the_first_lineage_breaks_16() -> None:
+    """16: the lifetime-cycles session's turns past its maximum lifetime (and the slack) must
+    not find the background process its first lineage started (issue 37, defect 7: each
+    restore renewed the lifetime, the same tree ran on); a fresh start's answer, or none, is
+    what the rules make; a turn inside the slack is not judged."""
+    renewed = _lifetime_world([(16, "abc 10 7", 0), (26, "abc 20 7", 0), (30, "abc 30 7", 0), (44, "abc 40 7", 0)])
+    assert renewed.checker.check_lineages(SLACK) == 2
+    violations = renewed.violations(16)
+    assert len(violations) == 2 and "28.0s after its first executor was seen" in violations[0].text
+
+    fresh = _lifetime_world([(16, "abc 10 7", 0), (30, "", 1), (44, "def 3 9", 0)])
+    assert fresh.checker.check_lineages(SLACK) == 2 and not fresh.violations()
+
+
+def test_16_cycles_that_never_reached_past_the_lifetime_are_a_harness_error_not_a_pass() -> None:
+    """A run whose lifetime cycles stopped early (a suspension never came) judged nothing: it
+    says so as an error, so a run cannot pass 16 by not reaching it."""
+    short = _lifetime_world([(16, "abc 10 7", 0), (26, "abc 20 7", 0)])
+    assert short.checker.check_lineages(SLACK) == 0
+    assert not short.violations() and any("judged nothing" in e for e in short.checker.errors)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.chaos import mutants
-from tests.chaos.mutants import MUTANTS, Mutant, applied, mutated, restore_leftovers
+from tests.chaos.mutants import FIRST_RUN, MUTANTS, Mutant, applied, mutated, restore_leftovers, runs_for
 
 
 @pytest.mark.parametrize("mutant", MUTANTS, ids=[m.name for m in MUTANTS])
@@ -45,6 +45,7 @@ def test_the_mutants_bring_back_each_defect_class_the_issue_names() -> None:
         "cut-checkpoint-waits",
         "restore-clocks-kept",
         "checkpoint-images-unbounded",
+        "restore-starts-lineage",
     ]
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
@@ -93,3 +94,17 @@ def test_no_mutant_is_left_to_a_guard() -> None:
     fourth run's stale-worker fault reached ``lease-not-checked``; a mutant given one again fails
     here, and so would a guard that names no test."""
     assert [m.name for m in MUTANTS if m.guard or m.why_not_chaos] == []
+
+
+def test_each_mutant_is_tried_first_on_the_run_that_caught_it_and_then_on_all_the_others() -> None:
+    """``--mutants`` makes each mutant's ``FIRST_RUN`` first (one run per mutant when each is
+    caught where it was), and every other run of CI's after it, in order, while none caught it."""
+    from tests.chaos.schedule import CI_RUNS
+
+    assert set(FIRST_RUN) <= {m.name for m in MUTANTS}
+    assert all(0 < index < len(CI_RUNS) for index in FIRST_RUN.values())
+    by_name = {m.name: m for m in MUTANTS}
+    assert runs_for(by_name["grace-from-start"], CI_RUNS) == list(CI_RUNS)
+    lineage = runs_for(by_name["restore-starts-lineage"], CI_RUNS)
+    assert lineage[0] == CI_RUNS[FIRST_RUN["restore-starts-lineage"]]
+    assert sorted(lineage) == sorted(CI_RUNS) and lineage[1:] == [r for r in CI_RUNS if r != lineage[0]]

@@ -21,6 +21,11 @@ from tests.chaos.schedule import (
     FAULTS,
     GRACE_SECONDS,
     LEADER_AFTER_INPUT_SECONDS,
+    LIFETIME_CYCLES,
+    LIFETIME_FAULTS,
+    LIFETIME_RUN_FAULTS,
+    LIFETIME_SECONDS,
+    LINEAGE_SLACK_SECONDS,
     LONE_OPENING_SECONDS,
     MAX_LIVE_SESSIONS,
     NO_404_SECONDS,
@@ -125,6 +130,7 @@ def test_the_default_set_is_the_catalogue_but_the_opt_in_faults_and_faults_are_s
         "corrupt-checkpoint",
         "orphan-child",
         "fill-volume",
+        "lifetime-cycles",
     } == OPT_IN_FAULTS
     assert not OPT_IN_FAULTS & DEFAULT_FAULTS
     assert select("+api-404-partial,+delete-several") == DEFAULT_FAULTS | {"api-404-partial", "delete-several"}
@@ -520,10 +526,27 @@ def test_cis_fifth_run_checkpoints_and_draws_short_suspensions_and_a_cut_checkpo
     many short suspensions of one session (``restore-clocks-kept`` needs the fourth or later)
     and a cut checkpoint (``cut-checkpoint-waits``); it lasts long enough for every cycle."""
     seed, faults, minutes = CI_RUNS[4]
-    assert faults == SUSPEND_FAULTS and select(faults) == DEFAULT_FAULTS | CHECKPOINT_FAULTS
+    assert faults == SUSPEND_FAULTS and select(faults) == DEFAULT_FAULTS | (CHECKPOINT_FAULTS - LIFETIME_FAULTS)
     schedule = draw(seed, minutes, select(faults))
     [cycles] = [s for s in schedule.steps if s.kind == "suspend-cycles"]
     assert int(cycles.value) == SUSPEND_CYCLES >= 5
     assert cycles.seconds >= SUSPEND_CYCLES * (CHECKPOINT_IDLE_TIMEOUT_SECONDS + 15.0)
     assert [s.kind for s in schedule.steps if s.kind == "corrupt-checkpoint"] == ["corrupt-checkpoint"]
+    assert schedule.seconds >= cycles.at + cycles.seconds
+
+
+def test_cis_sixth_run_draws_suspensions_across_a_maximum_lifetime() -> None:
+    """CI's sixth run names ``lifetime-cycles`` alone (``restore-starts-lineage``): a world that
+    checkpoints and has a maximum lifetime, and enough cycles that, at an idle timeout and a
+    turn each, a turn comes past the lifetime and its slack (16 judges it, or says it judged
+    nothing); the fault lasts long enough for them."""
+    seed, faults, minutes = CI_RUNS[5]
+    assert faults == LIFETIME_RUN_FAULTS and select(faults) == LIFETIME_FAULTS <= CHECKPOINT_FAULTS
+    schedule = draw(seed, minutes, select(faults))
+    [cycles] = [s for s in schedule.steps if s.kind == "lifetime-cycles"]
+    assert int(cycles.value) == LIFETIME_CYCLES
+    # the first cycle's turn comes inside the lifetime, the last past it and the slack
+    assert CHECKPOINT_IDLE_TIMEOUT_SECONDS + 5.0 < LIFETIME_SECONDS
+    assert LIFETIME_CYCLES * CHECKPOINT_IDLE_TIMEOUT_SECONDS > LIFETIME_SECONDS + LINEAGE_SLACK_SECONDS
+    assert cycles.seconds >= LIFETIME_CYCLES * (CHECKPOINT_IDLE_TIMEOUT_SECONDS + 15.0)
     assert schedule.seconds >= cycles.at + cycles.seconds
