@@ -21,6 +21,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import click
@@ -126,6 +127,18 @@ class KeptProducer:
             producer.release()
 
 
+@dataclass(frozen=True)
+class Tasks:
+    """What the two tasks share in one worker process: its dependencies (``deps()``), the
+    metrics (``None``: not served), whether delivery → executor connected is watched, and how a
+    watch job asks again later (``ask_later``: queues ``watch_connection`` with a delay)."""
+
+    deps: Callable[[], lifecycle.Deps]
+    metrics: Metrics | None
+    watch_connections: bool
+    ask_later: Callable[[str, float, float, int, dict[str, Any] | None], None]
+
+
 def register(
     app: Celery,
     max_retries: int,
@@ -137,63 +150,14 @@ def register(
     """Add the tasks to ``app``; ``deps()`` gives the worker process's dependencies; ``metrics``
     counts busy leases and observes delivery → sandbox start, and, with ``watch_connections``
     (metrics are served), delivery → executor connected; ``producer`` queues the watch jobs
-    (``wiring`` connects it at each pool process's start)."""
+    (``wiring`` connects it at each pool process's start). Each task is a named step of its own
+    (``sync_session``, ``watch_connection``); this only binds them to the app."""
     kept = producer if producer is not None else KeptProducer(app)
 
-    # shared=False: the tasks are this app's only (Celery would otherwise add them to every app
-    # the process finalizes later, each bound to this app's ``deps``).
-    @app.task(  # type: ignore[untyped-decorator]
-        name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries, shared=False
-    )
-    def sync_session(
-        self: Task,
-        session_id: str,
-        webhook_id: str | None = None,
-        event_type: str | None = None,
-        received_at: float | None = None,
-    ) -> None:
-        taken = time.time()
-        with logs.bind(session_id=session_id, webhook_id=webhook_id, task_id=self.request.id):
-            log.info(
-                "task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": self.request.retries}
-            )
-            try:
-                result = lifecycle.work(session_id, deps())
-            except Fenced as exc:
-                # Our decision is stale and was not acted on; the work itself is still owed
-                # (the lease may simply have expired). A retry finds it done, busy, or to do.
-                delay = 0.5 + random.uniform(0, 0.5)
-                log.info("stale decision dropped; looking again", extra={"reason": str(exc)})
-                raise self.retry(countdown=delay, max_retries=None) from exc
-            except Permanent as exc:
-                log.error("giving up on session", extra={"reason": str(exc), "error_type": type(exc).__name__})
-                return
-            except Transient as exc:
-                if self.max_retries is not None and self.request.retries >= self.max_retries:
-                    # The work stays wanted (work() released the lease without marking it
-                    # done): the scheduler's recovery pass enqueues the session again.
-                    log.error("retries exhausted; left to the recovery pass", extra={"reason": str(exc)})
-                    return
-                delay = backoff_seconds(self.request.retries, exc.retry_after)
-                log.warning("will retry", extra={"reason": str(exc), "countdown": round(delay, 2)})
-                raise self.retry(countdown=delay, exc=exc) from exc
-            if isinstance(result, Busy):
-                if metrics is not None:
-                    metrics.inc(LEASE_BUSY_TOTAL)
-                delay = min(result.retry_after, 2.0) + random.uniform(0, 0.5)
-                log.info("session busy elsewhere; will look again", extra={"countdown": round(delay, 2)})
-                raise self.retry(countdown=delay, max_retries=None)
-            started = any(d.verdict in (Verdict.START, Verdict.REPLACE) for d in result)
-            if started and received_at and metrics is not None:
-                metrics.observe(DELIVERY_TO_START_SECONDS, max(0.0, time.time() - received_at))
-            if started:
-                _started(session_id, received_at or 0.0, taken)
-            log.info("task done", extra={"rounds": len(result)})
-
-    def _ask_later(
+    def ask_later(
         environment_id: str, received_at: float, deadline: float, asked: int, start: dict[str, Any] | None
     ) -> None:
-        watch_connection.apply_async(
+        watch_task.apply_async(
             args=[environment_id, received_at, deadline],
             kwargs={"asked": asked, **({"start": start} if start else {})},
             countdown=watch_delay(asked),
@@ -201,96 +165,178 @@ def register(
             producer=kept.get(),
         )
 
-    def _started(session_id: str, received_at: float, taken: float) -> None:
-        """A sandbox was just started: observe and note its first stages (``start_stages``),
-        and with ``watch_connections`` start a watch job for the rest (only to measure; it
-        never decides). A store that cannot note it loses the note only."""
-        placed = time.time()
-        found = deps()
-        record = found.store.record(session_id)
-        if record is None:
-            return
-        if isinstance(found.runner, Starts):
-            template, source = found.runner.placement(session_id) or ("", "cold")
-        else:
-            template, source = "local", "cold"  # the local runner: no templates, no pool
-        stamps = {"taken": taken, "placed": placed, **({"delivered": received_at} if received_at else {})}
-        _observe(stamps, source, template)
-        sandbox = f"{record.handle.name}/{record.handle.uid}"
-        if isinstance(found.store, StartLog):
-            fields = {"source": source, "template": template, **{k: repr(v) for k, v in stamps.items()}}
-            try:
-                found.store.begin_start(session_id, sandbox, fields)
-            except StoreUnavailable:
-                log.warning("could not note the start's timeline", extra={"session_id": session_id})
-        if watch_connections:
-            start = {"session_id": session_id, "sandbox": sandbox, "placed": placed, "source": source}
-            start["template"] = template
-            _ask_later(record.environment_id, received_at, placed + CONNECTION_WINDOW_SECONDS, 0, start)
+    tasks = Tasks(deps, metrics, watch_connections, ask_later)
 
-    def _observe(stamps: dict[str, float], source: str, template: str) -> None:
-        if metrics is None:
-            return
-        for stage, seconds in start_stages.stages(stamps):
-            metrics.observe(START_STAGE_SECONDS, seconds, stage=stage, source=source, template=template or "none")
-
-    def _finish(start: dict[str, Any], connected: float) -> None:
-        """The watch job saw the executor connected: the sandbox's own stamps (from the runner)
-        and ``connected``, observed and added to the start's timeline."""
-        found = deps()
-        session_id, sandbox = str(start["session_id"]), str(start["sandbox"])
-        # The first read that found it connected is the first that can tell it registered
-        # (``start_stages``: the API reports no registration time).
-        stamps: dict[str, float] = {"placed": float(start["placed"]), "registered": connected, "connected": connected}
-        if start.get("registered_after"):
-            stamps["registered_after"] = float(start["registered_after"])
-        record = found.store.record(session_id)
-        same = record is not None and f"{record.handle.name}/{record.handle.uid}" == sandbox
-        if same and record is not None and isinstance(found.runner, Starts):
-            try:
-                stamps.update(found.runner.start_stamps(record.handle))
-            except Transient as exc:  # the API server away: this start's pod stages only are lost
-                log.warning("could not read the sandbox's start stamps", extra={"reason": str(exc)})
-        _observe(stamps, str(start.get("source", "cold")), str(start.get("template", "")))
-        if isinstance(found.store, StartLog):
-            try:
-                found.store.add_to_start(session_id, sandbox, {k: repr(v) for k, v in stamps.items() if k != "placed"})
-            except StoreUnavailable:
-                log.warning("could not note the start's timeline", extra={"session_id": session_id})
+    # shared=False: the tasks are this app's only (Celery would otherwise add them to every app
+    # the process finalizes later, each bound to this app's ``deps``).
+    @app.task(  # type: ignore[untyped-decorator]
+        name=queue.TASK_SYNC_SESSION, bind=True, max_retries=max_retries, shared=False
+    )
+    def sync_task(
+        self: Task,
+        session_id: str,
+        webhook_id: str | None = None,
+        event_type: str | None = None,
+        received_at: float | None = None,
+    ) -> None:
+        sync_session(tasks, self, session_id, webhook_id, event_type, received_at)
 
     @app.task(  # type: ignore[untyped-decorator]
         name=queue.TASK_WATCH_CONNECTION, max_retries=None, acks_late=False, shared=False
     )
-    def watch_connection(
+    def watch_task(
         environment_id: str,
         received_at: float,
         deadline: float,
         asked: int = 0,
         start: dict[str, Any] | None = None,
     ) -> None:
-        """Observe delivery → executor connected once the API reports the environment connected;
-        ask again (``watch_delay``) until ``deadline``. A lost watch job loses one observation only.
+        watch_connection(tasks, environment_id, received_at, deadline, asked, start)
 
-        "Not yet" queues the next ask itself (``asked`` counts them) and returns: no Celery
-        retry, whose exception makes Celery capture and format a traceback each time; with ten
-        sandboxes starting at once that was as much of the workers' CPU as starting them."""
-        connected = deps().sessions.environment_link(environment_id) is Link.UP
-        now = time.time()
-        if connected:
-            if metrics is not None and received_at:
-                metrics.observe(DELIVERY_TO_CONNECTED_SECONDS, max(0.0, now - received_at))
-            if start:
-                _finish(start, now)
-            since = received_at or float(start["placed"] if start else now)
-            log.info(
-                "executor connected",
-                extra={"environment_id": environment_id, "after_seconds": round(now - since, 2)},
-            )
+
+def sync_session(
+    tasks: Tasks,
+    task: Task,
+    session_id: str,
+    webhook_id: str | None,
+    event_type: str | None,
+    received_at: float | None,
+) -> None:
+    """The ``sync_session`` task: ``lifecycle.work`` on the session, its errors turned into
+    what Celery should do (``retry_or_give_up``), a busy lease into a retry soon, and a start
+    noted (``note_start``)."""
+    taken = time.time()
+    with logs.bind(session_id=session_id, webhook_id=webhook_id, task_id=task.request.id):
+        log.info("task started", extra={"event_type": event_type, "pid": os.getpid(), "retries": task.request.retries})
+        try:
+            result = lifecycle.work(session_id, tasks.deps())
+        except (Fenced, Permanent, Transient) as exc:
+            retry_or_give_up(task, exc)
             return
-        if now + watch_delay(asked + 1) > deadline:
-            log.warning("executor not connected within the window", extra={"environment_id": environment_id})
-            return
-        # This read found it not registered yet: the registration's window opens here.
-        _ask_later(
-            environment_id, received_at, deadline, asked + 1, {**start, "registered_after": now} if start else None
-        )
+        if isinstance(result, Busy):
+            if tasks.metrics is not None:
+                tasks.metrics.inc(LEASE_BUSY_TOTAL)
+            delay = min(result.retry_after, 2.0) + random.uniform(0, 0.5)
+            log.info("session busy elsewhere; will look again", extra={"countdown": round(delay, 2)})
+            raise task.retry(countdown=delay, max_retries=None)
+        started = any(d.verdict in (Verdict.START, Verdict.REPLACE) for d in result)
+        if started and received_at and tasks.metrics is not None:
+            tasks.metrics.observe(DELIVERY_TO_START_SECONDS, max(0.0, time.time() - received_at))
+        if started:
+            note_start(tasks, session_id, received_at or 0.0, taken)
+        log.info("task done", extra={"rounds": len(result)})
+
+
+def retry_or_give_up(task: Task, exc: Fenced | Permanent | Transient) -> None:
+    """What a failed round's error asks of the task (raises Celery's ``Retry`` to retry)."""
+    if isinstance(exc, Fenced):
+        # Our decision is stale and was not acted on; the work itself is still owed (the lease
+        # may simply have expired). A retry finds it done, busy, or to do.
+        delay = 0.5 + random.uniform(0, 0.5)
+        log.info("stale decision dropped; looking again", extra={"reason": str(exc)})
+        raise task.retry(countdown=delay, max_retries=None) from exc
+    if isinstance(exc, Permanent):
+        log.error("giving up on session", extra={"reason": str(exc), "error_type": type(exc).__name__})
+        return
+    if task.max_retries is not None and task.request.retries >= task.max_retries:
+        # The work stays wanted (work() released the lease without marking it done): the
+        # scheduler's recovery pass enqueues the session again.
+        log.error("retries exhausted; left to the recovery pass", extra={"reason": str(exc)})
+        return
+    delay = backoff_seconds(task.request.retries, exc.retry_after)
+    log.warning("will retry", extra={"reason": str(exc), "countdown": round(delay, 2)})
+    raise task.retry(countdown=delay, exc=exc) from exc
+
+
+def note_start(tasks: Tasks, session_id: str, received_at: float, taken: float) -> None:
+    """A sandbox was just started: observe and note its first stages (``start_stages``), and
+    with ``watch_connections`` start a watch job for the rest (only to measure; it never
+    decides). A store that cannot note it loses the note only."""
+    placed = time.time()
+    found = tasks.deps()
+    record = found.store.record(session_id)
+    if record is None:
+        return
+    if isinstance(found.runner, Starts):
+        template, source = found.runner.placement(session_id) or ("", "cold")
+    else:
+        template, source = "local", "cold"  # the local runner: no templates, no pool
+    stamps = {"taken": taken, "placed": placed, **({"delivered": received_at} if received_at else {})}
+    observe_stages(tasks.metrics, stamps, source, template)
+    sandbox = f"{record.handle.name}/{record.handle.uid}"
+    if isinstance(found.store, StartLog):
+        fields = {"source": source, "template": template, **{k: repr(v) for k, v in stamps.items()}}
+        try:
+            found.store.begin_start(session_id, sandbox, fields)
+        except StoreUnavailable:
+            log.warning("could not note the start's timeline", extra={"session_id": session_id})
+    if tasks.watch_connections:
+        start = {"session_id": session_id, "sandbox": sandbox, "placed": placed, "source": source}
+        start["template"] = template
+        tasks.ask_later(record.environment_id, received_at, placed + CONNECTION_WINDOW_SECONDS, 0, start)
+
+
+def observe_stages(metrics: Metrics | None, stamps: dict[str, float], source: str, template: str) -> None:
+    if metrics is None:
+        return
+    for stage, seconds in start_stages.stages(stamps):
+        metrics.observe(START_STAGE_SECONDS, seconds, stage=stage, source=source, template=template or "none")
+
+
+def finish_start(tasks: Tasks, start: dict[str, Any], connected: float) -> None:
+    """The watch job saw the executor connected: the sandbox's own stamps (from the runner) and
+    ``connected``, observed and added to the start's timeline."""
+    found = tasks.deps()
+    session_id, sandbox = str(start["session_id"]), str(start["sandbox"])
+    # The first read that found it connected is the first that can tell it registered
+    # (``start_stages``: the API reports no registration time).
+    stamps: dict[str, float] = {"placed": float(start["placed"]), "registered": connected, "connected": connected}
+    if start.get("registered_after"):
+        stamps["registered_after"] = float(start["registered_after"])
+    record = found.store.record(session_id)
+    same = record is not None and f"{record.handle.name}/{record.handle.uid}" == sandbox
+    if same and record is not None and isinstance(found.runner, Starts):
+        try:
+            stamps.update(found.runner.start_stamps(record.handle))
+        except Transient as exc:  # the API server away: this start's pod stages only are lost
+            log.warning("could not read the sandbox's start stamps", extra={"reason": str(exc)})
+    observe_stages(tasks.metrics, stamps, str(start.get("source", "cold")), str(start.get("template", "")))
+    if isinstance(found.store, StartLog):
+        try:
+            found.store.add_to_start(session_id, sandbox, {k: repr(v) for k, v in stamps.items() if k != "placed"})
+        except StoreUnavailable:
+            log.warning("could not note the start's timeline", extra={"session_id": session_id})
+
+
+def watch_connection(
+    tasks: Tasks,
+    environment_id: str,
+    received_at: float,
+    deadline: float,
+    asked: int = 0,
+    start: dict[str, Any] | None = None,
+) -> None:
+    """The ``watch_connection`` task: observe delivery → executor connected once the API reports
+    the environment connected; ask again (``watch_delay``) until ``deadline``. A lost watch job
+    loses one observation only.
+
+    "Not yet" queues the next ask itself (``asked`` counts them) and returns: no Celery retry,
+    whose exception makes Celery capture and format a traceback each time; with ten sandboxes
+    starting at once that was as much of the workers' CPU as starting them."""
+    connected = tasks.deps().sessions.environment_link(environment_id) is Link.UP
+    now = time.time()
+    if connected:
+        if tasks.metrics is not None and received_at:
+            tasks.metrics.observe(DELIVERY_TO_CONNECTED_SECONDS, max(0.0, now - received_at))
+        if start:
+            finish_start(tasks, start, now)
+        since = received_at or float(start["placed"] if start else now)
+        log.info("executor connected", extra={"environment_id": environment_id, "after_seconds": round(now - since, 2)})
+        return
+    if now + watch_delay(asked + 1) > deadline:
+        log.warning("executor not connected within the window", extra={"environment_id": environment_id})
+        return
+    # This read found it not registered yet: the registration's window opens here.
+    tasks.ask_later(
+        environment_id, received_at, deadline, asked + 1, {**start, "registered_after": now} if start else None
+    )
