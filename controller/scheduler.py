@@ -48,7 +48,6 @@ import time
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from functools import partial
-from types import FrameType
 from typing import Protocol
 
 import redis
@@ -278,6 +277,120 @@ class Acting:
         return lambda session_ids: self.enqueue(session_ids, event_type)
 
 
+class Rounds:
+    """The leader's steps, each due on its own interval (monotonic clock): the changed sandboxes
+    (every round), the durable timers, the recovery pass, the reconcile sweep (full at the
+    first and every ``full_sweep_interval_seconds``, or always without a watch) and the warm
+    pools. ``round`` makes the ones due; a step that fails is retried at the next round."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        store: SchedulerStore,
+        runner: Runner,
+        watch: SandboxWatch | None,
+        on_sweep: Callable[[reconcile.Sweep], None],
+        on_pools: Callable[[Sequence[PoolState]], None],
+    ) -> None:
+        self.store, self.runner, self.watch = store, runner, watch
+        self.on_sweep, self.on_pools = on_sweep, on_pools
+        self.pools = runner if isinstance(runner, Pools) else None
+        self.changed = Changed()
+        self.sweep_every = settings.lifecycle.reconcile_interval_seconds
+        self.full_every = settings.lifecycle.full_sweep_interval_seconds
+        self.recover_every = settings.queue.recovery_interval_seconds
+        self.fire_every = timers.RESOLUTION_SECONDS
+        self.tick = min(self.sweep_every, self.recover_every, self.fire_every)
+        self.next_sweep = self.next_recovery = self.next_fire = self.next_tend = 0.0
+        self.next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
+
+    def round(self, acting: Acting) -> None:
+        """One round of the leader's steps; a ``LeadershipLost`` ends it where it stands."""
+        now = time.monotonic()
+        _guarded("enqueueing changed sandboxes", partial(self.enqueue_changed, acting))
+        taking = _Taking(self.store, acting)
+        if now >= self.next_fire and _guarded("timers", lambda: timers.fire(taking, acting.enqueuer("timer"))):
+            self.next_fire = now + self.fire_every
+        if now >= self.next_recovery and _guarded(
+            "recovery pass", lambda: recovery.recover(taking, acting.enqueuer("recovery"))
+        ):
+            self.next_recovery = now + self.recover_every
+        if now >= self.next_sweep and _guarded("reconcile sweep", partial(self.sweep, acting, now)):
+            self.next_sweep = now + self.sweep_every
+        if self.pools is not None and now >= self.next_tend:
+            acting.check()
+            pools = self.pools
+            if _guarded("warm pools", lambda: self.on_pools(pools.tend_pools())):
+                self.next_tend = now + POOL_TEND_SECONDS
+
+    def enqueue_changed(self, acting: Acting) -> None:
+        """The sessions the watch named: wanted, then enqueued, as a sweep does; kept for the
+        next round when Redis or the broker refuses, or the term ends."""
+        session_ids = self.changed.take()
+        if not session_ids:
+            return
+        try:
+            acting.check()
+            self.store.want_many(session_ids)
+            acting.enqueue(session_ids, "pod")
+        except BaseException:
+            self.changed.give_back(session_ids)
+            raise
+        log.info("sandboxes changed; their sessions enqueued", extra={"enqueued": len(session_ids)})
+
+    def sweep(self, acting: Acting, now: float) -> None:
+        """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
+        every 3600 s with a pass every 300 s is exactly every 12th)."""
+        # Without a watch (the local runner, or the pod watch turned off) every sweep is full:
+        # nothing else would notice a sandbox that died while its session's timer is far away.
+        full = now >= self.next_full or self.watch is None
+        watched = self.watch is not None and self.watch.live()
+        self.on_sweep(
+            reconcile.sweep(self.store, self.runner, acting.enqueuer("reconcile"), full=full, watched=watched)
+        )
+        if full:
+            self.next_full = now + self.full_every
+
+    def follow(self, was: Role | None, now: Role) -> None:
+        """What a change of role starts or stops: only the leader watches the sandboxes, and
+        one that stops leading reports no pools (its figures would go stale: the new leader
+        reports them)."""
+        if now is Role.LEADING and was is not Role.LEADING and self.watch is not None:
+            self.watch.start(self.changed.add)
+        elif was is Role.LEADING and now is not Role.LEADING:
+            if self.watch is not None:
+                self.watch.stop()
+            if self.pools is not None:
+                self.on_pools(())
+
+    def wait_seconds(self) -> float:
+        """How long the leader sleeps after a round: until the next step is due, at most a tick
+        (an overdue step, one that failed, is retried after one tick)."""
+        wait = min(self.next_sweep, self.next_recovery, self.next_fire) - time.monotonic()
+        return min(self.tick, max(0.1, wait)) if wait > 0 else self.tick
+
+
+def role_now(leadership: Leadership, term: str | None) -> tuple[Role, str]:
+    """This process's role by its leadership's last answer, with the reason Redis is away."""
+    if term is not None:
+        return Role.LEADING, ""
+    if leadership.unreachable is not None:
+        return Role.UNREACHABLE, leadership.unreachable
+    return Role.STANDING_BY, ""
+
+
+def log_role(was: Role | None, now: Role, reason: str, term: str | None) -> None:
+    """One line when the role changes (and each round Redis is away)."""
+    if now is Role.UNREACHABLE:
+        log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
+    elif now is Role.LEADING and was is not Role.LEADING:
+        log.info("leading: sweeping and recovering", extra={"term": term})
+    elif now is not was:
+        log.info("another scheduler is active; standing by")
+    if was is Role.LEADING and now is not Role.LEADING:
+        log.warning("stopped leading: the term could not be renewed in time, or another leads")
+
+
 def run(
     settings: Settings,
     store: SchedulerStore,
@@ -295,118 +408,37 @@ def run(
     sandbox changed, and runs while this process leads; ``on_pools`` is told how each warm pool
     was found at each tending (the warm-pool gauges), and told of no pool when this process
     stops leading (its figures would go stale); ``leadership`` (default: the standard timings on
-    ``client``) is started here and stopped on the way out."""
-    sweep_every = settings.lifecycle.reconcile_interval_seconds
-    full_every = settings.lifecycle.full_sweep_interval_seconds
-    recover_every = settings.queue.recovery_interval_seconds
-    fire_every = timers.RESOLUTION_SECONDS
-    tick = min(sweep_every, recover_every, fire_every)
+    ``client``) is started here and stopped on the way out. Each loop: the role now
+    (``role_now``, ``log_role``, ``Rounds.follow``), then, leading, one of ``Rounds.round``."""
+    rounds = Rounds(settings, store, runner, watch, on_sweep, on_pools)
     leadership = leadership or Leadership(client)
     stop = stop or threading.Event()
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
     if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-
-    changed = Changed()
-
-    def enqueue_changed(acting: Acting) -> None:
-        """The sessions the watch named: wanted, then enqueued, as a sweep does; kept for the
-        next round when Redis or the broker refuses, or the term ends."""
-        session_ids = changed.take()
-        if not session_ids:
-            return
-        try:
-            acting.check()
-            store.want_many(session_ids)
-            acting.enqueue(session_ids, "pod")
-        except BaseException:
-            changed.give_back(session_ids)
-            raise
-        log.info("sandboxes changed; their sessions enqueued", extra={"enqueued": len(session_ids)})
-
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda signum, frame: stop.set())
     log.info(
         "scheduler started",
-        extra={"interval_seconds": sweep_every, "recovery_interval_seconds": recover_every},
+        extra={"interval_seconds": rounds.sweep_every, "recovery_interval_seconds": rounds.recover_every},
     )
     role: Role | None = None
-    next_sweep = next_recovery = next_fire = next_tend = 0.0
-    next_full = 0.0  # the first sweep, and the first once full_every has passed since the last, is full
-    pools = runner if isinstance(runner, Pools) else None
-
-    def sweep_once(acting: Acting, now: float) -> None:
-        """``now``: the round's start, the clock ``next_sweep`` is set by too (so a full sweep
-        every 3600 s with a pass every 300 s is exactly every 12th)."""
-        nonlocal next_full
-        # Without a watch (the local runner, or the pod watch turned off) every sweep is full:
-        # nothing else would notice a sandbox that died while its session's timer is far away.
-        full = now >= next_full or watch is None
-        watched = watch is not None and watch.live()
-        on_sweep(reconcile.sweep(store, runner, acting.enqueuer("reconcile"), full=full, watched=watched))
-        if full:
-            next_full = now + full_every
-
-    def lead(acting: Acting) -> None:
-        """One round of the leader's steps; a ``LeadershipLost`` ends it where it stands."""
-        nonlocal next_fire, next_recovery, next_sweep, next_tend
-        now = time.monotonic()
-        _guarded("enqueueing changed sandboxes", partial(enqueue_changed, acting))
-        taking = _Taking(store, acting)
-        if now >= next_fire and _guarded("timers", lambda: timers.fire(taking, acting.enqueuer("timer"))):
-            next_fire = now + fire_every
-        if now >= next_recovery and _guarded(
-            "recovery pass", lambda: recovery.recover(taking, acting.enqueuer("recovery"))
-        ):
-            next_recovery = now + recover_every
-        if now >= next_sweep and _guarded("reconcile sweep", partial(sweep_once, acting, now)):
-            next_sweep = now + sweep_every
-        if pools is not None and now >= next_tend:
-            acting.check()
-            if _guarded("warm pools", lambda: on_pools(pools.tend_pools())):
-                next_tend = now + POOL_TEND_SECONDS
-
     leadership.start()
     try:
         while not stop.is_set():
             term = leadership.term()
-            if term is not None:
-                now_role, reason = Role.LEADING, ""
-            elif leadership.unreachable is not None:
-                now_role, reason = Role.UNREACHABLE, leadership.unreachable
-            else:
-                now_role, reason = Role.STANDING_BY, ""
-            was_leading, leading = role is Role.LEADING, now_role is Role.LEADING
-            if now_role is Role.UNREACHABLE:
-                log.warning(f"redis unavailable: {reason}; trying again next round", extra={"reason": reason})
-            elif leading and not was_leading:
-                log.info("leading: sweeping and recovering", extra={"term": term})
-            elif now_role is not role:
-                log.info("another scheduler is active; standing by")
-            if was_leading and not leading and role is not None:
-                log.warning("stopped leading: the term could not be renewed in time, or another leads")
+            now_role, reason = role_now(leadership, term)
+            log_role(role, now_role, reason, term)
+            rounds.follow(role, now_role)
             role = now_role
-            if leading and not was_leading and watch is not None:
-                watch.start(changed.add)  # only the leader watches
-            elif was_leading and not leading:
-                if watch is not None:
-                    watch.stop()
-                if pools is not None:
-                    on_pools(())  # its figures would go stale: the new leader reports the pools
-            if term is not None:
-                try:
-                    lead(Acting(leadership, term, publish))
-                except LeadershipLost as exc:
-                    leadership.end(term)
-                    log.warning("leadership lost mid-round; acting no further", extra={"reason": str(exc)})
-                    continue
-                # Wake for whichever is due next (a failed step is retried after one tick).
-                wait = min(next_sweep, next_recovery, next_fire) - time.monotonic()
-                stop.wait(min(tick, max(0.1, wait)) if wait > 0 else tick)
-            else:
-                stop.wait(min(tick, RETRY_SECONDS))
+            if term is None:
+                stop.wait(min(rounds.tick, RETRY_SECONDS))
+                continue
+            try:
+                rounds.round(Acting(leadership, term, publish))
+            except LeadershipLost as exc:
+                leadership.end(term)
+                log.warning("leadership lost mid-round; acting no further", extra={"reason": str(exc)})
+                continue
+            stop.wait(rounds.wait_seconds())
     finally:
         if watch is not None and role is Role.LEADING:
             watch.stop()
