@@ -3,7 +3,7 @@
 redis-py's asyncio client takes a pooled connection per command: with 64 deliveries in flight
 that is 64 sockets and a write and a read per command; the receiver's Redis step cost about
 130 µs of CPU per delivery with it, 35–50 µs with this client (~10 µs a call on its own,
-against ~40 µs; one uvicorn process, 16 clients, BENCHMARKS.md). Redis answers a connection's commands in the order
+against ~40 µs; one receiver process, 16 clients, BENCHMARKS.md). Redis answers a connection's commands in the order
 they came, so one connection carries them all: the commands issued in one turn of the event
 loop go out in one write, their futures wait in a FIFO, and each read resolves as many futures
 as it holds replies (under load, several per write and per read).
@@ -56,7 +56,6 @@ import redis
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.exceptions import MasterDownError, NoScriptError, ReadOnlyError
 
-from controller.config import PREFIX
 from controller.errors import RedisCertificateRefused, RedisPasswordRefused
 
 Arg = str | int | float | bytes
@@ -339,7 +338,7 @@ class PipelinedRedis:
                     try:
                         if self._password:
                             credentials = [self._username, self._password] if self._username else [self._password]
-                            await _authenticate(connection, credentials, f"{PREFIX}REDIS_URL", f"Redis at {where}")
+                            await _authenticate(connection, credentials, "CONTROLLER_REDIS_URL", f"Redis at {where}")
                         if self._db:
                             await connection.send(command("SELECT", self._db))
                         role = await _role(connection)
@@ -352,7 +351,7 @@ class PipelinedRedis:
                 raise redis.ConnectionError(f"cannot connect to Redis: {exc}") from exc
             except redis.ResponseError as exc:
                 if refuses_credentials(exc):  # NOAUTH: a password is required and the URL gives none
-                    raise RedisPasswordRefused(f"{PREFIX}REDIS_URL", f"Redis at {where}", str(exc)) from exc
+                    raise RedisPasswordRefused("CONTROLLER_REDIS_URL", f"Redis at {where}", str(exc)) from exc
                 raise redis.AuthenticationError(f"Redis refused the connection's setup: {exc}") from exc  # SELECT
             _check_master(role, connection, where)
             connection.role_asked_at = asyncio.get_running_loop().time()
@@ -375,7 +374,7 @@ class PipelinedRedis:
         except ssl.SSLCertVerificationError as exc:
             connection.close()
             where = f"{server} at {host}:{port}"
-            raise RedisCertificateRefused(f"{PREFIX}REDIS_CA_FILE", where, exc.verify_message or str(exc)) from exc
+            raise RedisCertificateRefused("CONTROLLER_REDIS_CA_FILE", where, exc.verify_message or str(exc)) from exc
         except BaseException:
             connection.close()
             raise
@@ -393,7 +392,7 @@ class PipelinedRedis:
                 async with asyncio.timeout(each):
                     sentinel = await self._open(host, port, "the sentinel")
                     try:
-                        setting, where = f"{PREFIX}REDIS_SENTINEL_PASSWORD", f"the sentinel at {host}:{port}"
+                        setting, where = "CONTROLLER_REDIS_SENTINEL_PASSWORD", f"the sentinel at {host}:{port}"
                         if self._sentinel_password:
                             await _authenticate(sentinel, [self._sentinel_password], setting, where)
                         asked = command("SENTINEL", "GET-MASTER-ADDR-BY-NAME", self._master_name)
