@@ -3,8 +3,8 @@
 Callers count through the ``Counters`` protocol, so tests can pass any object with ``inc``.
 ``Metrics`` is the real one: it owns its own ``CollectorRegistry`` (two apps in one test
 process never collide; the standard process/platform/gc collectors are added) and renders
-it for ``GET /metrics``. One registry per process: with several uvicorn workers, scrape
-each worker or switch to prometheus_client's multiprocess mode.
+it for ``GET /metrics``. One registry per process: with several processes serving one role, scrape
+each process or switch to prometheus_client's multiprocess mode.
 
     controller_webhooks_total{outcome, reason}
         outcome: enqueued | duplicate | ignored | rejected | unavailable | error

@@ -80,7 +80,7 @@ class HttpSessions:
         # transport error, which the retry below repeats on a new connection (both tested). It
         # would buy nothing measured: ten reads at once cost as much on a new connection as on a
         # kept one (plain HTTP on loopback, as the bench's workers read the simulator), each
-        # worker process's first read opens one anyway, and the simulator (uvicorn) closes idle
+        # worker process's first read opens one anyway, and the simulator's server closes idle
         # connections after 5 s itself (BENCHMARKS.md, goal 1).
         self._client = httpx.Client(
             base_url=base_url.rstrip("/"),

@@ -1,6 +1,6 @@
 """``store.pipelined``, the receiver's one-connection Redis client, against a real redis-server
 (and, for a Redis that never answers, a loopback socket that reads and stays silent), on both
-event loops the receiver may run on (asyncio's and uvloop's, which uvicorn picks when installed).
+event loops the receiver may run on (asyncio's and uvloop's, which ``sandbox-controller serve`` runs on when installed).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """The receiver's webhook secrets as an operator can get them wrong: a real ``sandbox-controller
-serve`` (uvicorn) on loopback with redis-server, reading its secrets from a file.
+serve`` (its own HTTP/1.1 server) on loopback with redis-server, reading its secrets from a file.
 
 A secret with fewer than 24 bytes of key material is refused at start (exit 2, the setting
 named, the value never printed) and when the file changes under a running receiver (the last

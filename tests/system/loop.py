@@ -1,5 +1,6 @@
-"""The whole loop from real parts on loopback: redis-server, the simulator, uvicorn
-receivers, Celery worker processes and the local runner with the real codex binary."""
+"""The whole loop from real parts on loopback: redis-server, the simulator, receivers
+(``sandbox-controller serve``), Celery worker processes and the local runner with the real
+codex binary."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Live work under everyday faults (issue 16), with real parts on loopback: uvicorn receivers,
+"""Live work under everyday faults (issue 16), with real parts on loopback: receivers,
 Celery worker processes, the scheduler, redis-server, the simulator and the real codex.
 
 1. A link blip during a turn does not replace the executor (L14).

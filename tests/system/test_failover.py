@@ -1,6 +1,6 @@
 """High availability on the engines the controller already uses, with real parts on loopback:
 Redis as an operator runs it for failover (a primary, a replica and three ``redis-server
---sentinel`` processes, with passwords), 2 uvicorn receivers, 2 Celery workers, the scheduler,
+--sentinel`` processes, with passwords), 2 receivers, 2 Celery workers, the scheduler,
 the simulator and the real ``codex exec-server``; every process reaches Redis through the
 sentinels (``CONTROLLER_REDIS_SENTINELS``).
 

@@ -1,4 +1,4 @@
-"""The lifecycle under its own faults (issue 37, items 1–3), with real parts on loopback: uvicorn
+"""The lifecycle under its own faults (issue 37, items 1–3), with real parts on loopback:
 receivers, Celery worker processes, the scheduler, redis-server, the simulator and the real codex.
 
 1. Rounds that read a session fine but fail (its replacement's start fails) forget its 404s:

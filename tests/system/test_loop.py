@@ -1,4 +1,4 @@
-"""The whole loop on loopback with real parts: signed webhooks → 2 uvicorn receivers →
+"""The whole loop on loopback with real parts: signed webhooks → 2 receivers →
 Redis → 2 Celery worker processes → local runner → the real ``codex exec-server``
 registering with the simulator. Tests run in file order and share one world."""
 

@@ -1,5 +1,5 @@
 """No work destroyed or dropped on partial evidence (issue 25), with real parts on loopback:
-uvicorn receivers, Celery worker processes, the scheduler, redis-server, the simulator and the
+receivers, Celery worker processes, the scheduler, redis-server, the simulator and the
 real codex.
 
 1. Two one-shot 404s with the session readable between them do not delete it (L7, L17).

@@ -1,5 +1,5 @@
 """Pre-start (L9's eager mode) with real parts on loopback: the simulator's signed
-``agent.session.created`` → a uvicorn receiver → Redis → a Celery worker → the local runner
+``agent.session.created`` → a receiver (``sandbox-controller serve``) → Redis → a Celery worker → the local runner
 with the real codex, for sessions of the one agent configured to pre-start. The idle timeout is
 a few seconds, so an unused pre-started sandbox is seen to stop.
 

@@ -1,5 +1,5 @@
 """The receiver under floods of slow and oversized connections: a real receiver process
-(``sandbox-controller serve``, uvicorn) on 127.0.0.1 with a real redis-server, configured
+(``sandbox-controller serve``, its own HTTP/1.1 server) on 127.0.0.1 with a real redis-server, configured
 from the Helm chart's values, its resident memory sampled from ``/proc/<pid>/status`` while
 900 connections hold on. The chart's memory limit of the receiver is the bound.
 """

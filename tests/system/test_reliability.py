@@ -1,5 +1,5 @@
 """Nothing acknowledged is lost, whatever fails: the whole loop from real parts on loopback
-(redis-server with its append-only file, 2 uvicorn receivers, 2 Celery workers, the
+(redis-server with its append-only file, 2 receivers, 2 Celery workers, the
 simulator, the real ``codex exec-server``), with Redis or a worker killed mid-burst.
 
 Each test builds its own world: it kills parts of it."""

@@ -260,24 +260,102 @@ def _receiver_outcomes() -> set[str]:
     return {*re.findall(r'outcome="(\w+)"', inspect.getsource(receiver)), *(o.value for o in Outcome), "ignored"}
 
 
-def test_the_metrics_table_names_every_label_value_the_code_counts() -> None:
-    """README's metrics table names every value a label takes in the code (the outcomes of
-    ``controller_webhooks_total``, ``decide.Verdict``, ``decide.Cause``), so an added value
-    cannot stay undocumented."""
+def _labelled() -> dict[str, set[str]]:
+    """The values each labelled metric takes, read from the code that counts them."""
     from controller.decide import Cause, Verdict
     from controller.runners.kubernetes import seccomp
+    from controller.server import REFUSAL_REASONS
 
-    labelled = {
+    return {
         "controller_webhooks_total": _receiver_outcomes(),
         "controller_decisions_total": {v.value for v in Verdict},
         "controller_sandboxes_stopped_total": {c.value for c in Cause},
         "controller_sandboxes_cannot_start_total": {seccomp.NO_NODE, seccomp.MISSING_ON_NODE},
+        "controller_receiver_refused_total": set(REFUSAL_REASONS),
     }
+
+
+def test_the_metrics_table_names_every_label_value_the_code_counts() -> None:
+    """README's metrics table names every value a label takes in the code (the outcomes of
+    ``controller_webhooks_total``, ``decide.Verdict``, ``decide.Cause``), so an added value
+    cannot stay undocumented."""
     missing = []
-    for metric, values in labelled.items():
+    for metric, values in _labelled().items():
         words = set(re.findall(r"\w+", _metric_row(metric).split("|")[3]))
         missing += [f"{metric}: {value}" for value in sorted(values - words)]
     assert missing == [], missing
+
+
+def test_the_metrics_table_names_only_label_values_the_code_counts() -> None:
+    """The other way: each value README's metrics table names (in backticks) for a label the
+    code counts under (``_labelled``) is one the code counts, so a value invented, or one since
+    removed, cannot stay in the table."""
+    invented = []
+    for metric, values in _labelled().items():
+        named = set(re.findall(r"`([a-z][a-z0-9_]*)`", _metric_row(metric).split("|")[3])) - NOT_LABEL_VALUES
+        invented += [f"{metric}: {value}" for value in sorted(named - values)]
+    assert invented == [], invented
+
+
+NOT_LABEL_VALUES = {"last_active_at", "explain"}
+"""Words in backticks in those rows that are no label value: a log line's field, a command."""
+
+NOT_SETTINGS = {("scripts/build-images", "CONTROLLER_IMAGE"), ("scripts/build-images", "controller_image")}
+"""Names that look like a setting or a metric and are neither: the image ``build-images`` builds
+(its environment variable and shell variable)."""
+
+
+def _code_and_config() -> list[Path]:
+    """The files whose docstrings, comments and values are claims too: the package, the simulator,
+    the benchmarks, the chart, the runner image, the scripts and the tools' config files."""
+    places = ("controller", "agents_simulator", "bench", "helm", "runner_image")
+    found = [p for place in places for p in (ROOT / place).rglob("*") if p.is_file() and "__pycache__" not in p.parts]
+    found += [p for p in (ROOT / "scripts").iterdir() if p.is_file()]
+    found += [ROOT / ".importlinter", ROOT / "pyproject.toml", ROOT / "Dockerfile"]
+    return sorted(p for p in found if p.suffix not in (".png", ".pyc", ".tgz"))
+
+
+def test_every_setting_and_metric_the_code_and_chart_name_exists() -> None:
+    """A ``CONTROLLER_…`` setting or ``controller_…`` metric named anywhere in the code, its
+    docstrings and comments, the chart (values, alerts, dashboard) or the tools' config is one
+    the parser reads or the controller exports: a stale name in a comment or an alert on a
+    metric that is gone fails here, not only one in README."""
+    from tests.support.metrics import exported
+
+    known = exported()
+    wrong = []
+    for path in _code_and_config():
+        name = str(path.relative_to(ROOT))
+        text = path.read_text(errors="replace")
+        for setting in set(re.findall(r"\bCONTROLLER_[A-Z0-9_]*[A-Z0-9]\b", text)):
+            if setting not in KEYS and (name, setting) not in NOT_SETTINGS:
+                wrong.append(f"{name}: {setting}")
+        for metric in set(re.findall(r"\bcontroller_[a-z_]*[a-z]\b", text)):
+            if metric not in known and (name, metric) not in NOT_SETTINGS:
+                wrong.append(f"{name}: {metric}")
+    assert wrong == [], sorted(wrong)
+
+
+UVICORN_NAMED = {
+    "controller/logs.py": "the simulator's uvicorn logs through JsonFormatter",
+    "controller/server.py": "uvloop, which the server runs on, comes with uvicorn[standard] (the simulator's)",
+    "tests/unit/test_cli.py": "tests JsonFormatter with a uvicorn record",
+}
+"""Files of the product and its tests that name uvicorn without serving with it, and why."""
+
+
+def test_only_what_runs_uvicorn_names_it() -> None:
+    """The receiver runs its own HTTP/1.1 server, not uvicorn (the simulator still does): a file
+    of the product or its tests that names uvicorn imports it (the simulator, its harness, the
+    benchmarks' baselines) or says why it names it (``UVICORN_NAMED``), so "served by uvicorn"
+    cannot outlive the change again."""
+    stale = []
+    for path in [*(ROOT / "controller").rglob("*.py"), *(ROOT / "tests").rglob("*.py")]:
+        name = str(path.relative_to(ROOT))
+        text = path.read_text()
+        if "uvicorn" in text.lower() and "import uvicorn" not in text and name not in UVICORN_NAMED:
+            stale.append(name)
+    assert stale == [], stale
 
 
 def _import_layers() -> dict[str, set[int]]:
