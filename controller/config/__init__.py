@@ -36,7 +36,7 @@ from controller.config.queue import MAX_CA_FILE_BYTES, QueueSettings
 from controller.config.reader import DAY, PREFIX, number_text
 from controller.config.receiver import ReceiverSettings, WebhookSettings
 from controller.config.runner import IDLE_SUSPENDS, MAX_UID, RUNNERS, RunnerSettings
-from controller.config.settings import BOUNDS, DEFAULTS, KEYS, LOG_LEVELS, Settings, _Parser
+from controller.config.settings import BOUNDS, DEFAULTS, KEYS, LOG_LEVELS, Settings, read_by
 
 __all__ = [
     "BOUNDS",
@@ -61,6 +61,6 @@ __all__ = [
     "Secret",
     "Settings",
     "WebhookSettings",
-    "_Parser",
     "number_text",
+    "read_by",
 ]

@@ -114,15 +114,20 @@ class _Parser(Reader):
         return settings
 
 
-def _parse_nothing() -> _Parser:
-    parser = _Parser({})
+def _parse(environ: Mapping[str, str]) -> _Parser:
+    parser = _Parser(environ)
     parser.parse()
     return parser
 
 
-KEYS: frozenset[str] = frozenset(_parse_nothing().read)
+def read_by(environ: Mapping[str, str]) -> frozenset[str]:
+    """The variables a parse of ``environ`` reads: whatever it holds, the same names (``KEYS``)."""
+    return frozenset(_parse(environ).read)
+
+
+KEYS: frozenset[str] = read_by({})
 """Every variable the parser reads (taken from a parse, not kept by hand)."""
-BOUNDS: Mapping[str, tuple[float, float]] = dict(_parse_nothing().bounds)
+BOUNDS: Mapping[str, tuple[float, float]] = dict(_parse({}).bounds)
 """Every numeric setting's (minimum, maximum) (taken from a parse; README states each one)."""
-DEFAULTS: Mapping[str, float | str | bool] = dict(_parse_nothing().defaults)
+DEFAULTS: Mapping[str, float | str | bool] = dict(_parse({}).defaults)
 """Every number's, text's and flag's default (taken from a parse; README's table states each one)."""

@@ -13,10 +13,11 @@ from kubernetes import client
 
 from controller.model import SandboxSpec
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.api import KubeApi, pod_of
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.placement import Placement
 from tests.node.conftest import Installed
+from tests.support.pods import pod_of
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.timeout(1800)]

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.config import BOUNDS, KEYS, PREFIX, ReceiverSettings, Secret, Settings, _Parser
+from controller.config import BOUNDS, KEYS, PREFIX, ReceiverSettings, Secret, Settings, read_by
 from controller.credentials import mask_credentials
 from controller.errors import ConfigError
 
@@ -384,9 +384,7 @@ def test_keys_are_all_prefixed_and_read() -> None:
 def test_keys_are_the_names_the_parser_reads_whatever_the_environment() -> None:
     """``KEYS`` comes from a parse; a parse of any other environment reads the very same names."""
     for environ in ({}, full_env(), {k: "" for k in KEYS}, env(RUNNER="kubernetes", API_KEY_FILE="/nonexistent")):
-        parser = _Parser(environ)
-        parser.parse()
-        assert parser.read == KEYS
+        assert read_by(environ) == KEYS
     assert problems_of(env(REDIS_URLL="redis://x")) == [f"{PREFIX}REDIS_URLL is not a known setting (typo?)"]
 
 

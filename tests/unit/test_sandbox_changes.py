@@ -84,8 +84,8 @@ def test_a_pod_is_seen_as_the_lifecycle_reads_it() -> None:
     from kubernetes import client
 
     from controller.runners.kubernetes import names
-    from controller.runners.kubernetes.api import pod_of
     from controller.runners.kubernetes.watch import sighting
+    from tests.support.pods import pod_of
 
     def pod(phase: str, ready: str, restarts: int, terminated: bool = False) -> client.V1Pod:
         state = client.V1ContainerState(

@@ -451,12 +451,6 @@ class PodStream:
             raise KubernetesUnavailable("cannot reach Kubernetes to watch pods", retry_after=2) from exc
 
 
-def pod_of(pod: Any) -> Pod:
-    """The project's ``Pod`` from the client's ``V1Pod`` (a model a caller built: the verbs
-    above read the API server's JSON, ``pod_from_json``, and build none)."""
-    return pod_from_json(k8s.ApiClient().sanitize_for_serialization(pod))  # type: ignore[no-untyped-call]
-
-
 def _json(answer: Any) -> Any:
     """An answer asked for with ``_preload_content=False`` (the client builds no model of it),
     read and parsed here, inside ``_call``'s attempt: a connection lost while its body is read
