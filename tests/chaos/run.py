@@ -8,10 +8,14 @@ late), the end checks, the teardown, and the report.
 from __future__ import annotations
 
 import os
+import signal
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import FrameType
 from typing import Protocol
 
 import pytest
@@ -113,7 +117,31 @@ def teardown(world: Stoppable, checker: Checker, directory: Path) -> None:
     checker.check_nothing_left(directory)
 
 
+@contextmanager
+def terminated_as_exit() -> Iterator[None]:
+    """While a run goes on, SIGTERM (a CI job cancelled, ``timeout``, a helper's kill) raises
+    ``SystemExit`` in the main thread, so the run ends through its ``finally``: the world torn
+    down, nothing of it left running (without it, Python exits at once and leaves them all)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def exit_now(signum: int, frame: FrameType | None) -> None:
+        raise SystemExit(128 + signum)
+
+    previous = signal.signal(signal.SIGTERM, exit_now)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> Result:
+    with terminated_as_exit():
+        return _run(directory, seed, minutes, faults)
+
+
+def _run(directory: Path, seed: int, minutes: float, faults: frozenset[str]) -> Result:
     schedule = draw(seed, minutes, faults)
     executor, real_codex = executor_command()
     require_codex(real_codex, os.environ)

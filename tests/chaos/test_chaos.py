@@ -2,9 +2,10 @@
 
 Without ``CHAOS_SEED`` this runs CI's fixed runs (``schedule.CI_RUNS``: two seeds of the default
 faults for ``CI_MINUTES`` each, one of the deletion faults, one of the stale-worker,
-crash-loop, wedged-link, failing-start-404 and orphan-child faults, and one of the default
-faults with the suspend-cycles and corrupt-checkpoint faults in a world that checkpoints its idle
-sandboxes; about ten minutes in all with start-up and the quiet ends, which wait for the idle
+crash-loop, wedged-link, failing-start-404 and orphan-child faults, one of the default faults
+with the suspend-cycles, corrupt-checkpoint and fill-volume faults in a world that checkpoints
+its idle sandboxes, and one of lifetime-cycles in a world that checkpoints and has a maximum
+lifetime; about ten minutes in all with start-up and the quiet ends, which wait for the idle
 sandboxes to stop). ``scripts/test chaos --seed N --minutes M
 --faults SPEC`` sets ``CHAOS_SEED``, ``CHAOS_MINUTES`` and ``CHAOS_FAULTS``. A failing run
 prints its seed, the command that replays it, its violations and its whole event log.

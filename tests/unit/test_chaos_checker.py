@@ -839,3 +839,42 @@ def test_16_cycles_that_never_reached_past_the_lifetime_are_a_harness_error_not_
     short = _lifetime_world([(16, "abc 10 7", 0), (26, "abc 20 7", 0)])
     assert short.checker.check_lineages(SLACK) == 0
     assert not short.violations() and any("judged nothing" in e for e in short.checker.errors)
+
+
+def test_a_sigterm_during_a_run_ends_it_through_its_teardown(tmp_path: Path) -> None:
+    """A run killed with SIGTERM (a cancelled CI job, ``timeout``) still reaches its ``finally``,
+    where the world is torn down (``run.terminated_as_exit``); without it Python exits at once
+    and every process of the world is left running."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    cleaned = tmp_path / "cleaned"
+    script = (
+        "import time, sys\n"
+        "from pathlib import Path\n"
+        "from tests.chaos.run import terminated_as_exit\n"
+        "with terminated_as_exit():\n"
+        "    try:\n"
+        "        print('ready', flush=True)\n"
+        "        time.sleep(60)\n"
+        "    finally:\n"
+        f"        Path({str(cleaned)!r}).write_text('torn down')\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    child = subprocess.Popen([sys.executable, "-c", script], cwd=root, stdout=subprocess.PIPE, text=True)
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+        child.send_signal(signal.SIGTERM)
+        assert child.wait(timeout=30) == 128 + signal.SIGTERM
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+        if child.stdout is not None:
+            child.stdout.close()
+    deadline = time.monotonic() + 5
+    while not cleaned.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert cleaned.read_text() == "torn down"
