@@ -243,18 +243,22 @@ def test_a_drop_that_came_back_briefly_still_counts_from_its_start() -> None:
     assert observe.down_since([], 45.0) == float("-inf")
 
 
+def _idle_stop_at(world: World, stop_after: float) -> Session:
+    """s0 busy from 1, idle from 3; its executor found gone ``stop_after`` seconds after that."""
+    session = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)])
+    world.run(session.environment_id, 100)
+    world.at(2)
+    world.at(3 + stop_after - 0.3)
+    world.run(session.environment_id, None)
+    world.at(3 + stop_after + 0.2)
+    world.at(3 + stop_after + 11)
+    return session
+
+
 def test_an_idle_stop_before_the_timeout_breaks_7_and_one_after_it_does_not() -> None:
     for stop_after, broken in ((5.0, True), (IDLE + 0.5, False)):
         world = World()
-        session = world.sim.session(
-            world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)]
-        )
-        world.run(session.environment_id, 100)
-        world.at(2)
-        world.at(3 + stop_after - 0.3)
-        world.run(session.environment_id, None)
-        world.at(3 + stop_after + 0.2)
-        world.at(3 + stop_after + 11)
+        _idle_stop_at(world, stop_after)
         assert [v.invariant for v in world.violations()] == ([7] if broken else [])
 
 
@@ -757,18 +761,6 @@ def test_14_a_detached_child_left_after_its_executor_was_killed_is_a_violation()
 
 LIFETIME = 20.0
 SLACK = 5.0
-
-
-def _idle_stop_at(world: World, stop_after: float) -> Session:
-    """s0 busy from 1, idle from 3; its executor found gone ``stop_after`` seconds after that."""
-    session = world.sim.session(world.book, "s0", [(0, "idle", False), (1, "in_progress", False), (3, "idle", False)])
-    world.run(session.environment_id, 100)
-    world.at(2)
-    world.at(3 + stop_after - 0.3)
-    world.run(session.environment_id, None)
-    world.at(3 + stop_after + 0.2)
-    world.at(3 + stop_after + 11)
-    return session
 
 
 def test_16_a_stop_at_the_maximum_lifetime_is_not_judged_as_an_early_idle_stop(tmp_path: Path) -> None:
