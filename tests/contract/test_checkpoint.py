@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from controller.model import Handle, SandboxSpec
-from controller.runners.checkpoint import has_sys_resource
-from controller.runners.checkpoint import volume as checkpoint_volume
 from controller.runners.local import CLOCK_CATCH_UP_SECONDS, LocalRunner, session_key
-from controller.runners.procfs import proc_stat
+from controller.runners.local.checkpoint import has_sys_resource
+from controller.runners.local.checkpoint import volume as checkpoint_volume
+from controller.runners.local.procfs import proc_stat
 from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
 from tests.support.other_uids import free_uid_range, python_for_others, shared_directory

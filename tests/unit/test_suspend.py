@@ -14,7 +14,7 @@ from controller.decide import Verdict
 from controller.errors import ConfigError
 from controller.model import Handle, LastDecision, SandboxSpec, SessionStatus
 from controller.runners.base import Suspends
-from controller.runners.checkpoint import host_can_checkpoint
+from controller.runners.local import host_can_checkpoint
 from tests.support.fakes import T0, FakeRunner, World, make_session, verdicts
 
 

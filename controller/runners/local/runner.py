@@ -11,9 +11,9 @@ directory on the way to which another user could replace: see ``state_directory_
     sessions/<key>/executor.log   its stdout and stderr (opened by the runner; the executor only
                                   holds the descriptor)
     sessions/<key>/checkpoint/    a suspended sandbox's CRIU images (0700, root's; see below)
-    uids/                         with a uid per session: who holds which uid (``runners/uids.py``)
+    uids/                         with a uid per session: who holds which uid (``runners/local/uids.py``)
 
-**A sandbox is a cgroup** (``runners/cgroups.py``; workers as root). The executor is the
+**A sandbox is a cgroup** (``runners/local/cgroups.py``; workers as root). The executor is the
 leader of a new session and process group (``start_new_session``) and joins the session's
 cgroup before it execs (``cgroups.join_argv``; the runner moves it too before ``ensure``
 returns), so everything it starts (the npm launcher's native ``codex``, the commands that one
@@ -53,12 +53,12 @@ other users' files. ``run_as`` is either one user for every executor (``RunAs``:
 ``CONTROLLER_LOCAL_EXECUTOR_USER``, default ``nobody``: executors are apart from the
 controller, not from each other), or a range of uids (``UidRange``:
 ``CONTROLLER_LOCAL_EXECUTOR_UIDS``) from which each session gets its own for as long as it has
-a sandbox or a kept workspace (``runners/uids.py``): then one session's code can neither read
+a sandbox or a kept workspace (``runners/local/uids.py``): then one session's code can neither read
 another's workspace nor signal its processes, and stopping a sandbox also stops whatever runs
 as its uid (even a process that left its session with ``setsid``). Without ``run_as`` the
 executor runs as the runner's own uid (an explicit opt-in in the settings).
 
-**Checkpointing** (``criu``: ``CONTROLLER_IDLE_SUSPEND=checkpoint``, ``runners/checkpoint.py``):
+**Checkpointing** (``criu``: ``CONTROLLER_IDLE_SUSPEND=checkpoint``, ``runners/local/checkpoint.py``):
 each sandbox then runs in a pid namespace of its own, and its recorded leader is the
 namespace's pid 1 (a root ``unshare --fork`` that waits for the executor, pid 2, and exits with
 it), session leader of the sandbox as above; ``sandbox.json`` says ``"pid_namespace": true``.
@@ -98,10 +98,10 @@ from pathlib import Path
 from controller import logs
 from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
-from controller.runners import cgroups, checkpoint
 from controller.runners.base import checked
-from controller.runners.procfs import ProcStat, proc_stat
-from controller.runners.uids import UidClaims, UidRange, signal_uid, uid_processes
+from controller.runners.local import cgroups, checkpoint
+from controller.runners.local.procfs import ProcStat, proc_stat
+from controller.runners.local.uids import UidClaims, UidRange, signal_uid, uid_processes
 
 __all__ = ["LocalRunner", "RunAs", "UidRange", "prepare_state_directory", "session_key", "state_directory_problems"]
 
@@ -321,7 +321,7 @@ class LocalRunner:
         its own uid from; None runs them as this process's own uid (the settings allow that
         only on an explicit opt-in). ``criu``: the CRIU binary when an idle sandbox is to be
         checkpointed rather than stopped (``CONTROLLER_IDLE_SUSPEND=checkpoint``; executors then
-        run in a pid namespace each, ``runners/checkpoint.py``); ``on_resume`` is called with
+        run in a pid namespace each, ``runners/local/checkpoint.py``); ``on_resume`` is called with
         ``restored`` or ``fresh_start`` for each start of a session that had a checkpoint.
         ``max_lifetime_seconds``: a checkpoint whose lineage started longer ago than this is not
         restored (a fresh start instead). ``checkpoint_max_percent`` and
@@ -329,7 +329,7 @@ class LocalRunner:
         (``checkpoint.refusal``); ``on_checkpoint_refused`` is called with the reason (``cap`` or
         ``reserve``) for each suspension whose image did not fit, so the sandbox was stopped.
         ``contain``: give each sandbox a cgroup of its own where the host allows it
-        (``runners/cgroups.py``; ``containment`` says which, or why not); False: never (tests of
+        (``runners/local/cgroups.py``; ``containment`` says which, or why not); False: never (tests of
         the fallback)."""
         state = Path(state_directory)
         prepare_state_directory(state, traversable=run_as is not None)
