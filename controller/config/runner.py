@@ -32,7 +32,7 @@ class RunnerSettings(Printable):
     """Local runner: per-session workspaces, pid files and logs live under here. Created 0700
     (0711 when executors run as another user); refused unless owned by the controller's uid
     and not group/world-writable, and unless every directory on the way is owned by root or
-    the controller and writable by no one else but with the sticky bit (``runners/local/runner.py``:
+    the controller and writable by no one else but with the sticky bit (``runners/local/state.py``:
     ``state_directory_problems``), so a shared parent such as /tmp is safe."""
     local_executor_user: str = "nobody"
     """Local runner, worker running as root: the unprivileged user (name or uid) every executor

@@ -170,10 +170,10 @@ MUTANTS = (
         "a stop signals only the executor's recorded leader process, not its cgroup (nor kills the "
         "cgroup): once the npm launcher is killed, the native codex outlives every stop and release "
         "(issue 37)",
-        "controller/runners/local/runner.py",
+        "controller/runners/local/processes.py",
         "            return cgroups.signal_members(cgroup, sig)\n",
         "            with suppress(ProcessLookupError):\n"
-        "                os.kill(self._leader(handle)[0], sig)\n"
+        "                os.kill(leader(handle)[0], sig)\n"
         "            return True\n",
         more=(
             (
@@ -181,7 +181,7 @@ MUTANTS = (
                 "                pass\n",
             ),
             (
-                "        if cgroup is not None and not cgroups.end(cgroup, _KILL_WAIT_SECONDS):"
+                "        if cgroup is not None and not cgroups.end(cgroup, KILL_WAIT_SECONDS):"
                 "  # the cgroup goes with it\n",
                 "        if False:\n",
             ),
@@ -217,7 +217,7 @@ MUTANTS = (
         "a sandbox is not a cgroup: its stop signals the executor's own process session only, so a "
         "command's detached child (a session of its own) outlives the sandbox once the executor died "
         "ungracefully (issue 37, defect 4)",
-        "controller/runners/local/runner.py",
+        "controller/runners/local/processes.py",
         'self._cgroups, self.containment = cgroups.parent() if contain else (None, "turned off by the caller")',
         'self._cgroups, self.containment = (None, "a mutant") if contain else (None, "turned off by the caller")',
     ),
@@ -233,7 +233,7 @@ MUTANTS = (
         "restore-clocks-kept",
         "the executor is dumped with its link up and restored with its clocks where they were: codex's "
         "reconnect backoff, which short links never reset, grows with every suspension (issue 37, defect 8)",
-        "controller/runners/local/runner.py",
+        "controller/runners/local/suspend.py",
         "        if checkpoint.close_links(tree, EXECUTOR_EXECUTABLE):  # dumped asleep in its backoff, not linked\n"
         "            time.sleep(LINK_NOTICE_SECONDS)\n",
         "",
@@ -257,9 +257,9 @@ MUTANTS = (
         "restore-starts-lineage",
         "a restored sandbox starts a lineage of its own: each restore renews the maximum lifetime, and a "
         "session suspended and resumed now and then keeps one process tree for ever (issue 37, defect 7)",
-        "controller/runners/local/runner.py",
-        "time.time(), lineage, cgroup)",
-        "time.time(), 0.0, cgroup)",
+        "controller/runners/local/suspend.py",
+        "time.time(), lineage, cgroup,",
+        "time.time(), 0.0, cgroup,",
     ),
 )
 

@@ -418,11 +418,11 @@ def test_a_sandbox_whose_start_never_recorded_it_is_stopped_by_the_sweep_and_one
     def killed(*args: object, **kwargs: object) -> None:
         raise Killed
 
-    record = runner._record
-    runner._record = killed  # type: ignore[method-assign]
+    record = runner._state.record
+    runner._state.record = killed  # type: ignore[method-assign]
     with pytest.raises(Killed):
         runner.ensure(spec(), 1)
-    runner._record = record  # type: ignore[method-assign]
+    runner._state.record = record  # type: ignore[method-assign]
     wait_ready(runners)
     [cut] = [pid for pid in runners.started() if running(pid, runners.script) and pid != pid_of(kept)]
     directory = runners.state / "sessions" / session_key("sess_1")
