@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from controller.decide import Cause
+from controller.lifecycle import suspends
 from controller.model import Handle, SandboxSpec
 from controller.runners.local import CLOCK_CATCH_UP_SECONDS, LocalRunner, session_key
 from controller.runners.local.checkpoint import has_sys_resource
@@ -225,9 +227,11 @@ def test_with_a_uid_per_session_a_suspended_sandbox_resumes_as_that_uid(
     assert_runs_as_the_sessions_uid(runner, second, uid)
 
 
-def test_without_checkpointing_suspend_is_the_plain_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """L11, issue 29: with ``CONTROLLER_IDLE_SUSPEND=stop`` (no CRIU given) the idle rule's
-    ``suspend`` is ``release``: nothing left running, no checkpoint, "executor stopped"."""
+def test_without_checkpointing_the_idle_rule_releases(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """L11, issue 29: with ``CONTROLLER_IDLE_SUSPEND=stop`` (no CRIU given) the runner does not
+    checkpoint, so the one choice of "suspend or stop" (``lifecycle.suspends``) releases its idle
+    sandbox: nothing left running, no checkpoint, "executor stopped". ``suspend`` is never asked
+    of it, and refuses (stopping nothing)."""
     caplog.set_level(logging.INFO, logger="controller")
     script = tmp_path / "fake_executor.py"
     script.write_text(FAKE_EXECUTOR)
@@ -237,7 +241,11 @@ def test_without_checkpointing_suspend_is_the_plain_stop(tmp_path: Path, caplog:
         first = runner.ensure(spec(), 1)
         wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
         pids = runner.processes(first)
-        runner.suspend(first)
+        assert not runner.checkpointing and not suspends(runner, Cause.IDLE)
+        with pytest.raises(RuntimeError, match="does not checkpoint"):
+            runner.suspend(first)
+        assert runner.live() == [first]
+        runner.release(first)
         assert runner.live() == [] and not [p for p in pids if alive(p)]
         assert not (directory / "checkpoint").exists() and runner.suspended("sess_1") is None
         assert [r.getMessage() for r in caplog.records if r.getMessage() == "executor stopped"] == ["executor stopped"]

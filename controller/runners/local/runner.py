@@ -146,13 +146,20 @@ class LocalRunner:
             (directory / "sandbox.json").unlink(missing_ok=True)
         log.info("executor stopped", extra={"session_id": handle.session_id, "sandbox": handle.name})
 
+    @property
+    def checkpointing(self) -> bool:
+        """Whether idle sandboxes are checkpointed (``criu`` given: ``CONTROLLER_IDLE_SUSPEND=checkpoint``);
+        without it ``lifecycle.suspends`` releases them."""
+        return self._checkpoints.criu is not None
+
     def suspend(self, handle: Handle) -> None:
         """Checkpoint the sandbox's whole process tree into ``checkpoint/`` beside its
-        workspace, which leaves nothing of it running (issue 29); without checkpointing, or
-        when the dump fails (logged), this is ``release``. The next ``ensure`` restores it."""
-        if self._checkpoints.criu is None:
-            self.release(handle)  # CONTROLLER_IDLE_SUSPEND=stop: the plain stop it always was
-            return
+        workspace, which leaves nothing of it running (issue 29); when its image does not fit or
+        the dump fails (logged, counted), or it runs in no pid namespace of its own, the sandbox
+        is stopped instead. The next ``ensure`` restores it. Asked only of a runner that is
+        ``checkpointing`` (``lifecycle.suspends`` chooses): of another, ``RuntimeError``."""
+        if not self.checkpointing:
+            raise RuntimeError("suspend asked of a local runner that does not checkpoint (lifecycle.suspends)")
         directory = self._state.session(handle.session_id)
         with self._state.locked(directory):
             current = self._state.read(directory)
