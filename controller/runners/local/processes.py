@@ -68,7 +68,7 @@ def _wait_for_uid(pid: int, uid: int, seconds: float = 5.0) -> None:
         time.sleep(0.002)
 
 
-def all_processes() -> list[ProcStat]:
+def _all_processes() -> list[ProcStat]:
     """Every process on the machine, running or not (one scan of /proc)."""
     found = []
     for entry in os.scandir("/proc"):
@@ -79,12 +79,12 @@ def all_processes() -> list[ProcStat]:
     return found
 
 
-def members(leader: int, start_ticks: int, processes: list[ProcStat] | None = None) -> list[ProcStat]:
+def members(leader: int, start_ticks: int) -> list[ProcStat]:
     """The running processes of the session whose recorded leader is ``leader``.
 
     Empty when the leader's pid now belongs to a process started at another time (a recycled
     pid: the recorded session cannot still exist)."""
-    processes = all_processes() if processes is None else processes
+    processes = _all_processes()
     at_pid = next((p for p in processes if p.pid == leader), None)
     if at_pid is not None and at_pid.start_ticks != start_ticks:
         return []
@@ -124,7 +124,7 @@ class Processes:
         found = proc_stat(pid)
         return found is not None and found.running and found.start_ticks == ticks
 
-    def members_of(self, handle: Handle, processes: list[ProcStat] | None = None) -> list[ProcStat]:
+    def members_of(self, handle: Handle) -> list[ProcStat]:
         """The sandbox's running processes: every one in its cgroup when it has one (whatever
         session it is in), else its leader's session."""
         cgroup = self._state.cgroup_of(handle)
@@ -132,7 +132,7 @@ class Processes:
             found = [proc_stat(pid) for pid in cgroups.members(cgroup)]
             return [p for p in found if p is not None and p.running]
         pid, ticks = leader(handle)
-        return members(pid, ticks, processes)
+        return members(pid, ticks)
 
     def fresh_cgroup(self, directory: Path, session_id: str) -> Path | None:
         """The session's cgroup, made empty for a sandbox about to start in it (anything left

@@ -50,7 +50,7 @@ from pathlib import Path
 from controller import logs
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.base import checked
-from controller.runners.local.processes import Processes, all_processes
+from controller.runners.local.processes import Processes
 from controller.runners.local.state import StateDirectory, private_directory, session_key
 from controller.runners.local.suspend import Checkpoints
 from controller.runners.local.uids import RunAs, UidClaims, UidRange
@@ -212,17 +212,6 @@ class LocalRunner:
         return self._processes.end_unrecorded()
 
     # -- helpers --------------------------------------------------------------------------
-
-    def live(self) -> list[Handle]:
-        """Sandboxes with any process left (in their cgroup, or session) (tests and the dev view count these)."""
-        self._processes.reap()
-        processes = all_processes()
-        return [h for h in self.list_managed() if self._processes.members_of(h, processes)]
-
-    def processes(self, handle: Handle) -> list[int]:
-        """The pids of the sandbox's running processes (its whole cgroup, or without one its session)."""
-        self._processes.reap()
-        return [p.pid for p in self._processes.members_of(handle)]
 
     def stop_all(self) -> None:
         """Stop every executor (dev mode's Ctrl-C; test clean-up)."""
