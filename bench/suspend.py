@@ -36,8 +36,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.idle_memory import codex_commands, smaps
 from bench.plots import markdown_table
 from controller.model import Handle, SandboxSpec
-from controller.runners.checkpoint import host_can_checkpoint, namespace_processes
-from controller.runners.local import LocalRunner
+from controller.runners.local import LocalRunner, host_can_checkpoint
+from controller.runners.local.checkpoint import namespace_processes
 from tests.support.processes import wait_for
 from tests.support.simulator import SimulatorProcess, run_turn
 

@@ -31,8 +31,7 @@ from controller import (
 from controller.config import Settings
 from controller.errors import ConfigError, ControllerError, UsageError
 from controller.metrics import RECEIVER_REFUSED_TOTAL, Metrics, serve_metrics
-from controller.runners import cgroups
-from controller.runners.checkpoint import host_can_checkpoint
+from controller.runners.local import cgroup_parent, host_can_checkpoint
 
 
 def _settings(role: str | None = None) -> Settings:
@@ -77,7 +76,7 @@ def cmd_check_config(args: argparse.Namespace) -> int:
         mode = settings.runner.local_idle_suspend
         verdict = "can" if can else "cannot"
         print(f"checkpoint (idle suspend: {mode}): {verdict} checkpoint here: {reason}", file=sys.stderr)
-        where, why = cgroups.parent(make=False)
+        where, why = cgroup_parent(make=False)
         contained = "contained" if where else "not contained (a process that leaves its session outlives it)"
         print(f"sandbox processes: {contained}: {why}", file=sys.stderr)
     if args.session is not None:

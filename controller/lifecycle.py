@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Protocol
+from typing import Protocol, TypeGuard
 
 from controller import logs, trust
 from controller.clock import Clock
@@ -379,6 +379,14 @@ def _budget_used(decision: Decision, deps: Deps) -> Decision:
     return skipped
 
 
+def suspends(runner: Runner, cause: Cause | None) -> TypeGuard[Suspends]:
+    """The one choice between suspending a sandbox and stopping it (issue 29): a stop for
+    idleness, on a runner that checkpoints, suspends; every other stop releases. (A checkpoint
+    the runner then cannot make, refused for room or failed, ends as a stop: its runner logs and
+    counts that.)"""
+    return cause is Cause.IDLE and isinstance(runner, Suspends) and runner.checkpointing
+
+
 def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) -> None:
     sid = lease.session_id
     session, record, now = seen.session, seen.record, seen.now
@@ -402,7 +410,7 @@ def _carry_out(lease: Lease, decision: Decision, seen: Observation, deps: Deps) 
     elif decision.verdict is Verdict.STOP:
         assert record is not None and session is not None
         deps.store.check(lease)
-        if decision.cause is Cause.IDLE and isinstance(deps.runner, Suspends):
+        if suspends(deps.runner, decision.cause):
             deps.runner.suspend(record.handle)  # checkpointed, then freed (issue 29); its workspace stays
         else:
             deps.runner.release(record.handle)  # the sandbox goes; its workspace stays (L16)

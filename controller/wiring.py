@@ -63,12 +63,11 @@ from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.redis_client import Endpoint
 from controller.runners.base import Connects, DemandLog, Runner
-from controller.runners.host_sandbox import codex_sandbox_problem
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.pool import SETTLE_LONGEST_SECONDS
 from controller.runners.kubernetes.templates import Templates
 from controller.runners.kubernetes.templates import load as load_templates
-from controller.runners.local import LocalRunner, RunAs, UidRange, state_directory_problems
+from controller.runners.local import LocalRunner, RunAs, UidRange, codex_sandbox_problem, state_directory_problems
 from controller.sessions import HttpSessions
 from controller.store.redis import RedisClock, RedisDemandLog, RedisInbox, RedisSessionStore
 from controller.trust import Policy

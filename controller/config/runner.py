@@ -32,7 +32,7 @@ class RunnerSettings(Printable):
     """Local runner: per-session workspaces, pid files and logs live under here. Created 0700
     (0711 when executors run as another user); refused unless owned by the controller's uid
     and not group/world-writable, and unless every directory on the way is owned by root or
-    the controller and writable by no one else but with the sticky bit (``runners/local.py``:
+    the controller and writable by no one else but with the sticky bit (``runners/local/state.py``:
     ``state_directory_problems``), so a shared parent such as /tmp is safe."""
     local_executor_user: str = "nobody"
     """Local runner, worker running as root: the unprivileged user (name or uid) every executor
@@ -48,13 +48,13 @@ class RunnerSettings(Printable):
     """Local runner: what the idle rule does to a sandbox (``CONTROLLER_IDLE_SUSPEND``): ``stop``
     (its processes end, its workspace stays) or ``checkpoint`` (its whole process tree is
     dumped with CRIU into the state directory and restored at the next connection request,
-    ``runners/checkpoint.py``; a fresh start whenever that is impossible)."""
+    ``runners/local/checkpoint.py``; a fresh start whenever that is impossible)."""
     criu: str = "criu"
     """The CRIU binary (``CONTROLLER_CRIU``: a path, or a name on PATH) for ``checkpoint``."""
     checkpoint_max_percent: float = 25.0
     """Local runner, ``checkpoint``: the sum of every session's checkpoint images may take at
     most this share of the state directory's volume (its size); a dump that would pass it is
-    not made: the sandbox is stopped instead (``runners/checkpoint.py``: ``Room``)."""
+    not made: the sandbox is stopped instead (``runners/local/checkpoint.py``: ``Room``)."""
     checkpoint_reserve_percent: float = 20.0
     """Local runner, ``checkpoint``: the share of the state directory's volume that must stay
     free after a dump, for live workspaces; a dump that would leave less is not made."""

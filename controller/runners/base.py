@@ -121,11 +121,21 @@ class EndsUnrecorded(Protocol):
 
 @runtime_checkable
 class Suspends(Protocol):
-    """A runner that can stop an idle sandbox with its memory kept (issue 29): ``suspend``
-    checkpoints the sandbox and frees it (or releases it when it cannot: then it is a plain
-    stop); the next ``ensure`` for the session restores it, or starts afresh when it cannot."""
+    """A runner that can stop an idle sandbox with its memory kept (issue 29). Whether a stop
+    suspends is chosen in one place, ``lifecycle.suspends``: an idle stop on a runner whose
+    ``checkpointing`` is on. ``suspend`` then checkpoints the sandbox and frees it; a checkpoint
+    it cannot make (no room for the image, a failed dump) leaves a plain stop all the same,
+    logged and counted by the runner. The next ``ensure`` for the session restores it, or starts
+    afresh when it cannot."""
 
-    def suspend(self, handle: Handle) -> None: ...
+    @property
+    def checkpointing(self) -> bool:
+        """Whether this runner checkpoints idle sandboxes (False: they are released)."""
+        ...
+
+    def suspend(self, handle: Handle) -> None:
+        """Checkpoint the sandbox and free it; asked only of a runner that is ``checkpointing``."""
+        ...
 
     def suspended(self, session_id: str) -> dict[str, float] | None:
         """The session's checkpoint (``size_bytes``, ``suspended_at``), or None."""

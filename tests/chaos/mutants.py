@@ -96,7 +96,7 @@ MUTANTS = (
     Mutant(
         "release-leaves-executor",
         "the local runner's release forgets the sandbox but leaves its executor running",
-        "controller/runners/local.py",
+        "controller/runners/local/runner.py",
         '            self._stop(current)\n            (directory / "sandbox.json").unlink(missing_ok=True)\n'
         '        log.info("executor stopped"',
         '            (directory / "sandbox.json").unlink(missing_ok=True)\n        log.info("executor stopped"',
@@ -170,10 +170,10 @@ MUTANTS = (
         "a stop signals only the executor's recorded leader process, not its cgroup (nor kills the "
         "cgroup): once the npm launcher is killed, the native codex outlives every stop and release "
         "(issue 37)",
-        "controller/runners/local.py",
+        "controller/runners/local/processes.py",
         "            return cgroups.signal_members(cgroup, sig)\n",
         "            with suppress(ProcessLookupError):\n"
-        "                os.kill(self._leader(handle)[0], sig)\n"
+        "                os.kill(leader(handle)[0], sig)\n"
         "            return True\n",
         more=(
             (
@@ -181,7 +181,7 @@ MUTANTS = (
                 "                pass\n",
             ),
             (
-                "        if cgroup is not None and not cgroups.end(cgroup, _KILL_WAIT_SECONDS):"
+                "        if cgroup is not None and not cgroups.end(cgroup, KILL_WAIT_SECONDS):"
                 "  # the cgroup goes with it\n",
                 "        if False:\n",
             ),
@@ -217,7 +217,7 @@ MUTANTS = (
         "a sandbox is not a cgroup: its stop signals the executor's own process session only, so a "
         "command's detached child (a session of its own) outlives the sandbox once the executor died "
         "ungracefully (issue 37, defect 4)",
-        "controller/runners/local.py",
+        "controller/runners/local/processes.py",
         'self._cgroups, self.containment = cgroups.parent() if contain else (None, "turned off by the caller")',
         'self._cgroups, self.containment = (None, "a mutant") if contain else (None, "turned off by the caller")',
     ),
@@ -225,7 +225,7 @@ MUTANTS = (
         "cut-checkpoint-waits",
         "a restore neither checks its images against the dump's sizes nor gives up within seconds: a cut "
         "checkpoint leaves CRIU spinning for two minutes before the fresh start (issue 37, defect 5)",
-        "controller/runners/checkpoint.py",
+        "controller/runners/local/checkpoint.py",
         "    _check_manifest(images)\n    bound = restore_bound(image_size(images))\n",
         "    bound = 120.0\n",
     ),
@@ -233,7 +233,7 @@ MUTANTS = (
         "restore-clocks-kept",
         "the executor is dumped with its link up and restored with its clocks where they were: codex's "
         "reconnect backoff, which short links never reset, grows with every suspension (issue 37, defect 8)",
-        "controller/runners/local.py",
+        "controller/runners/local/suspend.py",
         "        if checkpoint.close_links(tree, EXECUTOR_EXECUTABLE):  # dumped asleep in its backoff, not linked\n"
         "            time.sleep(LINK_NOTICE_SECONDS)\n",
         "",
@@ -248,7 +248,7 @@ MUTANTS = (
         "checkpoint-images-unbounded",
         "nothing caps the checkpoint images or keeps room for live workspaces: idle sessions' images "
         "fill the state volume, and a live session's write fails with the disk full (issue 37, defect 6)",
-        "controller/runners/checkpoint.py",
+        "controller/runners/local/checkpoint.py",
         '    if room.images_bytes + image_bytes > room.size_bytes * max_percent / 100:\n        return "cap"\n'
         '    if room.free_bytes - image_bytes < room.size_bytes * reserve_percent / 100:\n        return "reserve"\n',
         "",
@@ -257,9 +257,9 @@ MUTANTS = (
         "restore-starts-lineage",
         "a restored sandbox starts a lineage of its own: each restore renews the maximum lifetime, and a "
         "session suspended and resumed now and then keeps one process tree for ever (issue 37, defect 7)",
-        "controller/runners/local.py",
-        "time.time(), lineage, cgroup)",
-        "time.time(), 0.0, cgroup)",
+        "controller/runners/local/suspend.py",
+        "time.time(), lineage, cgroup,",
+        "time.time(), 0.0, cgroup,",
     ),
 )
 

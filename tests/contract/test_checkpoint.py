@@ -17,13 +17,16 @@ from pathlib import Path
 
 import pytest
 
+from controller.decide import Cause
+from controller.lifecycle import suspends
 from controller.model import Handle, SandboxSpec
-from controller.runners.checkpoint import has_sys_resource
-from controller.runners.checkpoint import volume as checkpoint_volume
 from controller.runners.local import CLOCK_CATCH_UP_SECONDS, LocalRunner, session_key
-from controller.runners.procfs import proc_stat
+from controller.runners.local.checkpoint import has_sys_resource
+from controller.runners.local.checkpoint import volume as checkpoint_volume
+from controller.runners.local.procfs import proc_stat
 from tests.support.criu import criu_binary
 from tests.support.keeper import KEEPER
+from tests.support.local_runner import live, sandbox_pids
 from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
 from tests.support.processes import assert_no_process_left, processes_under, wait_for
 
@@ -65,7 +68,7 @@ def made(tmp_path: Path) -> Iterator[tuple[LocalRunner, Path, list[str]]]:
         yield runner, directory, outcomes
     finally:
         runner.stop_all()
-        wait_for(lambda: not runner.live(), 15, "every executor to stop")
+        wait_for(lambda: not live(runner), 15, "every executor to stop")
 
 
 def alive(pid: int) -> bool:
@@ -91,12 +94,12 @@ def test_a_suspended_sandbox_leaves_no_process_and_resumes_with_its_memory(
     wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
     token, before, inner_pid = ask(directory)
     wait_for(lambda: ask(directory)[1] > before, 10, "the counter to go on")
-    pids = runner.processes(first)
+    pids = sandbox_pids(directory.parents[1], first)
     assert len(pids) >= 2  # the executor and its background child
     at_suspend = ask(directory)[1]
 
     runner.suspend(first)
-    assert runner.live() == [] and runner.find("sess_1") is None
+    assert live(runner) == [] and runner.find("sess_1") is None
     assert not [p for p in pids if alive(p)], "a process of the suspended sandbox is left"
     suspended = runner.suspended("sess_1")
     assert suspended is not None and suspended["size_bytes"] > 0
@@ -106,7 +109,7 @@ def test_a_suspended_sandbox_leaves_no_process_and_resumes_with_its_memory(
     second = runner.ensure(spec(), 2)
     assert second.generation == 2 and second != first
     assert outcomes == ["restored"], [getattr(r, "reason", None) for r in caplog.records]
-    assert runner.live() == [second]
+    assert live(runner) == [second]
     again, counter, same_pid = ask(directory)
     assert again == token and same_pid == inner_pid
     assert counter > at_suspend
@@ -130,7 +133,7 @@ def test_a_checkpoint_that_cannot_be_restored_falls_back_to_a_fresh_start(
     (directory / "workspace" / "port").unlink()
     second = runner.ensure(spec(), 2)
     assert outcomes == ["fresh_start"]
-    assert runner.live() == [second]
+    assert live(runner) == [second]
     wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
     assert ask(directory)[0] != token
     assert (directory / "workspace" / "kept.txt").read_text() == "kept"
@@ -174,10 +177,10 @@ def separate() -> Iterator[tuple[LocalRunner, Path, Path]]:
             runner.stop_all()
 
 
-def assert_runs_as_the_sessions_uid(runner: LocalRunner, handle: Handle, uid: int) -> None:
+def assert_runs_as_the_sessions_uid(state: Path, handle: Handle, uid: int) -> None:
     leader = int(handle.uid.split(":")[0])
     inside = os.readlink(f"/proc/{leader}/ns/pid")
-    everything = runner.processes(handle)
+    everything = sandbox_pids(state, handle)
     pids = [p for p in everything if os.readlink(f"/proc/{p}/ns/pid") == inside]
     # Outside the namespace, in the sandbox's cgroup: only the root ``unshare`` that made it.
     for pid in set(everything) - set(pids):
@@ -200,7 +203,7 @@ def test_with_a_uid_per_session_the_namespaced_executor_runs_as_that_uid(
     wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
     uid = (directory / "workspace").stat().st_uid
     assert uid != 0
-    assert_runs_as_the_sessions_uid(runner, first, uid)
+    assert_runs_as_the_sessions_uid(directory.parents[1], first, uid)
 
 
 @pytest.mark.skipif(
@@ -222,12 +225,14 @@ def test_with_a_uid_per_session_a_suspended_sandbox_resumes_as_that_uid(
     assert runner.suspended("sess_1") is not None
     second = runner.ensure(spec(), 2)
     assert ask(directory)[0] == token
-    assert_runs_as_the_sessions_uid(runner, second, uid)
+    assert_runs_as_the_sessions_uid(directory.parents[1], second, uid)
 
 
-def test_without_checkpointing_suspend_is_the_plain_stop(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
-    """L11, issue 29: with ``CONTROLLER_IDLE_SUSPEND=stop`` (no CRIU given) the idle rule's
-    ``suspend`` is ``release``: nothing left running, no checkpoint, "executor stopped"."""
+def test_without_checkpointing_the_idle_rule_releases(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """L11, issue 29: with ``CONTROLLER_IDLE_SUSPEND=stop`` (no CRIU given) the runner does not
+    checkpoint, so the one choice of "suspend or stop" (``lifecycle.suspends``) releases its idle
+    sandbox: nothing left running, no checkpoint, "executor stopped". ``suspend`` is never asked
+    of it, and refuses (stopping nothing)."""
     caplog.set_level(logging.INFO, logger="controller")
     script = tmp_path / "fake_executor.py"
     script.write_text(FAKE_EXECUTOR)
@@ -236,9 +241,13 @@ def test_without_checkpointing_suspend_is_the_plain_stop(tmp_path: Path, caplog:
     try:
         first = runner.ensure(spec(), 1)
         wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
-        pids = runner.processes(first)
-        runner.suspend(first)
-        assert runner.live() == [] and not [p for p in pids if alive(p)]
+        pids = sandbox_pids(tmp_path / "state", first)
+        assert not runner.checkpointing and not suspends(runner, Cause.IDLE)
+        with pytest.raises(RuntimeError, match="does not checkpoint"):
+            runner.suspend(first)
+        assert live(runner) == [first]
+        runner.release(first)
+        assert live(runner) == [] and not [p for p in pids if alive(p)]
         assert not (directory / "checkpoint").exists() and runner.suspended("sess_1") is None
         assert [r.getMessage() for r in caplog.records if r.getMessage() == "executor stopped"] == ["executor stopped"]
     finally:
@@ -265,13 +274,13 @@ def test_a_dump_that_fails_stops_the_sandbox_and_the_next_start_is_fresh(
         wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the background process to listen")
         token = ask(directory)[0]
         runner.suspend(first)
-        assert runner.live() == [] and not (directory / "checkpoint").exists()
+        assert live(runner) == [] and not (directory / "checkpoint").exists()
         [failed] = [r for r in caplog.records if r.getMessage() == "checkpoint failed, executor stopped instead"]
         assert "stand-in refuses" in failed.__dict__["reason"]
         (directory / "workspace" / "port").unlink()
         second = runner.ensure(spec(), 2)
         wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
-        assert ask(directory)[0] != token and runner.live() == [second]
+        assert ask(directory)[0] != token and live(runner) == [second]
         assert outcomes == []  # no checkpoint was there to restore
     finally:
         runner.stop_all()
@@ -301,7 +310,7 @@ def test_a_checkpoint_without_a_criu_to_restore_it_falls_back_to_a_fresh_start(
     )
     try:
         second = other.ensure(spec(), 2)
-        assert outcomes == ["fresh_start"] and other.live() == [second]
+        assert outcomes == ["fresh_start"] and live(other) == [second]
         wait_for(lambda: (directory / "workspace" / "port").exists(), 15, "the fresh background process to listen")
         assert ask(directory)[0] != token
         assert not (directory / "checkpoint").exists()
@@ -378,14 +387,14 @@ def test_the_checkpoint_images_never_pass_their_cap(
         wait_for(lambda: ready(state, "sess_a") and ready(state, "sess_b"), 30, "both holders to fill their memory")
         runner.suspend(first)
         assert runner.suspended("sess_a") is not None and refused == []
-        pids = runner.processes(second)
+        pids = sandbox_pids(state, second)
         runner.suspend(second)
         assert refused == ["cap"]
         assert (
             runner.suspended("sess_b") is None
             and not (state / "sessions" / session_key("sess_b") / "checkpoint").exists()
         )
-        assert runner.live() == [] and not [p for p in pids if alive(p)]
+        assert live(runner) == [] and not [p for p in pids if alive(p)]
         assert runner.keeps_workspace("sess_b")
         cap = checkpoint_volume(state)[0] * 0.25
         assert 0 < runner.checkpoint_bytes() <= cap
@@ -414,7 +423,7 @@ def test_a_dump_that_would_leave_less_than_the_reserve_free_is_not_written(tmp_p
             out.write(b"\0" * (free - 40 * 2**20))
         runner.suspend(handle)
         assert refused == ["reserve"]
-        assert runner.live() == [] and runner.suspended("sess_a") is None
+        assert live(runner) == [] and runner.suspended("sess_a") is None
         assert not (state / "sessions" / session_key("sess_a") / "checkpoint").exists()
         assert runner.checkpoint_bytes() == 0
         assert checkpoint_volume(state)[1] >= 39 * 2**20  # the room the live workspace had is still free
@@ -555,7 +564,7 @@ def test_a_cut_image_falls_back_to_a_fresh_start_at_once_and_leaves_no_process(t
         thread.start()
         wait_for(lambda: resumed, 30, "the resume to give up and start afresh")
         [second] = resumed
-        assert outcomes == ["fresh_start"] and runner.live() == [second]
+        assert outcomes == ["fresh_start"] and live(runner) == [second]
         wait_for(lambda: (directory / "workspace" / "port").exists(), 30, "the fresh background process to listen")
         assert ask(directory)[0] != token
         leader = int(second.uid.split(":")[0])

@@ -23,6 +23,7 @@ from controller.runners.local import LocalRunner, UidRange, session_key
 from tests.support import other_uids
 from tests.support.codex import codex_binary
 from tests.support.listener import Listener
+from tests.support.local_runner import live
 from tests.support.processes import Managed, free_port, wait_for
 from tests.support.redis_server import redis_server_binary
 from tests.support.simulator import StartSimulator
@@ -120,7 +121,7 @@ def test_a_sandboxed_command_works_for_an_executor_under_its_own_uid(
         outside.unlink(missing_ok=True)
         listener.socket.close()
         runner.stop_all()
-        wait_for(lambda: not runner.live(), 15, "the executor to stop")
+        wait_for(lambda: not live(runner), 15, "the executor to stop")
         for session_id in runner.workspaces():
             runner.discard(session_id)
 

@@ -22,6 +22,7 @@ from controller.errors import ConfigError, RunnerRejected
 from controller.model import Handle, Health, SandboxSpec
 from controller.runners.local import LocalRunner, RunAs, UidRange, session_key
 from tests.support.codex import codex_binary
+from tests.support.local_runner import live, sandbox_pids
 from tests.support.other_uids import free_uid_range, python_for_others, shared_directory
 from tests.support.processes import Managed, assert_no_process_left, wait_for
 from tests.support.simulator import StartSimulator
@@ -87,9 +88,9 @@ class Runners:
             leaked = [pid for pid in self.started() if running(pid, self.script)]
             for pid in leaked:
                 os.kill(pid, signal.SIGKILL)
-        wait_for(lambda: all(not r.live() for r in self.made), 10, "every executor to stop", interval=0.05)
+        wait_for(lambda: all(not live(r) for r in self.made), 10, "every executor to stop", interval=0.05)
         for runner in self.made:
-            runner.live()  # reaps its children
+            live(runner)  # reaps its children
         assert not leaked, f"executor processes left running after stop_all: {leaked}"
 
 
@@ -127,7 +128,7 @@ def test_ensure_twice_starts_one_process(runners: Runners) -> None:
     first = runner.ensure(spec(), 1)
     second = runner.ensure(spec(), 1)
     assert first == second
-    assert runner.live() == [first]
+    assert live(runner) == [first]
     assert first.generation == 1 and first.session_id == "sess_1"
     wait_ready(runners)
     assert log_of(runners).count("ready") == 1
@@ -160,7 +161,7 @@ def test_concurrent_ensure_from_threads_and_runners_starts_one_process(runners: 
         t.join(timeout=30)
     assert not errors, errors
     assert len(handles) == len(contenders) and len(set(handles)) == 1
-    assert shared.live() == [handles[0]]
+    assert live(shared) == [handles[0]]
     wait_ready(runners)
     assert log_of(runners).count("ready") == 1
     assert runners.started() == [pid_of(handles[0])]
@@ -200,7 +201,7 @@ def test_each_session_gets_its_own_process_and_workspace(runners: Runners) -> No
     with pytest.raises(RunnerRejected):
         runner.ensure(spec("sess_b/../odd id"), 1)
     assert a.uid != b.uid
-    assert sorted(runner.live(), key=lambda h: h.session_id) == sorted([a, b], key=lambda h: h.session_id)
+    assert sorted(live(runner), key=lambda h: h.session_id) == sorted([a, b], key=lambda h: h.session_id)
     dirs = {p.name for p in (runners.state / "sessions").iterdir()}
     assert dirs == {session_key("sess_a"), session_key("sess_b")}
 
@@ -212,7 +213,7 @@ def test_status_running_then_failed_after_kill(runners: Runners) -> None:
     assert runner.status(handle) is Health.RUNNING
     os.killpg(pid_of(handle), signal.SIGKILL)
     wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the killed executor to be seen as failed")
-    assert runner.live() == []
+    assert live(runner) == []
     stranger = Handle(session_id="sess_1", name=handle.name, generation=1, uid="1:1")
     assert runner.status(stranger) is Health.GONE
     assert runner.status(Handle(session_id="sess_none", name="x", generation=1, uid="1:1")) is Health.GONE
@@ -230,7 +231,7 @@ def test_killed_process_seen_by_another_runner(runners: Runners) -> None:
     assert observer.status(handle) is Health.RUNNING
     assert observer.list_managed() == [handle]
     os.killpg(pid_of(handle), signal.SIGKILL)
-    starter.live()  # the parent reaps its child
+    live(starter)  # the parent reaps its child
     wait_for(lambda: observer.status(handle) is Health.FAILED, 10, "the killed executor to be seen as failed")
 
 
@@ -240,7 +241,7 @@ def test_release_stops_the_process_and_is_idempotent(runners: Runners) -> None:
     handle = runner.ensure(spec(), 1)
     pid = pid_of(handle)
     runner.release(handle)
-    assert runner.live() == [] and runner.list_managed() == []
+    assert live(runner) == [] and runner.list_managed() == []
     assert runner.status(handle) is Health.GONE
     assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(")")[1][:3]
     runner.release(handle)
@@ -255,7 +256,7 @@ def test_release_with_a_stale_handle_does_not_stop_the_newer_sandbox(runners: Ru
     assert new.uid != old.uid
     runner.release(old)  # stale: names the earlier process
     assert runner.status(new) is Health.RUNNING
-    assert runner.live() == [new]
+    assert live(runner) == [new]
 
 
 def test_missing_executor_command_is_rejected(runners: Runners, tmp_path: Path) -> None:
@@ -266,7 +267,7 @@ def test_missing_executor_command_is_rejected(runners: Runners, tmp_path: Path) 
         runner.ensure(spec(), 1)
     assert "No such file or directory" in str(raised.value)
     assert EXECUTOR_KEY not in str(raised.value)
-    assert runner.list_managed() == [] and runner.live() == []
+    assert runner.list_managed() == [] and live(runner) == []
 
 
 def test_the_workspace_outlives_the_process_until_discarded(runners: Runners) -> None:
@@ -326,14 +327,16 @@ def test_a_child_outliving_its_leader_is_failed_then_stopped_with_the_group(runn
     os.kill(leader, signal.SIGKILL)  # the launcher dies; its child does not
     wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
     assert session_pids(leader) == [orphan]
-    assert runner.find("sess_1") == handle and runner.live() == [handle] and runner.processes(handle) == [orphan]
+    assert (
+        runner.find("sess_1") == handle and live(runner) == [handle] and sandbox_pids(runners.state, handle) == [orphan]
+    )
 
     replacement = runner.ensure(spec(), 2)
     assert replacement.uid != handle.uid
     wait_for(lambda: session_pids(leader) == [], 15, "the old group to be stopped before the new one starts")
     runner.release(replacement)
     wait_for(lambda: session_pids(pid_of(replacement)) == [], 15, "the new group to be stopped by release")
-    assert runner.live() == []
+    assert live(runner) == []
 
 
 # Starts a daemon as the textbook makes one (fork, setsid, fork: out of the executor's session
@@ -379,20 +382,20 @@ def test_a_daemon_that_left_the_sandboxs_session_ends_with_it(runners: Runners, 
         assert alive(daemon) and daemon not in session_pids(executor)
         record = json.loads((runners.state / "sessions" / session_key("sess_1") / "sandbox.json").read_text())
         cgroup = Path(record["cgroup"])
-        assert sorted(runner.processes(handle)) == sorted([executor, daemon])
+        assert sorted(sandbox_pids(runners.state, handle)) == sorted([executor, daemon])
         if end != "release":
             os.kill(executor, signal.SIGKILL)
             wait_for(lambda: runner.status(handle) is Health.FAILED, 10, "the sandbox to be seen as failed")
-            assert runner.find("sess_1") == handle and runner.processes(handle) == [daemon]
+            assert runner.find("sess_1") == handle and sandbox_pids(runners.state, handle) == [daemon]
         if end == "executor_sigkill_then_replace":
             replacement = runner.ensure(spec(), 2)
             assert replacement.uid != handle.uid and runner.status(replacement) is Health.RUNNING
             wait_for(lambda: not alive(daemon), 10, "the old sandbox's daemon to be killed")
-            assert runner.live() == [replacement]
+            assert live(runner) == [replacement]
         else:
             runner.release(handle)
             wait_for(lambda: not alive(daemon), 10, "the daemon to be killed")
-            assert runner.live() == [] and not cgroup.exists()
+            assert live(runner) == [] and not cgroup.exists()
     finally:
         if alive(daemon):  # the test failed: nothing left behind all the same
             os.kill(daemon, signal.SIGKILL)
@@ -418,11 +421,11 @@ def test_a_sandbox_whose_start_never_recorded_it_is_stopped_by_the_sweep_and_one
     def killed(*args: object, **kwargs: object) -> None:
         raise Killed
 
-    record = runner._record
-    runner._record = killed  # type: ignore[method-assign]
+    record = runner._state.record
+    runner._state.record = killed  # type: ignore[method-assign]
     with pytest.raises(Killed):
         runner.ensure(spec(), 1)
-    runner._record = record  # type: ignore[method-assign]
+    runner._state.record = record  # type: ignore[method-assign]
     wait_ready(runners)
     [cut] = [pid for pid in runners.started() if running(pid, runners.script) and pid != pid_of(kept)]
     directory = runners.state / "sessions" / session_key("sess_1")
@@ -439,7 +442,7 @@ def test_a_sandbox_whose_start_never_recorded_it_is_stopped_by_the_sweep_and_one
     assert runner.end_unrecorded() == ["sess_1"]
     wait_for(lambda: not running(cut, runners.script), 10, "the unrecorded executor to end")
     assert not cgroup.exists() and not (directory / "starting.json").exists()
-    assert runner.live() == [kept] and runner.status(kept) is Health.RUNNING
+    assert live(runner) == [kept] and runner.status(kept) is Health.RUNNING
     assert runner.end_unrecorded() == []
 
 
@@ -469,7 +472,7 @@ def test_launcher_sigkill_then_release_leaves_no_codex_process(tmp_path: Path, s
         assert survivors, "the native codex died with its launcher: the orphan case was not exercised"
         runner.release(handle)
         wait_for(lambda: session_pids(leader) == [], 15, "no process of the executor's group to be left")
-        assert runner.live() == [] and runner.status(handle) is Health.GONE
+        assert live(runner) == [] and runner.status(handle) is Health.GONE
         wait_for(lambda: sim.environment_status(session.environment.id) == "disconnected", 15, "codex to disconnect")
     finally:
         runner.stop_all()
@@ -603,11 +606,11 @@ def test_executor_as_another_user_cannot_read_the_workers_environ_or_secrets(sha
             assert stat.S_IMODE((workspace / "mine.txt").stat().st_mode) == 0o600  # umask 077
             assert stat.S_IMODE((state / "sessions" / session_key(session_id) / "sandbox.json").stat().st_mode) == 0o600
         assert stat.S_IMODE(state.stat().st_mode) == 0o711
-        assert len(runner.live()) == 2
+        assert len(live(runner)) == 2
     finally:
         worker.stop()
         runner.stop_all()
-    assert runner.live() == []
+    assert live(runner) == []
 
 
 def run_worker_cli(
@@ -876,9 +879,9 @@ class UidWorld:
             runner.stop_all()
             for session_id in runner.workspaces():
                 runner.discard(session_id)
-        wait_for(lambda: all(not r.live() for r in self.made), 10, "every executor to stop", interval=0.05)
+        wait_for(lambda: all(not live(r) for r in self.made), 10, "every executor to stop", interval=0.05)
         for runner in self.made:
-            runner.live()  # reaps the children each one started
+            live(runner)  # reaps the children each one started
 
 
 def process_uid(pid: int) -> int:
@@ -1011,7 +1014,7 @@ def test_concurrent_workers_give_each_session_one_sandbox_and_one_uid(
     assert all(len(found) == 1 for found in handles.values()), handles
     uids = {s: process_uid(pid_of(next(iter(found)))) for s, found in handles.items()}
     assert len(set(uids.values())) == len(sessions) and all(u in world.uids for u in uids.values())
-    assert len(runners[0].live()) == len(sessions)
+    assert len(live(runners[0])) == len(sessions)
 
 
 @requires_root

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.runners.checkpoint import host_can_checkpoint
+from controller.runners.local import host_can_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 

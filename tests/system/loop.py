@@ -23,6 +23,7 @@ from agents_simulator.dev import simulator_secrets
 from controller.runners.local import LocalRunner, session_key
 from controller.signing import sign_headers
 from tests.support.codex import codex_binary
+from tests.support.local_runner import live
 from tests.support.processes import Managed, assert_no_process_left, free_port, port_open, python_module, wait_for
 from tests.support.redis_server import RedisServer, ReplicatedRedis
 
@@ -304,7 +305,7 @@ class Loop:
         return LocalRunner(self.state_directory, [self.codex], EXECUTOR_KEY)
 
     def live_executors(self) -> Counter[str]:
-        return Counter(h.session_id for h in self.runner().live())
+        return Counter(h.session_id for h in live(self.runner()))
 
     def worker_lines(self, event: str, session_id: str | None = None) -> list[dict[str, Any]]:
         """The workers' log lines of ``event`` (about ``session_id`` only, when given), in the order

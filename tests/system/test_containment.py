@@ -5,7 +5,7 @@ codex 0.171.0 runs every command in a session of its own, so a command's backgro
 never in the executor's session or process group. Whatever it starts — ``setsid nohup``, a
 double-forked daemon — must end with the sandbox, also when the executor itself died without a
 word (SIGKILL: an OOM kill, a crash) and the controller only finds a dead sandbox to replace.
-The workers run as root here, so each sandbox is a cgroup of its own (``runners/cgroups.py``).
+The workers run as root here, so each sandbox is a cgroup of its own (``runners/local/cgroups.py``).
 """
 
 from __future__ import annotations

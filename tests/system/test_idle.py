@@ -21,7 +21,7 @@ from typing import Any
 import httpx
 import pytest
 
-from controller.runners.procfs import proc_stat
+from controller.runners.local.procfs import proc_stat
 from tests.support.codex import codex_binary
 from tests.support.processes import Managed, python_module, wait_for
 from tests.support.simulator import run_turn

@@ -25,6 +25,7 @@ import httpx
 import pytest
 
 from tests.support.codex import codex_binary
+from tests.support.local_runner import live
 from tests.support.processes import python_module, wait_for
 from tests.system.loop import Loop, connected_session, looked_up, started, workspace_of
 
@@ -113,7 +114,7 @@ def test_rounds_that_find_a_session_and_fail_forget_its_404s(tmp_path: Path) -> 
         second = wait_for(lambda: not_found(loop, s)[1:], 30, "the second 404")[0]
         assert second["reason"].startswith("session not found") and "(2 of 3 spread reads)" in second["reason"]
         codex.unlink()  # the executor binary is being replaced
-        [handle] = [h for h in loop.runner().live() if h.session_id == s]
+        [handle] = [h for h in live(loop.runner()) if h.session_id == s]
         loop.runner().release(handle)  # its executor went (an OOM kill, a crash)
         loop.submit(s, "are you there?")  # the API asks for a connection: S reads fine
         wait_for(lambda: len(loop.worker_lines("sandbox start failed", s)) >= 2, 60, "rounds that fail")

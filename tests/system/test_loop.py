@@ -14,6 +14,7 @@ import httpx
 import pytest
 
 from controller.runners.local import members
+from tests.support.local_runner import live
 from tests.support.processes import wait_for
 from tests.system.loop import EXECUTOR_KEY, Loop, assert_no_secret
 
@@ -208,7 +209,7 @@ def test_a_mapping_whose_executor_died_is_marked_stopped_on_the_next_sweep(loop:
     with loop.api() as client:
         session = loop.create_session(client)
     wait_for(lambda: _status(loop, session["id"]) == "idle", 60, "the turn to finish")
-    handle = next(h for h in loop.runner().live() if h.session_id == session["id"])
+    handle = next(h for h in live(loop.runner()) if h.session_id == session["id"])
     leader, ticks = (int(part) for part in handle.uid.split(":"))
     os.kill(leader, signal.SIGKILL)  # the npm launcher only: the native codex it started lives on
     wait_for(lambda: loop.redis.client().hget(f"sc:rec:{session['id']}", "stopped_at"), 60, "the sweep to stop it")
@@ -252,7 +253,7 @@ def test_no_secret_is_on_any_command_line(loop: Loop) -> None:
         if p is not None and p.alive()
     ]
     command_lines += [
-        Path(f"/proc/{h.uid.split(':')[0]}/cmdline").read_bytes().decode(errors="replace") for h in loop.runner().live()
+        Path(f"/proc/{h.uid.split(':')[0]}/cmdline").read_bytes().decode(errors="replace") for h in live(loop.runner())
     ]
     assert len(command_lines) >= 5
     assert_no_secret("\n".join(command_lines))

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from controller.runners.local import members, session_key
+from tests.support.local_runner import live
 from tests.support.processes import wait_for
 from tests.support.simulator import run_turn
 from tests.system.loop import Loop
@@ -57,7 +58,7 @@ def test_a_file_written_in_turn_1_is_read_in_turn_2_by_a_replacement_executor(lo
     assert first["commands"][0]["stdout"] == "hello\n"
     wait_for(lambda: _status(loop, session["id"]) == "idle", 30, "turn 1 to end idle")
 
-    handle = next(h for h in loop.runner().live() if h.session_id == session["id"])
+    handle = next(h for h in live(loop.runner()) if h.session_id == session["id"])
     leader, ticks = (int(part) for part in handle.uid.split(":"))
     for process in members(leader, ticks):
         os.kill(process.pid, signal.SIGKILL)
@@ -68,6 +69,6 @@ def test_a_file_written_in_turn_1_is_read_in_turn_2_by_a_replacement_executor(lo
     [read] = second["commands"]
     assert (read["status"], read["stdout"], read["exit_code"]) == ("completed", "hello\n", 0), read
     assert read["cwd"] == first["commands"][0]["cwd"]
-    replacement = next(h for h in loop.runner().live() if h.session_id == session["id"])
+    replacement = next(h for h in live(loop.runner()) if h.session_id == session["id"])
     assert replacement.uid != handle.uid
     assert len(_registrations(loop, environment_id)) == 2  # the replacement registered afresh

@@ -1,11 +1,11 @@
-"""Where a sandbox's cgroup lives (``controller/runners/cgroups.py``): the cgroup2 mount and this
+"""Where a sandbox's cgroup lives (``controller/runners/local/cgroups.py``): the cgroup2 mount and this
 process's own cgroup, read from their /proc texts, and the names derived from them."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from controller.runners import cgroups
+from controller.runners.local import cgroups
 
 HYBRID = """\
 tmpfs /sys/fs/cgroup tmpfs rw,relatime,mode=755 0 0

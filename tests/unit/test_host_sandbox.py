@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.runners.host_sandbox import codex_sandbox_problem
+from controller.runners.local import codex_sandbox_problem
 
 
 def proc(tmp_path: Path, **settings: str) -> Path:

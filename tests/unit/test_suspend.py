@@ -14,16 +14,18 @@ from controller.decide import Verdict
 from controller.errors import ConfigError
 from controller.model import Handle, LastDecision, SandboxSpec, SessionStatus
 from controller.runners.base import Suspends
-from controller.runners.checkpoint import host_can_checkpoint
+from controller.runners.local import host_can_checkpoint
 from tests.support.fakes import T0, FakeRunner, World, make_session, verdicts
 
 
 @dataclass
 class SuspendingRunner(FakeRunner):
     """``FakeRunner`` that also suspends: a suspended sandbox is gone like a released one, and
-    leaves a checkpoint of 21 MB taken at ``T0 + 700``."""
+    leaves a checkpoint of 21 MB taken at ``T0 + 700``. ``checkpointing`` False: a runner built
+    to suspend whose checkpointing is off (``CONTROLLER_IDLE_SUSPEND=stop``)."""
 
     checkpoints: dict[str, dict[str, float]] = field(default_factory=dict)
+    checkpointing: bool = True
 
     def suspend(self, handle: Handle) -> None:
         self.calls.append(("suspend", handle.session_id, handle.generation))
@@ -77,6 +79,22 @@ def test_a_stop_for_age_releases_even_with_a_runner_that_suspends() -> None:
     assert verdicts(world.deliver()) == [Verdict.STOP]
     assert world.stopped == ["lifetime"]
     assert runner.calls == [("release", "sess_1", 1)]
+
+
+def test_the_idle_rule_releases_with_a_runner_whose_checkpointing_is_off() -> None:
+    """L11, issue 29: "suspend or stop" is chosen once, in ``lifecycle.suspends``: a runner that
+    could suspend but does not checkpoint (the local runner with ``CONTROLLER_IDLE_SUSPEND=stop``)
+    has its idle sandbox released, and is never asked to suspend it."""
+    runner = SuspendingRunner(checkpointing=False)
+    world = world_with(runner, idle_timeout=600.0)
+    world.sessions.put(make_session(status=SessionStatus.IDLE, actions=(), last_active_at=int(T0)))
+    world.mapped()
+    world.clock.advance(700)
+    assert verdicts(world.deliver()) == [Verdict.STOP]
+    assert runner.calls == [("release", "sess_1", 1)]
+    assert world.stopped == ["idle"] and runner.checkpoints == {}
+    record = world.store.record("sess_1")
+    assert record is not None and record.stopped_at is not None
 
 
 def test_a_runner_that_cannot_suspend_is_released_by_the_idle_rule() -> None:

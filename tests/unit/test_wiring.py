@@ -16,7 +16,7 @@ from controller.decide import Decision, Verdict
 from controller.lifecycle import Deps
 from controller.metrics import DECISIONS_TOTAL, Metrics
 from controller.model import SandboxSpec
-from controller.runners import local as local_module
+from controller.runners.local import cgroups
 from tests.support.fakes import World, make_session
 from tests.support.processes import free_port, wait_for
 
@@ -191,7 +191,7 @@ def test_a_worker_whose_sandboxes_get_no_cgroup_says_so_at_start(
     sandboxes are sessions, as before) and says in one line, with the reason, that a process
     leaving a sandbox's session outlives it; with cgroups it says nothing of it."""
     unavailable = (None, "moving executors into cgroups needs the worker to run as root (it runs as uid 1000)")
-    monkeypatch.setattr(local_module.cgroups, "parent", lambda make=True: unavailable)
+    monkeypatch.setattr(cgroups, "parent", lambda make=True: unavailable)
     runner = wiring.local_runner(settings(tmp_path))
     assert not runner.contained
     with caplog.at_level(logging.WARNING):
@@ -199,6 +199,6 @@ def test_a_worker_whose_sandboxes_get_no_cgroup_says_so_at_start(
     [line] = [r for r in caplog.records if r.getMessage().startswith("sandbox processes not contained")]
     assert "outlives" in line.getMessage() and line.__dict__["reason"] == unavailable[1]
     caplog.clear()
-    monkeypatch.setattr(local_module.cgroups, "parent", lambda make=True: (tmp_path, "a cgroup per sandbox"))
+    monkeypatch.setattr(cgroups, "parent", lambda make=True: (tmp_path, "a cgroup per sandbox"))
     wiring.say_if_not_contained(wiring.local_runner(settings(tmp_path)))
     assert not [r for r in caplog.records if r.getMessage().startswith("sandbox processes not contained")]

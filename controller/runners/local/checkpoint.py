@@ -28,7 +28,7 @@ with its link up, each restore made it see one more drop, and wait longer than t
 So the runner shuts the executor's link down just before the dump (``close_links``): the
 executor is dumped asleep in its backoff, and the restore moves the sandbox's clocks on
 (``advance_clocks``; the sandbox has a time namespace of its own) by as long as it was
-suspended and at least ``CLOCK_CATCH_UP_SECONDS`` (``runners/local.py``), more than codex's
+suspended and at least ``CLOCK_CATCH_UP_SECONDS`` (``suspend.py``), more than codex's
 longest backoff: the restored executor finds its backoff over and reconnects at once, however
 many suspensions came before and however short they were. What every process of the sandbox
 sees: its monotonic and boot-time clocks jump by that much at each restore (a ``sleep`` due
@@ -43,7 +43,7 @@ records its new size), and a restore refuses images of another size at once (a d
 filled during the dump, a cut file: CRIU 4.2.1 given a cut pages image restores a task that
 spins for good instead of failing). A restore is given up after ``restore_bound`` (a base plus
 a share per MiB of images) or when CRIU fails: CRIU and every process it restored are killed,
-nothing is left running. With the sandbox's cgroup (``runners/cgroups.py``), CRIU runs in it,
+nothing is left running. With the sandbox's cgroup (``cgroups.py``), CRIU runs in it,
 so its ``cgroup.kill`` ends CRIU and the whole tree; without one, each task CRIU forked (pid 1
 of the restored pid namespace, whose death ends the rest of it) and CRIU are SIGKILLed.
 
@@ -76,8 +76,8 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller.runners import cgroups
-from controller.runners.procfs import start_ticks
+from controller.runners.local import cgroups
+from controller.runners.local.procfs import start_ticks
 
 __all__ = [
     "CheckpointFailed",

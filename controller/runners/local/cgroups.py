@@ -16,7 +16,7 @@ state directory and the session's key (two workers of one state directory share 
 state directories on one host never meet). ``parent`` makes it, or says why it cannot: no
 cgroup2 mount, not root, a read-only cgroupfs (an unprivileged container), or a kernel
 without ``cgroup.kill``; the local runner then falls back to signalling the executor's session
-(``runners/local.py``) and the worker says so at start.
+(``processes.py``) and the worker says so at start.
 
 Only the unified hierarchy is used and no controller is enabled (no limits: containment only),
 so a parent with processes of its own (the worker's cgroup) may have these children.

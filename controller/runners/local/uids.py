@@ -1,4 +1,6 @@
-"""One uid per session for the local runner's executors (``CONTROLLER_LOCAL_EXECUTOR_UIDS``).
+"""Who the local runner's executors run as: one user for all (``RunAs``:
+``CONTROLLER_LOCAL_EXECUTOR_USER``), or one uid per session (``UidRange``, ``UidClaims``:
+``CONTROLLER_LOCAL_EXECUTOR_UIDS``).
 
 Executors of different sessions run as different uids, so one session's code can neither
 read another's workspace (0700, owned by its uid) nor signal its processes. A session keeps
@@ -37,6 +39,15 @@ from controller.errors import RunnerRejected
 log = logs.get(__name__)
 
 _KILL_WAIT_SECONDS = 5.0
+
+
+@dataclass(frozen=True)
+class RunAs:
+    """The unprivileged user executors run as (the runner must be root to switch to it)."""
+
+    uid: int
+    gid: int
+    name: str
 
 
 @dataclass(frozen=True)
