@@ -15,8 +15,9 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from controller.decide import Decision
-from controller.lifecycle import Deps, decide_observed, observe
+from controller.deps import Deps
 from controller.model import CannotStart, LastDecision, Record
+from controller.observation import decide_observed, observe
 from controller.runners.base import Runner, Suspends
 from controller.store.base import SessionStore
 
