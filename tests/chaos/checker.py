@@ -76,11 +76,12 @@ How each is seen from outside:
    ``schedule.WRITE_MIB`` to another session's workspace on the same volume succeeds.
 16. A lineage never outlives its maximum lifetime (in a world that has one; ``lifetime-cycles``;
    ``check_lineages`` after the run): no turn of the session posted
-   ``schedule.LINEAGE_SLACK_SECONDS`` (the run passes it) past the lifetime, counted from its first executor's
-   sighting, finds the background process its first turn started (restores do not renew the
+   ``schedule.LINEAGE_SLACK_SECONDS`` (the run passes it) past the lifetime, counted from its
+   first executor's sighting, finds the background process its first turn started (restores do not renew the
    lifetime). In such a world a sandbox stopped or replaced at its lifetime is a stop the rules
    make: 3 and 7 do not count an executor's end that a worker logged as a stop for the maximum
-   lifetime (``cause: lifetime``) just before it was found gone.
+   lifetime (``cause: lifetime``) near when it was found gone (``LIFETIME_STOP_NEAR_SECONDS``:
+   from 2 s before to 5 s after).
 """
 
 from __future__ import annotations
