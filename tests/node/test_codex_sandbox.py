@@ -12,12 +12,13 @@ every capability dropped, no privilege escalation, read-only root):
 - and the way the API runs it: a session of the chart's template with that profile
   (``seccompProfile``), its command sent by the simulator as a sandboxed ``process/start``
   through the real executor in the pod the controller made;
-- and the chart's ``helm test`` says whether the cluster gives Codex its sandbox.
+- and the chart's ``helm test`` says, node by node, whether the cluster gives Codex its sandbox.
 
 No test puts the profile on the node: the chart's node installer (``sandbox.seccompInstaller``,
 a DaemonSet) writes it into the kubelet's seccomp directory and labels the node, and the
 template naming the profile selects the labelled nodes (the ``helm test`` test replaces the file
-with a RuntimeDefault copy to see the test fail; the installer's next pod restores it).
+with a RuntimeDefault copy, then removes it, to see the node answered "no"; the installer's next
+pod restores it).
 
 docs/kubernetes.md ("Codex's own sandbox in a pod") records these facts and what each missing
 syscall does."""
@@ -292,25 +293,74 @@ def _reinstall(installed: Installed) -> Any:
     return wait_for(replaced, 180, "the installer's new pod to be Ready", interval=0.5)
 
 
-def test_helm_test_says_whether_the_cluster_gives_codex_its_sandbox(installed: Installed) -> None:
-    """The chart's `helm test` (tests.codexSandbox): with the profile on the node, its pod's
-    `codex sandbox` writes the workspace and is refused /etc and the network, and the test
-    passes; with a profile that is only RuntimeDefault in its place, it fails, its pod saying
-    Codex cannot build its sandbox and what to install; back again, it passes."""
+def _check_lines(log: str) -> list[dict[str, Any]]:
+    """The JSON lines of the `helm test` check's log (one a node, then a summary)."""
+    return [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+
+
+def _no_probe_left(installed: Installed) -> None:
+    selector = "sandbox-controller/codex-sandbox-check=probe"
+
+    def gone() -> bool:
+        return not installed.core.list_namespaced_pod(SANDBOX_NAMESPACE, label_selector=selector).items
+
+    wait_for(gone, 60, "the check's probe pods to be deleted", interval=0.5)
+
+
+def _failing_check(installed: Installed) -> dict[str, Any]:
+    """Run the `helm test` of Codex's sandbox, see it fail, and return its line for the node."""
     import helm_python
 
-    installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
+    with pytest.raises(helm_python.HelmReleaseError):
+        installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
+    log = installed.core.read_namespaced_pod_log(HELM_TEST, NAMESPACE)
+    [node_line, summary] = _check_lines(log)
+    assert summary == {
+        "message": "codex sandbox check done", "passed": False, "yes": [], "no": [installed.node.name], "skipped": [],
+    }, log  # fmt: skip
+    assert node_line["node"] == installed.node.name and node_line["sandbox"] == "no", log
+    _no_probe_left(installed)
+    return node_line
+
+
+def test_helm_test_says_per_node_whether_the_cluster_gives_codex_its_sandbox(installed: Installed) -> None:
+    """The chart's `helm test` (tests.codexSandbox) asks every node at test time: a probe pod
+    pinned to each runs `codex sandbox` and judges by what the command printed and was refused.
+    With the profile on the node the node's line says yes (the workspace written; $HOME, /etc and
+    a socket refused) and the test passes; with a profile that is only RuntimeDefault in its
+    place the node's line says no, with bubblewrap's words, and the test fails; with the file
+    gone (the label left) the probe's container cannot be created and the line says so from the
+    pod's status; with the installer's file back it passes again. No probe pod is left behind."""
+    node = installed.node.name
+    passed = installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST], logs=True)
+    lines = _check_lines(passed["logs"])
+    [yes] = [x for x in lines if x.get("node") == node]
+    assert yes["sandbox"] == "yes", passed["logs"]
+    assert yes["why"] == (
+        "Codex's sandbox works here: the sandboxed command wrote the workspace and was refused $HOME, /etc and a socket"
+    )
+    assert lines[-1] == {"message": "codex sandbox check done", "passed": True, "yes": [node], "no": [], "skipped": []}
+    _no_probe_left(installed)
+
     profile = seccomp_profile_path(installed.node)
     full = json.loads(profile.read_text())
     runtime_default = {**full, "syscalls": full["syscalls"][:-1]}  # without the five syscalls
     assert set(full["syscalls"][-1]["names"]) == {"clone", "unshare", "mount", "umount2", "pivot_root"}
     profile.write_text(json.dumps(runtime_default))
     try:
-        with pytest.raises(helm_python.HelmReleaseError):
-            installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
-        log = installed.core.read_namespaced_pod_log(HELM_TEST, SANDBOX_NAMESPACE)
-        assert "bwrap: No permissions to create a new namespace" in log, log
-        assert "FAIL: Codex cannot build its own sandbox in a sandbox pod here" in log, log
+        refused = _failing_check(installed)
+        assert refused["why"].startswith(
+            "nothing ran in Codex's sandbox: bwrap: No permissions to create a new namespace"
+        ), refused
+        assert "sessions with automatic review do not get Codex's sandbox on this node" in refused["why"]
+        assert any("bwrap: No permissions" in line for line in refused["output"]), refused
+
+        profile.unlink()
+        missing = _failing_check(installed)
+        assert missing["why"].startswith("the pod's seccomp profile could not be loaded on this node ("), missing
+        assert "cannot load seccomp profile" in missing["why"] and str(profile) in missing["why"], missing
+        print(f"profile missing: {missing['why']}")
     finally:
         _reinstall(installed)  # the chart's installer writes it again
     installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])  # passes again
+    _no_probe_left(installed)
