@@ -12,7 +12,8 @@ every capability dropped, no privilege escalation, read-only root):
 - and the way the API runs it: a session of the chart's template with that profile
   (``seccompProfile``), its command sent by the simulator as a sandboxed ``process/start``
   through the real executor in the pod the controller made;
-- and the chart's ``helm test`` says, node by node, whether the cluster gives Codex its sandbox.
+- and the chart's ``helm test`` says, node by node, whether the cluster gives Codex its sandbox;
+- and the runner image's startup self-test logs whether it does, in the pod at hand.
 
 No test puts the profile on the node: the chart's node installer (``sandbox.seccompInstaller``,
 a DaemonSet) writes it into the kubelet's seccomp directory and labels the node, and the
@@ -173,6 +174,52 @@ def test_the_localhost_profile_gives_codex_its_sandbox_within_restricted(
     assert 'seccompProfile.type to "Unconfined"' in message, message
 
 
+SELF_TEST = "codex sandbox self-test"
+
+
+def _self_test_line(core: Any, name: str, namespace: str) -> dict[str, Any]:
+    """The runner's startup self-test line in pod ``name``'s log, once there."""
+
+    def line() -> dict[str, Any] | None:
+        log = core.read_namespaced_pod_log(name, namespace)
+        found = [json.loads(x) for x in log.splitlines() if x.startswith("{") and SELF_TEST in x]
+        return found[0] if found else None
+
+    found: dict[str, Any] = wait_for(line, 60, f"the self-test's line in {name}'s log", interval=0.5)
+    return found
+
+
+def test_the_runners_startup_self_test_says_whether_codex_gets_its_sandbox(
+    restricted: tuple[Any, str], images: list[Image]
+) -> None:
+    """The runner image's own entrypoint (a warm runner here: it waits for a binding, so nothing
+    registers) logs at start whether Codex's sandbox works on this node, judged by what its
+    sandboxed command did: unavailable with RuntimeDefault (bubblewrap's words), works with the
+    chart's Localhost profile."""
+    core, namespace = restricted
+    answers = {}
+    for name, seccomp in (
+        ("runtime-default", {"type": "RuntimeDefault"}),
+        ("localhost", {"type": "Localhost", "localhostProfile": LOCALHOST_PROFILE}),
+    ):
+        manifest = _pod(_runner(images), seccomp)
+        container = manifest["spec"]["containers"][0]
+        del container["command"]  # the image's entrypoint
+        # As the controller's pods: CODEX_HOME is the image's.
+        container["env"] = [e for e in container["env"] if e["name"] not in ("CODEX_HOME", "INSIDE")]
+        container["env"] += [{"name": "BINDING_DIRECTORY", "value": "/tmp"}, {"name": "CODEX_API_KEY", "value": "x"}]
+        with pod(core, namespace, manifest) as running:
+            answers[name] = _self_test_line(core, running.metadata.name, namespace)
+            answers[name]["log"] = core.read_namespaced_pod_log(running.metadata.name, namespace)
+    unavailable, works = answers["runtime-default"], answers["localhost"]
+    assert unavailable["sandbox"] == "unavailable", unavailable
+    assert unavailable["why"].startswith(
+        "nothing ran in Codex's sandbox: bwrap: No permissions to create a new namespace"
+    ), unavailable
+    assert works["sandbox"] == "works", works
+    print(f"self-test: {unavailable['seconds']}s (RuntimeDefault), {works['seconds']}s (Localhost profile)")
+
+
 def test_the_charts_installer_puts_the_profile_on_the_node_and_labels_it(installed: Installed) -> None:
     """sandbox.seccompInstaller: the DaemonSet's pod on the node wrote the chart's profile, byte
     for byte, where the kubelet reads Localhost profiles (no test put it there) and labelled the
@@ -231,6 +278,9 @@ def test_a_sandboxed_command_through_the_executor_in_the_controllers_pod(install
     [sandbox_pod] = installed.core.list_namespaced_pod(
         SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
     ).items
+    # The runner's startup self-test, beside the executor: Codex's sandbox works in this pod.
+    self_test = _self_test_line(installed.core, sandbox_pod.metadata.name, SANDBOX_NAMESPACE)
+    assert self_test["sandbox"] == "works", self_test
     seccomp = sandbox_pod.spec.containers[0].security_context.seccomp_profile
     assert (seccomp.type, seccomp.localhost_profile) == ("Localhost", CODEX_SECCOMP_PROFILE)
     # Placed only on a node the chart's installer labelled as having this profile.
