@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -414,3 +415,61 @@ def test_helm_test_says_per_node_whether_the_cluster_gives_codex_its_sandbox(ins
         _reinstall(installed)  # the chart's installer writes it again
     installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])  # passes again
     _no_probe_left(installed)
+
+
+def test_user_namespaces_do_not_narrow_what_the_profile_must_allow(
+    restricted: tuple[Any, str], images: list[Image], installed: Installed
+) -> None:
+    """In a pod with its own user namespace (hostUsers: false), bubblewrap still needs all five
+    syscalls the chart's profile adds to RuntimeDefault: with each one left out (or with
+    RuntimeDefault) it fails as it does without a user namespace, with the whole profile Codex's
+    sandbox works there too. The runtime's seccomp filter is the same whatever the pod's user
+    namespace (containerd allows those syscalls only to a container with CAP_SYS_ADMIN, which
+    "restricted" never grants), and it is checked before the kernel looks at namespaces."""
+    core, namespace = restricted
+    installed_profile = seccomp_profile_path(installed.node)
+    directory = installed_profile.parent / "narrowed"
+    full = json.loads(installed_profile.read_text())
+    extra = full["syscalls"][-1]["names"]
+    variants: dict[str, Any] = {"RuntimeDefault": None, "profile": full}
+    for name in extra:
+        kept = {"names": [n for n in extra if n != name], "action": "SCMP_ACT_ALLOW"}
+        variants[f"without-{name}"] = {**full, "syscalls": [*full["syscalls"][:-1], kept]}
+    results: dict[str, str] = {}
+    directory.mkdir(exist_ok=True)
+    try:
+        for label, profile in variants.items():
+            if profile is None:
+                seccomp = {"type": "RuntimeDefault"}
+            else:
+                (directory / f"{label}.json").write_text(json.dumps(profile))
+                seccomp = {"type": "Localhost", "localhostProfile": f"sandbox-controller/narrowed/{label}.json"}
+            manifest = _pod(_runner(images), seccomp)
+            manifest["spec"]["hostUsers"] = False
+            with pod(core, namespace, manifest) as running:
+                name = running.metadata.name
+                output = pod_exec(core, name, namespace, ["sh", "-c", PROBE], timeout=120)
+                uid_map = pod_exec(core, name, namespace, ["cat", "/proc/self/uid_map"])
+            inside = output.partition("exit=")[0]
+            ok = "wrote-workspace" in inside and "Operation not permitted" in inside
+            errors = [line for line in inside.splitlines() if "bwrap" in line]
+            results[label] = "works" if ok else (errors[0] if errors else inside.strip()[:300])
+            assert uid_map.split()[:2] != ["0", "0"], uid_map  # the pod's root is not the node's
+            print(f"{label}: {results[label]}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert results == {
+        "RuntimeDefault": NO_NAMESPACES,
+        "profile": "works",
+        "without-clone": NO_NAMESPACES,
+        "without-mount": "bwrap: Failed to make / slave: Operation not permitted",
+        "without-pivot_root": "bwrap: pivot_root: Operation not permitted",
+        "without-umount2": "bwrap: unmount old root: Operation not permitted",
+        "without-unshare": "bwrap: unshare user ns: Operation not permitted",
+    }
+
+
+NO_NAMESPACES = (
+    "bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user "
+    "namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'."
+)
