@@ -52,7 +52,7 @@ def _node(name: str, labels: dict[str, str] | None = None, **spec: Any) -> dict[
 
 def test_the_check_runs_at_test_time_with_only_what_it_needs(chart: Any) -> None:  # noqa: F811
     """One hook pod in the release namespace runs the check (the chart's file, in the controller
-    image); its ServiceAccount may list nodes and create, read and delete pods (and read their
+    image); its ServiceAccount may list nodes and create, list and delete pods (and read their
     logs) in the sandbox namespace, nothing else. It probes the nodes tests.codexSandbox.nodeSelector
     names, with its tolerations; with the installer on, the probes also select the installer's
     label (as the profile's templates do), which is not a filter on the nodes to answer for."""
@@ -85,7 +85,7 @@ def test_the_check_runs_at_test_time_with_only_what_it_needs(chart: Any) -> None
     role = one(objects, "Role", name)
     assert role["metadata"]["namespace"] == sandboxes
     assert role["rules"] == [
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete", "deletecollection"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "list", "delete", "deletecollection"]},
         {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     ]
     for binding in (one(objects, "RoleBinding", name), *[

@@ -133,6 +133,17 @@ def probe_for(probe: dict[str, Any], node: str) -> dict[str, Any]:
     return pod
 
 
+def _log(core: Any, name: str, namespace: str) -> str | None:
+    """The probe's log, or None (a pod the kubelet rejected has none)."""
+    from kubernetes import client
+
+    try:
+        text: str = core.read_namespaced_pod_log(name, namespace)
+    except client.exceptions.ApiException:
+        return None
+    return text
+
+
 def say(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
@@ -168,14 +179,18 @@ def main() -> int:
             if why:
                 answers[name] = ("no", why)
                 continue
-            started[name] = core.create_namespaced_pod(namespace, probe_for(probe, name)).metadata.name
+            try:
+                started[name] = core.create_namespaced_pod(namespace, probe_for(probe, name)).metadata.name
+            except client.exceptions.ApiException as refused:  # e.g. an admission policy's answer
+                answers[name] = ("no", f"the probe pod was refused: {refused.status} {refused.reason}: {refused.body}")
         deadline = time.monotonic() + wait_seconds
         pending = dict(started)
         while pending:
+            listed = core.list_namespaced_pod(namespace, label_selector=probes).items
+            pods = {p.metadata.name: plain(p) for p in listed}
             for node, pod_name in list(pending.items()):
-                pod = plain(core.read_namespaced_pod(pod_name, namespace))
-                phase = (pod.get("status") or {}).get("phase")
-                log = core.read_namespaced_pod_log(pod_name, namespace) if phase in ("Succeeded", "Failed") else None
+                pod = pods.get(pod_name) or {"status": {"phase": "Failed", "reason": "the probe pod is gone"}}
+                log = _log(core, pod_name, namespace) if pod["status"].get("phase") in ("Succeeded", "Failed") else None
                 found = answer(pod, log)
                 if found is None and time.monotonic() >= deadline:
                     found = ("no", late(pod, wait_seconds))
