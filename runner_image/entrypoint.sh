@@ -30,11 +30,27 @@
 #   RETRY_MAX_SECONDS         backoff cap (default 30)
 #   RETRY_MAX_ATTEMPTS        give up after this many failed runs, 0 = never (default 0)
 #   RETRY_RESET_SECONDS       a run that lasted this long resets the backoff (default 60)
+#   SANDBOX_SELF_TEST_SECONDS bound of the startup self-test of Codex's sandbox (default 30; 0 = off)
+#
+# Startup self-test of Codex's own sandbox: as the entrypoint starts (before a warm pod waits for
+# its binding, beside the executor's start otherwise: it never delays or stops either), one
+# command runs in `codex sandbox` (workspace-write, with /tmp and $TMPDIR not writable) in a
+# directory of its own under $TMPDIR, and one JSON line on stderr says whether Codex's sandbox
+# works on this node: {"message": "codex sandbox self-test", "sandbox": "works" | "unavailable",
+# "why": ..., "seconds": ...}. Judged by what the command printed and was refused, never by
+# codex's exit code (codex has been seen exiting 0 with no command run in hardened containers):
+# it must have run, written its working directory, been refused a write to a sibling directory
+# that is writable outside the sandbox, and been refused a socket. Bounded by `timeout`; any
+# failure of the self-test itself is only logged. Its directory is removed (codex keeps its own
+# codex-bwrap-synthetic-mount-targets-<uid> in $TMPDIR, as for any sandboxed command); it
+# touches neither the workspace nor $HOME.
 set -u
 
 readonly EX_USAGE=64
 stopping=0
 child=
+
+self_test=
 
 on_signal() {
   stopping=1
@@ -104,6 +120,86 @@ run_and_wait() {
   done
   child=
 }
+
+# One JSON string: backslashes and quotes escaped, control characters dropped.
+json_string() {
+  local text
+  text=$(printf '%s' "$1" | tr '\n\t' '  ' | tr -d '\000-\037')
+  text=${text//\\/\\\\}
+  printf '"%s"' "${text//\"/\\\"}"
+}
+
+# The startup self-test of Codex's sandbox (see the header); one JSON line on stderr.
+sandbox_self_test() {
+  local seconds=$1 started made dir= running= out status said why=
+  # A stop (SIGTERM from the entrypoint's exit) ends it at once and silently; timeout passes the
+  # signal on to codex and what it started.
+  trap 'if [ -n "$running" ]; then kill -TERM "$running" 2>/dev/null; fi; if [ -n "$dir" ]; then rm -rf "$dir"; fi; exit 0' TERM
+  started=$(now_ms)
+  if made=$(mktemp -d "${TMPDIR:-/tmp}/codex-sandbox-self-test.XXXXXX" 2>&1); then
+    dir=$made
+  fi
+  if [ -z "$dir" ] || ! mkdir "$dir/work" "$dir/outside" 2>/dev/null; then
+    why="no directory for the self-test under ${TMPDIR:-/tmp}: $made"
+    [ -z "$dir" ] || rm -rf "$dir"
+  else
+    # In the background, so that a stop need not wait for it.
+    # shellcheck disable=SC2016  # expanded by the sandboxed bash
+    (cd "$dir/work" && exec timeout -k 2 "$seconds" "$codex" sandbox -c 'sandbox_mode="workspace-write"' \
+      -c sandbox_workspace_write.exclude_slash_tmp=true -c sandbox_workspace_write.exclude_tmpdir_env_var=true \
+      -- bash -c 'echo self-test-ran; echo written > inside && cat inside; echo x > "$1/outside/probe";
+                  : > /dev/tcp/127.0.0.1/9 && echo network-open' self-test "$dir") >"$dir/output" 2>&1 </dev/null &
+    running=$!
+    wait "$running"
+    status=$?  # only to tell "no answer in time" (timeout's 124, or 137 after -k); never the verdict
+    out=$(<"$dir/output")
+    # What codex said: bubblewrap's error first, else its first line that is not a warning.
+    said=$(grep -m1 bwrap <<<"$out") || said=$(grep -m1 -v -e '^WARNING' -e '^$' <<<"$out") || said=$(grep -m1 . <<<"$out")
+    [ -n "$said" ] || said="codex printed nothing"
+    if [ "$status" = 124 ] || [ "$status" = 137 ]; then
+      why="codex sandbox gave no answer within ${seconds}s"
+    elif ! grep -qx self-test-ran <<<"$out"; then
+      why="nothing ran in Codex's sandbox: $said"
+    elif [ "$(cat "$dir/work/inside" 2>/dev/null)" != written ]; then
+      why="the sandboxed command could not write its working directory: $said"
+    elif [ -e "$dir/outside/probe" ]; then
+      why="the sandboxed command wrote outside its working directory: the file system is not confined"
+    elif grep -qx network-open <<<"$out" || ! grep -q '/dev/tcp/127.0.0.1/9: Operation not permitted' <<<"$out"; then
+      why="the sandboxed command was not refused a socket: the network is not confined"
+    fi
+    rm -rf "$dir"
+    dir=
+  fi
+  local ms=$(( $(now_ms) - started ))
+  local took
+  took=$(printf '%d.%03d' "$((ms / 1000))" "$((ms % 1000))")
+  if [ -z "$why" ]; then
+    printf '{"message": "codex sandbox self-test", "sandbox": "works", "why": %s, "seconds": %s}\n' \
+      "$(json_string "the sandboxed command wrote its working directory and was refused a write outside it and a socket")" "$took" >&2
+  else
+    printf '{"message": "codex sandbox self-test", "sandbox": "unavailable", "why": %s, "seconds": %s}\n' \
+      "$(json_string "$why")" "$took" >&2
+  fi
+}
+
+self_test_seconds=${SANDBOX_SELF_TEST_SECONDS:-30}
+if ! [[ $self_test_seconds =~ ^[0-9]+$ ]]; then
+  log "SANDBOX_SELF_TEST_SECONDS must be a whole number of seconds, got '$self_test_seconds'; self-test off"
+  self_test_seconds=0
+fi
+if [ "$self_test_seconds" -gt 0 ]; then
+  sandbox_self_test "$self_test_seconds" &
+  self_test=$!
+fi
+
+# Whatever ends the entrypoint also ends a self-test still running (at once, silently).
+stop_self_test() {
+  if [ -n "$self_test" ] && kill -0 "$self_test" 2>/dev/null; then
+    kill -TERM "$self_test" 2>/dev/null
+    wait "$self_test" 2>/dev/null
+  fi
+}
+trap stop_self_test EXIT
 
 # A warm pod waits here for the session that claims it (see the header).
 if [ -n "${BINDING_DIRECTORY:-}" ] && [ -z "${REMOTE_URL:-}" ] && [ -z "${ENVIRONMENT_ID:-}" ]; then

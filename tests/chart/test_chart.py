@@ -133,7 +133,9 @@ def env_names(objects: list[dict[str, Any]]) -> set[str]:
 
 
 def _full(objects: list[dict[str, Any]]) -> str:
-    [sa] = of_kind(objects, "ServiceAccount")
+    """The release's full name: its controller's ServiceAccount's (components' own have a component label)."""
+    accounts = of_kind(objects, "ServiceAccount")
+    [sa] = [a for a in accounts if "app.kubernetes.io/component" not in a["metadata"]["labels"]]
     name: str = sa["metadata"]["name"]
     return name
 
@@ -1267,15 +1269,18 @@ def test_helm_test_hook_checks_readyz(chart: Any) -> None:
 
 def test_helm_test_of_codex_sandbox_is_opt_in_and_tries_the_profile(chart: Any) -> None:
     """`helm test` checks Codex's own sandbox only when asked (it fails until the profile is on
-    the nodes): a pod in the sandbox namespace, the sandbox image and security context, the
-    Localhost profile named by tests.codexSandbox.seccompProfile (empty: RuntimeDefault)."""
+    the nodes): a test pod in the release namespace runs the node-by-node check, whose probe pod
+    is in the sandbox namespace with the sandbox image and security context and the Localhost
+    profile named by tests.codexSandbox.seccompProfile (empty: RuntimeDefault)."""
     name = "test-codex-sandbox"
     assert not [o for o in render(chart, CREDENTIALS) if o["metadata"]["name"].endswith(name)]
     objects = render(chart, merge(CREDENTIALS, {"tests": {"codexSandbox": {"enabled": True}}}))
     pod = one(objects, "Pod", f"{_full(objects)}-{name}")
     assert pod["metadata"]["annotations"]["helm.sh/hook"] == "test"
-    assert pod["metadata"]["namespace"].endswith("-sandboxes")
-    [container] = pod["spec"]["containers"]
+    assert pod["metadata"]["namespace"] == NAMESPACE
+    probe = probe_pod(objects)
+    assert probe["metadata"]["namespace"].endswith("-sandboxes")
+    [container] = probe["spec"]["containers"]
     security = container["securityContext"]
     assert security["seccompProfile"] == {
         "type": "Localhost",
@@ -1284,9 +1289,16 @@ def test_helm_test_of_codex_sandbox_is_opt_in_and_tries_the_profile(chart: Any) 
     assert security["capabilities"] == {"drop": ["ALL"]} and security["allowPrivilegeEscalation"] is False
     assert "codex sandbox -c 'sandbox_mode=\"workspace-write\"'" in container["args"][0]
     plain = render(chart, merge(CREDENTIALS, {"tests": {"codexSandbox": {"enabled": True, "seccompProfile": ""}}}))
-    [container] = one(plain, "Pod", f"{_full(plain)}-{name}")["spec"]["containers"]
+    [container] = probe_pod(plain)["spec"]["containers"]
     assert "seccompProfile" not in container["securityContext"]
     assert "seccomp: RuntimeDefault" in container["args"][0]
+
+
+def probe_pod(objects: list[dict[str, Any]]) -> dict[str, Any]:
+    """The probe pod the `helm test` of Codex's sandbox starts on each node (from its ConfigMap)."""
+    config = one(objects, "ConfigMap", f"{_full(objects)}-test-codex-sandbox")
+    pod: dict[str, Any] = yaml.safe_load(config["data"]["probe-pod.yaml"])
+    return pod
 
 
 def test_ingress_routes_webhooks_to_the_receiver(chart: Any) -> None:
@@ -1437,7 +1449,7 @@ def test_the_seccomp_installer_puts_the_profile_on_the_nodes_and_steers_its_temp
     values = {"sandbox": {"templates": templates}, "tests": {"codexSandbox": {"enabled": True}}}
     off = render(chart, merge(CREDENTIALS, values))
     assert not [d for d in of_kind(off, "DaemonSet") if "seccomp" in d["metadata"]["name"]]
-    assert not of_kind(off, "ClusterRole")
+    assert not [r for r in of_kind(off, "ClusterRole") if "seccomp-installer" in r["metadata"]["name"]]
     [raw] = one(off, "ConfigMap", f"{_full(off)}-sandbox-templates")["data"].values()
     assert json.loads(raw) == templates
 
@@ -1459,9 +1471,9 @@ def test_the_seccomp_installer_puts_the_profile_on_the_nodes_and_steers_its_temp
     [mount] = [m for m in install["volumeMounts"] if m["name"] == host["name"]]
     assert mount["mountPath"] == "/host-seccomp"
     assert one(on, "ConfigMap", name)["data"]["codex-sandbox.json"].encode() == profile
-    [role] = of_kind(on, "ClusterRole")
+    [role] = [r for r in of_kind(on, "ClusterRole") if r["metadata"]["name"].endswith(name)]
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
-    [binding] = of_kind(on, "ClusterRoleBinding")
+    [binding] = [b for b in of_kind(on, "ClusterRoleBinding") if b["metadata"]["name"].endswith(name)]
     assert binding["subjects"] == [{"kind": "ServiceAccount", "name": name, "namespace": NAMESPACE}]
     assert spec["serviceAccountName"] == name
 
@@ -1469,5 +1481,4 @@ def test_the_seccomp_installer_puts_the_profile_on_the_nodes_and_steers_its_temp
     steered = json.loads(raw)
     assert steered["codex"]["nodeSelector"] == {"pool": "a", label: digest}
     assert steered["other"] == templates["other"] and steered["plain"] == {}
-    [helm_test] = [p for p in of_kind(on, "Pod") if p["metadata"]["name"].endswith("test-codex-sandbox")]
-    assert helm_test["spec"]["nodeSelector"] == {label: digest}
+    assert probe_pod(on)["spec"]["nodeSelector"] == {label: digest}

@@ -9,6 +9,7 @@ environment, never printing the key.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -244,3 +245,145 @@ def test_sigterm_while_warm_exits_0(run_entrypoint: Callable[..., Entrypoint], t
     entry.process.send_signal(signal.SIGTERM)
     assert entry.process.wait(timeout=10) == 0
     assert "stopped by signal while warm" in entry.output()
+
+
+SELF_TEST = "codex sandbox self-test"
+
+
+def _self_test_lines(output: str) -> list[dict[str, object]]:
+    return [json.loads(line) for line in output.splitlines() if line.startswith("{") and SELF_TEST in line]
+
+
+def _stand_in(tmp_path: Path, sandbox: str) -> str:
+    """A codex whose `sandbox` subcommand does ``sandbox`` (a shell snippet); the executor
+    (`exec-server`) is the real one."""
+    script = tmp_path / "codex-stand-in"
+    script.write_text(f'#!/bin/bash\nif [ "$1" = sandbox ]; then\n{sandbox}\nfi\nexec {codex_binary()} "$@"\n')
+    script.chmod(0o755)
+    return str(script)
+
+
+def test_the_startup_self_test_says_codexs_sandbox_works_and_leaves_nothing(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint], tmp_path: Path
+) -> None:
+    """As the runner starts, one command runs in the real `codex sandbox` and one JSON line says
+    Codex's sandbox works here (it wrote its working directory and was refused a write beside it
+    and a socket); the executor registers as before, and the self-test leaves nothing of its own
+    in $TMPDIR or $HOME."""
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    entry = run_entrypoint(
+        CODEX_BIN=codex_binary(),
+        REMOTE_URL=remote_url,
+        ENVIRONMENT_ID=env_id,
+        CODEX_API_KEY=sim.environment_key,
+        TMPDIR=str(tmp),
+    )
+    wait_for(lambda: sim.environment_status(env_id) == "connected", 15, "the environment to be connected")
+    [line] = wait_for(lambda: _self_test_lines(entry.output()), 30, "the self-test's line")
+    assert line["sandbox"] == "works", entry.output()
+    assert line["why"] == (
+        "the sandboxed command wrote its working directory and was refused a write outside it and a socket"
+    )
+    assert isinstance(line["seconds"], float)
+    print(f"self-test took {line['seconds']}s")
+    # Only codex's own per-uid directory, which any sandboxed command of codex makes there.
+    assert [p.name for p in tmp.iterdir()] == [f"codex-bwrap-synthetic-mount-targets-{os.getuid()}"]
+    assert sorted(p.name for p in (tmp_path / "home").iterdir()) == [".codex"]
+
+
+def test_the_self_test_judges_what_ran_not_codexs_exit_code(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint], tmp_path: Path
+) -> None:
+    """A `codex sandbox` that exits 0 having run nothing (as codex has in hardened containers)
+    makes the self-test say the sandbox is unavailable; the executor still starts and connects."""
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    entry = run_entrypoint(
+        CODEX_BIN=_stand_in(tmp_path, "exit 0"),
+        REMOTE_URL=remote_url,
+        ENVIRONMENT_ID=env_id,
+        CODEX_API_KEY=sim.environment_key,
+    )
+    wait_for(lambda: sim.environment_status(env_id) == "connected", 15, "the environment to be connected")
+    [line] = wait_for(lambda: _self_test_lines(entry.output()), 30, "the self-test's line")
+    assert (line["sandbox"], line["why"]) == ("unavailable", "nothing ran in Codex's sandbox: codex printed nothing")
+
+    (tmp_path / "unconfined").mkdir()
+    unconfined = _stand_in(tmp_path / "unconfined", 'while [ "$1" != -- ]; do shift; done; shift; exec "$@"')
+    entry = run_entrypoint(CODEX_BIN=unconfined, REMOTE_URL=remote_url, ENVIRONMENT_ID="env_x", CODEX_API_KEY="k")
+    [line] = wait_for(lambda: _self_test_lines(entry.output()), 30, "the self-test's line")
+    assert line["sandbox"] == "unavailable", entry.output()
+    assert line["why"] == "the sandboxed command wrote outside its working directory: the file system is not confined"
+
+
+def test_a_hung_self_test_never_holds_the_executor_and_is_bounded(
+    start_simulator: StartSimulator, run_entrypoint: Callable[..., Entrypoint], tmp_path: Path
+) -> None:
+    """A `codex sandbox` that never returns: the executor starts and connects while the
+    self-test is still waiting (it runs beside it), the self-test gives up after
+    SANDBOX_SELF_TEST_SECONDS saying so, and SIGTERM still ends the runner with status 0."""
+    sim = start_simulator()
+    remote_url, env_id = _session(sim)
+    (tmp_path / "hung").mkdir()
+    entry = run_entrypoint(
+        CODEX_BIN=_stand_in(tmp_path / "hung", "exec sleep 600"),
+        REMOTE_URL=remote_url,
+        ENVIRONMENT_ID=env_id,
+        CODEX_API_KEY=sim.environment_key,
+        SANDBOX_SELF_TEST_SECONDS="20",
+    )
+    wait_for(lambda: sim.environment_status(env_id) == "connected", 15, "the environment to be connected")
+    assert _self_test_lines(entry.output()) == []  # connected before the self-test answered
+    [line] = wait_for(lambda: _self_test_lines(entry.output()), 60, "the self-test to give up")
+    assert (line["sandbox"], line["why"]) == ("unavailable", "codex sandbox gave no answer within 20s")
+    entry.process.send_signal(signal.SIGTERM)
+    assert entry.process.wait(timeout=10) == 0
+
+
+def test_the_self_test_can_be_turned_off(run_entrypoint: Callable[..., Entrypoint], tmp_path: Path) -> None:
+    """SANDBOX_SELF_TEST_SECONDS=0: no self-test (here a warm runner, which would run it first)."""
+    binding = tmp_path / "binding"
+    binding.mkdir()
+    marker = tmp_path / "sandbox-was-run"
+    codex = tmp_path / "codex-stand-in"
+    codex.write_text(f"#!/bin/sh\ntouch {marker}\n")
+    codex.chmod(0o755)
+    entry = run_entrypoint(
+        CODEX_BIN=str(codex), BINDING_DIRECTORY=str(binding), CODEX_API_KEY="envkey-x", SANDBOX_SELF_TEST_SECONDS="0"
+    )
+    wait_for(lambda: "waiting for a session" in entry.output(), 10, "the runner to wait warm")
+    time.sleep(1)
+    assert not marker.exists() and _self_test_lines(entry.output()) == []
+    entry.process.send_signal(signal.SIGTERM)
+    assert entry.process.wait(timeout=10) == 0
+
+
+def test_sigterm_ends_a_hung_self_test_with_the_runner(
+    run_entrypoint: Callable[..., Entrypoint], tmp_path: Path
+) -> None:
+    """L8: a runner stopped while its self-test is still waiting on `codex sandbox` exits 0 at
+    once, and the hung command ends with it (not when the self-test's bound runs out)."""
+    binding = tmp_path / "binding"
+    binding.mkdir()
+    pid_file = tmp_path / "sandbox.pid"
+    codex = _stand_in(tmp_path, f"echo $$ > {pid_file}; exec sleep 600")
+    entry = run_entrypoint(
+        CODEX_BIN=codex, BINDING_DIRECTORY=str(binding), CODEX_API_KEY="envkey-x", SANDBOX_SELF_TEST_SECONDS="600"
+    )
+    wait_for(lambda: pid_file.exists() and pid_file.read_text().strip(), 10, "the self-test's codex sandbox to start")
+    hung = int(pid_file.read_text())
+    entry.process.send_signal(signal.SIGTERM)
+    assert entry.process.wait(timeout=10) == 0
+
+    def gone() -> bool:
+        try:
+            os.kill(hung, 0)
+        except ProcessLookupError:
+            return True
+        return Path(f"/proc/{hung}/stat").read_text().split(")")[-1].split()[0] == "Z"
+
+    wait_for(gone, 10, "the hung codex sandbox to end with the runner")
+    assert _self_test_lines(entry.output()) == []

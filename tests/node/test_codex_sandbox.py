@@ -12,12 +12,14 @@ every capability dropped, no privilege escalation, read-only root):
 - and the way the API runs it: a session of the chart's template with that profile
   (``seccompProfile``), its command sent by the simulator as a sandboxed ``process/start``
   through the real executor in the pod the controller made;
-- and the chart's ``helm test`` says whether the cluster gives Codex its sandbox.
+- and the chart's ``helm test`` says, node by node, whether the cluster gives Codex its sandbox;
+- and the runner image's startup self-test logs whether it does, in the pod at hand.
 
 No test puts the profile on the node: the chart's node installer (``sandbox.seccompInstaller``,
 a DaemonSet) writes it into the kubelet's seccomp directory and labels the node, and the
 template naming the profile selects the labelled nodes (the ``helm test`` test replaces the file
-with a RuntimeDefault copy to see the test fail; the installer's next pod restores it).
+with a RuntimeDefault copy, then removes it, to see the node answered "no"; the installer's next
+pod restores it).
 
 docs/kubernetes.md ("Codex's own sandbox in a pod") records these facts and what each missing
 syscall does."""
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import shutil
 import time
 import uuid
 from collections.abc import Iterator
@@ -172,6 +175,52 @@ def test_the_localhost_profile_gives_codex_its_sandbox_within_restricted(
     assert 'seccompProfile.type to "Unconfined"' in message, message
 
 
+SELF_TEST = "codex sandbox self-test"
+
+
+def _self_test_line(core: Any, name: str, namespace: str) -> dict[str, Any]:
+    """The runner's startup self-test line in pod ``name``'s log, once there."""
+
+    def line() -> dict[str, Any] | None:
+        log = core.read_namespaced_pod_log(name, namespace)
+        found = [json.loads(x) for x in log.splitlines() if x.startswith("{") and SELF_TEST in x]
+        return found[0] if found else None
+
+    found: dict[str, Any] = wait_for(line, 60, f"the self-test's line in {name}'s log", interval=0.5)
+    return found
+
+
+def test_the_runners_startup_self_test_says_whether_codex_gets_its_sandbox(
+    restricted: tuple[Any, str], images: list[Image]
+) -> None:
+    """The runner image's own entrypoint (a warm runner here: it waits for a binding, so nothing
+    registers) logs at start whether Codex's sandbox works on this node, judged by what its
+    sandboxed command did: unavailable with RuntimeDefault (bubblewrap's words), works with the
+    chart's Localhost profile."""
+    core, namespace = restricted
+    answers = {}
+    for name, seccomp in (
+        ("runtime-default", {"type": "RuntimeDefault"}),
+        ("localhost", {"type": "Localhost", "localhostProfile": LOCALHOST_PROFILE}),
+    ):
+        manifest = _pod(_runner(images), seccomp)
+        container = manifest["spec"]["containers"][0]
+        del container["command"]  # the image's entrypoint
+        # As the controller's pods: CODEX_HOME is the image's.
+        container["env"] = [e for e in container["env"] if e["name"] not in ("CODEX_HOME", "INSIDE")]
+        container["env"] += [{"name": "BINDING_DIRECTORY", "value": "/tmp"}, {"name": "CODEX_API_KEY", "value": "x"}]
+        with pod(core, namespace, manifest) as running:
+            answers[name] = _self_test_line(core, running.metadata.name, namespace)
+            answers[name]["log"] = core.read_namespaced_pod_log(running.metadata.name, namespace)
+    unavailable, works = answers["runtime-default"], answers["localhost"]
+    assert unavailable["sandbox"] == "unavailable", unavailable
+    assert unavailable["why"].startswith(
+        "nothing ran in Codex's sandbox: bwrap: No permissions to create a new namespace"
+    ), unavailable
+    assert works["sandbox"] == "works", works
+    print(f"self-test: {unavailable['seconds']}s (RuntimeDefault), {works['seconds']}s (Localhost profile)")
+
+
 def test_the_charts_installer_puts_the_profile_on_the_node_and_labels_it(installed: Installed) -> None:
     """sandbox.seccompInstaller: the DaemonSet's pod on the node wrote the chart's profile, byte
     for byte, where the kubelet reads Localhost profiles (no test put it there) and labelled the
@@ -230,6 +279,9 @@ def test_a_sandboxed_command_through_the_executor_in_the_controllers_pod(install
     [sandbox_pod] = installed.core.list_namespaced_pod(
         SANDBOX_NAMESPACE, label_selector=names.session_selector(session_id)
     ).items
+    # The runner's startup self-test, beside the executor: Codex's sandbox works in this pod.
+    self_test = _self_test_line(installed.core, sandbox_pod.metadata.name, SANDBOX_NAMESPACE)
+    assert self_test["sandbox"] == "works", self_test
     seccomp = sandbox_pod.spec.containers[0].security_context.seccomp_profile
     assert (seccomp.type, seccomp.localhost_profile) == ("Localhost", CODEX_SECCOMP_PROFILE)
     # Placed only on a node the chart's installer labelled as having this profile.
@@ -292,25 +344,132 @@ def _reinstall(installed: Installed) -> Any:
     return wait_for(replaced, 180, "the installer's new pod to be Ready", interval=0.5)
 
 
-def test_helm_test_says_whether_the_cluster_gives_codex_its_sandbox(installed: Installed) -> None:
-    """The chart's `helm test` (tests.codexSandbox): with the profile on the node, its pod's
-    `codex sandbox` writes the workspace and is refused /etc and the network, and the test
-    passes; with a profile that is only RuntimeDefault in its place, it fails, its pod saying
-    Codex cannot build its sandbox and what to install; back again, it passes."""
+def _check_lines(log: str) -> list[dict[str, Any]]:
+    """The JSON lines of the `helm test` check's log (one a node, then a summary)."""
+    return [json.loads(x) for x in log.splitlines() if x.startswith("{")]
+
+
+def _no_probe_left(installed: Installed) -> None:
+    selector = "sandbox-controller/codex-sandbox-check=probe"
+
+    def gone() -> bool:
+        return not installed.core.list_namespaced_pod(SANDBOX_NAMESPACE, label_selector=selector).items
+
+    wait_for(gone, 60, "the check's probe pods to be deleted", interval=0.5)
+
+
+def _failing_check(installed: Installed) -> dict[str, Any]:
+    """Run the `helm test` of Codex's sandbox, see it fail, and return its line for the node."""
     import helm_python
 
-    installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
+    with pytest.raises(helm_python.HelmReleaseError):
+        installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
+    log = installed.core.read_namespaced_pod_log(HELM_TEST, NAMESPACE)
+    [node_line, summary] = _check_lines(log)
+    assert summary == {
+        "message": "codex sandbox check done", "passed": False, "yes": [], "no": [installed.node.name], "skipped": [],
+    }, log  # fmt: skip
+    assert node_line["node"] == installed.node.name and node_line["sandbox"] == "no", log
+    _no_probe_left(installed)
+    return node_line
+
+
+def test_helm_test_says_per_node_whether_the_cluster_gives_codex_its_sandbox(installed: Installed) -> None:
+    """The chart's `helm test` (tests.codexSandbox) asks every node at test time: a probe pod
+    pinned to each runs `codex sandbox` and judges by what the command printed and was refused.
+    With the profile on the node the node's line says yes (the workspace written; $HOME, /etc and
+    a socket refused) and the test passes; with a profile that is only RuntimeDefault in its
+    place the node's line says no, with bubblewrap's words, and the test fails; with the file
+    gone (the label left) the probe's container cannot be created and the line says so from the
+    pod's status; with the installer's file back it passes again. No probe pod is left behind."""
+    node = installed.node.name
+    passed = installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST], logs=True)
+    lines = _check_lines(passed["logs"])
+    [yes] = [x for x in lines if x.get("node") == node]
+    assert yes["sandbox"] == "yes", passed["logs"]
+    assert yes["why"] == (
+        "Codex's sandbox works here: the sandboxed command wrote the workspace and was refused $HOME, /etc and a socket"
+    )
+    assert lines[-1] == {"message": "codex sandbox check done", "passed": True, "yes": [node], "no": [], "skipped": []}
+    _no_probe_left(installed)
+
     profile = seccomp_profile_path(installed.node)
     full = json.loads(profile.read_text())
     runtime_default = {**full, "syscalls": full["syscalls"][:-1]}  # without the five syscalls
     assert set(full["syscalls"][-1]["names"]) == {"clone", "unshare", "mount", "umount2", "pivot_root"}
     profile.write_text(json.dumps(runtime_default))
     try:
-        with pytest.raises(helm_python.HelmReleaseError):
-            installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])
-        log = installed.core.read_namespaced_pod_log(HELM_TEST, SANDBOX_NAMESPACE)
-        assert "bwrap: No permissions to create a new namespace" in log, log
-        assert "FAIL: Codex cannot build its own sandbox in a sandbox pod here" in log, log
+        refused = _failing_check(installed)
+        assert refused["why"].startswith(
+            "nothing ran in Codex's sandbox: bwrap: No permissions to create a new namespace"
+        ), refused
+        assert "sessions with automatic review do not get Codex's sandbox on this node" in refused["why"]
+        assert any("bwrap: No permissions" in line for line in refused["output"]), refused
+
+        profile.unlink()
+        missing = _failing_check(installed)
+        assert missing["why"].startswith("the pod's seccomp profile could not be loaded on this node ("), missing
+        assert "cannot load seccomp profile" in missing["why"] and str(profile) in missing["why"], missing
+        print(f"profile missing: {missing['why']}")
     finally:
         _reinstall(installed)  # the chart's installer writes it again
     installed.helm.test(RELEASE, timeout=300, include_names=[HELM_TEST])  # passes again
+    _no_probe_left(installed)
+
+
+def test_user_namespaces_do_not_narrow_what_the_profile_must_allow(
+    restricted: tuple[Any, str], images: list[Image], installed: Installed
+) -> None:
+    """In a pod with its own user namespace (hostUsers: false), bubblewrap still needs all five
+    syscalls the chart's profile adds to RuntimeDefault: with each one left out (or with
+    RuntimeDefault) it fails as it does without a user namespace, with the whole profile Codex's
+    sandbox works there too. The runtime's seccomp filter is the same whatever the pod's user
+    namespace (containerd allows those syscalls only to a container with CAP_SYS_ADMIN, which
+    "restricted" never grants), and it is checked before the kernel looks at namespaces."""
+    core, namespace = restricted
+    installed_profile = seccomp_profile_path(installed.node)
+    directory = installed_profile.parent / "narrowed"
+    full = json.loads(installed_profile.read_text())
+    extra = full["syscalls"][-1]["names"]
+    variants: dict[str, Any] = {"RuntimeDefault": None, "profile": full}
+    for name in extra:
+        kept = {"names": [n for n in extra if n != name], "action": "SCMP_ACT_ALLOW"}
+        variants[f"without-{name}"] = {**full, "syscalls": [*full["syscalls"][:-1], kept]}
+    results: dict[str, str] = {}
+    directory.mkdir(exist_ok=True)
+    try:
+        for label, profile in variants.items():
+            if profile is None:
+                seccomp = {"type": "RuntimeDefault"}
+            else:
+                (directory / f"{label}.json").write_text(json.dumps(profile))
+                seccomp = {"type": "Localhost", "localhostProfile": f"sandbox-controller/narrowed/{label}.json"}
+            manifest = _pod(_runner(images), seccomp)
+            manifest["spec"]["hostUsers"] = False
+            with pod(core, namespace, manifest) as running:
+                name = running.metadata.name
+                output = pod_exec(core, name, namespace, ["sh", "-c", PROBE], timeout=120)
+                uid_map = pod_exec(core, name, namespace, ["cat", "/proc/self/uid_map"])
+            inside = output.partition("exit=")[0]
+            ok = "wrote-workspace" in inside and "Operation not permitted" in inside
+            errors = [line for line in inside.splitlines() if "bwrap" in line]
+            results[label] = "works" if ok else (errors[0] if errors else inside.strip()[:300])
+            assert uid_map.split()[:2] != ["0", "0"], uid_map  # the pod's root is not the node's
+            print(f"{label}: {results[label]}")
+    finally:
+        shutil.rmtree(directory, ignore_errors=True)
+    assert results == {
+        "RuntimeDefault": NO_NAMESPACES,
+        "profile": "works",
+        "without-clone": NO_NAMESPACES,
+        "without-mount": "bwrap: Failed to make / slave: Operation not permitted",
+        "without-pivot_root": "bwrap: pivot_root: Operation not permitted",
+        "without-umount2": "bwrap: unmount old root: Operation not permitted",
+        "without-unshare": "bwrap: unshare user ns: Operation not permitted",
+    }
+
+
+NO_NAMESPACES = (
+    "bwrap: No permissions to create a new namespace, likely because the kernel does not allow non-privileged user "
+    "namespaces. On e.g. debian this can be enabled with 'sysctl kernel.unprivileged_userns_clone=1'."
+)
