@@ -10,7 +10,7 @@ and one single-process server per case on loopback:
              … h11``: uvicorn's pure-Python h11 parser with the header cap, the connection cap):
              the baseline BENCHMARKS.md used before issue 21
   bare-serve (only with ``--cases``) the same app on ``serve``'s own server now
-             (``controller.server.run``: httptools for the head, every phase bounded)
+             (``controller.endpoint.run``: httptools for the head, every phase bounded)
   handler    bench/webhook_handler.py, the 20-line handler: ``standardwebhooks`` verification,
              LPUSH with redis-py in Starlette's thread pool, on uvicorn's defaults
   serve-before  (with ``--before DIR``) the same, from an earlier commit's ``controller/`` in DIR

@@ -32,10 +32,10 @@ STAGES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("the task message (controller/task_message.py)", ("controller/task_message.py",)),
     ("the Redis call (controller/store/)", ("controller/store/",)),
     ("parse and classify (controller/events.py)", ("controller/events.py",)),
-    ("the receiver's own steps (controller/receiver.py)", ("controller/receiver.py",)),
+    ("the receiver's own steps (controller/endpoint/app.py)", ("controller/endpoint/app.py",)),
     ("HTTP parsing and answering (uvicorn, h11, httptools)", ("uvicorn/protocols/", "h11/", "httptools/")),
     ("ASGI dispatch (uvicorn middleware, Starlette)", ("uvicorn/middleware/", "starlette/")),
-    ("the header deadline and server options (controller/server.py)", ("controller/server.py",)),
+    ("the header deadline and server options (controller/endpoint/server.py)", ("controller/endpoint/server.py",)),
 )
 OTHER = "the event loop and the rest (asyncio, uvloop, the interpreter)"
 

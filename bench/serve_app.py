@@ -1,4 +1,4 @@
-"""Serve a bench app on the receiver's own server (``cli.cmd_serve``: ``controller.server.run``
+"""Serve a bench app on the receiver's own server (``cli.cmd_serve``: ``controller.endpoint.run``
 with the default limits), or with ``h11`` on the settings the receiver had before issue 21
 (uvicorn's h11 protocol, the header cap as h11's ``max_incomplete_event_size``, the connection
 cap), so a benchmark compares apps, not servers.
@@ -19,7 +19,7 @@ import uvicorn
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from controller import server
+from controller import endpoint
 from controller.config import ReceiverSettings, WebhookSettings
 
 
@@ -30,7 +30,9 @@ def main() -> None:
     assert not any(k.startswith("CONTROLLER_RECEIVER_") for k in os.environ), "bench apps use the default limits"
     limits = ReceiverSettings()
     if sys.argv[3:] != ["h11"]:
-        server.run(app, "127.0.0.1", port, server.Limits.from_settings(limits, WebhookSettings().body_timeout_seconds))
+        endpoint.run(
+            app, "127.0.0.1", port, endpoint.Limits.from_settings(limits, WebhookSettings().body_timeout_seconds)
+        )
         return
     options: dict[str, Any] = {
         "http": "h11",

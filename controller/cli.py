@@ -17,12 +17,12 @@ from collections.abc import Sequence
 
 from controller import (
     __version__,
+    endpoint,
     fleet,
     holds,
     logs,
     queue,
     scheduler,
-    server,
     start_stages,
     webhook_cli,
     wiring,
@@ -117,11 +117,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if settings.metrics.port and isinstance(counters, Metrics):
         # Off the public port: a client of the webhook endpoint gets no answer it did not pay for.
         serve_metrics(counters.registry, args.metrics_host, settings.metrics.port)
-    server.run(
+    endpoint.run(
         app,
         args.host,
         args.port,
-        server.Limits.from_settings(settings.receiver, settings.webhook.body_timeout_seconds),
+        endpoint.Limits.from_settings(settings.receiver, settings.webhook.body_timeout_seconds),
         on_refused=lambda reason: counters.inc(RECEIVER_REFUSED_TOTAL, reason=reason),
     )
     return 0

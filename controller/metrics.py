@@ -12,7 +12,7 @@ each process or switch to prometheus_client's multiprocess mode.
                  ``too_large``, ``inbox``, ``bug``); never a header or body value
     controller_receiver_refused_total{reason}
         what the receiver's HTTP server refused or cut short before (or instead of) the app
-        (``controller/server.py``): ``bad_request`` (400) | ``header_too_large`` (431) |
+        (``controller/endpoint/server.py``): ``bad_request`` (400) | ``header_too_large`` (431) |
         ``trailers_too_large`` (431) | ``header_timeout`` (a head not complete in time: closed) |
         ``body_timeout`` (408) | ``over_capacity`` (503 with ``Retry-After``: every connection
         busy answering) | ``shed`` (the connection that waited longest for its client, closed to

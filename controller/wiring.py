@@ -29,6 +29,7 @@ from controller import logs, queue, scheduler, worker
 from controller.clock import SystemClock
 from controller.config import PREFIX, Settings
 from controller.decide import Decision
+from controller.endpoint import ReceiverServices, create_app
 from controller.errors import ConfigError, StoreUnavailable
 from controller.lifecycle import Deps
 from controller.metrics import (
@@ -59,7 +60,6 @@ from controller.metrics import (
     use_multiprocess,
 )
 from controller.model import PoolState
-from controller.receiver import ReceiverServices, create_app
 from controller.reconcile import Sweep
 from controller.redis_client import Endpoint
 from controller.runners.base import Connects, DemandLog, Runner

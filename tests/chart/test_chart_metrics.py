@@ -78,7 +78,7 @@ def test_rules_and_dashboard_use_only_exported_metrics(chart: Any) -> None:  # n
 def test_an_alert_watches_the_receivers_refusals_of_genuine_deliveries(chart: Any) -> None:  # noqa: F811
     """L5: 503s beyond the receiver's capacity (genuine deliveries turned away) raise an alert, on a
     reason the server counts."""
-    from controller.server import REFUSAL_REASONS
+    from controller.endpoint import REFUSAL_REASONS
 
     objects = render(chart, merge(CREDENTIALS, ALL_ON))
     [rule] = of_kind(objects, "PrometheusRule")

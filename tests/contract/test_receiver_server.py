@@ -1,4 +1,4 @@
-"""The receiver's HTTP server on the wire (``controller/server.py``): every byte counted, every
+"""The receiver's HTTP server on the wire (``controller/endpoint/server.py``): every byte counted, every
 phase on a clock, capacity never held by clients that do not finish, every refusal counted.
 Served on 127.0.0.1 from a thread of this process (``tests/support/http_server.py``, uvloop as
 ``serve`` runs it). The same attacks on a real receiver process, with its memory watched, are in
@@ -19,7 +19,7 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
-from controller import server
+from controller.endpoint import server
 from tests.support.http_server import ServerThread
 from tests.support.processes import port_open, wait_for
 

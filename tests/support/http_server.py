@@ -1,4 +1,4 @@
-"""The receiver's HTTP server (``controller/server.py``) serving an app from a thread of the test
+"""The receiver's HTTP server (``controller/endpoint/server.py``) serving an app from a thread of the test
 process, on uvloop as ``serve`` runs it, with every refusal it counts recorded."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from typing import Any
 
 import uvloop
 
-from controller import server
+from controller import endpoint
 from tests.support.processes import free_port, port_open, wait_for
 
 
@@ -18,11 +18,11 @@ class ServerThread:
     """``with ServerThread(app, limits) as running:`` ``running.port``; ``running.refused`` counts
     ``on_refused`` calls by reason."""
 
-    def __init__(self, app: Any, limits: server.Limits) -> None:
+    def __init__(self, app: Any, limits: endpoint.Limits) -> None:
         self.app, self.limits = app, limits
         self.port = free_port()
         self.refused: Counter[str] = Counter()
-        self.server: server.Server | None = None
+        self.server: endpoint.Server | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="receiver-server", daemon=True)
@@ -31,14 +31,14 @@ class ServerThread:
         async def main() -> None:
             self._loop = asyncio.get_running_loop()
             self._stop = asyncio.Event()
-            await server.serve(self.app, "127.0.0.1", self.port, self.limits, self._count, self._ready, self._stop)
+            await endpoint.serve(self.app, "127.0.0.1", self.port, self.limits, self._count, self._ready, self._stop)
 
         uvloop.run(main())
 
     def _count(self, reason: str) -> None:
         self.refused[reason] += 1
 
-    def _ready(self, running: server.Server) -> None:
+    def _ready(self, running: endpoint.Server) -> None:
         self.server = running
 
     def open_connections(self) -> int:

@@ -254,17 +254,17 @@ def _receiver_outcomes() -> set[str]:
     """Every ``outcome`` the receiver counts deliveries under, read from its code."""
     import inspect
 
-    from controller import receiver
+    from controller.endpoint import app
     from controller.inbox import Outcome
 
-    return {*re.findall(r'outcome="(\w+)"', inspect.getsource(receiver)), *(o.value for o in Outcome), "ignored"}
+    return {*re.findall(r'outcome="(\w+)"', inspect.getsource(app)), *(o.value for o in Outcome), "ignored"}
 
 
 def _labelled() -> dict[str, set[str]]:
     """The values each labelled metric takes, read from the code that counts them."""
     from controller.decide import Cause, Verdict
+    from controller.endpoint import REFUSAL_REASONS
     from controller.runners.kubernetes import seccomp
-    from controller.server import REFUSAL_REASONS
 
     return {
         "controller_webhooks_total": _receiver_outcomes(),
@@ -338,7 +338,7 @@ def test_every_setting_and_metric_the_code_and_chart_name_exists() -> None:
 
 UVICORN_NAMED = {
     "controller/logs.py": "the simulator's uvicorn logs through JsonFormatter",
-    "controller/server.py": "uvloop, which the server runs on, comes with uvicorn[standard] (the simulator's)",
+    "controller/endpoint/server.py": "uvloop, which the server runs on, comes with uvicorn[standard] (the simulator's)",
     "tests/unit/test_cli.py": "tests JsonFormatter with a uvicorn record",
 }
 """Files of the product and its tests that name uvicorn without serving with it, and why."""

@@ -168,7 +168,7 @@ def test_only_the_door_imports_the_kubernetes_client() -> None:
     (``runners.kubernetes.api``) does."""
     probe = (
         "import sys\n"
-        "import controller.cli, controller.receiver, controller.worker, controller.scheduler, controller.wiring\n"
+        "import controller.cli, controller.endpoint, controller.worker, controller.scheduler, controller.wiring\n"
         "import controller.webhook_cli, controller.runners.kubernetes.templates\n"
         "assert 'kubernetes' not in sys.modules and 'urllib3' not in sys.modules, 'imported too early'\n"
         "import controller.runners.kubernetes.runner\n"

@@ -1,4 +1,4 @@
-"""The webhook receiver app, driven through Starlette's TestClient (controller/receiver.py)."""
+"""The webhook receiver app, driven through Starlette's TestClient (controller/endpoint/app.py)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import pytest
 from starlette.testclient import TestClient
 
 from controller import logs
-from controller import receiver as receiver_module
 from controller.config import Secret, WebhookSettings
+from controller.endpoint import ReceiverServices, create_app
+from controller.endpoint import app as receiver_module
+from controller.endpoint.app import MAX_SESSION_ID_CHARS, retry_after_seconds
 from controller.errors import RedisPasswordRefused
 from controller.inbox import Job
 from controller.metrics import WEBHOOKS_TOTAL, Metrics
-from controller.receiver import MAX_SESSION_ID_CHARS, ReceiverServices, create_app, retry_after_seconds
 from controller.signing import Verifier
 from tests.support.clock import FakeClock
 from tests.support.deliveries import SAMPLE_ENVELOPES, SECRET, action_required, session_event, signed

@@ -1,5 +1,5 @@
 """Hypothesis against the receiver: any delivery gets 2xx/4xx, and only verified,
-enqueue-worthy, queueable events reach the inbox (controller/receiver.py)."""
+enqueue-worthy, queueable events reach the inbox (controller/endpoint/app.py)."""
 
 from __future__ import annotations
 
@@ -11,10 +11,11 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from starlette.testclient import TestClient
 
+from controller.endpoint import ReceiverServices, create_app
+from controller.endpoint.app import Unqueueable, check_queueable
 from controller.errors import BadPayload, SignatureError
 from controller.events import HANDLED_TYPES, MALFORMED_SESSION_ID, classify, parse
 from controller.inbox import Job
-from controller.receiver import ReceiverServices, Unqueueable, check_queueable, create_app
 from controller.signing import Verifier, secret_key, sign
 from controller.trust import valid_id
 from tests.support.clock import FakeClock

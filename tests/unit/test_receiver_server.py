@@ -1,5 +1,5 @@
-"""The receiver's HTTP framing (``controller/http1.py``) and server connection
-(``controller/server.py``) without sockets; on the wire: tests/contract/test_receiver_server.py,
+"""The receiver's HTTP framing (``controller/endpoint/framing.py``) and server connection
+(``controller/endpoint/server.py``) without sockets; on the wire: tests/contract/test_receiver_server.py,
 under floods: tests/system/test_receiver_limits.py."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from controller import http1, server
 from controller.config import ReceiverSettings
+from controller.endpoint import framing, server
 
 CAP = 4096
 
@@ -33,8 +33,8 @@ def head_length_in_pieces(data: bytes, cuts: list[int]) -> int | str:
         buffer += data[at:cut]
         at = cut
         try:
-            end = http1.head_end(buffer, searched, CAP)
-        except http1.HeadTooLarge:
+            end = framing.head_end(buffer, searched, CAP)
+        except framing.HeadTooLarge:
             return "431"
         if end >= 0:
             return end
@@ -58,7 +58,7 @@ def test_the_head_cap_is_the_same_for_every_segmentation(size: int) -> None:
 
 
 def decode_chunked(data: bytes, cuts: list[int], max_trailer_bytes: int = 64) -> tuple[bytes, int]:
-    body = http1.ChunkedBody(max_trailer_bytes)
+    body = framing.ChunkedBody(max_trailer_bytes)
     decoded, at, used_total = b"", 0, 0
     for cut in [*sorted(cuts), len(data)]:
         piece = data[at:cut]
@@ -91,21 +91,21 @@ def test_a_chunked_body_decodes_the_same_in_any_pieces_and_stops_at_its_end() ->
         b"5\r\nhelloX\r\n0\r\n\r\n",  # longer than its size
         b"\r\n",  # no size
         b"1" * 17 + b"\r\n",  # a size no body has
-        b"1;" + b"e" * http1.MAX_CHUNK_LINE_BYTES + b"\r\n",  # an endless extension
+        b"1;" + b"e" * framing.MAX_CHUNK_LINE_BYTES + b"\r\n",  # an endless extension
     ],
 )
 def test_malformed_chunks_are_bad_requests(wire: bytes) -> None:
     """L3: chunk framing that could be read two ways is refused (400)."""
-    with pytest.raises(http1.BadRequest):
-        http1.ChunkedBody(64).feed(wire)
+    with pytest.raises(framing.BadRequest):
+        framing.ChunkedBody(64).feed(wire)
 
 
 def test_trailers_over_their_cap_are_refused_in_any_pieces() -> None:
     """L3: trailers count against their cap as they arrive, one endless line or many short ones."""
     for trailers in (b"X-A: " + b"a" * 100, b"X-A: 1\r\n" * 20):
         wire = b"0\r\n" + trailers
-        body = http1.ChunkedBody(64)
-        with pytest.raises(http1.TrailersTooLarge):
+        body = framing.ChunkedBody(64)
+        with pytest.raises(framing.TrailersTooLarge):
             for at in range(0, len(wire), 7):
                 body.feed(wire[at : at + 7])
 
@@ -195,7 +195,7 @@ def test_every_refusal_reason_is_declared_and_documented() -> None:
 
     source = inspect.getsource(server)
     counted = set(re.findall(r'refused\("(\w+)"\)', source)) | set(re.findall(r'refuse\(\d+, "(\w+)"', source))
-    counted |= {kind.reason for kind in (http1.BadRequest, http1.HeadTooLarge, http1.TrailersTooLarge)}
+    counted |= {kind.reason for kind in (framing.BadRequest, framing.HeadTooLarge, framing.TrailersTooLarge)}
     assert counted == set(server.REFUSAL_REASONS)
     readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
     [row] = [line for line in readme.splitlines() if line.lstrip().startswith("| `controller_receiver_refused_total")]
@@ -206,12 +206,12 @@ def test_a_body_of_tiny_chunks_is_refused_once_its_chunks_are_not_paid_for() -> 
     """L3: each chunk costs a turn of the decoder's loop, so chunks are paid for with data: a
     body of one-byte chunks is refused at chunk ``FREE_CHUNKS + 1`` (not after 4096: 8.6 ms of
     CPU for 24 KB), and one of 1 KiB chunks is decoded whole, whatever its length."""
-    body = http1.ChunkedBody(64)
-    pieces, _ = body.feed(b"1\r\na\r\n" * http1.FREE_CHUNKS)
-    assert b"".join(pieces) == b"a" * http1.FREE_CHUNKS
-    with pytest.raises(http1.BadRequest, match="chunks too small"):
+    body = framing.ChunkedBody(64)
+    pieces, _ = body.feed(b"1\r\na\r\n" * framing.FREE_CHUNKS)
+    assert b"".join(pieces) == b"a" * framing.FREE_CHUNKS
+    with pytest.raises(framing.BadRequest, match="chunks too small"):
         body.feed(b"1\r\na\r\n")
-    body = http1.ChunkedBody(64)
+    body = framing.ChunkedBody(64)
     chunk = b"400\r\n" + b"k" * 1024 + b"\r\n"
     pieces, _ = body.feed(chunk * 1000 + b"0\r\n\r\n")
     assert body.done and len(b"".join(pieces)) == 1024 * 1000

@@ -1,4 +1,4 @@
-"""HTTP/1.1 framing for the receiver's server (``controller/server.py``): where a request's head,
+"""HTTP/1.1 framing for the receiver's server (``controller/endpoint/server.py``): where a request's head,
 body and trailers end, each counted against its limit. No I/O, no clock: bytes in, decisions out.
 
 - ``head_end``: the end of the head (request line and headers, through the blank line), or

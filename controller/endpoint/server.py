@@ -1,7 +1,7 @@
 """The receiver's HTTP/1.1 server: made for one public ASGI app and for the clients that attack it.
 
 ``run(app, host, port, limits, on_refused)`` is what ``sandbox-controller serve`` runs (uvloop
-when installed). It is a small asyncio server over ``controller/http1.py``'s framing, so that
+when installed). It is a small asyncio server over ``controller/endpoint/framing.py``'s framing, so that
 every byte a connection sends is counted against a limit and every phase has a clock:
 
 - **head** (request line and headers, through the blank line): at most ``max_header_bytes``,
@@ -14,7 +14,7 @@ every byte a connection sends is counted against a limit and every phase has a c
   ``body_timeout_seconds`` of the head (408; the app's own deadline on ``/webhooks`` is a
   second shorter, so it answers first);
 - **trailers**: at most ``max_header_bytes`` (431), then dropped; chunk lines at most
-  ``http1.MAX_CHUNK_LINE_BYTES`` (400);
+  ``framing.MAX_CHUNK_LINE_BYTES`` (400);
 - **answers**: the next request, when it came before the previous answer was written
   (pipelined), is not read or parsed while part of that answer is unsent — in the transport,
   or in the kernel's send queue because the client's window is full — looked at again every
@@ -31,12 +31,14 @@ rate only when no other is waiting (``shed_order``); only when every open connec
 being answered does the newcomer get ``503`` with ``Retry-After`` (after its head, within a
 short deadline) — so clients that do not finish never hold capacity a genuine delivery needs.
 
-Every refusal — 400, 408, 413, 431, 503, a deadline that closed a connection, a connection
-shed — calls ``on_refused(reason)`` (``controller_receiver_refused_total{reason}``), and is
-logged at most once per ``LOG_EVERY_SECONDS`` per reason with the count since. A refusal
-answered while the client may still be sending is followed by a lingering close (our side
-half-closed, input read and dropped for at most ``LINGER_SECONDS``), so the client reads the
-answer rather than a reset.
+Every refusal — 400, 408, 431, 503, 500 for an app that failed before answering, a deadline that
+closed a connection, a connection shed — calls ``on_refused(reason)``
+(``controller_receiver_refused_total{reason}``), and is logged at most once per
+``LOG_EVERY_SECONDS`` per reason with the count since. A refusal answered while the client may
+still be sending is followed by a lingering close (our side half-closed, input read and dropped
+for at most ``LINGER_SECONDS``), so the client reads the answer rather than a reset. The server
+sends no 413: a body over the cap is the app's to refuse (``controller/endpoint/app.py``, counted
+in ``controller_webhooks_total``), since only the app knows a route's cap.
 
 Answers: one write per ASGI message (the head waits for the first body bytes), a ``date``
 header, ``Content-Length`` or else chunked, nothing after the head for ``HEAD``, keep-alive as
@@ -60,10 +62,11 @@ from dataclasses import dataclass
 from email.utils import formatdate
 from typing import Any
 
-from controller import http1, logs
+from controller import logs
 from controller.config import ReceiverSettings
+from controller.endpoint import framing
 
-log = logs.get("controller.server")
+log = logs.get("controller.server")  # the name its log lines have always carried
 
 READ_BYTES = 64 * 1024
 """The most one read takes from a socket."""
@@ -281,7 +284,7 @@ class Connection(asyncio.BufferedProtocol):
         self.phase_since = self.loop.time()
         self.served = 0
         self.cycle: Cycle | None = None
-        self.body: http1.FixedBody | http1.ChunkedBody | None = None
+        self.body: framing.FixedBody | framing.ChunkedBody | None = None
         self.deadline: float | None = None
         """When ``on_deadline`` runs (the loop's clock), unless disarmed first: ``Server.sweep``."""
         self.on_deadline: Callable[[], None] = self.abort
@@ -392,12 +395,12 @@ class Connection(asyncio.BufferedProtocol):
                         return
                     self._enter(Phase.HEAD)
                 try:
-                    end = http1.head_end(self.buffer, self.searched, limits.max_header_bytes)
+                    end = framing.head_end(self.buffer, self.searched, limits.max_header_bytes)
                     if end < 0:
                         self.searched = len(self.buffer)
                         return
-                    head = http1.parse_head(bytes(self.buffer[:end]), limits.max_header_bytes)
-                except http1.FramingError as exc:
+                    head = framing.parse_head(bytes(self.buffer[:end]), limits.max_header_bytes)
+                except framing.FramingError as exc:
                     self.refuse(exc.status, exc.reason, str(exc))
                     return
                 del self.buffer[:end]
@@ -439,7 +442,7 @@ class Connection(asyncio.BufferedProtocol):
                 return False
         return True
 
-    def _begin(self, head: http1.Head) -> None:
+    def _begin(self, head: framing.Head) -> None:
         self._disarm()
         self.pipelined = False
         if self.surplus:
@@ -470,7 +473,7 @@ class Connection(asyncio.BufferedProtocol):
             return False
         try:
             pieces, used = body.feed(self.buffer)
-        except http1.FramingError as exc:
+        except framing.FramingError as exc:
             self.refuse(exc.status, exc.reason, str(exc))
             return False
         del self.buffer[:used]
@@ -516,7 +519,7 @@ class Connection(asyncio.BufferedProtocol):
         cycle = self.cycle
         if cycle is None or not cycle.started:
             extra = ((b"retry-after", b"%d" % RETRY_AFTER_SECONDS),) if status == 503 else ()
-            transport.write(http1.answer(status, message, extra))
+            transport.write(framing.answer(status, message, extra))
             if cycle is not None:
                 cycle.started = cycle.complete = True
         if cycle is not None:
@@ -593,7 +596,7 @@ class Connection(asyncio.BufferedProtocol):
 class Cycle:
     """One request and its answer, as the app sees them (ASGI ``receive``/``send``)."""
 
-    def __init__(self, connection: Connection, head: http1.Head, keep_alive: bool) -> None:
+    def __init__(self, connection: Connection, head: framing.Head, keep_alive: bool) -> None:
         self.connection = connection
         self.head = head
         self.keep_alive = keep_alive
@@ -752,7 +755,7 @@ class Cycle:
             self.chunked = True
             ending = b"transfer-encoding: chunked\r\n" + ending
         date = self.connection.server.now_date()
-        return b"".join((http1.status_line(status), block, b"date: ", date, b"\r\n", ending))
+        return b"".join((framing.status_line(status), block, b"date: ", date, b"\r\n", ending))
 
 
 async def serve(

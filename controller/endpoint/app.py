@@ -71,7 +71,7 @@ from controller.metrics import SECRETS_REFUSED_TOTAL, WEBHOOKS_TOTAL, Counters, 
 from controller.signing import FileVerifier, Verified, Verifier
 from controller.trust import MAX_ID_CHARS
 
-log = logs.get("controller.receiver")
+log = logs.get("controller.receiver")  # the name its log lines have always carried
 
 DEFAULT_RETRY_AFTER_SECONDS = 5
 MAX_RETRY_AFTER_SECONDS = 600
