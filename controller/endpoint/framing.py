@@ -1,5 +1,7 @@
-"""HTTP/1.1 framing for the receiver's server (``controller/endpoint/server.py``): where a request's head,
-body and trailers end, each counted against its limit. No I/O, no clock: bytes in, decisions out.
+"""HTTP/1.1 framing for the receiver's server (``controller/endpoint/server.py``): where a request's
+head, body and trailers end, each counted against its limit. No I/O, no clock: bytes in, decisions
+out. httptools (llhttp) reads the head and decodes chunked bodies; what is built here is what
+llhttp leaves to its caller: the limits, and where a body ends.
 
 - ``head_end``: the end of the head (request line and headers, through the blank line), or
   ``HeadTooLarge`` as soon as the bytes received prove it longer than the cap. The cap counts
@@ -7,9 +9,12 @@ body and trailers end, each counted against its limit. No I/O, no clock: bytes i
 - ``parse_head``: the head, through httptools (llhttp, strict: one Content-Length, no
   Content-Length beside Transfer-Encoding, ``chunked`` last): method, target, version,
   headers, keep-alive, and how the body is framed.
-- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length or by chunks; the chunk lines are
-  bounded, the chunks are paid for with data (``FREE_CHUNKS``, ``MIN_CHUNK_BYTES``), and the
-  trailers are counted against the head's cap, then dropped (no app here reads trailers).
+- ``FixedBody`` / ``ChunkedBody``: the body by Content-Length (counted here) or by chunks
+  (decoded by llhttp, strict: sizes, extensions, CRLFs and trailer fields checked); the chunk
+  lines are bounded, the chunks are paid for with data (``FREE_CHUNKS``, ``MIN_CHUNK_BYTES``),
+  and the trailers are counted against the head's cap, then dropped (no app here reads
+  trailers). Where a chunked body ends is placed here, from llhttp's events: httptools gives
+  no position, and a pipelined request after the body must be found (``ChunkedBody``).
 - ``answer``: a whole short answer (the server's own refusals).
 
 Errors carry the status and the refusal reason the server counts
@@ -29,10 +34,11 @@ MAX_CHUNK_LINE_BYTES = 1024
 FREE_CHUNKS = 64
 MIN_CHUNK_BYTES = 1024
 """Chunks are paid for with data: a body may have ``FREE_CHUNKS`` chunks, and one more for every
-``MIN_CHUNK_BYTES`` of data decoded before it; past that, 400. Each chunk costs a turn of a
-Python loop (about 2 µs), so a body of tiny chunks (4096 one-byte chunks cost 8.6 ms) is
-refused after 64, and a chunked body costs the server about as much CPU per byte as one
-framed by Content-Length (at most a turn per KiB)."""
+``MIN_CHUNK_BYTES`` of data decoded before it; past that, 400, as llhttp reads the chunk line
+over the budget. Each chunk costs three calls from llhttp into Python and a turn placing them
+(4096 one-byte chunks: 7.6 ms on a loaded 2-core machine, a third of the hand-built decoder's
+22 ms beside it), so a body of tiny chunks is refused after 64, and a chunked body costs the
+server about as much CPU per byte as one framed by Content-Length (at most a chunk per KiB)."""
 
 
 class FramingError(Exception):
@@ -194,72 +200,156 @@ class FixedBody:
         return ([bytes(data[:taken])] if taken else []), taken
 
 
-class ChunkedBody:
-    """A chunked body: chunk lines at most ``MAX_CHUNK_LINE_BYTES``, trailers at most
-    ``max_trailer_bytes`` together (then dropped); strict CRLF line ends."""
+_CHUNKED_HEAD = b"POST / HTTP/1.1\r\ntransfer-encoding: chunked\r\n\r\n"
+"""What a chunk decoder's parser reads first: the request's own head was read by ``parse_head``."""
+_HEADER, _COMPLETE = -1, -2
+"""``ChunkedBody``'s events besides the data's (its length): a chunk line read, a chunk's end."""
 
-    _SIZE, _DATA, _DATA_END, _TRAILERS = range(4)
+
+class _End(Exception):
+    """The body's last byte is read: llhttp stops there (what follows is the next request's)."""
+
+
+class _Ignore:
+    """httptools callbacks that keep nothing (``ChunkedBody``'s probe of trailers)."""
+
+
+class ChunkedBody:
+    """A chunked body, decoded by llhttp (httptools' parser, strict: CRLF line ends, chunk sizes,
+    extensions and trailer fields checked; trailers dropped), fed from after the head. Around it,
+    what llhttp leaves to its caller:
+
+    - the limits: chunk lines at most ``MAX_CHUNK_LINE_BYTES`` (400), trailers at most
+      ``max_trailer_bytes`` (431; checked before any byte past the cap is parsed, so a verdict
+      is the same however the bytes arrive), chunks paid for with data (400, counted as llhttp
+      reads each chunk line, so a flood of tiny chunks stops at the one over);
+    - where the body ends: llhttp says when (its events), not where, so each event of a read is
+      placed by the bytes that end it — a chunk line at its LF, the data by its length, the
+      CRLF after it at its LF, the trailers at their blank line. This is the hand-built part
+      kept: llhttp has no other way to give the position (httptools reports none but an
+      upgrade's), and without it a pipelined request after the body could not be found."""
+
+    _LINE, _HEADED, _DATA, _TRAILERS = range(4)
 
     def __init__(self, max_trailer_bytes: int) -> None:
         self.done = False
-        self._state = self._SIZE
-        self._remaining = 0
-        self._line = bytearray()
         self._max_trailer_bytes = max_trailer_bytes
-        self._trailer_bytes = 0
+        self._state = self._LINE
+        self._open = 0
+        """Bytes of the chunk line, or of the trailers, in earlier reads."""
+        self._carry = b"\r\n"
+        """The trailers' last two bytes so far (before the first, the last chunk line's CRLF)."""
         self._chunks = 0
         self._data_bytes = 0
+        self._pieces: list[bytes] = []
+        self._events: list[int] = []
+        self._refusal: FramingError | None = None
+        self._parser = httptools.HttpRequestParser(self)
+        self._parser.feed_data(_CHUNKED_HEAD)
+
+    # llhttp's callbacks
+
+    def on_chunk_header(self) -> None:
+        self._chunks += 1
+        if self._chunks > FREE_CHUNKS + self._data_bytes // MIN_CHUNK_BYTES:
+            self._refusal = BadRequest(f"chunks too small: more than {FREE_CHUNKS} and one per {MIN_CHUNK_BYTES} bytes")
+            raise self._refusal
+        self._events.append(_HEADER)
+
+    def on_body(self, piece: bytes) -> None:
+        self._data_bytes += len(piece)
+        self._pieces.append(piece)
+        self._events.append(len(piece))
+
+    def on_chunk_complete(self) -> None:
+        self._events.append(_COMPLETE)
+
+    def on_message_complete(self) -> None:
+        self.done = True
+        raise _End
+
+    # reads
 
     def feed(self, data: bytes | bytearray) -> tuple[list[bytes], int]:
         """The body bytes decoded from the start of ``data`` and how many bytes of it were the
         body's (all of them, unless the body ended inside ``data``). BadRequest for malformed
         framing, TrailersTooLarge past the trailer cap."""
         pieces: list[bytes] = []
-        at, size = 0, len(data)
-        while at < size and not self.done:
-            if self._state == self._DATA:
-                taken = min(self._remaining, size - at)
-                pieces.append(bytes(data[at : at + taken]))
-                at += taken
-                self._remaining -= taken
-                self._data_bytes += taken
-                if not self._remaining:
-                    self._state = self._DATA_END
-                continue
-            newline = data.find(b"\n", at)
-            piece_end = size if newline < 0 else newline + 1
-            self._line += data[at:piece_end]
-            if self._state == self._TRAILERS:
-                self._trailer_bytes += piece_end - at
-                if self._trailer_bytes > self._max_trailer_bytes:
-                    raise TrailersTooLarge(f"trailers over {self._max_trailer_bytes} bytes")
-            elif len(self._line) > MAX_CHUNK_LINE_BYTES:
-                raise BadRequest("chunk line too long")
-            at = piece_end
-            if newline < 0:
-                break
-            line, self._line = bytes(self._line), bytearray()
-            if not line.endswith(b"\r\n"):
-                raise BadRequest("chunk line not ended by CRLF")
-            self._line_ended(line[:-2])
-        return pieces, at
+        self._pieces = pieces
+        used, size = 0, len(data)
+        with memoryview(data) as view:
+            while used < size and not self.done:
+                stop = size
+                if self._state in (self._HEADED, self._TRAILERS):  # trailers may be next: no byte past the cap
+                    allowed = self._max_trailer_bytes - self._open
+                    if allowed <= 0:
+                        raise TrailersTooLarge(f"trailers over {self._max_trailer_bytes} bytes")
+                    stop = min(size, used + allowed)
+                used = self._read(data, view, used, stop)
+        return pieces, used
 
-    def _line_ended(self, line: bytes) -> None:
-        if self._state == self._DATA_END:
-            if line:
-                raise BadRequest("chunk data longer than its size")
-            self._state = self._SIZE
-        elif self._state == self._SIZE:
-            digits = line.split(b";", 1)[0].rstrip(b" \t")
-            if not digits or len(digits) > 16 or digits.strip(b"0123456789abcdefABCDEF"):
-                raise BadRequest("invalid chunk size")
-            self._remaining = int(digits, 16)
-            self._state = self._DATA if self._remaining else self._TRAILERS
-            self._chunks += 1
-            if self._chunks > FREE_CHUNKS + self._data_bytes // MIN_CHUNK_BYTES:
-                raise BadRequest(f"chunks too small: more than {FREE_CHUNKS} and one per {MIN_CHUNK_BYTES} bytes")
-        elif not line:  # _TRAILERS: the blank line ends the body
-            self.done = True
+    def _read(self, data: bytes | bytearray, view: memoryview, start: int, stop: int) -> int:
+        """Feed ``data[start:stop]`` to llhttp and place its events: where this read of the body
+        ended (``stop`` unless the body ended before)."""
+        self._events = []
+        error: FramingError | None = None
+        try:
+            self._parser.feed_data(view[start:stop])
+        except httptools.HttpParserError as exc:
+            if self._refusal is not None:
+                raise self._refusal from None
+            if not self.done:
+                error = BadRequest(f"invalid chunked body: {exc}")
+        at = start
+        for event in self._events:
+            if event > 0:  # data
+                at += event
+                self._state = self._DATA
+            elif event == _HEADER:  # the chunk line ends at its LF (it holds none before)
+                end = data.find(b"\n", at) + 1
+                self._check_line(self._open + end - at)
+                at, self._open, self._carry = end, 0, b"\r\n"
+                self._state = self._HEADED
+            elif self._state == self._DATA:  # the CRLF after a chunk's data
+                at = data.find(b"\n", at) + 1
+                self._state, self._open = self._LINE, 0
+            else:  # after the last chunk (no data): the trailers end at their blank line
+                seen = self._carry + bytes(data[at:stop])
+                end = at + seen.find(b"\r\n\r\n") + 4 - len(self._carry)
+                self._check_trailers(data, at, self._open + end - at, error)
+                return end
+        if error is not None:
+            if self._state in (self._HEADED, self._TRAILERS) and at < stop:
+                self._check_trailers(data, at, self._open + stop - at, error)
+            raise error
+        if self._state == self._LINE:
+            self._open += stop - at
+            self._check_line(self._open)
+        elif self._state != self._DATA and at < stop:  # after a chunk line, bytes but no data: trailers
+            self._state = self._TRAILERS
+            self._check_trailers(data, at, self._open + stop - at, None)
+            self._open += stop - at
+            self._carry = (self._carry + bytes(data[max(at, stop - 2) : stop]))[-2:]
+        return stop
+
+    @staticmethod
+    def _check_line(length: int) -> None:
+        if length > MAX_CHUNK_LINE_BYTES:
+            raise BadRequest("chunk line too long")
+
+    def _check_trailers(self, data: bytes | bytearray, at: int, length: int, error: FramingError | None) -> None:
+        """TrailersTooLarge if the trailers so far (``length``, from ``at`` in this read) are over
+        the cap — unless llhttp refused them within the cap: trailers that began in this read
+        (``_open`` is 0) are read again by a fresh parser, up to the cap, to say which came first."""
+        if length <= self._max_trailer_bytes:
+            return
+        if error is not None and not self._open:
+            probe = httptools.HttpRequestParser(_Ignore())
+            try:
+                probe.feed_data(_CHUNKED_HEAD + b"0\r\n" + bytes(data[at : at + self._max_trailer_bytes]))
+            except httptools.HttpParserError:
+                raise error from None
+        raise TrailersTooLarge(f"trailers over {self._max_trailer_bytes} bytes")
 
 
 _STATUS_LINES = {

@@ -362,7 +362,7 @@ def test_a_body_not_complete_within_its_deadline_gets_408(running: ServerThread)
 
 
 def test_a_body_of_tiny_chunks_gets_400_and_one_of_kib_chunks_is_served(running: ServerThread) -> None:
-    """L3: 4000 one-byte chunks (24 KB on the wire, 8.4 ms of the server's CPU) get 400 once
+    """L3: 4000 one-byte chunks (24 KB on the wire, milliseconds of the server's CPU) get 400 once
     their chunks are not paid for with data, counted; 64 KiB in 1 KiB chunks is served."""
     before = running.refused["bad_request"]
     tiny = head("Transfer-Encoding: chunked", "Connection: close", method="POST") + b"\r\n"
