@@ -7,8 +7,9 @@ llhttp leaves to its caller: the limits, and where a body ends.
   ``HeadTooLarge`` as soon as the bytes received prove it longer than the cap. The cap counts
   every byte of the head, so the verdict is the same however TCP splits it.
 - ``parse_head``: the head, through httptools (llhttp, strict: one Content-Length, no
-  Content-Length beside Transfer-Encoding, ``chunked`` last): method, target, version,
-  headers, keep-alive, and how the body is framed.
+  Content-Length beside Transfer-Encoding, ``chunked`` last; a head it does not finish, such as
+  the start of an HTTP/2 preface, is refused): method, target, version, headers, keep-alive,
+  and how the body is framed.
 - ``FixedBody`` / ``ChunkedBody``: the body by Content-Length (counted here) or by chunks
   (decoded by llhttp, strict: sizes, extensions, CRLFs and trailer fields checked); the chunk
   lines are bounded, the chunks are paid for with data (``FREE_CHUNKS``, ``MIN_CHUNK_BYTES``),
@@ -162,6 +163,8 @@ def parse_head(head: bytes, max_trailer_bytes: int) -> Head:
         pass  # an Upgrade (or CONNECT) is served as a plain request: this server upgrades nothing
     except httptools.HttpParserError as exc:
         raise BadRequest(f"invalid request head: {exc}") from None
+    if not collected.method:  # llhttp finished no head here: it waits for more (a ``PRI`` preface's)
+        raise BadRequest("request head not complete")
     try:
         url = httptools.parse_url(collected.url)
     except httptools.HttpParserInvalidURLError:
@@ -238,7 +241,8 @@ class ChunkedBody:
         self._open = 0
         """Bytes of the chunk line, or of the trailers, in earlier reads."""
         self._carry = b"\r\n"
-        """The trailers' last two bytes so far (before the first, the last chunk line's CRLF)."""
+        """The trailers' last three bytes so far (a blank line may begin in them; before the first
+        trailer byte, the last chunk line's CRLF)."""
         self._chunks = 0
         self._data_bytes = 0
         self._pieces: list[bytes] = []
@@ -329,7 +333,7 @@ class ChunkedBody:
             self._state = self._TRAILERS
             self._check_trailers(data, at, self._open + stop - at, None)
             self._open += stop - at
-            self._carry = (self._carry + bytes(data[max(at, stop - 2) : stop]))[-2:]
+            self._carry = (self._carry + bytes(data[max(at, stop - 3) : stop]))[-3:]
         return stop
 
     @staticmethod
