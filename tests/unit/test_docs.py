@@ -336,6 +336,28 @@ def test_every_setting_and_metric_the_code_and_chart_name_exists() -> None:
     assert wrong == [], sorted(wrong)
 
 
+def _statuses_sent() -> set[int]:
+    """The statuses the receiver's server answers with itself: each ``refuse(NNN`` of the
+    server, and each framing error's ``status``."""
+    server = _text(ROOT / "controller" / "endpoint" / "server.py")
+    framing = _text(ROOT / "controller" / "endpoint" / "framing.py")
+    return {int(code) for code in re.findall(r"refuse\((\d{3}),", server)} | {
+        int(code) for code in re.findall(r"^    status = (\d{3})$", framing, re.MULTILINE)
+    }
+
+
+def test_the_servers_docstring_names_exactly_the_statuses_it_sends() -> None:
+    """``controller/endpoint/server.py`` lists its refusals ("Every refusal — 400, …"): each
+    status named there is one the server sends, and each one it sends is named (a 413 listed
+    there was never sent: the app refuses an over-cap body)."""
+    server = _text(ROOT / "controller" / "endpoint" / "server.py")
+    docstring = server.split('"""')[1]
+    listed = docstring[docstring.index("Every refusal") :].split("calls ``on_refused")[0]
+    named = {int(code) for code in re.findall(r"\b([45]\d\d)\b", listed)}
+    sent = _statuses_sent()
+    assert named == sent, f"named but not sent: {sorted(named - sent)}; sent but not named: {sorted(sent - named)}"
+
+
 UVICORN_NAMED = {
     "controller/logs.py": "the simulator's uvicorn logs through JsonFormatter",
     "controller/endpoint/server.py": "uvloop, which the server runs on, comes with uvicorn[standard] (the simulator's)",
