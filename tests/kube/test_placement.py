@@ -18,12 +18,13 @@ from kubernetes import client
 
 from controller.model import SandboxSpec
 from controller.runners.kubernetes import names
-from controller.runners.kubernetes.api import KubeApi, pod_of
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_warm_pod
 from controller.runners.kubernetes.objects import Pod, PodRef
 from controller.runners.kubernetes.placement import Placement
 from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.fixtures import ensure_binaries, kube_api  # noqa: F401  (the fixture)
+from tests.support.pods import pod_of
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]

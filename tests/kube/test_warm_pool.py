@@ -20,7 +20,7 @@ from controller import wiring
 from controller.metrics import COLD_STARTS_TOTAL, PLACEMENTS_TOTAL, Metrics
 from controller.model import Handle, Health, PoolState, SandboxSpec
 from controller.runners.kubernetes import names, placement
-from controller.runners.kubernetes.api import KubeApi, pod_of
+from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod
 from controller.runners.kubernetes.objects import PodRef
 from controller.runners.kubernetes.placement import Placement
@@ -29,6 +29,7 @@ from controller.runners.kubernetes.templates import Templates
 from controller.store.redis import RedisDemandLog
 from tests.envtest.kubelet import RUNNER_IMAGE
 from tests.kube.conftest import RESTRICTED, ActsAfterListing, KubeWorld, new_session
+from tests.support.pods import pod_of
 from tests.support.processes import wait_for
 from tests.support.redis_clients import connect
 from tests.support.redis_server import RedisServer
