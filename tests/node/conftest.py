@@ -11,6 +11,7 @@ import base64
 import contextlib
 import os
 import secrets
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from tests.node.node import (
     NODE_IP,
     PRIVATE_ADDRESSES,
     PUBLIC_API_IP,
+    ROOT,
     Daemon,
     Image,
     RealNode,
@@ -90,8 +92,16 @@ def images() -> list[Image]:
 
 @pytest.fixture(scope="session")
 def node(images: list[Image]) -> Iterator[RealNode]:
-    with real_node(images, dns_names=NODE_DNS_NAMES) as started:
+    with real_node(images, dns_names=NODE_DNS_NAMES, criu=_criu()) as started:
         yield started
+
+
+def _criu() -> str:
+    """The CRIU ``scripts/criu.sh`` built, for the node's checkpoints (tests/node/test_checkpoint.py
+    skips without one), or "" when there is none."""
+    printed = subprocess.run([str(ROOT / "scripts" / "criu.sh"), "--print"], capture_output=True, text=True)
+    binary = printed.stdout.strip()
+    return binary if binary and os.access(binary, os.X_OK) else ""
 
 
 @dataclass

@@ -193,6 +193,16 @@ class RealNode:
     """Run the kubelet with its own periods (``syncFrequency`` and ``fileCheckFrequency`` 1 minute,
     ``nodeStatusUpdateFrequency`` 10 s), as users' nodes do; else the tier's shorter ones
     (``KUBELET_PERIODS``). bench/warm_pool.py measures warm claims both ways."""
+    criu: str = ""
+    """A CRIU binary (``scripts/criu.sh``) for container checkpoints (tests/node/test_checkpoint.py):
+    its directory comes first on containerd's PATH (the CRI plugin, the shims and runc look
+    ``criu`` up there); the CRI plugin creates a container from a checkpoint image
+    (``enable_experimental_restore_via_create``, off by default); and runc is handed a pod's
+    ``org.criu.config`` annotation (the runtime's ``pod_annotations``), a CRIU configuration file
+    on the node for that pod's checkpoints (``tcp-close``), which stands in for the node-wide
+    ``/etc/criu/runc.conf`` a real node would have, since the test must not write this machine's
+    /etc. (A cluster must not pass that annotation: its file may name scripts CRIU runs as root.)
+    Empty: none of it (the distribution's CRIU, if any, and no restore)."""
     name: str = field(default_factory=lambda: f"scc-node-{uuid.uuid4().hex[:6]}")
     workdir: Path = field(init=False)
     bin_dir: Path = field(init=False)
@@ -356,6 +366,11 @@ class RealNode:
         }
         (cni / "10-scc-node.conflist").write_text(json.dumps(conflist, indent=2))
         b = self.bin_dir
+        # Restoring a container from a checkpoint image (CreateContainer given one) is off by
+        # default since containerd 2.3.4 (and gone in 2.4).
+        restore = "  enable_experimental_restore_via_create = true\n" if self.criu else ""
+        # A pod's CRIU configuration file (see ``criu``): test nodes only.
+        criu_annotation = '      pod_annotations = ["org.criu.config"]\n' if self.criu else ""
         # containerd 2.3's configuration version 4 (version 3, containerd 2.0's, is migrated at
         # every start, with a warning): the sockets are server plugins' settings, each named (an
         # unnamed ttrpc socket would go to /run/containerd); the CRI plugin is split into its
@@ -377,12 +392,12 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri"]
 [plugins.'io.containerd.cri.v1.runtime']
   restrict_oom_score_adj = true
   disable_apparmor = true
-  [plugins.'io.containerd.cri.v1.runtime'.containerd]
+{restore}  [plugins.'io.containerd.cri.v1.runtime'.containerd]
     default_runtime_name = "runc"
     [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
       runtime_type = "io.containerd.runc.v2"
       runtime_path = "{b / "containerd-shim-runc-v2"}"
-      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+{criu_annotation}      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
         BinaryName = "{b / "runc"}"
         SystemdCgroup = false
         Root = "{w}/runc"
@@ -393,7 +408,8 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri"]
   stream_server_address = "127.0.0.1"
 """
         (w / "containerd.toml").write_text(config)
-        daemon = self._spawn("containerd", [str(b / "containerd"), "--config", str(w / "containerd.toml")])
+        env = {"PATH": f"{Path(self.criu).parent}:{os.environ.get('PATH', '')}"} if self.criu else None
+        daemon = self._spawn("containerd", [str(b / "containerd"), "--config", str(w / "containerd.toml")], env)
         self._wait(daemon, lambda: self.ctr("version", check=False).returncode == 0, "containerd to answer")
         say("containerd up")
 
@@ -515,6 +531,9 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri"]
             "cgroupRoot": f"/{self.name}",
             "failSwapOn": False,
             "resolvConf": str(w / "resolv.conf"),
+            # The containers' logs in the work directory, removed with it (the default,
+            # /var/log/pods, kept a directory of every pod still there at teardown).
+            "podLogsDir": str(w / "pod-logs"),
             "podCIDR": POD_CIDR,
             "clusterDNS": [DNS_SERVICE_IP],
             "clusterDomain": "cluster.local",
@@ -994,12 +1013,16 @@ def load_images() -> list[Image]:
 
 @contextlib.contextmanager
 def real_node(
-    images: list[Image], dns_names: dict[str, str] | None = None, kubelet_defaults: bool = False
+    images: list[Image], dns_names: dict[str, str] | None = None, kubelet_defaults: bool = False, criu: str = ""
 ) -> Iterator[RealNode]:
     """A started node; its DNS pods run the controller image."""
     [controller] = [i.ref for i in images if i.name == "sandbox-controller"]
     node = RealNode(
-        images=images, dns_image=controller, dns_names=dict(dns_names or {}), kubelet_defaults=kubelet_defaults
+        images=images,
+        dns_image=controller,
+        dns_names=dict(dns_names or {}),
+        kubelet_defaults=kubelet_defaults,
+        criu=criu,
     ).start()
     try:
         yield node
