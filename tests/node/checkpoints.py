@@ -172,7 +172,8 @@ def run_pod(core: Any, namespace: str, pod: dict[str, Any]) -> Any:
         return found if found.status.phase != "Pending" or stuck else None
 
     found = wait_for(settled, 120, f"pod {namespace}/{name} to run", interval=0.5)
-    assert found.status.phase == "Running", f"pod {name}: {found.status}"
+    states = [(s.name, s.state.to_dict()) for s in found.status.container_statuses or []]
+    assert found.status.phase == "Running", f"pod {name}: {found.status.phase}, containers {states}"
     return found
 
 
