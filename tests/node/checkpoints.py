@@ -171,7 +171,7 @@ def run_pod(core: Any, namespace: str, pod: dict[str, Any]) -> Any:
         stuck = [w for w in waiting if w.reason not in ("ContainerCreating", "PodInitializing")]
         return found if found.status.phase != "Pending" or stuck else None
 
-    found = wait_for(settled, 120, f"pod {namespace}/{name} to run", interval=0.5)
+    found = wait_for(settled, 120, f"pod {namespace}/{name} to run", interval=0.1)
     states = [(s.name, s.state.to_dict()) for s in found.status.container_statuses or []]
     assert found.status.phase == "Running", f"pod {name}: {found.status.phase}, containers {states}"
     return found
@@ -193,7 +193,7 @@ def beats(core: Any, namespace: str, name: str) -> list[tuple[str, int]]:
 
 
 def first_beat(core: Any, namespace: str, name: str) -> tuple[str, int]:
-    return wait_for(lambda: (beats(core, namespace, name) or [None])[0], 60, f"{name}'s first beat", interval=0.3)
+    return wait_for(lambda: (beats(core, namespace, name) or [None])[0], 60, f"{name}'s first beat", interval=0.1)
 
 
 def kubelet_checkpoint(node: RealNode, namespace: str, name: str) -> tuple[int, str]:
