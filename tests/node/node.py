@@ -7,7 +7,8 @@ group, logs in the node's work directory):
   run from the bin dir: the ``containerd`` and ``runc`` on PATH are not used), overlayfs, the
   CNI ``bridge`` + ``host-local`` plugins (and ``loopback``, which containerd sets up itself)
   from Debian's ``/usr/lib/cni``; pod sandboxes use ``localhost/pause:1``; images are imported
-  with ``ctr -n k8s.io image import`` (no registry);
+  with ``ctr -n k8s.io image import`` (no registry); given a CRIU (:attr:`RealNode.criu`), the
+  kubelet's checkpoints and restores from checkpoint images;
 * etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kube-proxy (iptables mode) and
   the real kubelet v1.37, built from Go modules (``tests/envtest/build.sh --node``);
 * kube-router v2 in firewall-only mode (iptables + ipset), built from Go modules too, which
