@@ -265,6 +265,7 @@ MUTANTS = (
 
 FIRST_RUN = {
     "delete-at-first-404": 1,
+    "stop-signals-leader-only": 1,
     "lease-not-checked": 3,
     "deletion-by-two-404s": 2,
     "lone-session-not-held": 2,
