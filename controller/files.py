@@ -10,6 +10,9 @@ limit, and text that is not UTF-8. Symlinks are followed, so a mounted Kubernete
 the umask), creating missing parent directories 0700 (again whatever the umask); ``prove_writable``
 shows beforehand that it would succeed, by creating and removing a file where it would write.
 
+``locked`` holds an exclusive ``flock`` on a lock file for a block (the local runner's session,
+checkpoint and uid locks).
+
 Every problem is an ``OSError`` whose ``strerror`` says what is wrong in words, never the
 file's content.
 """
@@ -17,9 +20,12 @@ file's content.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import stat
 import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 MAX_SECRET_FILE_BYTES = 64 * 1024
@@ -138,3 +144,20 @@ def write_private(path: Path, text: str) -> None:
         os.fsync(directory)
     finally:
         os.close(directory)
+
+
+@contextmanager
+def locked(path: Path, wait: bool = True) -> Iterator[bool]:
+    """An exclusive ``flock`` on ``path`` (created 0600) for the block; with ``wait=False`` the
+    block learns whether it got it (False: another holds it now). Closing the file releases it,
+    whatever ends the block."""
+    descriptor = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            yield False
+            return
+        yield True
+    finally:
+        os.close(descriptor)

@@ -25,7 +25,6 @@ everything else is 0600 and owned by the runner.
 
 from __future__ import annotations
 
-import fcntl
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from controller.errors import ConfigError
+from controller.files import locked as locked_file
 from controller.model import Handle, SandboxSpec
 
 _SAFE = re.compile(r"[^a-zA-Z0-9_.-]")
@@ -225,27 +225,15 @@ class StateDirectory:
         """The session directory's lock for the block (every start, stop and suspend holds it);
         with ``wait=False``, the block learns whether it got it (False: another holds it now)."""
         directory.mkdir(mode=self._dir_mode, exist_ok=True)
-        descriptor = os.open(directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            try:
-                fcntl.flock(descriptor, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                yield False
-                return
-            yield True
-        finally:
-            os.close(descriptor)  # closing releases the lock
+        with locked_file(directory / "lock", wait) as got:
+            yield got
 
     @contextmanager
     def checkpoints_locked(self) -> Iterator[None]:
         """Held around a dump (after the session's own lock, never the other way round), so two
         workers' dumps never both count on the same free room."""
-        descriptor = os.open(self.path / "checkpoints.lock", os.O_RDWR | os.O_CREAT, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        with locked_file(self.path / "checkpoints.lock"):
             yield
-        finally:
-            os.close(descriptor)
 
     @staticmethod
     def read(directory: Path) -> Handle | None:

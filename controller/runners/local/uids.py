@@ -24,7 +24,6 @@ such a process left outside its workspace and home (in ``/tmp``, say) are not re
 
 from __future__ import annotations
 
-import fcntl
 import os
 import signal
 import time
@@ -33,7 +32,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from controller import logs
+from controller import files, logs
 from controller.errors import RunnerRejected
 
 log = logs.get(__name__)
@@ -175,12 +174,8 @@ class UidClaims:
 
     @contextmanager
     def _locked(self) -> Iterator[None]:
-        descriptor = os.open(self._dir / "lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            fcntl.flock(descriptor, fcntl.LOCK_EX)
+        with files.locked(self._dir / "lock"):
             yield
-        finally:
-            os.close(descriptor)
 
     @staticmethod
     def _read(path: Path) -> str | None:
