@@ -46,6 +46,7 @@ from kubernetes import client
 
 from controller.runners.local.checkpoint import has_sys_resource
 from tests.node.node import KUBELET_PORT, NODE_IP, RealNode
+from tests.node.probes import claim_namespace
 from tests.support.processes import wait_for
 
 RUNNER_UID = 10001
@@ -85,34 +86,15 @@ BEAT = re.compile(r"^token=(\w+) n=(\d+)$", re.MULTILINE)
 def checkpoint_space(node: RealNode) -> Iterator[tuple[Any, str, int]]:
     """A namespace with a bound workspace claim, its pods deleted after; the pods' uid."""
     uid = RUNNER_UID if has_sys_resource() else 0
-    level = "restricted" if uid else "baseline"
     core = client.CoreV1Api(node.api_client())
-    namespace = f"checkpoint-{uuid.uuid4().hex[:6]}"
-    labels = {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels=labels)))
-    claim = {
-        "metadata": {"name": "workspace"},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    core.create_namespaced_persistent_volume_claim(namespace, claim)
-    try:
-        wait_for(
-            lambda: core.read_namespaced_persistent_volume_claim("workspace", namespace).status.phase == "Bound",
-            120,
-            "the workspace claim to bind",
-            interval=0.5,
-        )
-        yield core, namespace, uid
-    finally:
-        for found in core.list_namespaced_pod(namespace).items:
-            with contextlib.suppress(client.ApiException):
-                core.delete_namespaced_pod(found.metadata.name, namespace, grace_period_seconds=0)
-        wait_for(lambda: not core.list_namespaced_pod(namespace).items, 120, "the test's pods to go", interval=0.5)
-        core.delete_namespace(namespace)
+    with claim_namespace(core, "checkpoint", "restricted" if uid else "baseline") as namespace:
+        try:
+            yield core, namespace, uid
+        finally:
+            for found in core.list_namespaced_pod(namespace).items:
+                with contextlib.suppress(client.ApiException):
+                    core.delete_namespaced_pod(found.metadata.name, namespace, grace_period_seconds=0)
+            wait_for(lambda: not core.list_namespaced_pod(namespace).items, 120, "the test's pods to go", interval=0.5)
 
 
 def manifest(

@@ -17,6 +17,7 @@ import contextlib
 import shlex
 import socket
 import threading
+import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -170,6 +171,36 @@ def pod(core: Any, namespace: str, manifest: dict[str, Any], timeout: float = 12
         yield wait_for(running, timeout, f"pod {namespace}/{name} to run", interval=0.5)
     finally:
         core.delete_namespaced_pod(name, namespace, grace_period_seconds=0)
+
+
+@contextlib.contextmanager
+def claim_namespace(core: Any, prefix: str, level: str) -> Iterator[str]:
+    """A namespace (``prefix-xxxxxx``) enforcing Pod Security ``level``, with a bound 1 GiB claim
+    ``workspace`` (the node's hostPath volume), deleted after."""
+    from tests.support.processes import wait_for
+
+    namespace = f"{prefix}-{uuid.uuid4().hex[:6]}"
+    labels = {"pod-security.kubernetes.io/enforce": level, "pod-security.kubernetes.io/enforce-version": "latest"}
+    core.create_namespace({"metadata": {"name": namespace, "labels": labels}})
+    claim = {
+        "metadata": {"name": "workspace"},
+        "spec": {
+            "accessModes": ["ReadWriteOnce"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "1Gi"}},
+        },
+    }
+    try:
+        core.create_namespaced_persistent_volume_claim(namespace, claim)
+        wait_for(
+            lambda: core.read_namespaced_persistent_volume_claim("workspace", namespace).status.phase == "Bound",
+            120,
+            "the workspace claim to bind",
+            interval=0.5,
+        )
+        yield namespace
+    finally:
+        core.delete_namespace(namespace)
 
 
 class ConnectProxy:

@@ -8,7 +8,6 @@ executor."""
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,7 +18,7 @@ from kubernetes import client
 from controller.runners.kubernetes import names
 from tests.node.conftest import SANDBOX_NAMESPACE, USER_NAMESPACE_TEMPLATE, Installed
 from tests.node.node import Image, RealNode
-from tests.node.probes import pod, pod_exec
+from tests.node.probes import claim_namespace, pod, pod_exec
 from tests.support.processes import wait_for
 from tests.support.simulator import run_turn
 
@@ -32,31 +31,8 @@ RUNNER_UID = 10001
 def restricted(node: RealNode) -> Iterator[tuple[Any, str]]:
     """A namespace enforcing "restricted" with a bound workspace claim (a hostPath volume)."""
     core = client.CoreV1Api(node.api_client())
-    namespace = f"userns-{uuid.uuid4().hex[:6]}"
-    labels = {
-        "pod-security.kubernetes.io/enforce": "restricted",
-        "pod-security.kubernetes.io/enforce-version": "latest",
-    }
-    core.create_namespace(client.V1Namespace(metadata=client.V1ObjectMeta(name=namespace, labels=labels)))
-    claim = {
-        "metadata": {"name": "workspace"},
-        "spec": {
-            "accessModes": ["ReadWriteOnce"],
-            "storageClassName": "",
-            "resources": {"requests": {"storage": "1Gi"}},
-        },
-    }
-    core.create_namespaced_persistent_volume_claim(namespace, claim)
-    try:
-        wait_for(
-            lambda: core.read_namespaced_persistent_volume_claim("workspace", namespace).status.phase == "Bound",
-            120,
-            "the workspace claim to bind",
-            interval=0.5,
-        )
+    with claim_namespace(core, "userns", "restricted") as namespace:
         yield core, namespace
-    finally:
-        core.delete_namespace(namespace)
 
 
 def _pod(image: str) -> dict[str, Any]:
