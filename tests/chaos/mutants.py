@@ -31,7 +31,6 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import FrameType
 from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -341,15 +340,11 @@ def guard_catches(mutant: Mutant, root: Path = ROOT) -> bool:
     return done.returncode == 1
 
 
-def _terminated(signum: int, frame: FrameType | None) -> None:
-    raise SystemExit(128 + signum)
-
-
 def main() -> int:
-    from tests.chaos.run import run
+    from tests.chaos.run import exit_on_signal, run
     from tests.chaos.schedule import CI_RUNS, select
 
-    signal.signal(signal.SIGTERM, _terminated)
+    signal.signal(signal.SIGTERM, exit_on_signal)  # a killed run restores the product file on its way out
     kept = Path(tempfile.mkdtemp(prefix="chaos-mutants-"))  # each run's event log, for a survivor's story
     print(f"event logs: {kept}")
     for path in restore_leftovers():

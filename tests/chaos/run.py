@@ -117,19 +117,21 @@ def teardown(world: Stoppable, checker: Checker, directory: Path) -> None:
     checker.check_nothing_left(directory)
 
 
+def exit_on_signal(signum: int, frame: FrameType | None) -> None:
+    """A signal handler that ends the main thread through its ``finally`` blocks."""
+    raise SystemExit(128 + signum)
+
+
 @contextmanager
 def terminated_as_exit() -> Iterator[None]:
     """While a run goes on, SIGTERM (a CI job cancelled, ``timeout``, a helper's kill) raises
-    ``SystemExit`` in the main thread, so the run ends through its ``finally``: the world torn
-    down, nothing of it left running (without it, Python exits at once and leaves them all)."""
+    ``SystemExit`` in the main thread (``exit_on_signal``), so the run ends through its
+    ``finally``: the world torn down, nothing of it left running (without it, Python exits at
+    once and leaves them all)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-
-    def exit_now(signum: int, frame: FrameType | None) -> None:
-        raise SystemExit(128 + signum)
-
-    previous = signal.signal(signal.SIGTERM, exit_now)
+    previous = signal.signal(signal.SIGTERM, exit_on_signal)
     try:
         yield
     finally:
