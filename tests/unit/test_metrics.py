@@ -202,23 +202,24 @@ def test_placements_of_a_pool_sized_by_demand_are_noted_and_a_failed_note_never_
     assert metrics.value(PLACEMENTS_TOTAL, template="burst", source="warm") == 2
 
 
-def test_multiprocess_directory_is_emptied_at_start(tmp_path: Path) -> None:
-    """Counts of a previous run never add up with this one's."""
+def test_multiprocess_directory_is_emptied_at_start(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Counts of a previous run never add up with this one's. The process is left as it was:
+    ``use_multiprocess`` sets ``PROMETHEUS_MULTIPROC_DIR`` in this process's environment, and a
+    later test's worker processes would inherit it and count into this directory together."""
+    from prometheus_client import values
+
     directory = tmp_path / "metrics"
     (directory / "old").mkdir(parents=True)
     (directory / "counter_123.db").write_bytes(b"stale")
-    monkeypatch = pytest.MonkeyPatch()
-    try:
-        from prometheus_client import values
-
-        before = values.ValueClass
-        monkeypatch.setattr(values, "ValueClass", before)  # restored after: this process stays single-process
-        monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR", raising=False)
-        use_multiprocess(directory)
-        assert list(directory.iterdir()) == []
-        assert values.ValueClass is not before
-    finally:
-        monkeypatch.undo()
+    before = values.ValueClass
+    monkeypatch.setattr(values, "ValueClass", before)  # restored after: this process stays single-process
+    # setenv first, so that undo puts the variable back as it was, absent included (a delenv of an
+    # absent variable records nothing to undo).
+    monkeypatch.setenv("PROMETHEUS_MULTIPROC_DIR", "")
+    monkeypatch.delenv("PROMETHEUS_MULTIPROC_DIR")
+    use_multiprocess(directory)
+    assert list(directory.iterdir()) == []
+    assert values.ValueClass is not before
 
 
 def test_a_metrics_port_in_use_is_a_configuration_error() -> None:
