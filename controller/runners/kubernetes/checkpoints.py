@@ -44,8 +44,8 @@ IMAGE_REPOSITORY = "localhost/sandbox-checkpoint"
 """Every checkpoint image's repository prefix: the agent only ever deletes images under it, and
 the sandbox pod policy lets a pod name one only with its own session's claim."""
 IMAGE_GRACE_SECONDS = 60.0
-CONTAINER = "sandbox"
-"""The sandbox container's name (``manifests.CONTAINER``): the one the kubelet checkpoints."""
+CONTAINER = names.CONTAINER
+"""The container the kubelet checkpoints: the sandbox's one."""
 RESTORE_FAILURES = frozenset(
     {"CreateContainerError", "ErrImageNeverPull", "ErrImagePull", "ImagePullBackOff", "RunContainerError",
      "InvalidImageName", "CrashLoopBackOff"}

@@ -30,7 +30,7 @@ from controller.model import SandboxSpec
 from controller.runners.kubernetes import names
 
 RUNNER_UID = 10001
-CONTAINER = "executor"
+CONTAINER = names.CONTAINER
 BINDING_DIRECTORY = "/etc/sandbox-binding"
 CA_BUNDLE_KEY = "ca-bundle.crt"
 CA_BUNDLE_DIRECTORY = "/etc/sandbox-ca"

@@ -32,6 +32,8 @@ BINDING_REFRESHED_LABEL = f"{PREFIX}/binding-refreshed"
 READY = "ready"
 CLAIMED = "claimed"
 MANAGED_BY = "sandbox-controller"
+CONTAINER = "executor"
+"""The sandbox container's name in every sandbox pod (the one the kubelet checkpoints)."""
 COMPONENT = "sandbox"
 _MAX_LABEL = 63
 _INVALID = re.compile(r"[^a-z0-9-]+")
