@@ -84,9 +84,11 @@ each process or switch to prometheus_client's multiprocess mode.
         claimed warm pod) | ``cold`` (a pod created for the session). Cold placements of a
         template with a warm pool mean the pool ran dry: make it bigger.
     controller_sandbox_resumes_total{outcome}
-        local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: starts of a session that had
-        a checkpoint; outcome: ``restored`` (its processes and memory came back) |
-        ``fresh_start`` (the restore was impossible: a new executor on the same workspace)
+        local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``, Kubernetes templates with
+        ``suspend: checkpoint``: starts of a session that had a checkpoint; outcome: ``restored``
+        (its processes and memory came back; on Kubernetes: its pod was created from the
+        checkpoint image) | ``fresh_start`` (the restore was impossible, or on Kubernetes its
+        restored pod failed: a new executor on the same workspace)
     controller_checkpoints_refused_total{reason}
         local runner with ``CONTROLLER_IDLE_SUSPEND=checkpoint``: suspensions whose image did not
         fit, so the sandbox was stopped instead (its workspace kept); reason: ``cap`` (every image

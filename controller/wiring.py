@@ -260,6 +260,10 @@ def kubernetes_runner(
         templates.pooled(),
         on_placed=placements(templates, counters, demand),
         demand=demand,
+        checkpointing=any(t.checkpoint_idle for t in templates.by_name.values()),
+        checkpoint_timeout_seconds=k.checkpoint_timeout_seconds,
+        max_lifetime_seconds=settings.lifecycle.max_lifetime_seconds or None,
+        on_resume=(lambda outcome: counters.inc(RESUMES_TOTAL, outcome=outcome)) if counters else lambda outcome: None,
     )
 
 

@@ -32,6 +32,9 @@ class KubernetesSettings(Printable):
     """ConfigMap in the sandbox namespace whose ``ca-bundle.crt`` (PEM) every sandbox pod mounts
     read-only, with ``SSL_CERT_FILE`` pointing at it: the CAs the executor trusts (for example a
     TLS-inspecting proxy's). None: the image's own CA list."""
+    checkpoint_timeout_seconds: float = 60.0
+    """How long a worker waits for the node agent's checkpoint of an idle sandbox of a template
+    with ``suspend: checkpoint`` before it stops the sandbox without one."""
 
 
 def kubernetes(r: Reader) -> KubernetesSettings:
@@ -44,4 +47,7 @@ def kubernetes(r: Reader) -> KubernetesSettings:
         user_namespaces=r.flag("KUBERNETES_USER_NAMESPACES", KubernetesSettings.user_namespaces),
         watch_pods=r.flag("KUBERNETES_WATCH_PODS", KubernetesSettings.watch_pods),
         ca_bundle_configmap=r.object_name("KUBERNETES_CA_BUNDLE_CONFIGMAP"),
+        checkpoint_timeout_seconds=r.number(
+            "KUBERNETES_CHECKPOINT_TIMEOUT_SECONDS", KubernetesSettings.checkpoint_timeout_seconds, float, 1.0, 3600
+        ),
     )

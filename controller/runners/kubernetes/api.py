@@ -189,6 +189,20 @@ class KubeApi:
         )
         return None if found is None else _claim(found)
 
+    def patch_claim_if(self, namespace: str, name: str, json_patch: list[dict[str, Any]]) -> bool:
+        """Apply a JSON patch to the claim; False when its ``test`` operations failed (409/422) or
+        the claim is gone (404/410)."""
+        patched = self._unless(
+            "patch",
+            "persistentvolumeclaims",
+            namespace,
+            lambda: _json(
+                self._core.patch_namespaced_persistent_volume_claim(name, namespace, json_patch, _preload_content=False)
+            ),
+            signals=(404, 409, 410, 422),
+        )
+        return patched is not None
+
     def list_claims(self, namespace: str, selector: str) -> list[Claim]:
         found = self._call(
             "list",

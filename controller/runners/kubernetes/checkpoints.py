@@ -174,3 +174,47 @@ def restore_choice(
 def restore_failed(waiting: tuple[str, str] | None, phase: str | None) -> bool:
     """Whether a restored pod shows that its restore did not take."""
     return phase == "Failed" or (waiting is not None and waiting[0] in RESTORE_FAILURES)
+
+
+def _pointer(key: str) -> str:
+    """The JSON pointer of an annotation (``~`` and ``/`` escaped)."""
+    return f"/metadata/annotations/{key.replace('~', '~0').replace('/', '~1')}"
+
+
+def request_patch(pod_uid: str, request: str) -> list[dict[str, Any]]:
+    """The JSON patch that asks for a checkpoint of exactly the pod ``pod_uid``."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": pod_uid},
+        {"op": "add", "path": _pointer(CHECKPOINT_REQUEST), "value": request},
+    ]
+
+
+def answer_patch(pod_uid: str, answer: Answer) -> list[dict[str, Any]]:
+    """The JSON patch of the agent's answer, on exactly the pod ``pod_uid``."""
+    return [
+        {"op": "test", "path": "/metadata/uid", "value": pod_uid},
+        {"op": "add", "path": _pointer(CHECKPOINT_ANSWER), "value": answer.encode()},
+    ]
+
+
+def record_patch(record: Record) -> list[dict[str, Any]]:
+    """The JSON patch that writes a suspension's record on the claim (over any earlier one)."""
+    return [{"op": "add", "path": _pointer(CHECKPOINT_RECORD), "value": record.encode()}]
+
+
+def mark_patch(found: str, record: Record, generation: int) -> list[dict[str, Any]]:
+    """The JSON patch that marks the record (as read: ``found``) with the generation restored from
+    it; it fails when the record changed since it was read."""
+    marked = Record(**{**asdict(record), "restore_generation": generation})
+    return [
+        {"op": "test", "path": _pointer(CHECKPOINT_RECORD), "value": found},
+        {"op": "add", "path": _pointer(CHECKPOINT_RECORD), "value": marked.encode()},
+    ]
+
+
+def drop_patch(found: str) -> list[dict[str, Any]]:
+    """The JSON patch that removes the record (as read: ``found``), once it is spent."""
+    return [
+        {"op": "test", "path": _pointer(CHECKPOINT_RECORD), "value": found},
+        {"op": "remove", "path": _pointer(CHECKPOINT_RECORD)},
+    ]

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.model import SandboxSpec
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import checkpoints, names
 
 RUNNER_UID = 10001
 CONTAINER = names.CONTAINER
@@ -89,6 +89,11 @@ class SandboxTemplate:
     """``HTTPS_PROXY`` of the pod: codex's registration and WebSocket go through it."""
     no_proxy: str | None = None
     """``NO_PROXY`` of the pod."""
+    checkpoint_idle: bool = False
+    """``suspend: checkpoint``: an idle sandbox is checkpointed (``checkpoints.py``) and the
+    session's next pod restored from it; False: it is deleted."""
+    annotations: dict[str, str] = field(default_factory=dict)
+    """Put on every pod of the template as they are."""
 
     @property
     def pooled(self) -> bool:
@@ -114,7 +119,16 @@ class PodSettings:
     ``SSL_CERT_FILE`` naming it (codex and OpenSSL-based tools read it); None: the image's CAs."""
 
 
-def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, settings: PodSettings) -> dict[str, Any]:
+def make_pod(
+    spec: SandboxSpec,
+    generation: int,
+    template: SandboxTemplate,
+    settings: PodSettings,
+    restore: checkpoints.Record | None = None,
+) -> dict[str, Any]:
+    """The session's cold pod of ``generation``; with ``restore``, restored from that checkpoint:
+    its image the checkpoint image (never pulled: it exists only on the node that took it), bound
+    to that node, annotated with the image and its lineage's first start (the lifetime goes on)."""
     env = [
         {"name": "REMOTE_URL", "value": spec.remote_url},
         {"name": "ENVIRONMENT_ID", "value": spec.environment_id},
@@ -124,7 +138,7 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
         if template.persist_workspace
         else {"name": "workspace", "emptyDir": {}}
     )
-    return {
+    pod: dict[str, Any] = {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
@@ -132,6 +146,7 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
             "namespace": settings.namespace,
             "labels": names.labels(spec.session_id, generation),
             "annotations": {
+                **template.annotations,
                 names.SESSION_ID_ANNOTATION: spec.session_id,
                 names.ENVIRONMENT_ID_ANNOTATION: spec.environment_id,
                 names.TEMPLATE_ANNOTATION: template.name,
@@ -139,6 +154,14 @@ def make_pod(spec: SandboxSpec, generation: int, template: SandboxTemplate, sett
         },
         "spec": _pod_spec(env, spec.workspace_directory, workspace, [], template, settings),
     }
+    if restore is not None:
+        pod["metadata"]["annotations"][checkpoints.RESTORED_FROM] = restore.image
+        pod["metadata"]["annotations"][checkpoints.LINEAGE_STARTED_AT] = f"{restore.lineage_started_at:.3f}"
+        pod["spec"]["nodeName"] = restore.node
+        [container] = pod["spec"]["containers"]
+        container["image"] = restore.image
+        container["imagePullPolicy"] = "Never"
+    return pod
 
 
 def make_warm_pod(template: SandboxTemplate, settings: PodSettings) -> dict[str, Any]:
@@ -163,7 +186,11 @@ def make_warm_pod(template: SandboxTemplate, settings: PodSettings) -> dict[str,
             "generateName": names.warm_prefix(template.name),
             "namespace": settings.namespace,
             "labels": names.pool_labels(template.name),
-            "annotations": {names.TEMPLATE_ANNOTATION: template.name, names.SHAPE_ANNOTATION: shape(pod_spec)},
+            "annotations": {
+                **template.annotations,
+                names.TEMPLATE_ANNOTATION: template.name,
+                names.SHAPE_ANNOTATION: shape(pod_spec),
+            },
         },
         "spec": pod_spec,
     }

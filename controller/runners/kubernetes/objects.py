@@ -21,7 +21,7 @@ from datetime import datetime
 from typing import Any
 
 from controller.model import Health
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import checkpoints, names
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,22 @@ class Pod:
             return Health.FAILED
         if self.phase == "Running":
             return Health.FAILED if self.terminated else Health.RUNNING
+        if self.restored and checkpoints.restore_failed(self.waiting, self.phase):
+            return Health.FAILED  # its checkpoint cannot come back: the next pod starts afresh
         return Health.STARTING
+
+    @property
+    def restored(self) -> bool:
+        """A pod restored from a checkpoint image (``checkpoints``)."""
+        return bool(self.annotations.get(checkpoints.RESTORED_FROM))
+
+    @property
+    def lineage_started_at(self) -> float:
+        """A restored pod's lineage's first start (Unix seconds); 0 for any other pod."""
+        try:
+            return float(self.annotations.get(checkpoints.LINEAGE_STARTED_AT, "0"))
+        except ValueError:
+            return 0.0
 
     @property
     def alive(self) -> bool:

@@ -54,7 +54,7 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from controller import logs
 from controller.errors import KubernetesUnavailable, RunnerRejected, Transient
 from controller.model import Health, PoolState, SandboxSpec
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import checkpoints, names
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import (
     PodSettings,
@@ -99,8 +99,10 @@ class Placement:
         settings: PodSettings,
         pools: Sequence[SandboxTemplate],
         on_placed: Callable[[str, str, str], None],
+        on_restored: Callable[[Pod, checkpoints.Record], None] = lambda pod, record: None,
     ) -> None:
         self._kube = kube
+        self._on_restored = on_restored
         self._settings = settings
         self._ns = settings.namespace
         self._pools = tuple(t for t in pools if t.pooled)
@@ -111,10 +113,13 @@ class Placement:
 
     # -- the choice ------------------------------------------------------------------------
 
-    def ensure(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
+    def ensure(
+        self, spec: SandboxSpec, generation: int, template: SandboxTemplate, restore: checkpoints.Record | None = None
+    ) -> Pod:
         """The session's pod: its live one, else one placed now for ``generation`` (or the next
-        free generation), by this call or by a rival."""
-        pod = self._choose(spec, generation, template)
+        free generation), by this call or by a rival; a cold one restored from ``restore`` when
+        given (``on_restored`` is told of it)."""
+        pod = self._choose(spec, generation, template, restore)
         self._last[spec.session_id] = (template.name, "warm" if pod.claimed else "cold")
         while len(self._last) > _PLACEMENTS_KEPT:
             self._last.popitem(last=False)
@@ -136,7 +141,9 @@ class Placement:
                 self._none_seen.popitem(last=False)
         return self.chosen(session_id, live) if live else None
 
-    def _choose(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod:
+    def _choose(
+        self, spec: SandboxSpec, generation: int, template: SandboxTemplate, restore: checkpoints.Record | None
+    ) -> Pod:
         seen = self._none_seen.pop(spec.session_id, None)
         fresh = seen is not None and time.monotonic() - seen < NONE_SEEN_FRESH_SECONDS
         live = [] if fresh else live_pods(self._kube, self._ns, spec.session_id)
@@ -153,23 +160,32 @@ class Placement:
         if template.persist_workspace:  # never pooled: the templates file refuses both
             self._kube.create_claim(self._ns, make_pvc(spec, template, self._settings))
         for gen in range(generation, generation + MAX_GENERATION_SKIPS):
-            pod = self._recorded(spec, gen, template) if warm else self._started(spec, gen, template, reason)
+            pod = self._recorded(spec, gen, template) if warm else self._started(spec, gen, template, reason, restore)
             if pod is not None:
                 return pod
             # that generation is over (its name taken by a dying pod, or its record's pod gone): the next one
         raise Transient(f"pods of session {spec.session_id} are still terminating", retry_after=5)
 
-    def _started(self, spec: SandboxSpec, generation: int, template: SandboxTemplate, reason: str) -> Pod | None:
+    def _started(
+        self,
+        spec: SandboxSpec,
+        generation: int,
+        template: SandboxTemplate,
+        reason: str,
+        restore: checkpoints.Record | None = None,
+    ) -> Pod | None:
         """The session's cold pod of exactly ``generation``, for a template placed without a
-        record: created, or the one a twin created under that name; None when that name
-        belongs to a terminating or finished pod."""
-        cold = self._cold(spec, generation, template)
+        record: created (restored from ``restore`` when given), or the one a twin created under
+        that name; None when that name belongs to a terminating or finished pod."""
+        cold = self._cold(spec, generation, template, restore)
         if cold is None:
             return None
         pod, created = cold
         if created:  # a twin's pod was told by the twin
             self._tell(spec.session_id, pod)
             self._on_placed(template.name, "cold", reason)
+            if restore is not None:
+                self._on_restored(pod, restore)
         return pod
 
     def _recorded(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> Pod | None:
@@ -310,11 +326,13 @@ class Placement:
         log.info("no warm pod to claim; starting a cold one", extra={"session_id": spec.session_id})
         return None
 
-    def _cold(self, spec: SandboxSpec, generation: int, template: SandboxTemplate) -> tuple[Pod, bool] | None:
-        """The session's cold pod of exactly ``generation``, and whether this call created it
-        (else a twin did, under that name); None when that name belongs to a terminating or
-        finished pod."""
-        manifest = make_pod(spec, generation, template, self._settings)
+    def _cold(
+        self, spec: SandboxSpec, generation: int, template: SandboxTemplate, restore: checkpoints.Record | None = None
+    ) -> tuple[Pod, bool] | None:
+        """The session's cold pod of exactly ``generation`` (restored from ``restore`` when
+        given), and whether this call created it (else a twin did, under that name); None when
+        that name belongs to a terminating or finished pod."""
+        manifest = make_pod(spec, generation, template, self._settings, restore)
         pod = self._kube.create_pod(self._ns, manifest)
         if pod is None:  # the name is taken
             existing = self._kube.read_pod(self._ns, manifest["metadata"]["name"])

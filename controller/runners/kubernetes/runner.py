@@ -31,6 +31,7 @@ from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.objects import Pod, PodRef
 from controller.runners.kubernetes.placement import Placement
 from controller.runners.kubernetes.pool import peak, settling, target
+from controller.runners.kubernetes.suspension import Suspensions
 
 log = logs.get(__name__)
 
@@ -44,10 +45,17 @@ class KubernetesRunner:
         pools: Sequence[SandboxTemplate] = (),
         on_placed: Callable[[str, str, str], None] = lambda template, source, reason: None,
         demand: DemandLog | None = None,
+        checkpointing: bool = False,
+        checkpoint_timeout_seconds: float = 60.0,
+        max_lifetime_seconds: float | None = None,
+        on_resume: Callable[[str], None] = lambda outcome: None,
     ) -> None:
         """``on_placed(template, source, reason)`` is told of each pod placed for a session
         (``placement.Placement``). ``demand``: where the pools sized by demand read their
-        placements (without it such a pool keeps its ``min``)."""
+        placements (without it such a pool keeps its ``min``). ``checkpointing``: some template
+        has ``suspend: checkpoint`` (``suspension``): its idle pods are checkpointed by their node's
+        agent within ``checkpoint_timeout_seconds``, and restored unless their lineage started
+        ``max_lifetime_seconds`` ago; ``on_resume`` is told how each such start went."""
         self._kube = kube
         self._ns = settings.namespace
         self._templates = templates
@@ -55,15 +63,46 @@ class KubernetesRunner:
         self._sized = tuple(t for t in pools if t.pooled and t.sized_by_demand)
         self._pooled = tuple(t for t in pools if t.pooled)
         self._targets: dict[str, int] = {}
-        self._placement = Placement(kube, settings, pools, on_placed)
+        self._checkpointing = checkpointing
+        self._suspensions = Suspensions(
+            kube, settings.namespace, checkpoint_timeout_seconds, max_lifetime_seconds, on_resume
+        )
+        self._placement = Placement(kube, settings, pools, on_placed, self._suspensions.restored)
 
     # -- protocol -------------------------------------------------------------------------
 
     def ensure(self, spec: SandboxSpec, generation: int) -> Handle:
         spec = checked(spec)  # L2: no unsafe id or URL reaches argv, a path or a manifest
         template = self._templates(spec.template)
-        pod = self._placement.ensure(spec, generation, template)
+        restore = self._suspensions.restore_for(spec, generation) if template.checkpoint_idle else None
+        pod = self._placement.ensure(spec, generation, template, restore)
         return _handle(spec.session_id, pod)
+
+    # -- suspend with memory (``runners.base.Suspends``) -----------------------------------
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether some template checkpoints its idle sandboxes (``suspend: checkpoint``)."""
+        return self._checkpointing
+
+    def suspend(self, handle: Handle) -> None:
+        """Checkpoint the idle pod (its node's agent makes the image), delete it, then record
+        the checkpoint on the session's claim; a pod of a template without ``suspend:
+        checkpoint``, or one the agent could not checkpoint, is only deleted."""
+        pod = self._kube.read_pod(self._ns, handle.name)
+        if pod is None or pod.uid != handle.uid:
+            return
+        template = self._templates(pod.annotations.get(names.TEMPLATE_ANNOTATION))
+        record = self._suspensions.take(handle, pod) if template.checkpoint_idle else None
+        self._placement.release(handle.session_id, pod.ref)
+        if record is not None:
+            self._suspensions.keep(handle.session_id, record)
+
+    def suspended(self, session_id: str) -> dict[str, float] | None:
+        """The session's checkpoint not yet restored (``size_bytes``, ``suspended_at``), or None."""
+        if not self._checkpointing:
+            return None
+        return self._suspensions.suspended(session_id)
 
     def connect(self) -> None:
         """Open the connection to the API server now (``runners.base.Connects``)."""
@@ -140,6 +179,8 @@ class KubernetesRunner:
         pod = self._kube.read_pod(self._ns, handle.name)
         if pod is None or pod.uid != handle.uid:
             return Health.GONE, None
+        if pod.restored and pod.health is Health.RUNNING:
+            self._suspensions.settle(pod)  # its restore took: the record is spent
         return pod.health, seccomp.cannot_start(pod) if pod.health is Health.STARTING else None
 
     def tell_cannot_start(self, handle: Handle, found: CannotStart) -> None:
@@ -187,4 +228,5 @@ def _handle(session_id: str, pod: Pod) -> Handle:
         uid=pod.uid,
         environment_id=pod.annotations.get(names.ENVIRONMENT_ID_ANNOTATION, ""),
         created_at=pod.started_at,
+        lineage_started_at=pod.lineage_started_at,
     )

@@ -10,7 +10,14 @@ The file (the Helm chart's ``sandbox.templates``, mounted at
                "codexSandbox": false, "agentIds": ["agent_123"],
                "warmPool": {"size": 2, "maxAgeSeconds": 3600},
                "httpsProxy": "http://10.20.30.40:3128", "noProxy": "internal.example.com",
-               "seccompProfile": "sandbox-controller/codex-sandbox.json", "hostUsers": false}}
+               "seccompProfile": "sandbox-controller/codex-sandbox.json", "hostUsers": false,
+               "suspend": "checkpoint", "annotations": {"example.com/team": "a"}}}
+
+``suspend: checkpoint`` checkpoints a sandbox at its idle timeout instead of deleting it, and
+restores it with its processes and memory at the session's next connection request (issue 40;
+needs ``workspacePersistence`` and the chart's node agent, ``sandbox.checkpoints``;
+``runners/kubernetes/checkpoints.py``). ``annotations`` are put on the template's pods as they
+are (none under the controller's prefix or Kubernetes' own).
 
 A session names its template with the metadata key ``sandbox_template``; otherwise the
 first template listing its agent id applies; otherwise ``default`` (which the file may
@@ -50,13 +57,14 @@ from urllib.parse import urlsplit
 from controller import files
 from controller.errors import ConfigError
 from controller.model import Session
+from controller.runners.kubernetes import names
 from controller.runners.kubernetes.manifests import SandboxTemplate
 
 METADATA_KEY = "sandbox_template"
 _FIELDS = {
     "image", "imagePullPolicy", "resources", "runtimeClassName", "nodeSelector", "tolerations",
     "imagePullSecrets", "activeDeadlineSeconds", "workspacePersistence", "codexSandbox", "agentIds",
-    "warmPool", "httpsProxy", "noProxy", "seccompProfile", "hostUsers",
+    "warmPool", "httpsProxy", "noProxy", "seccompProfile", "hostUsers", "suspend", "annotations",
 }  # fmt: skip
 # The JSON type each field must have (None allowed where noted); nothing is coerced, so a string
 # "false" never turns codexSandbox on and a bare string never becomes a list of characters.
@@ -65,7 +73,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "runtimeClassName": (str, type(None)), "nodeSelector": (dict,), "tolerations": (list,),
     "imagePullSecrets": (list,), "activeDeadlineSeconds": (int, type(None)), "workspacePersistence": (dict,),
     "codexSandbox": (bool,), "agentIds": (list,), "warmPool": (dict,), "httpsProxy": (str,), "noProxy": (str,),
-    "seccompProfile": (str, type(None)), "hostUsers": (bool,),
+    "seccompProfile": (str, type(None)), "hostUsers": (bool,), "suspend": (str,), "annotations": (dict,),
 }  # fmt: skip
 _POOL_TYPES: dict[str, tuple[type, ...]] = {
     "size": (int,), "maxAgeSeconds": (int,), "min": (int,), "max": (int,), "windowSeconds": (int,),
@@ -193,6 +201,8 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         no_proxy=fields.get("noProxy", base.no_proxy) or None,
         seccomp_profile=_localhost_profile(fields.get("seccompProfile", base.seccomp_profile)),
         host_users=fields.get("hostUsers", base.host_users),
+        checkpoint_idle=_suspend(fields.get("suspend"), base.checkpoint_idle),
+        annotations=_annotations(fields.get("annotations"), base.annotations),
     )
     if template.seccomp_profile and template.codex_sandbox:
         raise ValueError("seccompProfile cannot be used with codexSandbox (which sets seccomp Unconfined)")
@@ -200,7 +210,39 @@ def _template(name: str, fields: dict[str, Any], base: SandboxTemplate) -> Sandb
         raise ValueError("hostUsers: true cannot be used with codexSandbox (which needs its own user namespace)")
     if (template.warm_pool_size > 0 or template.sized_by_demand) and template.persist_workspace:
         raise ValueError("warmPool cannot be used with workspacePersistence (the volume belongs to one session)")
+    if template.checkpoint_idle and not template.persist_workspace:
+        raise ValueError(
+            "suspend: checkpoint needs workspacePersistence (a restored sandbox finds its files on the "
+            "session's claim, and its checkpoint image is bound to that claim)"
+        )
     return template
+
+
+def _suspend(value: str | None, default: bool) -> bool:
+    """``suspend``: ``checkpoint`` (an idle sandbox is checkpointed and restored with its
+    memory) or ``stop`` (it is deleted; the next one starts afresh)."""
+    if value is None:
+        return default
+    if value not in ("checkpoint", "stop"):
+        raise ValueError(f"suspend must be checkpoint or stop, got {value!r}")
+    return value == "checkpoint"
+
+
+_RESERVED_ANNOTATION_DOMAINS = (names.PREFIX, "kubernetes.io", "k8s.io")
+
+
+def _annotations(value: dict[str, Any] | None, default: dict[str, str]) -> dict[str, str]:
+    """``annotations``: string values, none in the controller's own domain (it reads those to
+    know its pods) or Kubernetes' reserved ones."""
+    if value is None:
+        return dict(default)
+    for key, item in value.items():
+        if not isinstance(item, str):
+            raise ValueError(f"annotations.{key} must be a string")
+        domain = key.split("/", 1)[0] if "/" in key else ""
+        if any(domain == d or domain.endswith("." + d) for d in _RESERVED_ANNOTATION_DOMAINS):
+            raise ValueError(f"annotations.{key} is reserved (the controller's or Kubernetes' own)")
+    return dict(value)
 
 
 def _localhost_profile(path: str | None) -> str | None:
