@@ -15,7 +15,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from controller.model import SandboxSpec
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import checkpoints, names
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, make_pod, make_pvc
 
 SPEC = SandboxSpec(
@@ -447,3 +447,30 @@ def test_a_template_without_host_users_runs_in_its_own_user_namespace() -> None:
     localhost = pod(host_users=False, seccomp_profile="sandbox-controller/codex-sandbox.json")
     assert localhost["spec"]["hostUsers"] is False
     assert container(localhost)["securityContext"]["seccompProfile"]["type"] == "Localhost"
+
+
+def test_template_annotations_are_on_its_pods_and_never_over_the_controllers_own() -> None:
+    expected = expected_pod()
+    expected["metadata"]["annotations"] = {"example.com/team": "a", **expected["metadata"]["annotations"]}
+    assert pod(annotations={"example.com/team": "a"}) == expected
+
+
+def test_a_restored_pod_runs_its_checkpoint_image_on_its_node_never_pulled_with_its_lineage() -> None:
+    """Issue 40: the pod restored from a suspension's record: the checkpoint image (it exists only
+    in the containerd of the node that took it, so the pod is bound there and never pulls it),
+    annotated with the image and its lineage's first start (the maximum lifetime goes on)."""
+    record = checkpoints.Record(
+        image="localhost/sandbox-checkpoint/ws-sess-1-8ac3c66d:0b1c2d3e4f50",
+        node="node-a",
+        environment_id="env_1",
+        suspended_at=1_700_000_100.0,
+        lineage_started_at=1_700_000_000.25,
+    )
+    expected = expected_pod()
+    expected["metadata"]["annotations"].update(
+        {checkpoints.RESTORED_FROM: record.image, checkpoints.LINEAGE_STARTED_AT: "1700000000.250"}
+    )
+    expected["spec"]["nodeName"] = "node-a"
+    container(expected)["image"] = record.image
+    container(expected)["imagePullPolicy"] = "Never"
+    assert make_pod(SPEC, 1, SandboxTemplate(), SETTINGS, record) == expected

@@ -288,3 +288,41 @@ def test_the_user_namespaces_setting_reaches_the_default_template() -> None:
     on = Settings.from_env({**env, "CONTROLLER_KUBERNETES_USER_NAMESPACES": "true"})
     assert on.kubernetes.user_namespaces is True
     assert sandbox_templates(on).get(None).host_users is False
+
+
+def test_suspend_checkpoint_is_read_and_needs_the_workspace_claim() -> None:
+    """Issue 40: ``suspend: checkpoint`` turns suspend with memory on for the template; without
+    workspace persistence it is refused (the restored sandbox needs its files, and its checkpoint
+    image is bound to the claim); any other word is refused."""
+    persistent = {"workspacePersistence": {"enabled": True}}
+    templates = parse({"c": {**persistent, "suspend": "checkpoint"}, "s": {**persistent, "suspend": "stop"}}, BASE)
+    assert templates.get("c").checkpoint_idle and not templates.get("s").checkpoint_idle
+    assert not templates.get("default").checkpoint_idle
+    for fields, problem in (
+        ({"suspend": "checkpoint"}, "needs workspacePersistence"),
+        ({**persistent, "suspend": "freeze"}, "suspend must be checkpoint or stop"),
+        ({**persistent, "suspend": True}, "suspend must be a string"),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse({"t": fields}, BASE)
+        assert any(problem in p for p in caught.value.problems), caught.value.problems
+
+
+def test_annotations_are_strings_outside_the_controllers_and_kubernetes_domains() -> None:
+    assert parse({"t": {"annotations": {"example.com/team": "a", "plain": "b"}}}, BASE).get("t").annotations == {
+        "example.com/team": "a",
+        "plain": "b",
+    }
+    for key in (
+        "sandbox-controller.dev/session-id",
+        "sandbox-controller.dev/checkpoint",
+        "kubernetes.io/x",
+        "node.kubernetes.io/x",
+        "k8s.io/x",
+    ):
+        with pytest.raises(ConfigError) as caught:
+            parse({"t": {"annotations": {key: "v"}}}, BASE)
+        assert any("reserved" in p for p in caught.value.problems), (key, caught.value.problems)
+    with pytest.raises(ConfigError) as caught:
+        parse({"t": {"annotations": {"example.com/n": 1}}}, BASE)
+    assert any("must be a string" in p for p in caught.value.problems)
