@@ -64,6 +64,7 @@ MISSING_SECCOMP_PROFILE = "sandbox-controller/not-installed.json"
 # A template whose sandboxes run in their own user namespace (hostUsers: false), with a workspace
 # volume (tests/node/test_user_namespaces.py).
 USER_NAMESPACE_TEMPLATE = "own-user-namespace"
+CHECKPOINT_TEMPLATE = "checkpointed"
 WARM_POOL_SIZE = 2
 # Short, so that the tier sees an idle stop (L11/L16) within a test; long enough that no other
 # test's sandbox is stopped under it (each checks its pod within seconds of the executor connecting).
@@ -208,6 +209,8 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
     values = _values(by_name, api_key, environment_key, webhook_secret, ca)
     # Codex's profile is put on the node by the chart's own installer, into this kubelet's root.
     values["sandbox"]["seccompInstaller"] = {"enabled": True, "kubeletRootDir": str(node.workdir / "kubelet")}
+    if node.criu:
+        values = _merged(values, _checkpoint_values(node))
     values = _merged(values, overrides or {})
     say("helm install (Helm's own engine), waiting for the release's pods")
     start = time.monotonic()
@@ -253,6 +256,31 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
             simulator.stop()
             cfg.uninstall(RELEASE, wait="watcher", timeout=300, ignore_not_found=True)
             api.close()
+
+
+def _checkpoint_values(node: RealNode) -> dict[str, Any]:
+    """Suspend with memory (issue 40): a template with ``suspend: checkpoint``, and the chart's
+    node agent given this node's paths (its containerd's socket and ``ctr``, its kubelet's root
+    and serving certificate). The template's pods carry ``org.criu.config``, a CRIU configuration
+    with ``tcp-close`` (the executor's link is always up): a real node has it as
+    ``/etc/criu/runc.conf``, which the tier must not write on this machine; its containerd passes
+    that annotation on to runc for test nodes only (``RealNode.criu``)."""
+    criu_config = node.workdir / "criu-runc.conf"
+    criu_config.write_text("tcp-close\n")
+    template = {
+        "resources": SANDBOX_RESOURCES,
+        "workspacePersistence": {"enabled": True, "size": "1Gi"},
+        "suspend": "checkpoint",
+        "annotations": {"org.criu.config": str(criu_config)},
+    }
+    agent = {
+        "enabled": True,
+        "containerdSocket": str(node.containerd_socket),
+        "ctr": str(node.bin_dir / "ctr"),
+        "kubeletRootDir": str(node.workdir / "kubelet"),
+        "kubeletCAFile": str(node.workdir / "kubelet-pki" / "kubelet.crt"),
+    }
+    return {"sandbox": {"templates": {CHECKPOINT_TEMPLATE: template}, "checkpoints": agent}}
 
 
 def seccomp_profile_path(node: RealNode) -> Path:
