@@ -7,10 +7,12 @@ a token at start and holds it in memory only (never in a file or the environment
 on the workspace claim open and prints ``token=<token> n=<counter>`` every 0.5 s (``beats``).
 A restored process prints the token drawn before the checkpoint and counts on; a fresh start
 would draw another and count from 1. The pods keep the default template's security context
-(manifests.py) but for the uid: root when this machine's root lacks CAP_SYS_RESOURCE (CRIU reads
-each task's rlimits with prlimit(2), which for another uid's process needs it: a non-root
-container fails to dump with ``Can't get rlimit 0: Operation not permitted``), else the runner's
-uid under Pod Security "restricted" (``checkpoint_space``).
+(manifests.py), the runner's uid included, under Pod Security "restricted"
+(``checkpoint_space``). CRIU reads each task's rlimits with prlimit(2), which for another uid's
+process needs CAP_SYS_RESOURCE, which this machine's root lacks: the node runs the CRIU of
+``scripts/criu.sh --variant proc-limits``, which reads them from /proc then. Only when neither
+that CRIU is built nor root has the capability do the pods run as root (under "baseline"): a
+non-root container would fail to dump with ``Can't get rlimit 0: Operation not permitted``.
 
 **The checkpoint** (``checkpoint``): the kubelet's ``POST /checkpoint/{namespace}/{pod}/{container}``
 has the runtime write a tar (CRIU's images under ``checkpoint/``, ``config.dump``,
@@ -40,8 +42,9 @@ from kubernetes import client
 
 from controller.node_agent.images import write_checkpoint_image
 from controller.runners.local.checkpoint import has_sys_resource
-from tests.node.node import KUBELET_PORT, NODE_IP, RealNode
+from tests.node.node import KUBELET_PORT, NODE_IP, RealNode, say
 from tests.node.probes import claim_namespace
+from tests.support.criu import proc_limits_criu
 from tests.support.processes import wait_for
 
 RUNNER_UID = 10001
@@ -79,8 +82,10 @@ BEAT = re.compile(r"^token=(\w+) n=(\d+)$", re.MULTILINE)
 
 @contextlib.contextmanager
 def checkpoint_space(node: RealNode) -> Iterator[tuple[Any, str, int]]:
-    """A namespace with a bound workspace claim, its pods deleted after; the pods' uid."""
-    uid = RUNNER_UID if has_sys_resource() else 0
+    """A namespace with a bound workspace claim, its pods deleted after; the pods' uid (see the
+    module's docstring)."""
+    uid = RUNNER_UID if has_sys_resource() or (node.criu and node.criu == proc_limits_criu()) else 0
+    say(f"checkpoint pods run as uid {uid} (CRIU {node.criu or 'none'})")
     core = client.CoreV1Api(node.api_client())
     with claim_namespace(core, "checkpoint", "restricted" if uid else "baseline") as namespace:
         try:
