@@ -204,3 +204,32 @@ def test_collection_deletes_an_image_nothing_names_after_the_grace_and_keeps_a_r
     collecting.collect()
     assert sorted(containerd.held) == sorted([recorded, "localhost/sandbox-controller:node"])
     assert not stray.exists() and young.exists()
+
+
+def test_a_stop_during_a_checkpoint_ends_the_loop_after_the_answer_is_on_the_pod(tmp_path: Path) -> None:
+    """SIGTERM sets the stop event (agent.run); here it comes while the kubelet is checkpointing."""
+    kube = FakeKube([sandbox(), sandbox("sbx-s2-g1", request="nonce-2")])
+    stop = threading.Event()
+
+    class StoppedMidway(FakeKubelet):
+        def checkpoint(self, namespace: str, pod: str, container: str) -> tuple[int, str]:
+            stop.set()
+            return super().checkpoint(namespace, pod, container)
+
+    kubelet = StoppedMidway(tmp_path)
+    settings = NodeAgentSettings(node_name=NODE, checkpoint_directory=str(tmp_path))
+    Agent(settings, NS, kube, kubelet, FakeContainerd(), stop).run()  # type: ignore[arg-type]
+    assert answer_on(kube).ok and len(kubelet.calls) == 1  # the second request waits for the next agent
+
+
+def test_the_node_agent_command_refuses_to_start_without_its_node_and_kubelet(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from controller.cli import main
+
+    for key in [k for k in os.environ if k.startswith("CONTROLLER_")]:
+        monkeypatch.delenv(key)
+    assert main(["node-agent"]) == 2
+    err = capsys.readouterr().err
+    assert "CONTROLLER_NODE_AGENT_NODE_NAME is required for `node-agent`" in err
+    assert "CONTROLLER_NODE_AGENT_KUBELET_URL is required for `node-agent`" in err

@@ -112,8 +112,8 @@ class KubeApi:
         return [pod_from_json(item) for item in found.get("items") or []]
 
     def list_node_pods(self, namespace: str, selector: str, node: str) -> list[Pod]:
-        """The pods of ``selector`` bound to ``node`` (a field selector on ``spec.nodeName``):
-        what a node agent looks at ("": every pod of the namespace)."""
+        """The pods of ``selector`` (a label selector; "": any) bound to ``node`` (a field
+        selector on ``spec.nodeName``): what a node agent looks at."""
         found = self._call(
             "list",
             "pods",
