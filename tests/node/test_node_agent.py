@@ -32,7 +32,7 @@ from tests.node.checkpoints import (
     manifest,
     run_pod,
 )
-from tests.node.node import KUBELET_PORT, NODE_IP, ROOT, Daemon, Image, RealNode
+from tests.node.node import KUBELET_PORT, NODE_IP, ROOT, Daemon, Image, RealNode, say
 from tests.support.criu import criu_binary
 from tests.support.processes import wait_for
 
@@ -161,6 +161,7 @@ def test_the_agent_answers_a_managed_pods_request_with_an_image_a_new_pod_restor
         assert found.ok, found
         image = checkpoints.image_ref(CLAIM, first.metadata.uid)
         assert found.image == image and found.size_bytes > 0 and found.seconds > 0
+        say(f"node agent: {found.size_bytes} bytes in {found.seconds:.2f}s (kubelet, image, import)")
         assert image in node_images(node)
         assert archives_of(node, namespace, "first") == []
         [taken] = [line for line in log_lines(agent) if line.get("event") == "checkpoint taken"]
