@@ -106,7 +106,6 @@ class Agent:
 
     def _checkpoint(self, pod: Pod, request: str) -> str:
         started = time.monotonic()
-        image = ""
         try:
             image, size = self._take(pod)
         except _Failed as exc:
