@@ -1,5 +1,5 @@
-"""``sandbox-controller``: serve | worker | scheduler | webhook | status | explain | release | dev | simulator |
-check-config.
+"""``sandbox-controller``: serve | worker | scheduler | node-agent | webhook | status | explain | release | dev |
+simulator | check-config.
 
 Settings come from ``CONTROLLER_*`` variables (see ``controller/config/``), parsed once here; a bad
 configuration prints every problem and exits with status 2.
@@ -173,6 +173,14 @@ def cmd_scheduler(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_node_agent(args: argparse.Namespace) -> int:
+    settings = _settings("node-agent")
+    # Imported here: it loads the Kubernetes client, which no other command of this module needs.
+    from controller.node_agent import agent
+
+    return agent.run(settings.node_agent, settings.kubernetes.namespace)
+
+
 def cmd_status(args: argparse.Namespace) -> int:
     settings = _settings("scheduler")  # the store and the runner, as the scheduler reads them
     parts = wiring.fleet_parts(settings)
@@ -330,6 +338,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _metrics_host(scheduler)
     scheduler.set_defaults(func=cmd_scheduler)
+
+    node_agent = sub.add_parser(
+        "node-agent",
+        help="serve a node's checkpoint requests (suspend with memory on Kubernetes; one per node)",
+        description="Checkpoint the sandbox pods of this node that ask for it through the kubelet, keep each "
+        "as a checkpoint image in the node's containerd, and delete the images nothing names any more "
+        "(docs/kubernetes.md). Needs CONTROLLER_NODE_AGENT_NODE_NAME and CONTROLLER_NODE_AGENT_KUBELET_URL.",
+    )
+    node_agent.set_defaults(func=cmd_node_agent)
 
     webhook_cli.add_commands(sub)
 

@@ -5,6 +5,9 @@
 #   scripts/criu.sh           # build if missing (root: apt-get installs the build dependencies),
 #                             # run `criu check`, print the binary's path on the last line
 #   scripts/criu.sh --print   # only print where the binary is (or would be); no build
+#   scripts/criu.sh --variant proc-limits [--print]
+#                             # the same release with scripts/criu-proc-limits.patch applied, in a
+#                             # cache directory of its own (the real node tier's; see below)
 #
 # Why not the distribution's criu: bookworm ships 3.17, which stops at
 # `vdso: Unexpected rt vDSO area bounds` on recent kernels, and 4.1 cannot dump a process that
@@ -21,6 +24,14 @@
 # tiers export CONTROLLER_CRIU to the path this prints. Production: run this script once on
 # the host (as root), or install CRIU >= 4.2 from your distribution, and set CONTROLLER_CRIU.
 #
+# The proc-limits variant: CRIU reads each task's rlimits with prlimit(2), which for another
+# uid's task needs CAP_SYS_RESOURCE. Where root lacks it (this project's CI container does), a
+# non-root container cannot be dumped (`Can't get rlimit 0: Operation not permitted`). The patch
+# reads the limits from /proc/<pid>/limits (readable by all) when prlimit(2) answers EPERM, and
+# changes nothing else. Only the real node tier uses it (tests/node: pods as the runner's uid
+# under Pod Security "restricted"); the plain build, which the local runner's tests use, is left
+# as it is. A node whose root has CAP_SYS_RESOURCE, as a cluster's does, needs no patch.
+#
 # Env: SANDBOX_CONTROLLER_CACHE (default ~/.cache/sandbox-controller);
 #      CRIU_DEBIAN_MIRROR (default: the first Debian archive this host's apt sources name).
 set -euo pipefail
@@ -35,18 +46,42 @@ BUILD_DEPS=(gcc make pkg-config libprotobuf-c-dev protobuf-c-compiler libprotobu
   libnl-3-dev libnl-route-3-dev libcap-dev libnet1-dev libbsd-dev libgnutls28-dev uuid-dev)
 
 cache_root="${SANDBOX_CONTROLLER_CACHE:-${HOME}/.cache/sandbox-controller}"
-dir="${cache_root}/criu-${CRIU_VERSION}"
-bin="${dir}/criu"
+# The source tarball (and the lock) live in the plain build's directory; a variant's binary in
+# its own, beside a copy of the patch it was built with (a changed patch is built again).
+src_dir="${cache_root}/criu-${CRIU_VERSION}"
+dir="${src_dir}"
+patch_file=""
 say() { echo "criu.sh: $*" >&2; }
 
-if [[ "${1:-}" == "--print" ]]; then
+print=false
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --print) print=true; shift ;;
+    --variant)
+      case "${2:-}" in
+        proc-limits) patch_file="$(cd "$(dirname "$0")" && pwd)/criu-proc-limits.patch"; dir="${src_dir}-proc-limits" ;;
+        *) say "unknown variant: ${2:-} (proc-limits)"; exit 2 ;;
+      esac
+      shift 2 ;;
+    *) say "unknown option: $1 (--print, --variant proc-limits)"; exit 2 ;;
+  esac
+done
+bin="${dir}/criu"
+if [ -n "${patch_file}" ]; then BUILD_DEPS+=(patch); fi
+
+if [ "${print}" = true ]; then
   echo "${bin}"
   exit 0
 fi
 
-mkdir -p "${dir}"
-exec 8>"${dir}/.lock"
+mkdir -p "${src_dir}" "${dir}"
+exec 8>"${src_dir}/.lock"
 flock 8
+
+if [ -n "${patch_file}" ] && [ -x "${bin}" ] && ! cmp -s "${patch_file}" "${dir}/applied.patch"; then
+  say "scripts/$(basename "${patch_file}") changed since ${bin} was built: building it again"
+  rm -f "${bin}"
+fi
 
 if [ ! -x "${bin}" ]; then
   if [ "$(id -u)" != 0 ]; then
@@ -63,8 +98,8 @@ if [ ! -x "${bin}" ]; then
       "${missing[@]}" >/dev/null)
   fi
 
-  if [ ! -f "${dir}/${CRIU_TARBALL}" ] || { [ ! -f "${dir}/built-from" ] \
-    && ! echo "${CRIU_SHA256}  ${dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; }; then
+  if [ ! -f "${src_dir}/${CRIU_TARBALL}" ] || { [ ! -f "${src_dir}/built-from" ] \
+    && ! echo "${CRIU_SHA256}  ${src_dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; }; then
     mirror="${CRIU_DEBIAN_MIRROR:-}"
     if [ -z "${mirror}" ]; then
       # The Debian archive this host already uses (deb822 .sources or one-line sources.list).
@@ -92,10 +127,10 @@ if [ ! -x "${bin}" ]; then
     # a failure to fetch them is ignored); the pinned checksum decides whether it is the one.
     (cd "${apt_dir}/src" && apt-get -qq "${apt_opts[@]}" source --download-only criu >/dev/null 2>&1 || true)
     if [ -f "${apt_dir}/src/${CRIU_TARBALL}" ]; then
-      mv "${apt_dir}/src/${CRIU_TARBALL}" "${dir}/${CRIU_TARBALL}"
-      if ! echo "${CRIU_SHA256}  ${dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; then
+      mv "${apt_dir}/src/${CRIU_TARBALL}" "${src_dir}/${CRIU_TARBALL}"
+      if ! echo "${CRIU_SHA256}  ${src_dir}/${CRIU_TARBALL}" | sha256sum -c --quiet -; then
         say "checksum mismatch for ${CRIU_TARBALL}: refusing to build it"
-        rm -f "${dir}/${CRIU_TARBALL}"
+        rm -f "${src_dir}/${CRIU_TARBALL}"
         exit 1
       fi
     else
@@ -112,14 +147,22 @@ if [ ! -x "${bin}" ]; then
       sha256sum "${apt_dir}/src/${newer}" >&2
       tar -xJf "${apt_dir}/src/${newer}" -C "${apt_dir}"
       mv "${apt_dir}/criu-${version}" "${apt_dir}/criu-${CRIU_VERSION}"
-      tar -cJf "${dir}/${CRIU_TARBALL}" -C "${apt_dir}" "criu-${CRIU_VERSION}"
-      echo "${version}" >"${dir}/built-from"
+      tar -cJf "${src_dir}/${CRIU_TARBALL}" -C "${apt_dir}" "criu-${CRIU_VERSION}"
+      echo "${version}" >"${src_dir}/built-from"
     fi
   fi
 
   build="$(mktemp -d)"
-  say "building criu $(cat "${dir}/built-from" 2>/dev/null || echo "${CRIU_VERSION}") (under 2 minutes on 2 cores; log: ${dir}/build.log)"
-  tar -xJf "${dir}/${CRIU_TARBALL}" -C "${build}"
+  say "building criu $(cat "${src_dir}/built-from" 2>/dev/null || echo "${CRIU_VERSION}") (under 2 minutes on 2 cores; log: ${dir}/build.log)"
+  tar -xJf "${src_dir}/${CRIU_TARBALL}" -C "${build}"
+  if [ -n "${patch_file}" ]; then
+    say "applying scripts/$(basename "${patch_file}")"
+    if ! patch -p1 -d "${build}/criu-${CRIU_VERSION}" --forward --quiet <"${patch_file}" >&2; then
+      say "scripts/$(basename "${patch_file}") does not apply to this release"
+      rm -rf "${build}"
+      exit 1
+    fi
+  fi
   if ! (cd "${build}/criu-${CRIU_VERSION}" && nice -n 10 make -j"$(nproc)" criu) >"${dir}/build.log" 2>&1; then
     say "build failed; the end of ${dir}/build.log:"
     tail -n 20 "${dir}/build.log" >&2
@@ -128,6 +171,7 @@ if [ ! -x "${bin}" ]; then
   fi
   install -m 0755 "${build}/criu-${CRIU_VERSION}/criu/criu" "${bin}.partial"
   mv "${bin}.partial" "${bin}"
+  if [ -n "${patch_file}" ]; then cp "${patch_file}" "${dir}/applied.patch"; fi
   rm -rf "${build}"
 fi
 

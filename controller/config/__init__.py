@@ -9,7 +9,8 @@ printing settings is safe.
 
 One module a section, each holding its settings and the function that reads them:
 ``receiver`` (webhook deliveries, the HTTP server's limits), ``api`` (the Agents API, routing),
-``queue`` (Redis, delivery), ``runner``, ``kubernetes``, ``lifecycle``, ``metrics``; beneath
+``queue`` (Redis, delivery), ``runner``, ``kubernetes``, ``lifecycle``, ``metrics``, ``node_agent``
+(the node agent of suspend with memory on Kubernetes); beneath
 them ``reader`` (each variable converted once, every problem collected) and ``masked``
 (``Secret``, printing safely); above them ``settings`` (``Settings``, the parser that reads the
 sections in one pass, and ``KEYS``/``BOUNDS``/``DEFAULTS``). Import every name from here.
@@ -32,6 +33,7 @@ from controller.config.kubernetes import KubernetesSettings
 from controller.config.lifecycle import LifecycleSettings
 from controller.config.masked import Printable, Secret
 from controller.config.metrics import MetricsSettings
+from controller.config.node_agent import NodeAgentSettings
 from controller.config.queue import MAX_CA_FILE_BYTES, QueueSettings
 from controller.config.reader import DAY, PREFIX, number_text
 from controller.config.receiver import ReceiverSettings, WebhookSettings
@@ -53,6 +55,7 @@ __all__ = [
     "KubernetesSettings",
     "LifecycleSettings",
     "MetricsSettings",
+    "NodeAgentSettings",
     "Printable",
     "QueueSettings",
     "ReceiverSettings",

@@ -7,12 +7,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.config import api, kubernetes, lifecycle, metrics, queue, receiver, runner
+from controller.config import api, kubernetes, lifecycle, metrics, node_agent, queue, receiver, runner
 from controller.config.api import ApiSettings, RoutingSettings
 from controller.config.kubernetes import KubernetesSettings
 from controller.config.lifecycle import LifecycleSettings
 from controller.config.masked import Printable, describe_fields, secret_values
 from controller.config.metrics import MetricsSettings
+from controller.config.node_agent import NodeAgentSettings
 from controller.config.queue import QueueSettings
 from controller.config.reader import PREFIX, Reader
 from controller.config.receiver import ReceiverSettings, WebhookSettings
@@ -33,6 +34,7 @@ class Settings(Printable):
     kubernetes: KubernetesSettings = field(default_factory=KubernetesSettings)
     lifecycle: LifecycleSettings = field(default_factory=LifecycleSettings)
     metrics: MetricsSettings = field(default_factory=MetricsSettings)
+    node_agent: NodeAgentSettings = field(default_factory=NodeAgentSettings)
     log_level: str = "INFO"
 
     @classmethod
@@ -57,6 +59,7 @@ class Settings(Printable):
             "scheduler": ["redis", "executor_key"],
             "dev": ["secrets", "api_key", "executor_key"],
             "webhook": ["api_key"],
+            "node-agent": ["node"],
         }[role]
         if "redis" in needs and not self.queue.redis_url:
             problems.append(f"{PREFIX}REDIS_URL is required for `{role}`")
@@ -67,6 +70,10 @@ class Settings(Printable):
         # The Kubernetes runner hands the key to pods through a Secret; the controller never holds it.
         if "executor_key" in needs and self.runner.kind == "local" and self.runner.executor_key is None:
             problems.append(f"{PREFIX}EXECUTOR_KEY (or {PREFIX}EXECUTOR_KEY_FILE) is required for `{role}`")
+        if "node" in needs and not self.node_agent.node_name:
+            problems.append(f"{PREFIX}NODE_AGENT_NODE_NAME is required for `{role}` (the chart gives spec.nodeName)")
+        if "node" in needs and not self.node_agent.kubelet_url:
+            problems.append(f"{PREFIX}NODE_AGENT_KUBELET_URL is required for `{role}` (https://<node address>:10250)")
         if problems:
             raise ConfigError(problems)
 
@@ -107,6 +114,7 @@ class _Parser(Reader):
             kubernetes=kubernetes.kubernetes(self),
             lifecycle=lifecycle.lifecycle(self),
             metrics=metrics.metrics(self),
+            node_agent=node_agent.node_agent(self),
             log_level=level,
         )
         runner.check_keys_differ(self, settings.api.api_key, settings.runner.executor_key)

@@ -7,30 +7,26 @@ a token at start and holds it in memory only (never in a file or the environment
 on the workspace claim open and prints ``token=<token> n=<counter>`` every 0.5 s (``beats``).
 A restored process prints the token drawn before the checkpoint and counts on; a fresh start
 would draw another and count from 1. The pods keep the default template's security context
-(manifests.py) but for the uid: root when this machine's root lacks CAP_SYS_RESOURCE (CRIU reads
-each task's rlimits with prlimit(2), which for another uid's process needs it: a non-root
-container fails to dump with ``Can't get rlimit 0: Operation not permitted``), else the runner's
-uid under Pod Security "restricted" (``checkpoint_space``).
+(manifests.py), the runner's uid included, under Pod Security "restricted"
+(``checkpoint_space``). CRIU reads each task's rlimits with prlimit(2), which for another uid's
+process needs CAP_SYS_RESOURCE, which this machine's root lacks: the node runs the CRIU of
+``scripts/criu.sh --variant proc-limits``, which reads them from /proc then. Only when neither
+that CRIU is built nor root has the capability do the pods run as root (under "baseline"): a
+non-root container would fail to dump with ``Can't get rlimit 0: Operation not permitted``.
 
 **The checkpoint** (``checkpoint``): the kubelet's ``POST /checkpoint/{namespace}/{pod}/{container}``
 has the runtime write a tar (CRIU's images under ``checkpoint/``, ``config.dump``,
 ``spec.dump``, ``status.dump``, the container's log and writable layer) under the kubelet's
 checkpoint directory; the container runs on.
 
-**The checkpoint image** (``write_checkpoint_image``, ``checkpoint_image``): containerd 2.3's
-CRI plugin, with ``enable_experimental_restore_via_create``, treats an image as a checkpoint
-when its index (or manifest) carries the annotation ``org.criu.checkpoint.container.name``: it
-mounts the image's root filesystem (the archive's files, unpacked as its one layer), reads the
-dumps from there and has runc restore the process tree into the new pod's container. The image
-is written as an OCI archive for ``ctr image import`` (no registry, no buildah): one
-uncompressed layer that is the archive itself.
+**The checkpoint image** (``checkpoint_image``): the archive made an OCI image by the node
+agent's own writer (``controller.node_agent.images.write_checkpoint_image``, which says what
+containerd 2.3 needs of it) and imported with ``ctr image import``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import io
 import json
 import re
 import ssl
@@ -44,9 +40,11 @@ from typing import Any
 
 from kubernetes import client
 
+from controller.node_agent.images import write_checkpoint_image
 from controller.runners.local.checkpoint import has_sys_resource
-from tests.node.node import KUBELET_PORT, NODE_IP, RealNode
+from tests.node.node import KUBELET_PORT, NODE_IP, RealNode, say
 from tests.node.probes import claim_namespace
+from tests.support.criu import proc_limits_criu
 from tests.support.processes import wait_for
 
 RUNNER_UID = 10001
@@ -84,8 +82,10 @@ BEAT = re.compile(r"^token=(\w+) n=(\d+)$", re.MULTILINE)
 
 @contextlib.contextmanager
 def checkpoint_space(node: RealNode) -> Iterator[tuple[Any, str, int]]:
-    """A namespace with a bound workspace claim, its pods deleted after; the pods' uid."""
-    uid = RUNNER_UID if has_sys_resource() else 0
+    """A namespace with a bound workspace claim, its pods deleted after; the pods' uid (see the
+    module's docstring)."""
+    uid = RUNNER_UID if has_sys_resource() or (node.criu and node.criu == proc_limits_criu()) else 0
+    say(f"checkpoint pods run as uid {uid} (CRIU {node.criu or 'none'})")
     core = client.CoreV1Api(node.api_client())
     with claim_namespace(core, "checkpoint", "restricted" if uid else "baseline") as namespace:
         try:
@@ -224,69 +224,3 @@ def last_beat_in(archive: Path) -> int:
         member = tar.extractfile("container.log")
         assert member is not None
         return max(int(m.group(1)) for m in re.finditer(r"token=\w+ n=(\d+)", member.read().decode()))
-
-
-CHECKPOINT_ANNOTATION = "org.criu.checkpoint.container.name"
-REF_ANNOTATION = "org.opencontainers.image.ref.name"
-LAYER_MEDIA_TYPE = "application/vnd.oci.image.layer.v1.tar"
-MANIFEST_MEDIA_TYPE = "application/vnd.oci.image.manifest.v1+json"
-CONFIG_MEDIA_TYPE = "application/vnd.oci.image.config.v1+json"
-PLATFORM = {"architecture": "amd64", "os": "linux"}
-
-
-def _digest(data: bytes) -> str:
-    return "sha256:" + hashlib.sha256(data).hexdigest()
-
-
-def _file_digest(path: Path) -> str:
-    sha = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            sha.update(chunk)
-    return "sha256:" + sha.hexdigest()
-
-
-def write_checkpoint_image(archive: Path, out: Path, ref: str, container: str) -> Path:
-    """Write ``out``, an OCI archive holding ``ref``: a checkpoint image of ``container`` (its
-    name in the pod) whose one layer is ``archive`` (the kubelet's checkpoint tar)."""
-    layer_digest = _file_digest(archive)
-    layer_size = archive.stat().st_size
-    config = json.dumps({**PLATFORM, "rootfs": {"type": "layers", "diff_ids": [layer_digest]}, "config": {}}).encode()
-    annotations = {CHECKPOINT_ANNOTATION: container}
-    manifest = json.dumps(
-        {
-            "schemaVersion": 2,
-            "mediaType": MANIFEST_MEDIA_TYPE,
-            "config": {"mediaType": CONFIG_MEDIA_TYPE, "digest": _digest(config), "size": len(config)},
-            "layers": [{"mediaType": LAYER_MEDIA_TYPE, "digest": layer_digest, "size": layer_size}],
-            "annotations": annotations,
-        }
-    ).encode()
-    index = json.dumps(
-        {
-            "schemaVersion": 2,
-            "manifests": [
-                {
-                    "mediaType": MANIFEST_MEDIA_TYPE,
-                    "digest": _digest(manifest),
-                    "size": len(manifest),
-                    "platform": PLATFORM,
-                    "annotations": {REF_ANNOTATION: ref},
-                }
-            ],
-            "annotations": annotations,
-        }
-    ).encode()
-
-    def add(tar: tarfile.TarFile, name: str, data: bytes) -> None:
-        info = tarfile.TarInfo(name)
-        info.size = len(data)
-        tar.addfile(info, io.BytesIO(data))
-
-    with tarfile.open(out, "w") as tar:
-        add(tar, "oci-layout", json.dumps({"imageLayoutVersion": "1.0.0"}).encode())
-        add(tar, "index.json", index)
-        for blob in (config, manifest):
-            add(tar, f"blobs/sha256/{_digest(blob).removeprefix('sha256:')}", blob)
-        tar.add(archive, arcname=f"blobs/sha256/{layer_digest.removeprefix('sha256:')}")
-    return out

@@ -33,6 +33,7 @@ from tests.node.node import (
     real_node,
     say,
 )
+from tests.support.criu import proc_limits_criu
 from tests.support.processes import wait_for
 from tests.support.tls import TestCA
 
@@ -98,8 +99,13 @@ def node(images: list[Image]) -> Iterator[RealNode]:
 
 
 def _criu() -> str:
-    """The CRIU ``scripts/criu.sh`` built, for the node's checkpoints (tests/node/test_checkpoint.py
-    skips without one), or "" when there is none."""
+    """The CRIU for the node's checkpoints (tests/node/test_checkpoint.py skips without one): the
+    proc-limits variant ``scripts/criu.sh --variant proc-limits`` built, which dumps non-root pods
+    on this machine (whose root lacks CAP_SYS_RESOURCE), else the plain one ``scripts/criu.sh``
+    built, else "" when there is none."""
+    patched = proc_limits_criu()
+    if patched:
+        return patched
     printed = subprocess.run([str(ROOT / "scripts" / "criu.sh"), "--print"], capture_output=True, text=True)
     binary = printed.stdout.strip()
     return binary if binary and os.access(binary, os.X_OK) else ""

@@ -30,3 +30,14 @@ def criu_binary() -> str:
     if os.environ.get("CI") == "true":
         pytest.fail(message)
     pytest.skip(message)
+
+
+def proc_limits_criu() -> str:
+    """The CRIU ``scripts/criu.sh --variant proc-limits`` built (scripts/criu-proc-limits.patch:
+    a non-root task's rlimits read from /proc when prlimit(2) is refused, as it is to a root
+    without CAP_SYS_RESOURCE), or "" when it was not built. The real node tier's."""
+    printed = subprocess.run(
+        [str(ROOT / "scripts" / "criu.sh"), "--variant", "proc-limits", "--print"], capture_output=True, text=True
+    )
+    binary = printed.stdout.strip()
+    return binary if binary and os.access(binary, os.X_OK) else ""

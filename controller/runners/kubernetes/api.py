@@ -111,6 +111,21 @@ class KubeApi:
         )
         return [pod_from_json(item) for item in found.get("items") or []]
 
+    def list_node_pods(self, namespace: str, selector: str, node: str) -> list[Pod]:
+        """The pods of ``selector`` (a label selector; "": any) bound to ``node`` (a field
+        selector on ``spec.nodeName``): what a node agent looks at."""
+        found = self._call(
+            "list",
+            "pods",
+            namespace,
+            lambda: _json(
+                self._core.list_namespaced_pod(
+                    namespace, label_selector=selector, field_selector=f"spec.nodeName={node}", _preload_content=False
+                )
+            ),
+        )
+        return [pod_from_json(item) for item in found.get("items") or []]
+
     def read_pod(self, namespace: str, name: str) -> Pod | None:
         """The pod ``name``, or None when there is none."""
         found = self._unless(

@@ -4,7 +4,8 @@
 protocol and the pod watch read only these, never the client's models. A ``Pod`` carries what
 they look at: its name and uid, its resource version, its labels and annotations (the session,
 generation and pool that ``names`` defines), whether it is being deleted, the node selector,
-node and Localhost seccomp profile of its spec, and its status (phase, a terminated container,
+node and Localhost seccomp profile of its spec, the claim its ``workspace`` volume names and
+its containers' images (the node agent's), and its status (phase, a terminated container,
 the Ready condition, restarts, when it was scheduled and its container started, why the
 scheduler could not place it, why its container waits), read from the API server's JSON
 (``pod_from_json``: the client's models are never built on a claim's path). Its properties say
@@ -65,6 +66,10 @@ class Pod:
     """The scheduler's message while its ``PodScheduled`` condition is False for ``Unschedulable``."""
     waiting: tuple[str, str] | None = None
     """(reason, message) of the first container waiting with a reason (``CreateContainerError``…)."""
+    workspace_claim: str | None = None
+    """The claim its ``workspace`` volume names; None: no such volume, or not a claim."""
+    images: tuple[str, ...] = ()
+    """The images its containers (init and ephemeral ones included) name."""
 
     @property
     def ref(self) -> PodRef:
@@ -192,6 +197,20 @@ def pod_from_json(pod: Mapping[str, Any]) -> Pod:
             None,
         ),
         waiting=(waiting[0]["reason"], waiting[0].get("message") or "") if waiting else None,
+        workspace_claim=next(
+            (
+                str(v["persistentVolumeClaim"].get("claimName") or "") or None
+                for v in spec.get("volumes") or []
+                if v.get("name") == "workspace" and v.get("persistentVolumeClaim")
+            ),
+            None,
+        ),
+        images=tuple(
+            str(c["image"])
+            for kind in ("initContainers", "containers", "ephemeralContainers")
+            for c in spec.get(kind) or []
+            if c.get("image")
+        ),
     )
 
 
