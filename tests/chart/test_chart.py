@@ -54,6 +54,9 @@ CHECKPOINT_KEYS = frozenset(
         "CONTROLLER_NODE_AGENT_CHECKPOINT_DIRECTORY",
         "CONTROLLER_NODE_AGENT_CONTAINERD_ADDRESS",
         "CONTROLLER_NODE_AGENT_CTR",
+        "CONTROLLER_NODE_AGENT_KUBELET_TOKEN_FILE",
+        "CONTROLLER_NODE_AGENT_POLL_SECONDS",
+        "CONTROLLER_NODE_AGENT_IMAGE_GRACE_SECONDS",
     }
 )
 NOT_YET_READ = CHECKPOINT_KEYS - KEYS
@@ -213,6 +216,9 @@ def test_the_schema_bounds_every_number_as_the_controller_does() -> None:
     schema = json.loads((CHART / "values.schema.json").read_text())
     config_map = (CHART / "templates" / "configmap.yaml").read_text()
     mapped = dict(re.findall(r"^\s*(CONTROLLER_[A-Z0-9_]+): \{\{ \.Values\.([\w.]+)", config_map, flags=re.MULTILINE))
+    # The node agent's own settings are env entries of its DaemonSet (sandbox.checkpoints).
+    agent = (CHART / "templates" / "sandbox-checkpoint-agent.yaml").read_text()
+    mapped |= dict(re.findall(r"- name: (CONTROLLER_[A-Z0-9_]+)\n\s+value: \{\{ \.Values\.([\w.]+)", agent))
     bounded = {name: bounds for name, bounds in BOUNDS.items() if name not in NOT_SET_BY_THE_CHART}
     assert set(bounded) <= set(mapped), sorted(set(bounded) - set(mapped))
     for name, (minimum, maximum) in bounded.items():

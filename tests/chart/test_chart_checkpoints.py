@@ -161,6 +161,17 @@ def test_the_node_agent_runs_the_controllers_image_as_the_nodes_root_with_exactl
     assert values_of["CONTROLLER_NODE_AGENT_CONTAINERD_ADDRESS"] == "/run/containerd/containerd.sock"
     assert values_of["CONTROLLER_NODE_AGENT_CTR"] == "/usr/local/bin/ctr"
     assert values_of["CONTROLLER_NODE_AGENT_KUBELET_CA_FILE"] == "/etc/kubelet-ca/kubelet.crt"
+    # The ServiceAccount token the pod mounts (automountServiceAccountToken) is what it sends the kubelet.
+    assert (
+        values_of["CONTROLLER_NODE_AGENT_KUBELET_TOKEN_FILE"] == "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    )
+    assert (
+        values_of["CONTROLLER_NODE_AGENT_POLL_SECONDS"],
+        values_of["CONTROLLER_NODE_AGENT_IMAGE_GRACE_SECONDS"],
+    ) == (
+        "1",
+        "60",
+    )
     config = one(objects, "ConfigMap", full)["data"]
     assert values_of["CONTROLLER_KUBERNETES_NAMESPACE"] == config["CONTROLLER_KUBERNETES_NAMESPACE"]
     assert values_of["CONTROLLER_LOG_LEVEL"] == config["CONTROLLER_LOG_LEVEL"] == "DEBUG"
@@ -173,14 +184,14 @@ def test_the_node_agent_runs_the_controllers_image_as_the_nodes_root_with_exactl
         "HOST_IP",
         *(k for k in values_of if k.startswith("CONTROLLER_NODE_AGENT_")),
     }
-    assert len([k for k in names if k.startswith("CONTROLLER_NODE_AGENT_")]) == 6
+    assert len([k for k in names if k.startswith("CONTROLLER_NODE_AGENT_")]) == 9
 
 
-def test_the_node_agent_may_watch_and_answer_sandbox_pods_read_claims_and_checkpoint_nodes_only(
+def test_the_node_agent_may_list_and_answer_sandbox_pods_list_claims_and_checkpoint_nodes_only(
     chart: Any,  # noqa: F811
 ) -> None:
-    """L2: the agent's Role, in the sandbox namespace, grants exactly pods get/list/watch/patch
-    (the requests, its answers) and PVCs get/list (the records: which images are still named);
+    """L2: the agent's Role, in the sandbox namespace, grants exactly what it uses: pods list and
+    patch (the requests, its answers) and PVCs list (the records: which images are still named);
     its ClusterRole exactly ``create`` on ``nodes/checkpoint`` (how the kubelet authorizes its
     checkpoint API); both bound to its own ServiceAccount only. No Secrets, no pod creation."""
     objects = render(chart, CHECKPOINTS)
@@ -189,14 +200,7 @@ def test_the_node_agent_may_watch_and_answer_sandbox_pods_read_claims_and_checkp
     sandbox_ns = one(objects, "ConfigMap", full)["data"]["CONTROLLER_KUBERNETES_NAMESPACE"]
     role = one(objects, "Role", name)
     assert role["metadata"]["namespace"] == sandbox_ns
-    assert _grants(role) == {
-        ("", "pods", "get"),
-        ("", "pods", "list"),
-        ("", "pods", "watch"),
-        ("", "pods", "patch"),
-        ("", "persistentvolumeclaims", "get"),
-        ("", "persistentvolumeclaims", "list"),
-    }
+    assert _grants(role) == {("", "pods", "list"), ("", "pods", "patch"), ("", "persistentvolumeclaims", "list")}
     [cluster_role] = of_kind(objects, "ClusterRole")
     assert cluster_role["rules"] == [{"apiGroups": [""], "resources": ["nodes/checkpoint"], "verbs": ["create"]}]
     assert cluster_role["metadata"]["name"] == f"{NAMESPACE}-{name}"  # two releases of one name differ
@@ -265,13 +269,27 @@ def test_the_pod_policy_knows_checkpoint_images_only_with_the_agent(chart: Any) 
     [
         {"templates": {"bad": {"suspend": "pause"}}},
         {"checkpoints": {"timeoutSeconds": 0}},
+        {"checkpoints": {"timeoutSeconds": 3601}},
+        {"checkpoints": {"pollSeconds": 0}},
+        {"checkpoints": {"imageGraceSeconds": 86401}},
         {"checkpoints": {"kubeletPort": 0}},
         {"checkpoints": {"ctr": "ctr"}},
         {"checkpoints": {"containerdSocket": "run/containerd.sock"}},
         {"checkpoints": {"kubeletCAFile": ""}},
         {"checkpoints": {"kubeletRoot": "/var/lib/kubelet"}},
     ],
-    ids=["suspend pause", "timeout 0", "port 0", "relative ctr", "relative socket", "empty CA", "unknown key"],
+    ids=[
+        "suspend pause",
+        "timeout 0",
+        "timeout above 3600",
+        "poll 0",
+        "grace above a day",
+        "port 0",
+        "relative ctr",
+        "relative socket",
+        "empty CA",
+        "unknown key",
+    ],
 )
 def test_the_schema_refuses_broken_checkpoint_values(helm: Any, chart: Any, sandbox: dict[str, Any]) -> None:  # noqa: F811
     with pytest.raises(helm.errors.HelmValuesError):

@@ -1208,19 +1208,21 @@ def test_the_agents_pod_needs_a_privileged_release_namespace(
 
 def test_the_agents_token_may_checkpoint_nodes_and_answer_on_sandbox_pods_only(resumable: _Resumable) -> None:
     """L2: with its own token the agent may create ``nodes/checkpoint`` (what the kubelet asks
-    the API server about a POST /checkpoint, for any node: names are not known ahead), get, list,
-    watch and patch pods and get and list PVCs in the sandbox namespace, and nothing else: no
-    Secrets, no pod creation or deletion, no claims written, nothing in its own namespace, no
-    other node subresource."""
+    the API server about a POST /checkpoint, for any node: names are not known ahead), list and
+    patch pods and list PVCs in the sandbox namespace, and nothing else: no Secrets, no pod
+    creation or deletion, no claims written, nothing in its own namespace, no other node
+    subresource."""
     sandbox = resumable.sandbox_ns
-    for verb in ("get", "list", "watch", "patch"):
+    for verb in ("list", "patch"):
         assert _agent_can(resumable, verb, "pods", sandbox), verb
-    for verb in ("get", "list"):
-        assert _agent_can(resumable, verb, "persistentvolumeclaims", sandbox), verb
+    assert _agent_can(resumable, "list", "persistentvolumeclaims", sandbox)
     assert _agent_can(resumable, "create", "nodes", None, "checkpoint", name="node-a")
     for verb, resource, namespace, sub in (
         ("get", "secrets", sandbox, None),
         ("list", "secrets", sandbox, None),
+        ("get", "pods", sandbox, None),
+        ("watch", "pods", sandbox, None),
+        ("get", "persistentvolumeclaims", sandbox, None),
         ("create", "pods", sandbox, None),
         ("delete", "pods", sandbox, None),
         ("update", "pods", sandbox, None),
@@ -1273,17 +1275,18 @@ def test_the_request_the_answer_and_the_record_are_written_with_the_charts_token
         worker.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {checkpoints.CHECKPOINT_REQUEST: "n1"}}})
         answer = checkpoints.Answer(request="n1", image=image, size_bytes=5_400_000, seconds=2.1).encode()
         agent.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {checkpoints.CHECKPOINT_ANSWER: answer}}})
-        annotations = agent.read_namespaced_pod(name, ns).metadata.annotations
+        [listed] = agent.list_namespaced_pod(ns, field_selector=f"metadata.name={name}").items
+        annotations = listed.metadata.annotations
         assert (found := checkpoints.answer_of(annotations, "n1")) is not None and found.ok and found.image == image
         record = checkpoints.Record(
             image=image, node="node-a", environment_id="env_1", suspended_at=2.0, lineage_started_at=1.0
         )
         body = {"metadata": {"annotations": {checkpoints.CHECKPOINT_RECORD: record.encode()}}}
         worker.patch_namespaced_persistent_volume_claim(claim, ns, body)
-        assert (
-            agent.read_namespaced_persistent_volume_claim(claim, ns).metadata.annotations[checkpoints.CHECKPOINT_RECORD]
-            == record.encode()
-        )
+        [listed_claim] = agent.list_namespaced_persistent_volume_claim(
+            ns, field_selector=f"metadata.name={claim}"
+        ).items
+        assert listed_claim.metadata.annotations[checkpoints.CHECKPOINT_RECORD] == record.encode()
         with pytest.raises(ApiException) as refused:  # the agent only reads the records
             agent.patch_namespaced_persistent_volume_claim(claim, ns, body)
         assert refused.value.status == 403
