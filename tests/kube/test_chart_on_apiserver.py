@@ -12,6 +12,9 @@
   outside the sandbox namespace and anything cluster-wide.
 * ``helm install`` / ``helm uninstall`` with Helm 4's own library (helm-python-sdk) against the
   same API server.
+* Suspend with memory (``sandbox.checkpoints``): the node agent's objects, its pod's need of a
+  privileged release namespace, its token's and the worker's grants, and the pod policy's rule
+  for checkpoint images, run by the API server.
 """
 
 from __future__ import annotations
@@ -32,12 +35,12 @@ from kubernetes.dynamic import DynamicClient
 
 from controller.errors import RunnerRejected
 from controller.model import Health, SandboxSpec
-from controller.runners.kubernetes import names
+from controller.runners.kubernetes import checkpoints, names
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate, claim_patch, make_pod, make_warm_pod
 from controller.runners.kubernetes.runner import KubernetesRunner
 from controller.runners.kubernetes.watch import PodWatch
-from tests.chart.test_chart import CASE_IDS, CASES, CHART, CREDENTIALS, EXECUTOR_KEY, _helm, merge
+from tests.chart.test_chart import CASE_IDS, CASES, CHART, CHECKPOINTS, CREDENTIALS, EXECUTOR_KEY, _helm, merge
 from tests.envtest.cluster import KubeAPIServer
 from tests.support.processes import wait_for
 
@@ -332,11 +335,11 @@ class _Rbac:
             is_executor_key = obj["kind"] == "Secret" and obj["metadata"].get("namespace") == self.sandbox_ns
             if obj["kind"] in wanted or is_executor_key:  # the admin (helm) creates these
                 _dry_run_apply(dynamic, copy.deepcopy(obj), dry_run=False)
-        [sa] = [o for o in self.objects if o["kind"] == "ServiceAccount"]
+        [sa] = _controllers(self.objects, "ServiceAccount")
         [secret] = [
             o for o in self.objects if o["kind"] == "Secret" and o["metadata"].get("namespace") == self.sandbox_ns
         ]
-        [role] = [o for o in self.objects if o["kind"] == "Role"]
+        [role] = _controllers(self.objects, "Role")
         [policy] = [o for o in self.objects if o["kind"] == "ValidatingAdmissionPolicy"]
         self.sa_name: str = sa["metadata"]["name"]
         self.secret_name: str = secret["metadata"]["name"]
@@ -411,6 +414,11 @@ def unguarded(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Rbac]:
     )
     yield world
     world.close()
+
+
+def _controllers(objects: list[dict[str, Any]], kind: str) -> list[dict[str, Any]]:
+    """The controller's own objects of a kind (a component's, e.g. a node agent's, are labelled with it)."""
+    return [o for o in objects if o["kind"] == kind and "app.kubernetes.io/component" not in o["metadata"]["labels"]]
 
 
 def _spec() -> SandboxSpec:
@@ -1044,3 +1052,385 @@ def test_the_ca_bundle_volume_and_no_other_config_map_is_admitted(with_ca_bundle
     [volume] = [v for v in other["spec"]["volumes"] if v["name"] == "ca-bundle"]
     volume["configMap"]["name"] = "any-config"
     assert "CA bundle (sandbox.caBundle)" in with_ca_bundle.refusal(other)
+
+
+# -- suspend with memory (sandbox.checkpoints, issue 40) -------------------------------------------
+# The node agent's objects pass a strict server-side dry run and its pod needs a privileged
+# release namespace; its token and the worker's are allowed exactly what the protocol needs
+# (runners/kubernetes/checkpoints.py); and the sandbox pod policy's CEL, run by the API server,
+# admits a checkpoint image only in its own session's pod (the claim its `workspace` volume
+# names), only with imagePullPolicy Never, and only when the agent is on.
+
+PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
+AGENT = "checkpoint-agent"
+CHECKPOINT_VALUES = {"sandbox": CHECKPOINTS["sandbox"]}  # the credentials come from _Rbac
+PERSISTENT = SandboxTemplate(image=RUNNER_IMAGE, persist_workspace=True, workspace_size="1Gi")
+
+
+class _Resumable(_Rbac):
+    """The chart with the node agent and a template that checkpoints, created as `helm install`
+    would (the agent's ClusterRole and its binding too), with a client for the agent's token."""
+
+    def __init__(self, kube_api: KubeAPIServer, chart: Any, sandbox_labels: dict[str, str]) -> None:
+        super().__init__(kube_api, chart, sandbox_labels, CHECKPOINT_VALUES)
+        dynamic = DynamicClient(self.admin)
+        for obj in self.objects:
+            if obj["kind"] in ("ClusterRole", "ClusterRoleBinding"):
+                _dry_run_apply(dynamic, copy.deepcopy(obj), dry_run=False)
+        [agent] = [o for o in self.objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith(AGENT)]
+        self.agent_sa: str = agent["metadata"]["name"]
+        self.agent_api = kube_api.api_client(kube_api.service_account_token(self.release_ns, self.agent_sa))
+
+    def restored_pod(self, claim: str | None = None) -> dict[str, Any]:
+        """A session's pod restored from its checkpoint, as the runner makes it: the persistent
+        template's pod (its workspace ``claim``, default a new session's), its image the
+        checkpoint image of that claim never pulled, bound to the node that holds the image."""
+        pod = make_pod(_spec(), 2, PERSISTENT, self.pod_settings())
+        [workspace] = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
+        if claim is not None:
+            workspace["persistentVolumeClaim"]["claimName"] = claim
+        image = checkpoints.image_ref(workspace["persistentVolumeClaim"]["claimName"], "0b6021622c1f-4e7a")
+        pod["metadata"]["annotations"][checkpoints.RESTORED_FROM] = image
+        pod["spec"]["nodeName"] = "node-a"
+        [container] = pod["spec"]["containers"]
+        container["image"] = image
+        container["imagePullPolicy"] = "Never"
+        return pod
+
+    def close(self) -> None:
+        self.agent_api.close()
+        super().close()
+
+
+@pytest.fixture(scope="module")
+def resumable(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Resumable]:
+    """Its sandbox namespace enforces no Pod Security level: the pod policy stands alone."""
+    world = _Resumable(kube_api, chart, PRIVILEGED)
+    yield world
+    world.close()
+
+
+@pytest.fixture(scope="module")
+def resumable_restricted(kube_api: KubeAPIServer, chart: Any) -> Iterator[_Resumable]:
+    world = _Resumable(kube_api, chart, RESTRICTED)
+    yield world
+    world.close()
+
+
+def _agent_can(
+    world: _Resumable, verb: str, resource: str, namespace: str | None, subresource: str | None = None, name: str = ""
+) -> bool:
+    """A SelfSubjectAccessReview made with the agent's own token."""
+    attributes = client.V1ResourceAttributes(
+        verb=verb, resource=resource, subresource=subresource, namespace=namespace, name=name or None
+    )
+    review = client.V1SelfSubjectAccessReview(spec=client.V1SelfSubjectAccessReviewSpec(resource_attributes=attributes))
+    return bool(client.AuthorizationV1Api(world.agent_api).create_self_subject_access_review(review).status.allowed)
+
+
+# -- the agent's objects ------------------------------------------------------------------------
+
+
+def test_the_agents_objects_pass_a_strict_server_side_dry_run(
+    kube_api: KubeAPIServer,
+    admin: client.ApiClient,
+    chart: Any,
+) -> None:
+    """The DaemonSet (its hostPath types, host network, fieldRefs), its ServiceAccount, Role,
+    RoleBinding, ClusterRole and ClusterRoleBinding are valid against the 1.37 schemas with
+    fieldValidation=Strict, and nothing is stored."""
+    release_ns = _unique("rel")
+    kube_api.create_namespace(release_ns, PRIVILEGED)
+    objects = render(chart, CHECKPOINTS, release_ns)
+    dynamic = DynamicClient(admin)
+    [namespace] = [o for o in objects if o["kind"] == "Namespace"]
+    _dry_run_apply(dynamic, namespace, dry_run=False)
+    # Its default ServiceAccount, as the controller-manager (absent here) makes it: the
+    # network-policy `helm test` pod runs there under it.
+    client.CoreV1Api(admin).create_namespaced_service_account(
+        namespace["metadata"]["name"], {"metadata": {"name": "default"}}
+    )
+    agents = [o for o in objects if o["metadata"]["labels"].get("app.kubernetes.io/component") == AGENT]
+    kinds = sorted(o["kind"] for o in agents)
+    assert kinds == ["ClusterRole", "ClusterRoleBinding", "DaemonSet", "Role", "RoleBinding", "ServiceAccount"]
+    for obj in objects:
+        if obj["kind"] == "Namespace":
+            continue
+        applied = _dry_run_apply(dynamic, copy.deepcopy(obj))
+        assert applied["metadata"]["name"] == obj["metadata"]["name"]
+        assert _dry_run_create(dynamic, copy.deepcopy(obj))["metadata"]["uid"]
+
+
+def _agent_pod(objects: list[dict[str, Any]], namespace: str) -> dict[str, Any]:
+    [daemon] = [o for o in objects if o["kind"] == "DaemonSet" and o["metadata"]["name"].endswith(AGENT)]
+    template = copy.deepcopy(daemon["spec"]["template"])
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": daemon["metadata"]["name"], "namespace": namespace, **template["metadata"]},
+        "spec": template["spec"],
+    }
+
+
+@pytest.mark.parametrize(
+    ("level", "admitted"), [("restricted", False), ("baseline", False), ("privileged", True)], ids=str
+)
+def test_the_agents_pod_needs_a_privileged_release_namespace(
+    kube_api: KubeAPIServer,
+    admin: client.ApiClient,
+    chart: Any,
+    level: str,
+    admitted: bool,
+) -> None:
+    """What docs/kubernetes.md and NOTES say: the agent's pod (host network, host paths, root)
+    is refused by Pod Security "restricted" and "baseline" enforcement and admitted where the
+    release namespace is "privileged" (PodSecurity only warns on the DaemonSet itself, so its
+    template is dry-run as a bare Pod)."""
+    release_ns = _unique("rel")
+    kube_api.create_namespace(release_ns, {"pod-security.kubernetes.io/enforce": level})
+    objects = render(chart, CHECKPOINTS, release_ns)
+    core = client.CoreV1Api(admin)
+    [sa] = [o for o in objects if o["kind"] == "ServiceAccount" and o["metadata"]["name"].endswith(AGENT)]
+    core.create_namespaced_service_account(release_ns, sa)
+    pod = _agent_pod(objects, release_ns)
+    if admitted:
+        assert _dry_run_create(DynamicClient(admin), pod)["spec"]["hostNetwork"] is True
+        return
+    with pytest.raises(ApiException) as refused:
+        _dry_run_create(DynamicClient(admin), pod)
+    assert refused.value.status == 403
+    message = json.loads(refused.value.body)["message"]
+    assert f'violates PodSecurity "{level}:latest"' in message and "host namespaces" in message, message
+
+
+# -- RBAC, live -----------------------------------------------------------------------------------
+
+
+def test_the_agents_token_may_checkpoint_nodes_and_answer_on_sandbox_pods_only(resumable: _Resumable) -> None:
+    """L2: with its own token the agent may create ``nodes/checkpoint`` (what the kubelet asks
+    the API server about a POST /checkpoint, for any node: names are not known ahead), list and
+    patch pods and list PVCs in the sandbox namespace, and nothing else: no Secrets, no pod
+    creation or deletion, no claims written, nothing in its own namespace, no other node
+    subresource."""
+    sandbox = resumable.sandbox_ns
+    for verb in ("list", "patch"):
+        assert _agent_can(resumable, verb, "pods", sandbox), verb
+    assert _agent_can(resumable, "list", "persistentvolumeclaims", sandbox)
+    assert _agent_can(resumable, "create", "nodes", None, "checkpoint", name="node-a")
+    for verb, resource, namespace, sub in (
+        ("get", "secrets", sandbox, None),
+        ("list", "secrets", sandbox, None),
+        ("get", "pods", sandbox, None),
+        ("watch", "pods", sandbox, None),
+        ("get", "persistentvolumeclaims", sandbox, None),
+        ("create", "pods", sandbox, None),
+        ("delete", "pods", sandbox, None),
+        ("update", "pods", sandbox, None),
+        ("create", "pods", sandbox, "exec"),
+        ("patch", "pods", sandbox, "ephemeralcontainers"),
+        ("patch", "persistentvolumeclaims", sandbox, None),
+        ("delete", "persistentvolumeclaims", sandbox, None),
+        ("list", "pods", resumable.release_ns, None),
+        ("list", "pods", None, None),
+        ("get", "nodes", None, None),
+        ("patch", "nodes", None, None),
+        ("create", "nodes", None, "proxy"),
+        ("get", "nodes", None, "checkpoint"),
+    ):
+        assert not _agent_can(resumable, verb, resource, namespace, sub), (verb, resource, namespace, sub)
+
+
+def test_with_a_template_that_checkpoints_the_worker_may_patch_pods_and_claims(resumable: _Resumable) -> None:
+    """L2: the worker's live Role is the usual one plus exactly patch on pods (the request) and
+    on PVCs (the record); nothing binds its ServiceAccount cluster-wide (the ClusterRole is the
+    agent's)."""
+    rbac_api = client.RbacAuthorizationV1Api(resumable.admin)
+    role = rbac_api.read_namespaced_role(resumable.role_name, resumable.sandbox_ns)
+    assert _grants(role) == EXPECTED_GRANTS | {("", "pods", "patch"), ("", "persistentvolumeclaims", "patch")}
+    subject = (resumable.sa_name, resumable.release_ns)
+    for binding in rbac_api.list_cluster_role_binding().items:
+        assert subject not in [(s.name, s.namespace) for s in binding.subjects or []], binding.metadata.name
+
+
+def test_the_request_the_answer_and_the_record_are_written_with_the_charts_tokens(resumable: _Resumable) -> None:
+    """The protocol's writes, for real, each with the token that makes it: the worker's request
+    on a running pod and its record on the claim, the agent's answer on the pod (pod updates
+    that the sandbox pod policy checks and admits); then the restored pod, created by the
+    worker, and a request on it."""
+    worker = client.CoreV1Api(resumable.api)
+    agent = client.CoreV1Api(resumable.agent_api)
+    ns = resumable.sandbox_ns
+    pod = worker.create_namespaced_pod(ns, make_pod(_spec(), 1, PERSISTENT, resumable.pod_settings()))
+    name, uid = pod.metadata.name, pod.metadata.uid
+    claim = next(v for v in pod.spec.volumes if v.name == "workspace").persistent_volume_claim.claim_name
+    worker.create_namespaced_persistent_volume_claim(
+        ns,
+        {
+            "metadata": {"name": claim},
+            "spec": {"accessModes": ["ReadWriteOnce"], "resources": {"requests": {"storage": "1Gi"}}},
+        },
+    )
+    try:
+        image = checkpoints.image_ref(claim, uid)
+        worker.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {checkpoints.CHECKPOINT_REQUEST: "n1"}}})
+        answer = checkpoints.Answer(request="n1", image=image, size_bytes=5_400_000, seconds=2.1).encode()
+        agent.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {checkpoints.CHECKPOINT_ANSWER: answer}}})
+        [listed] = agent.list_namespaced_pod(ns, field_selector=f"metadata.name={name}").items
+        annotations = listed.metadata.annotations
+        assert (found := checkpoints.answer_of(annotations, "n1")) is not None and found.ok and found.image == image
+        record = checkpoints.Record(
+            image=image, node="node-a", environment_id="env_1", suspended_at=2.0, lineage_started_at=1.0
+        )
+        body = {"metadata": {"annotations": {checkpoints.CHECKPOINT_RECORD: record.encode()}}}
+        worker.patch_namespaced_persistent_volume_claim(claim, ns, body)
+        [listed_claim] = agent.list_namespaced_persistent_volume_claim(
+            ns, field_selector=f"metadata.name={claim}"
+        ).items
+        assert listed_claim.metadata.annotations[checkpoints.CHECKPOINT_RECORD] == record.encode()
+        with pytest.raises(ApiException) as refused:  # the agent only reads the records
+            agent.patch_namespaced_persistent_volume_claim(claim, ns, body)
+        assert refused.value.status == 403
+        worker.delete_namespaced_pod(name, ns)
+
+        created = worker.create_namespaced_pod(ns, resumable.restored_pod(claim))
+        assert created.spec.node_name == "node-a" and checkpoints.image_claim(created.spec.containers[0].image) == claim
+        again = {"metadata": {"annotations": {checkpoints.CHECKPOINT_REQUEST: "n2"}}}
+        worker.patch_namespaced_pod(created.metadata.name, ns, again)
+        worker.delete_namespaced_pod(created.metadata.name, ns)
+    finally:
+        worker.delete_namespaced_persistent_volume_claim(claim, ns)
+
+
+# -- the sandbox pod policy, its CEL run by the API server -------------------------------------------
+
+
+def test_a_pod_restored_from_its_own_sessions_checkpoint_is_admitted(
+    resumable: _Resumable, resumable_restricted: _Resumable
+) -> None:
+    """L2: the pod the runner restores (its image the checkpoint image of the claim it mounts,
+    ``imagePullPolicy: Never``, ``nodeName`` set) is admitted with the worker's token, where
+    the policy stands alone and where Pod Security "restricted" is enforced too."""
+    for world in (resumable, resumable_restricted):
+        pod = world.restored_pod()
+        created = world.create_as_controller(pod)
+        assert created["spec"]["nodeName"] == "node-a"
+        assert created["spec"]["containers"][0]["image"].startswith(f"{checkpoints.IMAGE_REPOSITORY}/")
+
+
+def _other_sessions_image(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref(names.pvc_name("sess_other"), "0b6021622c1f")
+
+
+def _pulled_always(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["imagePullPolicy"] = "Always"
+
+
+def _pulled_if_not_present(pod: dict[str, Any]) -> None:
+    pod["spec"]["containers"][0]["imagePullPolicy"] = "IfNotPresent"
+
+
+def _no_claim(pod: dict[str, Any]) -> None:
+    """The same image in a pod whose workspace is an emptyDir (no claim, so no session's image)."""
+    pod["spec"]["volumes"] = [
+        {"name": "workspace", "emptyDir": {}} if v["name"] == "workspace" else v for v in pod["spec"]["volumes"]
+    ]
+
+
+def _claim_in_another_volume(pod: dict[str, Any]) -> None:
+    """The image's claim mounted, but not as the workspace: the workspace is another claim."""
+    image_claim = checkpoints.image_claim(pod["spec"]["containers"][0]["image"])
+    pod["spec"]["volumes"] = [
+        {"name": "workspace", "persistentVolumeClaim": {"claimName": names.pvc_name("sess_other")}}
+        if v["name"] == "workspace"
+        else v
+        for v in pod["spec"]["volumes"]
+    ] + [{"name": "extra", "persistentVolumeClaim": {"claimName": image_claim}}]
+
+
+def _a_longer_repository(pod: dict[str, Any]) -> None:
+    """The own claim as a prefix of another repository's name."""
+    container = pod["spec"]["containers"][0]
+    repository, _, tag = container["image"].partition(":")
+    container["image"] = f"{repository}-x:{tag}"
+
+
+def _a_digest(pod: dict[str, Any]) -> None:
+    container = pod["spec"]["containers"][0]
+    container["image"] = container["image"].split(":")[0] + "@sha256:" + "0" * 64
+
+
+def _a_foreign_registry(pod: dict[str, Any]) -> None:
+    """The checkpoint repository's path under another host: not a node-local checkpoint image."""
+    container = pod["spec"]["containers"][0]
+    container["image"] = "registry.example.com/" + container["image"]
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        _other_sessions_image,
+        _pulled_always,
+        _pulled_if_not_present,
+        _no_claim,
+        _claim_in_another_volume,
+        _a_longer_repository,
+        _a_digest,
+        _a_foreign_registry,
+    ],
+    ids=lambda change: change.__name__.strip("_"),
+)
+def test_a_checkpoint_image_is_refused_anywhere_but_in_its_own_sessions_pod(
+    resumable: _Resumable, change: Callable[[dict[str, Any]], None]
+) -> None:
+    """L2: a checkpoint image holds a session's memory (its environment key among it): the
+    policy refuses, with the worker's token, another session's checkpoint image, one that could
+    be pulled (Always, IfNotPresent), one in a pod without a workspace claim or whose workspace
+    is another claim (the image's claim mounted elsewhere), and names that only resemble the
+    format (a longer repository, a digest, another registry)."""
+    pod = resumable.restored_pod()
+    resumable.create_as_controller(pod)  # the unchanged pod is admitted: only the change differs
+    change(pod)
+    message = resumable.refusal(pod)
+    assert f"ValidatingAdmissionPolicy '{resumable.policy_name}'" in message, message
+    assert "run only the runner images" in message and "checkpoint image of the workspace claim" in message
+
+
+def test_without_the_agent_no_checkpoint_image_is_admitted(unguarded: _Rbac) -> None:
+    """L2: with sandbox.checkpoints off (the default), even a pod's own checkpoint image is refused."""
+    pod = make_pod(_spec(), 2, PERSISTENT, unguarded.pod_settings())
+    [workspace] = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
+    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref(workspace["persistentVolumeClaim"]["claimName"], "1")
+    pod["spec"]["containers"][0]["imagePullPolicy"] = "Never"
+    message = unguarded.refusal(pod)
+    assert "run only the runner images" in message and "checkpoint" not in message, message
+
+
+def test_an_ephemeral_container_may_not_run_the_pods_checkpoint_image(resumable: _Resumable) -> None:
+    """L2: only the pod's own container is restored: an ephemeral container (``kubectl debug``)
+    naming the session's checkpoint image, even as the cluster admin, is refused."""
+    core = client.CoreV1Api(resumable.admin)
+    pod = core.create_namespaced_pod(resumable.sandbox_ns, resumable.restored_pod())
+    try:
+        image = pod.spec.containers[0].image
+        debug = {
+            "name": "debug",
+            "image": image,
+            "imagePullPolicy": "Never",
+            "securityContext": {
+                "runAsNonRoot": True,
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+        }
+        with pytest.raises(ApiException) as refused:
+            core.patch_namespaced_pod_ephemeralcontainers(
+                pod.metadata.name, resumable.sandbox_ns, {"spec": {"ephemeralContainers": [debug]}}, dry_run="All"
+            )
+        assert refused.value.status == 403 and "run only the runner images" in (refused.value.body or "")
+        debug["image"] = RUNNER_IMAGE  # the refusal is the image's: a runner image is admitted
+        core.patch_namespaced_pod_ephemeralcontainers(
+            pod.metadata.name, resumable.sandbox_ns, {"spec": {"ephemeralContainers": [debug]}}, dry_run="All"
+        )
+    finally:
+        core.delete_namespaced_pod(pod.metadata.name, resumable.sandbox_ns)

@@ -224,6 +224,9 @@ Impossible combinations fail the render with a message that says what to set.
 {{- if and .Values.ingress.enabled (not .Values.ingress.hosts) }}
 {{- fail "ingress.enabled=true needs at least one entry in ingress.hosts" }}
 {{- end }}
+{{- if and (include "sandbox-controller.checkpointing" .) (not .Values.sandbox.checkpoints.enabled) }}
+{{- fail "a sandbox template has suspend: checkpoint: set sandbox.checkpoints.enabled=true (the node agent that takes the checkpoints; docs/kubernetes.md, \"Suspend with memory\")" }}
+{{- end }}
 {{- if not .Values.sandbox.networkPolicy.dns.to }}
 {{- fail "sandbox.networkPolicy.dns.to must name the DNS servers (an empty list would let DNS go anywhere)" }}
 {{- end }}
@@ -389,4 +392,24 @@ the nodes the installer labelled (its own nodeSelector kept beside).
 {{- end }}
 {{- end }}
 {{- $templates | toJson }}
+{{- end }}
+
+{{/*
+Where the checkpoint node agent (sandbox.checkpoints) finds the node's files: each a host path
+mounted at a fixed place, named in its CONTROLLER_NODE_AGENT_* setting.
+*/}}
+{{- define "sandbox-controller.checkpointAgentDirectory" -}}/var/lib/kubelet/checkpoints{{- end }}
+{{- define "sandbox-controller.checkpointAgentContainerd" -}}/run/containerd/containerd.sock{{- end }}
+{{- define "sandbox-controller.checkpointAgentCtr" -}}/usr/local/bin/ctr{{- end }}
+{{- define "sandbox-controller.checkpointAgentKubeletCA" -}}/etc/kubelet-ca/kubelet.crt{{- end }}
+
+{{/*
+Whether any sandbox template checkpoints its idle sandboxes (`suspend: checkpoint`): the worker
+then asks for checkpoints (a patch on pods) and records them on the workspace claims (a patch
+on PVCs), and the node agent (sandbox.checkpoints) must run. "true" or "".
+*/}}
+{{- define "sandbox-controller.checkpointing" -}}
+{{- range $name, $template := .Values.sandbox.templates }}
+{{- if and (kindIs "map" $template) (eq (toString $template.suspend) "checkpoint") }}true{{ break }}{{- end }}
+{{- end }}
 {{- end }}
