@@ -41,6 +41,7 @@ from typing import Any
 from kubernetes import client
 
 from controller.node_agent.images import write_checkpoint_image
+from controller.runners.kubernetes import names
 from controller.runners.local.checkpoint import has_sys_resource
 from tests.node.node import KUBELET_PORT, NODE_IP, RealNode, say
 from tests.node.probes import claim_namespace
@@ -48,7 +49,7 @@ from tests.support.criu import proc_limits_criu
 from tests.support.processes import wait_for
 
 RUNNER_UID = 10001
-CONTAINER = "sandbox"
+CONTAINER = names.CONTAINER  # the sandbox pods' container, as the node agent checkpoints it
 # The background process (see the module's docstring); BALLAST_MIB MiB of random bytes besides
 # (bench/node_checkpoint.py), and, given LINK, a TCP connection to the test that it writes to
 # at each beat and opens again when lost.

@@ -37,7 +37,7 @@ from tests.support.simulator import run_turn
 pytestmark = [pytest.mark.timeout(1200)]
 
 KEEPER = (
-    "setsid -f sh -c 'token=$(od -An -N8 -tx1 /dev/urandom | tr -d \" \\n\"); n=0; "
+    'setsid -f sh -c \'token=$(od -An -N8 -tx1 /dev/urandom | tr -d " \\n"); n=0; '
     'while :; do n=$((n+1)); echo "$token $n" > beat.partial && mv beat.partial beat; sleep 0.2; done\' '
     ">/dev/null 2>&1"
 )

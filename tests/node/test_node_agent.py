@@ -253,8 +253,8 @@ def test_the_agent_leaves_the_archives_of_other_namespaces_alone(node: RealNode,
     directory = checkpoints_directory(node)
     directory.mkdir(parents=True, exist_ok=True)
     stamp = "2026-12-06T16:10:03Z"
-    stray = directory / f"checkpoint-sbx-x-g1_{namespace}-sandbox-{stamp}.tar"
-    foreign = directory / f"checkpoint-web-1_default-sandbox-{stamp}.tar"
+    stray = directory / f"checkpoint-sbx-x-g1_{namespace}-{checkpoints.CONTAINER}-{stamp}.tar"
+    foreign = directory / f"checkpoint-web-1_default-{checkpoints.CONTAINER}-{stamp}.tar"
     for path in (stray, foreign):
         path.write_bytes(b"x")
         os.utime(path, (1.0, 1.0))

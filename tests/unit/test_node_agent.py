@@ -118,11 +118,14 @@ def answer_naming(*items: object) -> str:
 
 
 def test_the_archive_is_the_answers_file_name_inside_the_agents_mount(tmp_path: Path) -> None:
-    host = f"/var/lib/kubelet/checkpoints/checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar"
-    found = archives.archive_path(tmp_path, answer_naming(host), "sbx-s1-g1", NS, "sandbox")
-    assert found == tmp_path / f"checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar"
-    other_root = f"/srv/k/checkpoints/checkpoint-sbx-s1-g1_{NS}-sandbox-2026-12-06T17:10:03+01:00.tar"
-    assert archives.archive_path(tmp_path, answer_naming(other_root), "sbx-s1-g1", NS, "sandbox").parent == tmp_path
+    host = f"/var/lib/kubelet/checkpoints/checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar"
+    found = archives.archive_path(tmp_path, answer_naming(host), "sbx-s1-g1", NS, checkpoints.CONTAINER)
+    assert found == tmp_path / f"checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar"
+    other_root = f"/srv/k/checkpoints/checkpoint-sbx-s1-g1_{NS}-executor-2026-12-06T17:10:03+01:00.tar"
+    assert (
+        archives.archive_path(tmp_path, answer_naming(other_root), "sbx-s1-g1", NS, checkpoints.CONTAINER).parent
+        == tmp_path
+    )
     assert archives.oci_path(found) == tmp_path / f"{found.name}.oci.tar"
 
 
@@ -132,15 +135,17 @@ def test_the_archive_is_the_answers_file_name_inside_the_agents_mount(tmp_path: 
         "not json",
         json.dumps({"items": []}),
         json.dumps({"items": "x"}),
-        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar", f"/c/checkpoint-b_{NS}-sandbox-{STAMP}.tar"),
+        answer_naming(
+            f"/c/checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar", f"/c/checkpoint-b_{NS}-executor-{STAMP}.tar"
+        ),
         answer_naming("/etc/shadow"),
-        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar/.."),
-        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar/../../../etc/passwd"),
+        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar/.."),
+        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar/../../../etc/passwd"),
         answer_naming(".."),
-        answer_naming(f"/c/checkpoint-another-pod_{NS}-sandbox-{STAMP}.tar"),
-        answer_naming(f"/c/checkpoint-sbx-s1-g1_other-sandbox-{STAMP}.tar"),
+        answer_naming(f"/c/checkpoint-another-pod_{NS}-executor-{STAMP}.tar"),
+        answer_naming(f"/c/checkpoint-sbx-s1-g1_other-executor-{STAMP}.tar"),
         answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-sidecar-{STAMP}.tar"),
-        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar.oci.tar"),
+        answer_naming(f"/c/checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar.oci.tar"),
     ],
     ids=[
         "no json", "no item", "not a list", "two", "another file", "dot-dot after", "escape", "dot-dot",
@@ -149,23 +154,23 @@ def test_the_archive_is_the_answers_file_name_inside_the_agents_mount(tmp_path: 
 )  # fmt: skip
 def test_an_answer_naming_anything_but_one_archive_of_that_pod_is_refused(tmp_path: Path, answer: str) -> None:
     with pytest.raises(archives.ArchiveRefused):
-        archives.archive_path(tmp_path, answer, "sbx-s1-g1", NS, "sandbox")
+        archives.archive_path(tmp_path, answer, "sbx-s1-g1", NS, checkpoints.CONTAINER)
 
 
 def test_stray_archives_are_only_the_sandbox_namespaces_older_than_the_grace() -> None:
     now, grace = 1000.0, 60.0
     old, young = now - 61, now - 10
     files = [
-        (f"checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar", old),  # a crashed agent's
-        (f"checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar.oci.tar", old),  # its OCI archive
-        (f"checkpoint-sbx-s2-g3_{NS}-sandbox-{STAMP}.tar", young),  # being written or served now
-        (f"checkpoint-web-1_default-sandbox-{STAMP}.tar", old),  # another namespace's
-        (f"checkpoint-web-1_{NS}-x-sandbox-{STAMP}.tar", old),  # namespace sandboxes-x's
+        (f"checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar", old),  # a crashed agent's
+        (f"checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar.oci.tar", old),  # its OCI archive
+        (f"checkpoint-sbx-s2-g3_{NS}-executor-{STAMP}.tar", young),  # being written or served now
+        (f"checkpoint-web-1_default-executor-{STAMP}.tar", old),  # another namespace's
+        (f"checkpoint-web-1_{NS}-x-executor-{STAMP}.tar", old),  # namespace sandboxes-x's
         (f"checkpoint-sbx-s1-g1_{NS}-sidecar-{STAMP}.tar", old),  # not the sandbox container
         ("notes.txt", old),
-        (f"checkpoint-sbx-s1-g1_{NS}-sandbox-{STAMP}.tar.partial", old),
+        (f"checkpoint-sbx-s1-g1_{NS}-executor-{STAMP}.tar.partial", old),
     ]
-    assert archives.strays(files, NS, "sandbox", now, grace) == sorted(files[i][0] for i in (0, 1))
+    assert archives.strays(files, NS, checkpoints.CONTAINER, now, grace) == sorted(files[i][0] for i in (0, 1))
 
 
 # -- collection -----------------------------------------------------------------------------
@@ -226,7 +231,7 @@ def test_a_pod_names_its_workspace_claim_and_every_containers_image() -> None:
             "metadata": {"name": "p", "uid": "u"},
             "spec": {
                 "initContainers": [{"name": "i", "image": "init:1"}],
-                "containers": [{"name": "sandbox", "image": IMAGE}],
+                "containers": [{"name": checkpoints.CONTAINER, "image": IMAGE}],
                 "volumes": [
                     {"name": "home", "emptyDir": {}},
                     {"name": "workspace", "persistentVolumeClaim": {"claimName": "ws-s1-0123abcd"}},

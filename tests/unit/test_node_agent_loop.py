@@ -129,7 +129,7 @@ def test_a_request_is_answered_with_the_image_named_by_claim_and_pod_uid_and_no_
     answer = answer_on(kube)
     assert answer.ok and answer.image == checkpoints.image_ref("ws-s1", "0123456789ab-sbx-s1-g1")
     assert answer.size_bytes == 700 and answer.seconds >= 0
-    assert kubelet.calls == [(NS, "sbx-s1-g1", "sandbox")]
+    assert kubelet.calls == [(NS, "sbx-s1-g1", checkpoints.CONTAINER)]
     [(ref, oci)] = containerd.imported
     assert ref == answer.image and b"org.criu.checkpoint.container.name" in oci
     assert list(tmp_path.iterdir()) == []
@@ -192,8 +192,8 @@ def test_collection_deletes_an_image_nothing_names_after_the_grace_and_keeps_a_r
     kube = FakeKube([], [Claim("ws-s1", {checkpoints.CHECKPOINT_RECORD: record.encode()})])
     containerd, clock = FakeContainerd(), Clock()
     containerd.held = [recorded, forgotten, "localhost/sandbox-controller:node"]
-    stray = tmp_path / f"checkpoint-sbx-s2-g1_{NS}-sandbox-{STAMP}.tar"  # a crashed agent's
-    young = tmp_path / f"checkpoint-sbx-s3-g1_{NS}-sandbox-{STAMP}.tar"  # being written
+    stray = tmp_path / f"checkpoint-sbx-s2-g1_{NS}-{checkpoints.CONTAINER}-{STAMP}.tar"  # a crashed agent's
+    young = tmp_path / f"checkpoint-sbx-s3-g1_{NS}-{checkpoints.CONTAINER}-{STAMP}.tar"  # being written
     for path, age in ((stray, 61), (young, 59)):
         path.write_bytes(b"x")
         os.utime(path, (clock.now + 60 - age, clock.now + 60 - age))
