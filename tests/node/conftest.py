@@ -264,15 +264,23 @@ def install(node: RealNode, images: list[Image], overrides: dict[str, Any] | Non
             api.close()
 
 
+CRIU_RUNC_CONF = "tcp-close\nirmap-scan-path /home/codex\n"
+"""What a node's ``/etc/criu/runc.conf`` needs for sandbox pods (docs/kubernetes.md): the
+executor's link closed at the dump and found closed at the restore; and where to look for the
+directory codex watches in the image (its ``CODEX_HOME``, ``/home/codex/.codex``), whose inotify
+watch CRIU otherwise cannot dump (an overlayfs file handle does not open again: ``fsnotify:
+Can't dump that handle``)."""
+
+
 def _checkpoint_values(node: RealNode) -> dict[str, Any]:
     """Suspend with memory (issue 40): a template with ``suspend: checkpoint``, and the chart's
     node agent given this node's paths (its containerd's socket and ``ctr``, its kubelet's root
     and serving certificate). The template's pods carry ``org.criu.config``, a CRIU configuration
-    with ``tcp-close`` (the executor's link is always up): a real node has it as
-    ``/etc/criu/runc.conf``, which the tier must not write on this machine; its containerd passes
-    that annotation on to runc for test nodes only (``RealNode.criu``)."""
+    (``CRIU_RUNC_CONF``): a real node has it as ``/etc/criu/runc.conf``, which the tier must not
+    write on this machine; its containerd passes that annotation on to runc for test nodes only
+    (``RealNode.criu``)."""
     criu_config = node.workdir / "criu-runc.conf"
-    criu_config.write_text("tcp-close\n")
+    criu_config.write_text(CRIU_RUNC_CONF)
     template = {
         "resources": SANDBOX_RESOURCES,
         "workspacePersistence": {"enabled": True, "size": "1Gi"},
