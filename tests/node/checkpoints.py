@@ -225,3 +225,34 @@ def last_beat_in(archive: Path) -> int:
         member = tar.extractfile("container.log")
         assert member is not None
         return max(int(m.group(1)) for m in re.finditer(r"token=\w+ n=(\d+)", member.read().decode()))
+
+
+# -- a sandbox's background process, through the controller (tests/node/test_checkpoint_suspend.py,
+# bench/node_suspend.py) ---------------------------------------------------------------------------
+
+KEEPER = (
+    'setsid -f sh -c \'token=$(od -An -N8 -tx1 /dev/urandom | tr -d " \\n"); n=0; '
+    'while :; do n=$((n+1)); echo "$token $n" > beat.partial && mv beat.partial beat; sleep 0.2; done\' '
+    ">/dev/null 2>&1"
+)
+"""A command that leaves a shell in the background holding a random token in a variable only,
+and writing ``token counter`` to ``beat`` in the workspace every 0.2 s."""
+READ = ["sh", "-c", "cat beat; sleep 1; cat beat"]
+"""A command that reads the beat twice, a second apart."""
+
+
+def turn_beats(turn: dict[str, Any]) -> list[tuple[str, int]]:
+    """The (token, counter) lines the turn's one command (``READ``) printed."""
+    [read] = turn["commands"]
+    assert (read["status"], read["exit_code"]) == ("completed", 0), read
+    return [(token, int(n)) for token, n in (line.split() for line in read["stdout"].split("\n") if line)]
+
+
+def link_stretches(simulator_url: str, environment_id: str) -> list[list[float | None]]:
+    """Every stretch the simulator saw the environment's link up: [since, until or None]."""
+    import httpx
+
+    environments = httpx.get(f"{simulator_url}/admin/environments", timeout=10).json()["data"]
+    [found] = [e for e in environments if e["id"] == environment_id]
+    stretches: list[list[float | None]] = found["links"]
+    return stretches

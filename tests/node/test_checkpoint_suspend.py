@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from controller.runners.kubernetes import checkpoints, names
+from tests.node.checkpoints import KEEPER, READ, link_stretches, turn_beats
 from tests.node.conftest import CHECKPOINT_TEMPLATE, IDLE_TIMEOUT_SECONDS, SANDBOX_NAMESPACE, Installed
 from tests.node.test_real_node import (
     _claims,
@@ -36,25 +37,12 @@ from tests.support.simulator import run_turn
 
 pytestmark = [pytest.mark.timeout(1200)]
 
-KEEPER = (
-    'setsid -f sh -c \'token=$(od -An -N8 -tx1 /dev/urandom | tr -d " \\n"); n=0; '
-    'while :; do n=$((n+1)); echo "$token $n" > beat.partial && mv beat.partial beat; sleep 0.2; done\' '
-    ">/dev/null 2>&1"
-)
-READ = ["sh", "-c", "cat beat; sleep 1; cat beat"]
-
 
 @pytest.fixture
 def world(installed: Installed) -> Installed:
     if not installed.node.criu:
         pytest.fail("the node runs without CRIU although scripts/criu.sh built one")
     return installed
-
-
-def _beats(turn: dict[str, Any]) -> list[tuple[str, int]]:
-    [read] = turn["commands"]
-    assert (read["status"], read["exit_code"]) == ("completed", 0), read
-    return [(token, int(n)) for token, n in (line.split() for line in read["stdout"].split("\n") if line)]
 
 
 def _lines(world: Installed, event: str, session_id: str) -> list[dict[str, Any]]:
@@ -74,15 +62,6 @@ def _images(world: Installed) -> list[str]:
 def _containers_of(world: Installed, pod: str) -> list[str]:
     found = world.node.ctr("containers", "ls", "-q", f'labels."io.kubernetes.pod.name"=={pod}', check=False)
     return found.stdout.split()
-
-
-def _link_stretches(world: Installed, environment_id: str) -> list[list[float | None]]:
-    import httpx
-
-    environments = httpx.get(f"{world.simulator_url}/admin/environments", timeout=10).json()["data"]
-    [found] = [e for e in environments if e["id"] == environment_id]
-    stretches: list[list[float | None]] = found["links"]
-    return stretches
 
 
 def _suspended(world: Installed, session_id: str, pod_name: str) -> checkpoints.Record:
@@ -112,7 +91,7 @@ def test_an_idle_sandbox_pod_is_checkpointed_and_restored_with_its_memory(world:
     session_id, environment_id = timeline["session_id"], timeline["environment_id"]
     [first] = [p for p in _pods(world, session_id) if p.metadata.name == timeline["pod"]]
     started = run_turn(world.simulator_url, session_id, [["sh", "-c", KEEPER], READ], timeout=300)
-    token, counted = _beats({"commands": started["commands"][1:]})[-1]
+    token, counted = turn_beats({"commands": started["commands"][1:]})[-1]
 
     record = _suspended(world, session_id, first.metadata.name)
     assert record.image == checkpoints.image_ref(names.pvc_name(session_id), first.metadata.uid)
@@ -125,7 +104,7 @@ def test_an_idle_sandbox_pod_is_checkpointed_and_restored_with_its_memory(world:
 
     asked_at = time.time()
     resumed = run_turn(world.simulator_url, session_id, [READ], timeout=600)
-    beats = _beats(resumed)
+    beats = turn_beats(resumed)
     assert {t for t, _ in beats} == {token}, f"a new background process answered: {beats}"
     assert beats[0][1] > counted and beats[-1][1] > beats[0][1], beats
     [restored] = [p for p in _pods(world, session_id) if p.metadata.name != first.metadata.name]
@@ -137,7 +116,7 @@ def test_an_idle_sandbox_pod_is_checkpointed_and_restored_with_its_memory(world:
     assert not _lines(world, "restore impossible, starting a fresh executor", session_id)
     wait_for(lambda: _record(world, session_id) is None, 60, "the restored pod's record to be spent", interval=1)
 
-    links = _link_stretches(world, environment_id)
+    links = link_stretches(world.simulator_url, environment_id)
     second = next(since for since, _ in links if since is not None and since > asked_at)
     delivered = wait_for(lambda: _delivered_at(world, session_id), 10, "the first delivery")
     print(
