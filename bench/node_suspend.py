@@ -45,6 +45,8 @@ from tests.support.simulator import run_turn
 
 RESULTS = Path(__file__).resolve().parent / "results" / "node_suspend.json"
 BALLAST = "ballast=$(head -c 78643200 /dev/urandom | base64 -w0); "  # 75 MiB of bytes, 100 MiB of text
+FIRST_READ = ["sh", "-c", "until [ -f beat ]; do sleep 0.2; done; " + READ[2]]
+"""``READ`` once the background process wrote its first beat (the ballast takes seconds to draw)."""
 CASES = (
     ("checkpoint idle", CHECKPOINT_TEMPLATE, KEEPER),
     ("checkpoint + 100 MiB", CHECKPOINT_TEMPLATE, KEEPER.replace("sh -c '", "sh -c '" + BALLAST, 1)),
@@ -55,7 +57,7 @@ CASES = (
 def one(world: Any, kind: str, template: str, keeper: str) -> dict[str, Any]:
     timeline = _one_session(world, timeout=300, template=template)
     session_id, environment_id = timeline["session_id"], timeline["environment_id"]
-    started = run_turn(world.simulator_url, session_id, [["sh", "-c", keeper], READ], timeout=300)
+    started = run_turn(world.simulator_url, session_id, [["sh", "-c", keeper], FIRST_READ], timeout=300)
     token, _ = turn_beats({"commands": started["commands"][1:]})[-1]
     wait_for(lambda: _status(world, session_id) == "idle", 120, "the turn to end idle", interval=0.5)
     wait_for(lambda: not _pods(world, session_id), 300, "the idle stop", interval=0.5)
@@ -75,7 +77,8 @@ def one(world: Any, kind: str, template: str, keeper: str) -> dict[str, Any]:
     row["turn_s"] = time.time() - asked_at
     links = link_stretches(world.simulator_url, environment_id)
     row["turn_to_connected_s"] = next(s for s, _ in links if s is not None and s > asked_at) - asked_at
-    row["memory_kept"] = {t for t, _ in turn_beats(resumed)} == {token}
+    beats = turn_beats(resumed)  # the same token, counting on: the process came back (a stale file stands still)
+    row["memory_kept"] = {t for t, _ in beats} == {token} and beats[-1][1] > beats[0][1]
     httpx.post(f"{world.simulator_url}/admin/sessions/{session_id}/fail", json={"error": "bench"}, timeout=10)
     wait_for(lambda: not _pods(world, session_id), 180, "the session's pod to be deleted", interval=0.5)
     return row
