@@ -7,6 +7,8 @@ once the pod is gone. ``restore_for`` reads that record at the session's next st
 (``checkpoints.restore_choice``): a restore is marked on the record with its generation before
 its pod is created; a record that cannot be restored (tried already, another environment, past
 the maximum lifetime) is dropped, logged and counted as a fresh start on the same workspace.
+``settle`` drops the record once its restored pod is seen running: the restore took, and a later
+start of the session is an ordinary one.
 """
 
 from __future__ import annotations
