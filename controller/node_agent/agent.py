@@ -129,7 +129,7 @@ class Agent:
         kubelet's archive and the OCI archive are removed whatever happens."""
         if not pod.workspace_claim:
             raise _Failed("the pod has no workspace claim (its 'workspace' volume names none)")
-        image = checkpoints.image_ref(pod.workspace_claim, pod.uid)
+        image = checkpoints.image_ref(self._namespace, pod.workspace_claim, pod.uid)
         try:
             status, body = self._kubelet.checkpoint(self._namespace, pod.name, checkpoints.CONTAINER)
         except OSError as exc:
@@ -159,7 +159,8 @@ class Agent:
     def collect(self) -> None:
         """Delete the checkpoint images nothing names (``collection``), and the archives a
         crashed agent left."""
-        images = [i for i in self._containerd.images() if checkpoints.image_claim(i) is not None]
+        # Only this sandbox namespace's images: another release's agent on the node keeps its own.
+        images = [i for i in self._containerd.images() if checkpoints.image_namespace(i) == self._namespace]
         # Pods first, then claims. The worker writes a suspension's record on its claim only
         # after this agent's answer is on the pod, and deletes the pod only after that: an image
         # the pod's answer named when the pods were listed is named by the claim's record when

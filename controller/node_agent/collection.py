@@ -3,7 +3,8 @@
 An image is **named** while a workspace claim's record names it (a suspension waiting for its
 restore), a pod's answer names it (a suspension whose record is being written), or a pod's
 container names it as its image (a restore). The agent deletes only images under
-``checkpoints.IMAGE_REPOSITORY`` (no other image of the node is its), and one of those only once
+``checkpoints.IMAGE_REPOSITORY`` of its own sandbox namespace (no other image of the node is its,
+nor another release's checkpoints), and one of those only once
 it was unnamed at every look over at least the grace: the first look that finds it unnamed
 starts its clock (``Unnamed``), a look that finds it named again stops it, and a look at least
 the grace later that still finds it unnamed deletes it. So a record being written or a restore

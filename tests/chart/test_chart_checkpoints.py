@@ -253,13 +253,14 @@ def test_the_workers_wait_for_an_answer_is_a_value(chart: Any) -> None:  # noqa:
 
 def test_the_pod_policy_knows_checkpoint_images_only_with_the_agent(chart: Any) -> None:  # noqa: F811
     """The policy's ``checkpoints`` constant follows sandbox.checkpoints, its image rule names
-    the repository the agent names images under (checkpoints.IMAGE_REPOSITORY), never for
+    the repository the agent names images under (checkpoints.IMAGE_REPOSITORY, then the pod's
+    namespace and its workspace claim), never for
     ephemeral containers, and its refusal says so."""
     policy, _ = _pod_policy(render(chart, CHECKPOINTS))
     assert _cel_variables(policy)["checkpoints"] is True
     [rule] = [v for v in policy["spec"]["validations"] if "allowedImages" in v["expression"]]
     containers, _, ephemeral = rule["expression"].partition("&& variables.ephemeral.all(")
-    assert f"'{checkpoints.IMAGE_REPOSITORY}/' + variables.workspaceClaim" in containers
+    assert f"'{checkpoints.IMAGE_REPOSITORY}/' + request.namespace + '/' + variables.workspaceClaim" in containers
     assert "Never" in containers and "sandbox-checkpoint" not in ephemeral
     assert "checkpoint image of the workspace claim the pod mounts" in rule["message"]
 

@@ -1089,7 +1089,9 @@ class _Resumable(_Rbac):
         [workspace] = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
         if claim is not None:
             workspace["persistentVolumeClaim"]["claimName"] = claim
-        image = checkpoints.image_ref(workspace["persistentVolumeClaim"]["claimName"], "0b6021622c1f-4e7a")
+        image = checkpoints.image_ref(
+            pod["metadata"]["namespace"], workspace["persistentVolumeClaim"]["claimName"], "0b6021622c1f-4e7a"
+        )
         pod["metadata"]["annotations"][checkpoints.RESTORED_FROM] = image
         pod["spec"]["nodeName"] = "node-a"
         [container] = pod["spec"]["containers"]
@@ -1271,7 +1273,7 @@ def test_the_request_the_answer_and_the_record_are_written_with_the_charts_token
         },
     )
     try:
-        image = checkpoints.image_ref(claim, uid)
+        image = checkpoints.image_ref(ns, claim, uid)
         worker.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {checkpoints.CHECKPOINT_REQUEST: "n1"}}})
         answer = checkpoints.Answer(request="n1", image=image, size_bytes=5_400_000, seconds=2.1).encode()
         agent.patch_namespaced_pod(name, ns, {"metadata": {"annotations": {checkpoints.CHECKPOINT_ANSWER: answer}}})
@@ -1318,7 +1320,16 @@ def test_a_pod_restored_from_its_own_sessions_checkpoint_is_admitted(
 
 
 def _other_sessions_image(pod: dict[str, Any]) -> None:
-    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref(names.pvc_name("sess_other"), "0b6021622c1f")
+    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref(
+        pod["metadata"]["namespace"], names.pvc_name("sess_other"), "0b6021622c1f"
+    )
+
+
+def _another_namespaces_image(pod: dict[str, Any]) -> None:
+    """The image of the same claim name, of another sandbox namespace (another release's)."""
+    [workspace] = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
+    claim = workspace["persistentVolumeClaim"]["claimName"]
+    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref("other-sandboxes", claim, "0b6021622c1f")
 
 
 def _pulled_always(pod: dict[str, Any]) -> None:
@@ -1369,6 +1380,7 @@ def _a_foreign_registry(pod: dict[str, Any]) -> None:
     "change",
     [
         _other_sessions_image,
+        _another_namespaces_image,
         _pulled_always,
         _pulled_if_not_present,
         _no_claim,
@@ -1383,7 +1395,8 @@ def test_a_checkpoint_image_is_refused_anywhere_but_in_its_own_sessions_pod(
     resumable: _Resumable, change: Callable[[dict[str, Any]], None]
 ) -> None:
     """L2: a checkpoint image holds a session's memory (its environment key among it): the
-    policy refuses, with the worker's token, another session's checkpoint image, one that could
+    policy refuses, with the worker's token, another session's checkpoint image (or another
+    sandbox namespace's of the same claim name), one that could
     be pulled (Always, IfNotPresent), one in a pod without a workspace claim or whose workspace
     is another claim (the image's claim mounted elsewhere), and names that only resemble the
     format (a longer repository, a digest, another registry)."""
@@ -1399,7 +1412,9 @@ def test_without_the_agent_no_checkpoint_image_is_admitted(unguarded: _Rbac) -> 
     """L2: with sandbox.checkpoints off (the default), even a pod's own checkpoint image is refused."""
     pod = make_pod(_spec(), 2, PERSISTENT, unguarded.pod_settings())
     [workspace] = [v for v in pod["spec"]["volumes"] if v["name"] == "workspace"]
-    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref(workspace["persistentVolumeClaim"]["claimName"], "1")
+    pod["spec"]["containers"][0]["image"] = checkpoints.image_ref(
+        pod["metadata"]["namespace"], workspace["persistentVolumeClaim"]["claimName"], "1"
+    )
     pod["spec"]["containers"][0]["imagePullPolicy"] = "Never"
     message = unguarded.refusal(pod)
     assert "run only the runner images" in message and "checkpoint" not in message, message

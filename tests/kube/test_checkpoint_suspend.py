@@ -67,7 +67,7 @@ class Agent:
                 if request is None or self.silent:
                     continue
                 [claim] = [v.persistent_volume_claim.claim_name for v in pod.spec.volumes if v.name == "workspace"]
-                image = checkpoints.image_ref(claim, pod.metadata.uid)
+                image = checkpoints.image_ref(self.namespace, claim, pod.metadata.uid)
                 answer = (
                     checkpoints.Answer(request, error=self.error)
                     if self.error
@@ -195,7 +195,7 @@ def test_an_idle_pod_is_checkpointed_deleted_recorded_and_its_next_pod_restored_
         first, record = _suspended(world, core, namespace)
     assert agent.answered == [first.metadata.name]
     assert _live(core, namespace) == []  # deleted (no kubelet here confirms it: it stays terminating)
-    assert record.image == checkpoints.image_ref(names.pvc_name("sess_1"), first.metadata.uid)
+    assert record.image == checkpoints.image_ref(namespace, names.pvc_name("sess_1"), first.metadata.uid)
     assert record.node == NODE and record.environment_id == "env_1" and record.restore_generation is None
     assert record.lineage_started_at == pytest.approx(first.metadata.creation_timestamp.timestamp(), abs=1)
     found = world.runner.suspended("sess_1")  # type: ignore[attr-defined]

@@ -159,7 +159,7 @@ def test_the_agent_answers_a_managed_pods_request_with_an_image_a_new_pod_restor
         request = request_checkpoint(core, namespace, "first")
         found = wait_for(lambda: answer(core, namespace, "first", request), 180, "the agent's answer")
         assert found.ok, found
-        image = checkpoints.image_ref(CLAIM, first.metadata.uid)
+        image = checkpoints.image_ref(namespace, CLAIM, first.metadata.uid)
         assert found.image == image and found.size_bytes > 0 and found.seconds > 0
         say(f"node agent: {found.size_bytes} bytes in {found.seconds:.2f}s (kubelet, image, import)")
         assert image in node_images(node)
@@ -210,8 +210,8 @@ def test_an_image_a_claims_record_names_is_kept_and_one_nothing_names_is_deleted
     deletes that one too."""
     core, namespace, _ = space
     controller = next(i.ref for i in images if i.name == "sandbox-controller")
-    recorded = checkpoints.image_ref(CLAIM, secrets.token_hex(6))
-    unnamed = checkpoints.image_ref(CLAIM, secrets.token_hex(6))
+    recorded = checkpoints.image_ref(namespace, CLAIM, secrets.token_hex(6))
+    unnamed = checkpoints.image_ref(namespace, CLAIM, secrets.token_hex(6))
     for ref in (recorded, unnamed):
         node.ctr("image", "tag", controller, ref)
     record = checkpoints.Record(

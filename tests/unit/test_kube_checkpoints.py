@@ -13,7 +13,7 @@ from controller.runners.kubernetes.objects import Pod
 
 NOW = 1_700_001_000.0
 RECORD = Record(
-    image=checkpoints.image_ref("ws-sess-1-8ac3c66d", "0b1c2d3e-4f50-6789-abcd-ef0123456789"),
+    image=checkpoints.image_ref("sandboxes", "ws-sess-1-8ac3c66d", "0b1c2d3e-4f50-6789-abcd-ef0123456789"),
     node="node-a",
     environment_id="env_1",
     suspended_at=NOW - 100,
@@ -23,16 +23,19 @@ RECORD = Record(
 
 
 def test_image_names_are_bound_to_their_claim_and_read_back() -> None:
-    assert RECORD.image == "localhost/sandbox-checkpoint/ws-sess-1-8ac3c66d:0b1c2d3e4f50"
+    assert RECORD.image == "localhost/sandbox-checkpoint/sandboxes/ws-sess-1-8ac3c66d:0b1c2d3e4f50"
     assert checkpoints.image_claim(RECORD.image) == "ws-sess-1-8ac3c66d"
+    assert checkpoints.image_namespace(RECORD.image) == "sandboxes"
     for other in (
-        "localhost/sandbox-checkpoint/../x:1",
-        "localhost/sandbox-checkpoint/ws:1/extra",
-        "docker.example/sandbox-checkpoint/ws:1",
-        "localhost/sandbox-checkpoint/ws",
-        "localhost/sandbox-checkpoint/WS:1",
+        "localhost/sandbox-checkpoint/sandboxes/../x:1",
+        "localhost/sandbox-checkpoint/sandboxes/ws:1/extra",
+        "localhost/sandbox-checkpoint/ws:1",
+        "localhost/sandbox-checkpoint/a/b/ws:1",
+        "docker.example/sandbox-checkpoint/sandboxes/ws:1",
+        "localhost/sandbox-checkpoint/sandboxes/ws",
+        "localhost/sandbox-checkpoint/sandboxes/WS:1",
     ):
-        assert checkpoints.image_claim(other) is None, other
+        assert checkpoints.image_claim(other) is None and checkpoints.image_namespace(other) is None, other
 
 
 def test_a_record_reads_back_as_written_and_an_unreadable_one_is_none() -> None:

@@ -460,7 +460,7 @@ def test_a_restored_pod_runs_its_checkpoint_image_on_its_node_never_pulled_with_
     in the containerd of the node that took it, so the pod is bound there and never pulls it),
     annotated with the image and its lineage's first start (the maximum lifetime goes on)."""
     record = checkpoints.Record(
-        image="localhost/sandbox-checkpoint/ws-sess-1-8ac3c66d:0b1c2d3e4f50",
+        image="localhost/sandbox-checkpoint/sandboxes/ws-sess-1-8ac3c66d:0b1c2d3e4f50",
         node="node-a",
         environment_id="env_1",
         suspended_at=1_700_000_100.0,

@@ -19,8 +19,8 @@ from controller.runners.kubernetes.objects import Claim, Pod, pod_from_json
 NODE = "node-a"
 NS = "sandboxes"
 STAMP = "2026-12-06T16:10:03Z"
-IMAGE = checkpoints.image_ref("ws-s1-0123abcd", "5f0c2a1e-aaaa-bbbb-cccc-000000000001")
-OTHER = checkpoints.image_ref("ws-s2-89abcdef", "77777777-aaaa-bbbb-cccc-000000000002")
+IMAGE = checkpoints.image_ref(NS, "ws-s1-0123abcd", "5f0c2a1e-aaaa-bbbb-cccc-000000000001")
+OTHER = checkpoints.image_ref(NS, "ws-s2-89abcdef", "77777777-aaaa-bbbb-cccc-000000000002")
 
 
 def pod(

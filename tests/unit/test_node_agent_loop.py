@@ -127,7 +127,7 @@ def test_a_request_is_answered_with_the_image_named_by_claim_and_pod_uid_and_no_
     kube, kubelet, containerd = FakeKube([sandbox()]), FakeKubelet(tmp_path), FakeContainerd()
     assert agent(tmp_path, kube, kubelet, containerd).step() is True
     answer = answer_on(kube)
-    assert answer.ok and answer.image == checkpoints.image_ref("ws-s1", "0123456789ab-sbx-s1-g1")
+    assert answer.ok and answer.image == checkpoints.image_ref(NS, "ws-s1", "0123456789ab-sbx-s1-g1")
     assert answer.size_bytes == 700 and answer.seconds >= 0
     assert kubelet.calls == [(NS, "sbx-s1-g1", checkpoints.CONTAINER)]
     [(ref, oci)] = containerd.imported
@@ -186,12 +186,14 @@ def test_a_failing_look_is_logged_and_the_loop_goes_on_until_stopped(tmp_path: P
 
 
 def test_collection_deletes_an_image_nothing_names_after_the_grace_and_keeps_a_recorded_one(tmp_path: Path) -> None:
-    recorded = checkpoints.image_ref("ws-s1", "aaaaaaaaaaaa")
-    forgotten = checkpoints.image_ref("ws-s2", "bbbbbbbbbbbb")
+    recorded = checkpoints.image_ref(NS, "ws-s1", "aaaaaaaaaaaa")
+    forgotten = checkpoints.image_ref(NS, "ws-s2", "bbbbbbbbbbbb")
+    # Another release's sandbox namespace on the same node: its agent's, never this one's to delete.
+    theirs = checkpoints.image_ref("other-sandboxes", "ws-s2", "cccccccccccc")
     record = checkpoints.Record(image=recorded, node=NODE, environment_id="e", suspended_at=1, lineage_started_at=1)
     kube = FakeKube([], [Claim("ws-s1", {checkpoints.CHECKPOINT_RECORD: record.encode()})])
     containerd, clock = FakeContainerd(), Clock()
-    containerd.held = [recorded, forgotten, "localhost/sandbox-controller:node"]
+    containerd.held = [recorded, forgotten, theirs, "localhost/sandbox-controller:node"]
     stray = tmp_path / f"checkpoint-sbx-s2-g1_{NS}-{checkpoints.CONTAINER}-{STAMP}.tar"  # a crashed agent's
     young = tmp_path / f"checkpoint-sbx-s3-g1_{NS}-{checkpoints.CONTAINER}-{STAMP}.tar"  # being written
     for path, age in ((stray, 61), (young, 59)):
@@ -199,10 +201,10 @@ def test_collection_deletes_an_image_nothing_names_after_the_grace_and_keeps_a_r
         os.utime(path, (clock.now + 60 - age, clock.now + 60 - age))
     collecting = agent(tmp_path, kube, FakeKubelet(tmp_path), containerd, clock)
     collecting.collect()
-    assert sorted(containerd.held) == sorted([recorded, forgotten, "localhost/sandbox-controller:node"])
+    assert sorted(containerd.held) == sorted([recorded, forgotten, theirs, "localhost/sandbox-controller:node"])
     clock.now += 60
     collecting.collect()
-    assert sorted(containerd.held) == sorted([recorded, "localhost/sandbox-controller:node"])
+    assert sorted(containerd.held) == sorted([recorded, theirs, "localhost/sandbox-controller:node"])
     assert not stray.exists() and young.exists()
 
 

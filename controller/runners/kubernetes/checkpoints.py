@@ -19,11 +19,12 @@ created, the record is marked with that generation (``restore_generation``): a l
 finding the mark knows the restore did not take (the restored pod failed or vanished), and
 starts afresh on the same workspace instead (``restore_choice``).
 
-**The images** (``image_ref``): ``localhost/sandbox-checkpoint/<claim>:<pod uid prefix>``; only the
-agent creates and deletes them. It deletes one that nothing names (no record, no pod's answer,
-no pod's image) at two looks in a row at least ``IMAGE_GRACE_SECONDS`` apart, so a record being
-written or a restore being created never loses its image; a session's images are gone once its
-claim is.
+**The images** (``image_ref``): ``localhost/sandbox-checkpoint/<namespace>/<claim>:<pod uid
+prefix>``; only the agent of the sandbox namespace creates and deletes them (another release's
+agent on the same node leaves them alone: it collects only its own namespace's). It deletes one
+that nothing names (no record, no pod's answer, no pod's image) at two looks in a row at least
+``IMAGE_GRACE_SECONDS`` apart, so a record being written or a restore being created never loses
+its image; a session's images are gone once its claim is.
 """
 
 from __future__ import annotations
@@ -53,17 +54,25 @@ RESTORE_FAILURES = frozenset(
 """Why a restored pod's container waits when the restore did not take (containerd refused the
 checkpoint, the image is gone from the node): such a pod has failed."""
 
-_IMAGE = re.compile(r"^localhost/sandbox-checkpoint/([a-z0-9][a-z0-9.-]{0,252}):([a-z0-9]{1,64})$")
+_IMAGE = re.compile(
+    r"^localhost/sandbox-checkpoint/([a-z0-9][a-z0-9-]{0,62})/([a-z0-9][a-z0-9.-]{0,252}):([a-z0-9]{1,64})$"
+)
 
 
-def image_ref(claim: str, pod_uid: str) -> str:
-    """The checkpoint image of the pod ``pod_uid`` whose workspace is ``claim``."""
+def image_ref(namespace: str, claim: str, pod_uid: str) -> str:
+    """The checkpoint image of the pod ``pod_uid`` of ``namespace`` whose workspace is ``claim``."""
     tag = re.sub(r"[^a-z0-9]", "", pod_uid.lower())[:12] or "0"
-    return f"{IMAGE_REPOSITORY}/{claim}:{tag}"
+    return f"{IMAGE_REPOSITORY}/{namespace}/{claim}:{tag}"
 
 
 def image_claim(ref: str) -> str | None:
     """The claim a checkpoint image belongs to; None when ``ref`` is no checkpoint image's."""
+    found = _IMAGE.match(ref)
+    return found.group(2) if found else None
+
+
+def image_namespace(ref: str) -> str | None:
+    """The sandbox namespace a checkpoint image belongs to; None when ``ref`` is no checkpoint image's."""
     found = _IMAGE.match(ref)
     return found.group(1) if found else None
 
