@@ -78,7 +78,7 @@ class Agent:
 
     def step(self) -> bool:
         """One look: serve the next request (True: look again at once), else collect when due."""
-        pods = self._kube.list_node_pods(self._namespace, names.managed_selector(), self._settings.node_name)
+        pods = self._kube.list_pods(self._namespace, names.managed_selector(), self._settings.node_name)
         uids = {pod.uid for pod in pods}
         self._unsent = {key: answer for key, answer in self._unsent.items() if key[0] in uids}
         found = pending.next_request(pods, self._settings.node_name)

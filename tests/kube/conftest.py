@@ -57,6 +57,18 @@ def new_session(world: KubeWorld) -> SandboxSpec:
     return SandboxSpec(session["id"], env["id"], env["remote_url"], env["workspace_directory"])
 
 
+@pytest.fixture
+def quiet(kube_api: KubeAPIServer) -> Iterator[tuple[client.CoreV1Api, str]]:  # noqa: F811
+    """A namespace enforcing "restricted" (it admits a Localhost profile) that no kubelet serves."""
+    api_client = kube_api.api_client()
+    namespace = f"ns-{uuid.uuid4().hex[:8]}"
+    kube_api.create_namespace(namespace, RESTRICTED)
+    try:
+        yield client.CoreV1Api(api_client), namespace
+    finally:
+        api_client.close()
+
+
 @pytest.fixture(scope="module")
 def kube_world(kube_api: KubeAPIServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[KubeWorld]:  # noqa: F811
     directory = tmp_path_factory.mktemp("kube")

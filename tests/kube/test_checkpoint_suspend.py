@@ -15,8 +15,6 @@ from __future__ import annotations
 
 import threading
 import time
-import uuid
-from collections.abc import Iterator
 from dataclasses import replace
 from typing import Any
 
@@ -29,9 +27,7 @@ from controller.runners.kubernetes import checkpoints, names
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
-from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import RESTRICTED
 from tests.support.fakes import World, make_session, verdicts
 
 pytestmark = [pytest.mark.kube, pytest.mark.timeout(300)]
@@ -76,17 +72,6 @@ class Agent:
                 body = checkpoints.answer_patch(pod.metadata.uid, answer)
                 self.core.patch_namespaced_pod(pod.metadata.name, self.namespace, body)
                 self.answered.append(pod.metadata.name)
-
-
-@pytest.fixture
-def space(kube_api: KubeAPIServer) -> Iterator[tuple[client.CoreV1Api, str]]:
-    api_client = kube_api.api_client()
-    namespace = f"ns-{uuid.uuid4().hex[:8]}"
-    kube_api.create_namespace(namespace, RESTRICTED)
-    try:
-        yield client.CoreV1Api(api_client), namespace
-    finally:
-        api_client.close()
 
 
 def _world(core: client.CoreV1Api, namespace: str, outcomes: list[str], timeout: float = 10.0) -> World:
@@ -181,14 +166,14 @@ def _suspended(world: World, core: client.CoreV1Api, namespace: str) -> tuple[An
 
 
 def test_an_idle_pod_is_checkpointed_deleted_recorded_and_its_next_pod_restored_on_its_node(
-    space: tuple[client.CoreV1Api, str],
+    quiet: tuple[client.CoreV1Api, str],
 ) -> None:
     """L11, issue 40: the idle stop asks the pod's node agent for a checkpoint, deletes the pod and
     records the image on the claim (``explain`` shows it); the next connection request creates
     the pod from that image, bound to that node and never pulled, carrying the lineage's first
     start into the store's record (the lifetime goes on); it is counted ``restored``. Seen
     running, its restore took: the record is spent."""
-    core, namespace = space
+    core, namespace = quiet
     outcomes: list[str] = []
     world = _world(core, namespace, outcomes)
     with Agent(core, namespace) as agent:
@@ -223,12 +208,12 @@ def test_an_idle_pod_is_checkpointed_deleted_recorded_and_its_next_pod_restored_
 
 
 def test_a_restored_pod_whose_image_is_gone_fails_and_the_next_one_starts_afresh(
-    space: tuple[client.CoreV1Api, str],
+    quiet: tuple[client.CoreV1Api, str],
 ) -> None:
     """Issue 40: the checkpoint image is gone from the node (the kubelet's ``ErrImageNeverPull``):
     the restored pod has failed, the session's next pod is a fresh one of the template's image on
     the same claim, logged and counted ``fresh_start``, and the record is dropped."""
-    core, namespace = space
+    core, namespace = quiet
     outcomes: list[str] = []
     world = _world(core, namespace, outcomes)
     with Agent(core, namespace):
@@ -252,12 +237,12 @@ def test_a_restored_pod_whose_image_is_gone_fails_and_the_next_one_starts_afresh
 
 @pytest.mark.parametrize("agent", ["error", "silent"])
 def test_without_a_checkpoint_the_idle_pod_is_only_stopped_and_nothing_is_recorded(
-    space: tuple[client.CoreV1Api, str], agent: str
+    quiet: tuple[client.CoreV1Api, str], agent: str
 ) -> None:
     """Issue 40: the agent answers with an error (the kubelet refused, CRIU failed), or never
     answers within the timeout: the idle pod is deleted all the same, nothing is recorded, and the
     next start is an ordinary fresh one (no restore to count)."""
-    core, namespace = space
+    core, namespace = quiet
     outcomes: list[str] = []
     world = _world(core, namespace, outcomes, timeout=2.0)
     _asks(world)
@@ -275,10 +260,10 @@ def test_without_a_checkpoint_the_idle_pod_is_only_stopped_and_nothing_is_record
     assert outcomes == []
 
 
-def test_a_checkpoint_past_the_maximum_lifetime_is_not_restored(space: tuple[client.CoreV1Api, str]) -> None:
+def test_a_checkpoint_past_the_maximum_lifetime_is_not_restored(quiet: tuple[client.CoreV1Api, str]) -> None:
     """Issue 40, L11: a lineage older than the maximum lifetime is not restored (a restore would
     be stopped at once for its age): a fresh pod starts its own lineage, counted ``fresh_start``."""
-    core, namespace = space
+    core, namespace = quiet
     outcomes: list[str] = []
     world = _world(core, namespace, outcomes)
     with Agent(core, namespace):

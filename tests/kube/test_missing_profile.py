@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,9 +26,7 @@ from controller.runners.kubernetes import names, seccomp
 from controller.runners.kubernetes.api import KubeApi
 from controller.runners.kubernetes.manifests import PodSettings, SandboxTemplate
 from controller.runners.kubernetes.runner import KubernetesRunner
-from tests.envtest.cluster import KubeAPIServer
 from tests.envtest.kubelet import RUNNER_IMAGE
-from tests.kube.conftest import RESTRICTED
 from tests.support.clock import FakeClock
 from tests.support.fakes import GRACE, T0, FakeSessions, FakeStore, make_session
 
@@ -51,18 +48,6 @@ NOT_LOADED = (
     f'failed to create containerd container: cannot load seccomp profile "/var/lib/kubelet/seccomp/{PROFILE}": '
     f"open /var/lib/kubelet/seccomp/{PROFILE}: no such file or directory"
 )
-
-
-@pytest.fixture
-def quiet(kube_api: KubeAPIServer) -> Iterator[tuple[client.CoreV1Api, str]]:
-    """A namespace enforcing "restricted" (it admits a Localhost profile) that no kubelet serves."""
-    api_client = kube_api.api_client()
-    namespace = f"ns-{uuid.uuid4().hex[:8]}"
-    kube_api.create_namespace(namespace, RESTRICTED)
-    try:
-        yield client.CoreV1Api(api_client), namespace
-    finally:
-        api_client.close()
 
 
 @dataclass

@@ -33,7 +33,7 @@ from tests.node.node import (
     real_node,
     say,
 )
-from tests.support.criu import proc_limits_criu
+from tests.support.criu import criu_binary, proc_limits_criu
 from tests.support.processes import wait_for
 from tests.support.tls import TestCA
 
@@ -96,6 +96,19 @@ def images() -> list[Image]:
 def node(images: list[Image]) -> Iterator[RealNode]:
     with real_node(images, dns_names=NODE_DNS_NAMES, criu=_criu()) as started:
         yield started
+
+
+@pytest.fixture(scope="module")
+def checkpoint_namespace(node: RealNode) -> Iterator[tuple[Any, str, int]]:
+    """A namespace with a bound workspace claim for tests/node/checkpoints.py's pods, and their
+    uid (``checkpoint_space``); skips (fails under CI=true) when this host cannot checkpoint."""
+    from tests.node.checkpoints import checkpoint_space
+
+    criu_binary()
+    if not node.criu:
+        pytest.fail("the node runs without CRIU although scripts/criu.sh built one")
+    with checkpoint_space(node) as found:
+        yield found
 
 
 def _criu() -> str:

@@ -13,7 +13,6 @@ from __future__ import annotations
 import re
 import socket
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,6 @@ from tests.node.checkpoints import (
     beats,
     checkpoint,
     checkpoint_image,
-    checkpoint_space,
     delete_pod,
     first_beat,
     kubelet_checkpoint,
@@ -35,7 +33,6 @@ from tests.node.checkpoints import (
 )
 from tests.node.node import NODE_IP, Image, RealNode
 from tests.node.probes import pod_exec
-from tests.support.criu import criu_binary
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -44,25 +41,15 @@ LINK_PORT = 7431
 TCP_CLOSE = "tcp-close\n"
 
 
-@pytest.fixture(scope="module")
-def space(node: RealNode) -> Iterator[tuple[Any, str, int]]:
-    """A namespace with a bound workspace claim; the pods' uid (see the module's docstring)."""
-    criu_binary()  # skips (fails under CI=true) when this host cannot checkpoint
-    if not node.criu:
-        pytest.fail("the node runs without CRIU although scripts/criu.sh built one")
-    with checkpoint_space(node) as found:
-        yield found
-
-
 def test_a_pods_background_process_keeps_its_memory_across_checkpoint_and_restore_from_an_image(
-    node: RealNode, space: tuple[Any, str, int], images: list[Image]
+    node: RealNode, checkpoint_namespace: tuple[Any, str, int], images: list[Image]
 ) -> None:
     """The kubelet checkpoints the running container (an archive under its checkpoint
     directory); the pod is deleted; a new pod naming the checkpoint image on the same claim runs
     the same process again: it prints the token it drew before the checkpoint (a fresh start
     would draw another) and counts on past it, on a new pod IP, and its file held open on the
     workspace is the claim's file, which it goes on writing."""
-    core, namespace, uid = space
+    core, namespace, uid = checkpoint_namespace
     controller = next(i.ref for i in images if i.name == "sandbox-controller")
     first = run_pod(core, namespace, manifest("first", controller, uid))
     token, _ = first_beat(core, namespace, "first")
@@ -118,7 +105,7 @@ class _Listener:
 
 
 def test_an_established_link_stops_the_checkpoint_unless_criu_closes_it_and_the_restored_process_reconnects(
-    node: RealNode, space: tuple[Any, str, int], images: list[Image]
+    node: RealNode, checkpoint_namespace: tuple[Any, str, int], images: list[Image]
 ) -> None:
     """The executor always holds a link to the API. With it up, the kubelet's checkpoint fails
     (CRIU: "Connected TCP socket, consider using --tcp-established option"; no runtime setting
@@ -126,7 +113,7 @@ def test_an_established_link_stops_the_checkpoint_unless_criu_closes_it_and_the_
     established connections (``tcp-close``, here the pod's ``org.criu.config``; on a cluster's
     node ``/etc/criu/runc.conf``) the checkpoint is written, and the restored process finds its
     link closed ("Broken pipe") and connects again, from the new pod's IP, keeping its memory."""
-    core, namespace, uid = space
+    core, namespace, uid = checkpoint_namespace
     controller = next(i.ref for i in images if i.name == "sandbox-controller")
     listener = _Listener()
     config = node.workdir / "criu-tcp-close.conf"

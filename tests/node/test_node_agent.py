@@ -26,14 +26,12 @@ import pytest
 from controller.runners.kubernetes import checkpoints, names
 from tests.node.checkpoints import (
     beats,
-    checkpoint_space,
     delete_pod,
     first_beat,
     manifest,
     run_pod,
 )
 from tests.node.node import KUBELET_PORT, NODE_IP, ROOT, Daemon, Image, RealNode, say
-from tests.support.criu import criu_binary
 from tests.support.processes import wait_for
 
 pytestmark = [pytest.mark.timeout(900)]
@@ -41,16 +39,6 @@ pytestmark = [pytest.mark.timeout(900)]
 GRACE_SECONDS = 2.0
 POLL_SECONDS = 0.5
 CLAIM = "workspace"  # checkpoint_space's claim
-
-
-@pytest.fixture(scope="module")
-def space(node: RealNode) -> Iterator[tuple[Any, str, int]]:
-    """A namespace with a bound workspace claim; the pods' uid (tests/node/checkpoints.py)."""
-    criu_binary()  # skips (fails under CI=true) when this host cannot checkpoint
-    if not node.criu:
-        pytest.fail("the node runs without CRIU although scripts/criu.sh built one")
-    with checkpoint_space(node) as found:
-        yield found
 
 
 @contextlib.contextmanager
@@ -138,7 +126,7 @@ def answer(core: Any, namespace: str, name: str, request: str) -> checkpoints.An
 
 
 def test_the_agent_answers_a_managed_pods_request_with_an_image_a_new_pod_restores_and_deletes_it_when_unnamed(
-    node: RealNode, space: tuple[Any, str, int], images: list[Image]
+    node: RealNode, checkpoint_namespace: tuple[Any, str, int], images: list[Image]
 ) -> None:
     """A managed sandbox pod asks (``CHECKPOINT_REQUEST``): the agent answers with the image
     ``image_ref(claim, pod uid)``, which is in the node's containerd, and the kubelet's archive is
@@ -146,7 +134,7 @@ def test_the_agent_answers_a_managed_pods_request_with_an_image_a_new_pod_restor
     still running). A new pod naming the image on the same claim prints the token the first drew
     before the checkpoint and counts on. Once no pod names the image (nor any claim's record), the
     agent deletes it after the grace."""
-    core, namespace, uid = space
+    core, namespace, uid = checkpoint_namespace
     controller = next(i.ref for i in images if i.name == "sandbox-controller")
     session_id = f"sess_{secrets.token_hex(4)}"
     # Created (and asking) first: were it served at all, it would be served before the other.
@@ -202,13 +190,13 @@ def test_the_agent_answers_a_managed_pods_request_with_an_image_a_new_pod_restor
 
 
 def test_an_image_a_claims_record_names_is_kept_and_one_nothing_names_is_deleted(
-    node: RealNode, space: tuple[Any, str, int], images: list[Image]
+    node: RealNode, checkpoint_namespace: tuple[Any, str, int], images: list[Image]
 ) -> None:
     """Two checkpoint images on the node (tags of the controller image under the checkpoint
     repository), one named by the claim's record: the agent deletes the other after the grace
     and, at that very look and later ones, keeps the recorded one; once the record is gone, it
     deletes that one too."""
-    core, namespace, _ = space
+    core, namespace, _ = checkpoint_namespace
     controller = next(i.ref for i in images if i.name == "sandbox-controller")
     recorded = checkpoints.image_ref(namespace, CLAIM, secrets.token_hex(6))
     unnamed = checkpoints.image_ref(namespace, CLAIM, secrets.token_hex(6))
@@ -246,10 +234,12 @@ def annotate_claim(core: Any, namespace: str, annotations: dict[str, str | None]
     core.patch_namespaced_persistent_volume_claim(CLAIM, namespace, {"metadata": {"annotations": annotations}})
 
 
-def test_the_agent_leaves_the_archives_of_other_namespaces_alone(node: RealNode, space: tuple[Any, str, int]) -> None:
+def test_the_agent_leaves_the_archives_of_other_namespaces_alone(
+    node: RealNode, checkpoint_namespace: tuple[Any, str, int]
+) -> None:
     """The agent removes only what a crashed agent of its namespace left in the checkpoints
     directory (older than the grace); another namespace's archive stays."""
-    _, namespace, _ = space
+    _, namespace, _ = checkpoint_namespace
     directory = checkpoints_directory(node)
     directory.mkdir(parents=True, exist_ok=True)
     stamp = "2026-12-06T16:10:03Z"

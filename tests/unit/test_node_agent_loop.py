@@ -43,14 +43,13 @@ class FakeKube:
         self.list_fails = 0
         self.patched: list[tuple[str, list[dict[str, Any]]]] = []
 
-    def list_node_pods(self, namespace: str, selector: str, node: str) -> list[Pod]:
+    def list_pods(self, namespace: str, selector: str, node: str | None = None) -> list[Pod]:
+        if node is None:  # the collection's look: every pod of the namespace
+            return list(self.pods)
         assert (namespace, selector, node) == (NS, names.managed_selector(), NODE)
         if self.list_fails:
             self.list_fails -= 1
             raise KubernetesUnavailable("cannot reach Kubernetes to list pods")
-        return list(self.pods)
-
-    def list_pods(self, namespace: str, selector: str) -> list[Pod]:
         return list(self.pods)
 
     def list_claims(self, namespace: str, selector: str) -> list[Claim]:

@@ -102,25 +102,17 @@ class KubeApi:
 
     # -- pods -------------------------------------------------------------------------------
 
-    def list_pods(self, namespace: str, selector: str) -> list[Pod]:
-        found = self._call(
-            "list",
-            "pods",
-            namespace,
-            lambda: _json(self._core.list_namespaced_pod(namespace, label_selector=selector, _preload_content=False)),
-        )
-        return [pod_from_json(item) for item in found.get("items") or []]
-
-    def list_node_pods(self, namespace: str, selector: str, node: str) -> list[Pod]:
-        """The pods of ``selector`` (a label selector; "": any) bound to ``node`` (a field
-        selector on ``spec.nodeName``): what a node agent looks at."""
+    def list_pods(self, namespace: str, selector: str, node: str | None = None) -> list[Pod]:
+        """The pods of ``selector`` (a label selector; "": any), only those bound to ``node`` when
+        given (a field selector on ``spec.nodeName``: what a node agent looks at)."""
+        fields = None if node is None else f"spec.nodeName={node}"
         found = self._call(
             "list",
             "pods",
             namespace,
             lambda: _json(
                 self._core.list_namespaced_pod(
-                    namespace, label_selector=selector, field_selector=f"spec.nodeName={node}", _preload_content=False
+                    namespace, label_selector=selector, field_selector=fields, _preload_content=False
                 )
             ),
         )

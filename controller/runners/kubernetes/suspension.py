@@ -118,17 +118,17 @@ class Suspensions:
         """The record the pod of ``generation`` is restored from (marked with that generation),
         or None: the session has none, or it cannot be restored (then it is dropped, and the
         fresh start logged and counted)."""
-        claim = self._kube.read_claim(self._ns, names.pvc_name(spec.session_id))
+        path = names.pvc_name(spec.session_id)
+        claim = self._kube.read_claim(self._ns, path)
         if claim is None or claim.deleting:
             return None
         found = claim.annotations.get(checkpoints.CHECKPOINT_RECORD, "")
-        record = checkpoints.record_of(claim.annotations)
         if not found:
             return None
+        record = checkpoints.record_of(claim.annotations)
         restore, why = checkpoints.restore_choice(
             record, generation, spec.environment_id, time.time(), self._max_lifetime
         )
-        path = names.pvc_name(spec.session_id)
         if restore and record is not None:
             if record.restore_generation != generation and not self._kube.patch_claim_if(
                 self._ns, path, checkpoints.mark_patch(found, record, generation)
@@ -177,10 +177,11 @@ class Suspensions:
             return
         path = names.pvc_name(pod.session_id)
         claim = self._kube.read_claim(self._ns, path)
-        found = "" if claim is None else claim.annotations.get(checkpoints.CHECKPOINT_RECORD, "")
-        record = checkpoints.record_of({checkpoints.CHECKPOINT_RECORD: found}) if found else None
-        if record is not None and record.restore_generation == pod.generation:
-            self._kube.patch_claim_if(self._ns, path, checkpoints.drop_patch(found))
+        record = None if claim is None else checkpoints.record_of(claim.annotations)
+        if claim is not None and record is not None and record.restore_generation == pod.generation:
+            self._kube.patch_claim_if(
+                self._ns, path, checkpoints.drop_patch(claim.annotations[checkpoints.CHECKPOINT_RECORD])
+            )
         self._settled.add(pod.uid)
         while len(self._settled) > _SETTLED_KEPT:
             self._settled.pop()
