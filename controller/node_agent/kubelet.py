@@ -20,6 +20,9 @@ from pathlib import Path
 
 TIMEOUT_SECONDS = 300.0
 """How long a checkpoint may take (CRIU dumps the container's memory: 110 MB took 2-4 s here)."""
+MAX_ANSWER_BYTES = 64 * 1024
+"""The most of an answer's body read: the archive's path, or the error (its first lines are what
+the pod's answer carries); never the whole of a body that goes on."""
 
 
 class Kubelet:
@@ -41,10 +44,10 @@ class Kubelet:
         context.check_hostname = False
         try:
             with urllib.request.urlopen(request, timeout=self._timeout, context=context) as answer:
-                return answer.status, answer.read().decode(errors="replace")
+                return answer.status, answer.read(MAX_ANSWER_BYTES).decode(errors="replace")
         except urllib.error.HTTPError as exc:
             with exc:
-                return exc.code, exc.read().decode(errors="replace")
+                return exc.code, exc.read(MAX_ANSWER_BYTES).decode(errors="replace")
 
     def _token(self) -> str:
         try:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from controller.node_agent.kubelet import Kubelet
+from controller.node_agent.kubelet import MAX_ANSWER_BYTES, Kubelet
 from tests.support.tls import TestCA
 
 
@@ -83,3 +83,13 @@ def test_a_kubelet_whose_certificate_another_ca_issued_is_refused(kubelet: tuple
     with pytest.raises(OSError, match="CERTIFICATE_VERIFY_FAILED"):
         Kubelet(url, str(stranger), str(tmp_path / "absent")).checkpoint("sandboxes", "p", "sandbox")
     assert _Kubelet.seen == []
+
+
+@pytest.mark.parametrize("status", [200, 500])
+def test_an_answer_is_read_only_up_to_its_bound(kubelet: tuple[str, Path], tmp_path: Path, status: int) -> None:
+    """A kubelet (or whatever answers on its port) that sends 8 MiB is read only as far as the
+    bound: the agent never holds a body that goes on."""
+    url, ca = kubelet
+    _Kubelet.answer = (status, b"x" * (8 << 20))
+    got, body = Kubelet(url, str(ca), str(tmp_path / "absent")).checkpoint("sandboxes", "p", "sandbox")
+    assert got == status and len(body) == MAX_ANSWER_BYTES
